@@ -1,0 +1,104 @@
+"""Durable session-log events: frozen msgspec Structs in one tagged union (policy layer, pure).
+
+The envelope is ``{type, seq, time, data}``; ``type`` is the union tag. Each event is a whole
+value, never a delta, so any persisted prefix of a log is meaningful on its own. New fields get
+defaults (msgspec schema evolution); an event type this version does not know decodes to
+``UnknownEvent`` and is ignored by the fold, so an older replica can read a newer log.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from policy.model import Failure
+
+QUARANTINE: Final = "attachment/quarantine"
+RECOVERED: Final = "attachment/recovered"
+FORKED: Final = "session/forked"
+
+
+class Quarantine(msgspec.Struct, frozen=True, omit_defaults=True):
+    attachment_id: str
+    failure: Failure
+    retryable: bool
+    name: str | None = None
+
+
+class Recovered(msgspec.Struct, frozen=True):
+    attachment_id: str
+    bytes: int
+    media_type: str
+    width: int
+    height: int
+
+
+class Forked(msgspec.Struct, frozen=True):
+    parent: str
+    at_seq: int
+
+
+class _Envelope(msgspec.Struct, frozen=True, tag_field="type"):
+    seq: int
+    time: str
+
+
+class QuarantineEvent(_Envelope, tag=QUARANTINE):
+    data: Quarantine
+
+
+class RecoveredEvent(_Envelope, tag=RECOVERED):
+    data: Recovered
+
+
+class ForkedEvent(_Envelope, tag=FORKED):
+    data: Forked
+
+
+class UnknownEvent(msgspec.Struct, frozen=True):
+    """An event of a type this version does not know; kept verbatim, ignored by the fold."""
+
+    seq: int
+    type: str
+    time: str
+    data: msgspec.Raw
+
+
+KnownEvent = QuarantineEvent | RecoveredEvent | ForkedEvent
+Event = KnownEvent | UnknownEvent
+EventData = Quarantine | Recovered | Forked
+
+_ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
+    Quarantine: QuarantineEvent,
+    Recovered: RecoveredEvent,
+    Forked: ForkedEvent,
+}
+_encoder: Final = msgspec.json.Encoder()
+_decoder: Final = msgspec.json.Decoder(KnownEvent)
+_unknown_decoder: Final = msgspec.json.Decoder(UnknownEvent)
+
+
+def envelope(seq: int, time: str, data: EventData) -> KnownEvent:
+    """Wrap event data in its envelope; the log assigns ``seq`` and ``time``."""
+    return _ENVELOPES[type(data)](seq=seq, time=time, data=data)  # type: ignore[arg-type]
+
+
+def event_type(data: EventData) -> str:
+    tag = _ENVELOPES[type(data)].__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(raw: bytes | str) -> Event:
+    try:
+        return _decoder.decode(raw)
+    except msgspec.ValidationError:
+        unknown = _unknown_decoder.decode(raw)
+        if unknown.type in (QUARANTINE, RECOVERED, FORKED):
+            raise  # a known type with a bad body is corruption, not evolution
+        return unknown

@@ -1,0 +1,40 @@
+"""The two storage Protocols the policy talks through (policy layer, pure).
+
+Backends live in ``proxy/`` (filesystem, SQLite; later S3, PostgreSQL). The policy never sees a
+path, a connection or a bucket: only these calls and the error types of ``policy.errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from policy.events import Event, EventData, ForkedEvent
+from policy.model import StoredImage
+
+
+class AttachmentStore(Protocol):
+    async def read_image(self, attachment_id: str) -> StoredImage:
+        """Return the verified image, or raise ``AttachmentError`` with exactly one of
+        ATTACHMENT_NOT_FOUND, ATTACHMENT_CORRUPT, ATTACHMENT_READ_FAILED, INVALID_ATTACHMENT_REF.
+        Cancellation propagates as ``asyncio.CancelledError``, never as a read error."""
+        ...
+
+
+class SessionLog(Protocol):
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
+        """Events with ``seq > after_seq`` in seq order (empty for an unknown session).
+
+        Reading after a cached state's last seq is the cheap freshness check: usually empty."""
+        ...
+
+    async def append(self, session_id: str, expected_seq: int, data: Sequence[EventData]) -> list[Event]:
+        """Append ``data`` as seqs ``expected_seq + 1 ...`` atomically and durably, only if the
+        session's last seq is still ``expected_seq``; otherwise raise ``AppendConflict``."""
+        ...
+
+    async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
+        """Copy ``parent``'s events up to ``at_seq`` (default: all) verbatim into the new session
+        ``child`` and append a ``session/forked`` marker. ``Conflict`` if ``child`` exists,
+        ``InvalidRequest`` if ``at_seq`` is beyond the parent's last seq."""
+        ...

@@ -1,0 +1,235 @@
+"""Projection and recovery: the only place with quarantine logic (policy layer, pure).
+
+``project`` turns the references of one request into verified images or placeholders, recording
+every newly discovered failure in the session log before the caller makes its single upstream
+call. ``recover`` lifts a quarantine only after a full verified read. Both talk to storage only
+through the ``AttachmentStore`` and ``SessionLog`` Protocols and take the caller's per-session lock;
+the log's conditional append makes them safe across processes too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Final, Literal
+
+import msgspec
+
+from policy.errors import (
+    CORRUPT,
+    INVALID_REF,
+    NOT_FOUND,
+    READ_FAILED,
+    AppendConflict,
+    AttachmentError,
+    Conflict,
+    InternalError,
+    ProjectionistError,
+    Unavailable,
+)
+from policy.events import Quarantine, Recovered, RecoveredEvent
+from policy.fold import EMPTY, SessionState, fold, placeholder
+from policy.model import Failure, ImageRef, Outcome, Resolved, StoredImage, Unavailable as Placeholder, check_id
+from policy.ports import AttachmentStore, SessionLog
+
+Sessionless = Literal["fail", "placeholder"]
+Lock = contextlib.AbstractAsyncContextManager[Any]
+
+FAILURE: Final[dict[str, Failure]] = {NOT_FOUND: "not_found", CORRUPT: "corrupt", READ_FAILED: "read_failed"}
+#: Bound on re-fold rounds when other writers keep changing the session under us.
+MAX_ROUNDS: Final = 8
+
+
+class Projection(msgspec.Struct, frozen=True):
+    """What one request's references became; ``outcomes`` align with the input references."""
+
+    outcomes: tuple[Outcome, ...]
+    state: SessionState
+    reads: int = 0
+    recorded: tuple[Quarantine, ...] = ()
+
+
+class Recovery(msgspec.Struct, frozen=True):
+    """Result of ``recover``: the appended event, or None when nothing needed lifting."""
+
+    event: RecoveredEvent | None
+    state: SessionState
+
+
+async def refresh(log: SessionLog, session_id: str, state: SessionState = EMPTY) -> SessionState:
+    """Fold whatever the log holds beyond ``state`` (a cached state stays valid across replicas)."""
+    return fold(await log.read(session_id, state.last_seq), state)
+
+
+async def _read_once(store: AttachmentStore, attachment_id: str) -> StoredImage | AttachmentError:
+    try:
+        return await store.read_image(attachment_id)
+    except AttachmentError as exc:
+        return exc
+    except ProjectionistError:
+        raise
+    except Exception as exc:  # unclassified: never a quarantine, always a clear failure
+        raise InternalError(f"unclassified error reading {attachment_id[:15]}: {type(exc).__name__}") from exc
+
+
+async def _read(store: AttachmentStore, attachment_id: str) -> tuple[StoredImage | AttachmentError, int]:
+    """One verified read; a READ_FAILED gets exactly one immediate retry. Cancellation propagates."""
+    result = await _read_once(store, attachment_id)
+    if isinstance(result, AttachmentError) and result.code == READ_FAILED:
+        return await _read_once(store, attachment_id), 2
+    return result, 1
+
+
+async def _read_many(
+    store: AttachmentStore, ids: Sequence[str]
+) -> dict[str, tuple[StoredImage | AttachmentError, int]]:
+    if len(ids) <= 1:
+        return {aid: await _read(store, aid) for aid in ids}
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = {aid: group.create_task(_read(store, aid)) for aid in ids}
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return {aid: task.result() for aid, task in tasks.items()}
+
+
+def _quarantine_for(error: AttachmentError, attachment_id: str, name: str | None) -> Quarantine:
+    return Quarantine(attachment_id, FAILURE[error.code], retryable=error.code == READ_FAILED, name=name)
+
+
+async def _record(
+    log: SessionLog,
+    session_id: str,
+    state: SessionState,
+    wanted: Sequence[Quarantine],
+    lock: Lock,
+) -> tuple[SessionState, tuple[Quarantine, ...]]:
+    """Append the quarantines not yet in the log; the loser of a race re-folds and decides again."""
+    async with lock:
+        for _ in range(MAX_ROUNDS):
+            state = await refresh(log, session_id, state)
+            new = [q for q in wanted if q.attachment_id not in state.quarantined]
+            if not new:
+                return state, ()
+            try:
+                events = await log.append(session_id, state.last_seq, new)
+            except AppendConflict:
+                continue
+            return fold(events, state), tuple(new)
+    raise Unavailable("session log kept changing while recording", code="SESSION_CONTENDED")
+
+
+async def project(
+    refs: Sequence[ImageRef],
+    *,
+    store: AttachmentStore,
+    log: SessionLog | None,
+    session_id: str | None,
+    lock: Lock | None = None,
+    sessionless: Sessionless = "fail",
+    state: SessionState | None = None,
+) -> Projection:
+    """Resolve every reference of one request to a verified image or a placeholder.
+
+    Promises:
+    - a reference already quarantined in the log is never read;
+    - ATTACHMENT_NOT_FOUND / ATTACHMENT_CORRUPT are quarantined at once; ATTACHMENT_READ_FAILED
+      after exactly one immediate retry, as ``retryable``; each quarantine is appended (durably)
+      before this returns, so before the caller's single upstream call;
+    - cancellation propagates and unclassified errors raise ``InternalError``; neither records;
+    - without a session nothing is recorded: ``sessionless="fail"`` raises the first failure,
+      ``"placeholder"`` projects the placeholder for it;
+    - every occurrence of one id gets the same treatment; outcomes are a pure function of the
+      final folded state, the references and the verified bytes.
+    ``state`` is an optional cached fold for the session; it is refreshed from the log first.
+    """
+    if not refs:
+        return Projection((), state or EMPTY)
+    if session_id is not None and log is None:
+        raise ValueError("a session needs a log")
+    names: dict[str, str | None] = {}
+    for ref in refs:
+        if names.get(ref.id) is None:
+            names[ref.id] = ref.name
+    state = await refresh(log, session_id, state or EMPTY) if log and session_id else (state or EMPTY)
+    results: dict[str, StoredImage | AttachmentError] = {}
+    unrecorded: dict[str, Quarantine] = {}
+    recorded: tuple[Quarantine, ...] = ()
+    reads = 0
+    for _ in range(MAX_ROUNDS):
+        pending = [aid for aid in names if aid not in state.quarantined and aid not in results]
+        for aid, (result, count) in (await _read_many(store, pending)).items():
+            results[aid] = result
+            reads += count
+        failures = {
+            aid: result
+            for aid in names
+            if aid not in state.quarantined and isinstance(result := results[aid], AttachmentError)
+        }
+        if not failures:
+            break
+        for error in failures.values():
+            if error.code == INVALID_REF:
+                raise error
+        wanted = [_quarantine_for(error, aid, names[aid]) for aid, error in failures.items()]
+        if log is None or session_id is None:
+            if sessionless == "fail":
+                raise next(iter(failures.values()))
+            unrecorded = {q.attachment_id: q for q in wanted}
+            break
+        state, new = await _record(log, session_id, state, wanted, lock or contextlib.nullcontext())
+        recorded += new
+        for aid in failures:  # a failure someone recovered meanwhile is read afresh next round
+            del results[aid]
+    else:
+        raise Unavailable("session log kept changing while projecting", code="SESSION_CONTENDED")
+    outcomes: list[Outcome] = []
+    for ref in refs:
+        quarantine = state.quarantined.get(ref.id) or unrecorded.get(ref.id)
+        if quarantine is not None:
+            outcomes.append(Placeholder(quarantine.failure, placeholder(ref, quarantine)))
+        else:
+            image = results[ref.id]
+            assert isinstance(image, StoredImage)
+            outcomes.append(Resolved(image))
+    return Projection(tuple(outcomes), state, reads, recorded)
+
+
+async def recover(
+    attachment_id: str,
+    *,
+    store: AttachmentStore,
+    log: SessionLog,
+    session_id: str,
+    lock: Lock | None = None,
+    state: SessionState | None = None,
+) -> Recovery:
+    """Lift a quarantine after a full verified read.
+
+    Promises: appends ``attachment/recovered`` only if the read verifies (digest, size, media
+    type, dimensions) and the attachment is still quarantined when the append happens; a failed
+    verification raises ``Conflict`` (409) carrying the failure code and appends nothing; a
+    reference that is not quarantined appends nothing.
+    """
+    check_id(attachment_id)
+    state = await refresh(log, session_id, state or EMPTY)
+    if attachment_id not in state.quarantined:
+        return Recovery(None, state)
+    result = await _read_once(store, attachment_id)
+    if isinstance(result, AttachmentError):
+        raise Conflict(f"verification failed: {result.code}", code=result.code)
+    data = Recovered(result.id, result.bytes, result.media_type, result.width, result.height)
+    async with lock or contextlib.nullcontext():
+        for _ in range(MAX_ROUNDS):
+            state = await refresh(log, session_id, state)
+            if attachment_id not in state.quarantined:
+                return Recovery(None, state)
+            try:
+                events = await log.append(session_id, state.last_seq, [data])
+            except AppendConflict:
+                continue
+            event = events[0]
+            assert isinstance(event, RecoveredEvent)
+            return Recovery(event, fold(events, state))
+    raise Unavailable("session log kept changing while recovering", code="SESSION_CONTENDED")

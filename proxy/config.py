@@ -1,0 +1,141 @@
+"""Configuration: one frozen msgspec Struct loaded from TOML, unknown keys rejected (proxy layer).
+
+``config/projectionist.toml`` documents every key with its default. Secrets may sit in the file,
+but the environment wins: ``PROJECTIONIST_ADMIN_TOKEN`` and each upstream's ``api_key_env``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from policy.errors import InvalidRequest
+
+Format = Literal["openai", "anthropic"]
+
+MiB = 1024 * 1024
+
+
+class ImageLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    max_bytes: int = 20 * MiB
+    max_pixels: int = 32 * MiB
+    max_side: int = 8192
+
+
+class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 8787
+    data_dir: str = ".projectionist"
+    client_max_size: int = 64 * MiB
+    session_header: str = "X-Session-Id"
+    session_header_aliases: tuple[str, ...] = ()
+    sessionless: Literal["fail", "placeholder"] = "fail"
+    admin_token: str = ""
+
+
+class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    kind: Literal["filesystem"] = "filesystem"
+    path: str = ""
+    read_timeout: float = 30.0
+    limits: ImageLimits = ImageLimits()
+
+
+class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    kind: Literal["sqlite"] = "sqlite"
+    path: str = ""
+    busy_timeout: float = 30.0
+
+
+class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    format: Format
+    url: str
+    api_key: str = ""
+    api_key_env: str = ""
+    connect_timeout: float = 10.0
+    read_timeout: float = 600.0
+
+
+class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json: bool = True
+
+
+def _default_upstreams() -> dict[str, UpstreamConfig]:
+    return {
+        "openai": UpstreamConfig("openai", "https://api.openai.com"),
+        "anthropic": UpstreamConfig("anthropic", "https://api.anthropic.com"),
+    }
+
+
+class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    server: ServerConfig = ServerConfig()
+    store: StoreConfig = StoreConfig()
+    log: LogConfig = LogConfig()
+    upstreams: dict[str, UpstreamConfig] = msgspec.field(default_factory=_default_upstreams)
+    logging: LoggingConfig = LoggingConfig()
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.server.data_dir)
+
+    @property
+    def store_path(self) -> Path:
+        return Path(self.store.path) if self.store.path else self.data_dir / "attachments"
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.log.path) if self.log.path else self.data_dir / "sessions.sqlite3"
+
+    def upstream_key(self, name: str, environ: Mapping[str, str] = os.environ) -> str:
+        """The configured key for upstream ``name`` ('' means: forward the client's own)."""
+        upstream = self.upstreams[name]
+        if upstream.api_key_env and environ.get(upstream.api_key_env):
+            return environ[upstream.api_key_env]
+        return upstream.api_key
+
+    def admin_token(self, environ: Mapping[str, str] = os.environ) -> str:
+        return environ.get("PROJECTIONIST_ADMIN_TOKEN") or self.server.admin_token
+
+
+def load_config(path: str | Path | None = None, **overrides: object) -> Config:
+    """Load ``path`` (or the defaults), then apply dotted overrides like ``server.port=8080``."""
+    raw: dict[str, object] = {}
+    if path is not None:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            assert isinstance(child, dict)
+            node = child
+        node[leaf] = value
+    try:
+        config = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid configuration: {exc}", code="INVALID_CONFIG") from None
+    for name, upstream in config.upstreams.items():
+        if not upstream.url.startswith(("http://", "https://")):
+            raise InvalidRequest(f"upstream {name!r}: url must be http(s)", code="INVALID_CONFIG")
+    return config
+
+
+def with_upstream_urls(config: Config, urls: Mapping[str, str]) -> Config:
+    """Override base URLs of upstreams by name (``--upstream openai=http://...``)."""
+    upstreams = dict(config.upstreams)
+    for name, url in urls.items():
+        if name in upstreams:
+            upstreams[name] = msgspec.structs.replace(upstreams[name], url=url.rstrip("/"))
+        elif name in ("openai", "anthropic"):
+            upstreams[name] = UpstreamConfig(name, url.rstrip("/"))  # type: ignore[arg-type]
+        else:
+            raise InvalidRequest(f"unknown upstream {name!r}", code="INVALID_CONFIG")
+    return msgspec.structs.replace(config, upstreams=upstreams)
