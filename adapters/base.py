@@ -1,0 +1,75 @@
+"""Shared pieces of the adapters: reference sites, in-place patching, the adapter shape (adapters layer).
+
+A ``Site`` points at one image part inside a decoded body (the list that holds it and its index),
+so rendering replaces exactly that slot and every other field survives unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from policy.model import ImageRef, Outcome, Resolved, StoredImage
+
+Json = Any
+ImagePart = Callable[[dict[str, Any], str, str], dict[str, Any]]
+TextPart = Callable[[dict[str, Any], str], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One image slot: ``parent[index]`` is the part that carries ``ref``."""
+
+    parent: list[Json]
+    index: int
+    ref: ImageRef
+
+
+class WireFormat(Protocol):
+    """What every adapter module provides (modules satisfy this Protocol structurally)."""
+
+    @property
+    def NAME(self) -> str: ...
+    @property
+    def FORMAT(self) -> str: ...
+    @property
+    def AUTH_HEADERS(self) -> tuple[str, ...]: ...
+
+    def find_refs(self, body: Json) -> list[Site]: ...
+    def render(self, sites: list[Site], outcomes: tuple[Outcome, ...]) -> None: ...
+    def error_body(self, code: str, message: str, status: int) -> dict[str, Any]: ...
+    def upstream_auth(self, api_key: str) -> dict[str, str]: ...
+
+
+def patch(sites: Sequence[Site], outcomes: Sequence[Outcome], image_part: ImagePart, text_part: TextPart) -> None:
+    """Replace each site's part with the rendered image or placeholder text, in place.
+
+    ``image_part(part, media_type, b64)`` and ``text_part(part, text)`` build the provider's
+    shapes; base64 is computed once per distinct image.
+    """
+    if len(sites) != len(outcomes):
+        raise ValueError("one outcome per site")
+    encoded: dict[str, str] = {}
+    for site, outcome in zip(sites, outcomes):
+        part = site.parent[site.index]
+        if isinstance(outcome, Resolved):
+            image = outcome.image
+            b64 = encoded.get(image.id)
+            if b64 is None:
+                b64 = encoded[image.id] = b64encode(image)
+            site.parent[site.index] = image_part(part, image.media_type, b64)
+        else:
+            site.parent[site.index] = text_part(part, outcome.text)
+
+
+def b64encode(image: StoredImage) -> str:
+    return base64.b64encode(image.data).decode("ascii")
+
+
+def content_lists(messages: Json) -> list[list[Json]]:
+    """The list-valued ``content`` of every message (string content carries no images)."""
+    if not isinstance(messages, list):
+        return []
+    return [m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)]
