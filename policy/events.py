@@ -44,15 +44,15 @@ class _Envelope(msgspec.Struct, frozen=True, tag_field="type"):
     time: str
 
 
-class QuarantineEvent(_Envelope, tag=QUARANTINE):
+class QuarantineEvent(_Envelope, frozen=True, tag=QUARANTINE):
     data: Quarantine
 
 
-class RecoveredEvent(_Envelope, tag=RECOVERED):
+class RecoveredEvent(_Envelope, frozen=True, tag=RECOVERED):
     data: Recovered
 
 
-class ForkedEvent(_Envelope, tag=FORKED):
+class ForkedEvent(_Envelope, frozen=True, tag=FORKED):
     data: Forked
 
 

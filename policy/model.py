@@ -6,6 +6,7 @@ A reference's lifecycle is a type: an ``ImageRef`` found in a request becomes ei
 
 from __future__ import annotations
 
+import builtins
 import re
 from typing import Final, Literal
 from urllib.parse import parse_qsl
@@ -42,7 +43,7 @@ class StoredImage(msgspec.Struct, frozen=True):
     bytes: int
     width: int
     height: int
-    data: bytes
+    data: builtins.bytes
 
 
 class Resolved(msgspec.Struct, frozen=True, tag="resolved"):

@@ -122,6 +122,7 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"invalid configuration: {exc}", code="INVALID_CONFIG") from None
+    config = msgspec.structs.replace(config, upstreams={**_default_upstreams(), **config.upstreams})
     for name, upstream in config.upstreams.items():
         if not upstream.url.startswith(("http://", "https://")):
             raise InvalidRequest(f"upstream {name!r}: url must be http(s)", code="INVALID_CONFIG")

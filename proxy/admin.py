@@ -1,0 +1,105 @@
+"""Admin API: events, quarantine view, verified recovery, fork — bearer-token guarded (proxy layer).
+
+The same operations back the ``projectionist events|recover|fork`` CLI verbs. Decisions stay in
+``policy``: recovery appends only after a verified read, under the session's lock.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from adapters import openai_chat
+from policy.errors import InvalidRequest, Unauthorized
+from policy.events import Event
+from policy.fold import SessionState
+from policy.model import check_id
+from policy.projection import recover, refresh
+from proxy.sessions import parse_session_id
+from proxy.state import APP, AppState
+from proxy.wire import Handler, endpoint, info
+
+
+class ForkRequest(msgspec.Struct, forbid_unknown_fields=True):
+    new_session_id: str
+    at_seq: int | None = None
+
+
+def quarantine_view(session_id: str, state: SessionState) -> dict[str, Any]:
+    return {"session": session_id, "last_seq": state.last_seq,
+            "quarantined": [msgspec.to_builtins(q) for q in state.quarantined.values()]}
+
+
+def events_view(session_id: str, events: list[Event]) -> dict[str, Any]:
+    return {"session": session_id, "events": events}
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(payload), status=status, content_type="application/json")
+
+
+def _authorize(request: web.Request, app: AppState) -> None:
+    if not app.admin_token:
+        raise Unauthorized("admin API disabled: set PROJECTIONIST_ADMIN_TOKEN or --admin-token")
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), app.admin_token.encode()):
+        raise Unauthorized("missing or wrong admin bearer token")
+
+
+def _admin(route: str, handler: Handler) -> Handler:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        app = request.app[APP]
+        _authorize(request, app)
+        session_id = parse_session_id(request.match_info["sid"])
+        info(request).update(session=session_id)
+        return await handler(request)
+    return endpoint(openai_chat, route)(guarded)
+
+
+async def get_events(request: web.Request) -> web.StreamResponse:
+    app = request.app[APP]
+    sid = request.match_info["sid"]
+    try:
+        after = int(request.query.get("after", "0"))
+    except ValueError:
+        raise InvalidRequest("'after' must be an integer", code="INVALID_QUERY") from None
+    return _json(events_view(sid, await app.log.read(sid, after)))
+
+
+async def get_quarantine(request: web.Request) -> web.StreamResponse:
+    app = request.app[APP]
+    sid = request.match_info["sid"]
+    return _json(quarantine_view(sid, await refresh(app.log, sid)))
+
+
+async def post_recover(request: web.Request) -> web.StreamResponse:
+    app = request.app[APP]
+    sid = request.match_info["sid"]
+    attachment_id = check_id(request.match_info["aid"])
+    result = await recover(attachment_id, store=app.store, log=app.log, session_id=sid, lock=app.locks(sid))
+    info(request).update(recovered=result.event is not None)
+    return _json({"session": sid, "attachment_id": attachment_id, "recovered": result.event is not None,
+                  "event": result.event})
+
+
+async def post_fork(request: web.Request) -> web.StreamResponse:
+    app = request.app[APP]
+    sid = request.match_info["sid"]
+    try:
+        spec = msgspec.json.decode(await request.read(), type=ForkRequest)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"fork body: {exc}", code="INVALID_REQUEST") from None
+    child = parse_session_id(spec.new_session_id)
+    event = await app.log.fork(sid, child, spec.at_seq)
+    return _json({"session": child, "parent": sid, "event": event}, status=201)
+
+
+def add_admin_routes(router: web.UrlDispatcher) -> None:
+    base = "/admin/sessions/{sid}"
+    router.add_get(f"{base}/events", _admin("admin.events", get_events))
+    router.add_get(f"{base}/quarantine", _admin("admin.quarantine", get_quarantine))
+    router.add_post(f"{base}/attachments/{{aid}}/recover", _admin("admin.recover", post_recover))
+    router.add_post(f"{base}/fork", _admin("admin.fork", post_fork))

@@ -1,0 +1,83 @@
+"""The application factory: ``create_app(config) -> web.Application`` (proxy layer).
+
+Wires routes to adapters, opens the store and log, and keeps one ``ClientSession`` per upstream
+for the app's life (``cleanup_ctx``). Run it with ``handler_cancellation=True`` (the CLI and
+``run_app`` helper here do) so a client disconnect cancels in-flight reads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+
+from aiohttp import web
+
+from adapters import anthropic_messages, openai_chat
+from proxy.admin import add_admin_routes
+from proxy.config import Config
+from proxy.fsstore import FilesystemStore
+from proxy.projecting import projecting_handler
+from proxy.relay import new_session
+from proxy.sqlitelog import SqliteLog
+from proxy.state import APP, AppState, Log, Store, Upstream
+from proxy.uploads import upload
+
+
+def open_store(config: Config) -> Store:
+    return FilesystemStore(config.store_path, config.store.limits, read_timeout=config.store.read_timeout)
+
+
+def open_log(config: Config) -> Log:
+    return SqliteLog(config.log_path, busy_timeout=config.log.busy_timeout)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def create_app(
+    config: Config,
+    *,
+    store: Store | None = None,
+    log: Log | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> web.Application:
+    """Build the proxy. ``store``/``log`` default to the configured backends; the app closes
+    whatever it holds when it shuts down."""
+    upstreams = {
+        name: Upstream(name, up.format, up.url.rstrip("/"), config.upstream_key(name, environ),
+                       up.connect_timeout, up.read_timeout)
+        for name, up in config.upstreams.items()
+    }
+    state = AppState(
+        config=config,
+        store=store if store is not None else open_store(config),
+        log=log if log is not None else open_log(config),
+        upstreams=upstreams,
+        admin_token=config.admin_token(environ),
+    )
+    app = web.Application(client_max_size=config.server.client_max_size)
+    app[APP] = state
+    app.cleanup_ctx.append(_lifecycle)
+    router = app.router
+    router.add_post("/v1/chat/completions", projecting_handler(openai_chat, "openai", "openai.chat"))
+    router.add_post("/v1/messages", projecting_handler(anthropic_messages, "anthropic", "anthropic.messages"))
+    router.add_post("/v1/attachments", upload)
+    add_admin_routes(router)
+    router.add_get("/healthz", healthz)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[APP]
+    for upstream in state.upstreams.values():
+        upstream.client = new_session(upstream.connect_timeout, upstream.read_timeout)
+    try:
+        yield
+    finally:
+        for upstream in state.upstreams.values():
+            if upstream.client is not None:
+                await upstream.client.close()
+                upstream.client = None
+        await state.store.close()
+        await state.log.close()

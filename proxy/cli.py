@@ -1,0 +1,162 @@
+"""The ``projectionist`` command: serve, demo, and the admin verbs events|quarantine|recover|fork (proxy layer).
+
+Admin verbs work directly on the configured store and log (the log's conditional append makes
+that safe next to a running server), so they need no token and no running proxy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from policy.errors import ProjectionistError
+from policy.model import check_id
+from policy.projection import recover, refresh
+from proxy.admin import events_view, quarantine_view
+from proxy.app import create_app, open_log, open_store
+from proxy.config import Config, load_config, with_upstream_urls
+from proxy.demo import DemoFailed, run_demo, write_snapshot
+from proxy.logs import get_logger, setup_logging
+from proxy.sessions import parse_session_id
+from proxy.state import Log, Store
+
+T = TypeVar("T")
+
+
+def _parse_upstream(value: str) -> tuple[str, str]:
+    name, sep, url = value.partition("=")
+    if not sep or not name or not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError("expected NAME=URL, e.g. openai=http://127.0.0.1:9000")
+    return name, url
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML config file (see config/projectionist.toml)")
+    parser.add_argument("--data-dir", help="data directory of the embedded store and log")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="projectionist", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the proxy")
+    _common(serve)
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--admin-token", help="admin bearer token (or PROJECTIONIST_ADMIN_TOKEN)")
+    serve.add_argument("--upstream", action="append", type=_parse_upstream, default=[], metavar="NAME=URL",
+                       help="override an upstream's base URL, e.g. openai=http://127.0.0.1:9000 (repeatable)")
+    demo = sub.add_parser("demo", help="play the keyless story of a session surviving bad images")
+    demo.add_argument("--json", metavar="FILE", help="write the snapshot as JSON to FILE ('-' for stdout)")
+    for verb, helptext in (("events", "print a session's events"), ("quarantine", "print what is quarantined")):
+        cmd = sub.add_parser(verb, help=helptext)
+        _common(cmd)
+        cmd.add_argument("session")
+        if verb == "events":
+            cmd.add_argument("--after", type=int, default=0, help="only events with seq > AFTER")
+    rec = sub.add_parser("recover", help="lift a quarantine after a full verified read")
+    _common(rec)
+    rec.add_argument("session")
+    rec.add_argument("attachment_id")
+    fork = sub.add_parser("fork", help="copy a session's log prefix into a new session")
+    _common(fork)
+    fork.add_argument("session")
+    fork.add_argument("new_session")
+    fork.add_argument("--at-seq", type=int)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    config = load_config(
+        args.config,
+        **{
+            "server.data_dir": args.data_dir,
+            "server.host": getattr(args, "host", None),
+            "server.port": getattr(args, "port", None),
+            "server.admin_token": getattr(args, "admin_token", None),
+        },
+    )
+    return with_upstream_urls(config, dict(getattr(args, "upstream", [])))
+
+
+def _print_json(payload: Any) -> None:
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(payload), indent=2) + b"\n")
+
+
+async def _with_backends(config: Config, action: Callable[[Store, Log], Awaitable[T]]) -> T:
+    store, log = open_store(config), open_log(config)
+    try:
+        return await action(store, log)
+    finally:
+        await store.close()
+        await log.close()
+
+
+def _admin_verb(args: argparse.Namespace, config: Config) -> int:
+    session = parse_session_id(args.session)
+
+    async def events(store: Store, log: Log) -> int:
+        _print_json(events_view(session, await log.read(session, args.after)))
+        return 0
+
+    async def quarantine(store: Store, log: Log) -> int:
+        _print_json(quarantine_view(session, await refresh(log, session)))
+        return 0
+
+    async def recover_verb(store: Store, log: Log) -> int:
+        result = await recover(check_id(args.attachment_id), store=store, log=log, session_id=session)
+        _print_json({"session": session, "attachment_id": args.attachment_id,
+                     "recovered": result.event is not None, "event": result.event})
+        return 0
+
+    async def fork(store: Store, log: Log) -> int:
+        event = await log.fork(session, parse_session_id(args.new_session), args.at_seq)
+        _print_json({"session": args.new_session, "parent": session, "event": event})
+        return 0
+
+    actions = {"events": events, "quarantine": quarantine, "recover": recover_verb, "fork": fork}
+    return asyncio.run(_with_backends(config, actions[args.command]))
+
+
+def serve(config: Config) -> None:
+    setup_logging(config.logging.level, config.logging.json)
+    app = create_app(config)
+    get_logger().info("listening", host=config.server.host, port=config.server.port,
+                      data_dir=str(config.data_dir), upstreams={n: u.url for n, u in config.upstreams.items()})
+    web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
+                access_log=None, print=None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            setup_logging("warning", json=True)
+            snapshot = asyncio.run(run_demo(print if args.json != "-" else _stderr))
+            if args.json:
+                write_snapshot(snapshot, args.json)
+            return 0
+        config = config_from_args(args)
+        if args.command == "serve":
+            serve(config)
+            return 0
+        return _admin_verb(args, config)
+    except ProjectionistError as error:
+        print(f"projectionist: {error.code}: {error.message}", file=sys.stderr)
+        return 1
+    except DemoFailed as failed:
+        print(f"projectionist demo: FAILED: {failed}", file=sys.stderr)
+        return 1
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Upstream relay: header hygiene, one call per request, SSE streamed chunk by chunk (proxy layer).
+
+Everything that can fail before the first response byte (connect, timeout, upstream refused) is
+raised as an ``UpstreamError`` for the caller to render in the client's wire format. Once the
+response has started, a broken upstream stream closes the client connection rather than
+pretending the response completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, MultiMapping
+
+from policy.errors import UpstreamError
+from proxy.logs import get_logger
+
+#: RFC 9110 §7.6.1 hop-by-hop fields, plus the ones aiohttp recomputes for each leg.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+})
+
+
+def _connection_tokens(headers: MultiMapping[str]) -> set[str]:
+    tokens: set[str] = set()
+    for value in headers.getall("Connection", ()):
+        tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+def forward_headers(
+    incoming: MultiMapping[str],
+    *,
+    drop: Iterable[str] = (),
+    replace: dict[str, str] | None = None,
+) -> CIMultiDict[str]:
+    """Copy end-to-end headers: hop-by-hop ones (and those named in ``Connection``) are dropped,
+    as is everything in ``drop``; ``replace`` is added after the drop."""
+    skip = HOP_BY_HOP | _connection_tokens(incoming) | {name.lower() for name in drop}
+    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in skip)
+    for key, value in (replace or {}).items():
+        out[key] = value
+    return out
+
+
+def new_session(connect_timeout: float, read_timeout: float) -> aiohttp.ClientSession:
+    """The one ``ClientSession`` an upstream keeps for the app's life, with explicit timeouts."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+    )
+
+
+class Timing:
+    """Upstream time of one request: from send to end of body, for the overhead figure."""
+
+    __slots__ = ("upstream_s", "status")
+
+    def __init__(self) -> None:
+        self.upstream_s = 0.0
+        self.status: int | None = None
+
+
+async def relay(
+    request: web.Request,
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes | None,
+    headers: CIMultiDict[str],
+    timing: Timing,
+    extra_headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """Send one request upstream and stream its response back unchanged (minus hop-by-hop)."""
+    started = time.perf_counter()
+    try:
+        upstream = await session.request(request.method, url, data=body, headers=headers)
+    except asyncio.TimeoutError:
+        raise UpstreamError("upstream timed out before responding", code="UPSTREAM_TIMEOUT", status=504) from None
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(f"upstream unreachable: {type(exc).__name__}") from None
+    try:
+        timing.status = upstream.status
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for key, value in forward_headers(upstream.headers).items():
+            response.headers.add(key, value)
+        for key, value in (extra_headers or {}).items():
+            response.headers[key] = value
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                try:
+                    await response.write(chunk)
+                except ConnectionError:
+                    return response  # the client went away; nothing left to tell it
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            get_logger().warning("upstream_stream_broken", error=type(exc).__name__)
+            if request.transport is not None:
+                request.transport.close()  # no terminating chunk: the client sees a cut stream
+            return response
+        await response.write_eof()
+        return response
+    finally:
+        timing.upstream_s = time.perf_counter() - started
+        upstream.release()

@@ -1,0 +1,66 @@
+"""Typed application state: config, backends, upstreams and locks behind one AppKey (proxy layer).
+
+No module globals: everything a handler needs hangs off ``request.app[APP]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+
+from policy.model import StoredImage
+from policy.ports import AttachmentStore, SessionLog
+from proxy.config import Config
+from proxy.sessions import SessionLocks
+
+
+class Store(AttachmentStore, Protocol):
+    """An attachment store the proxy can also admit into and delete from."""
+
+    async def admit(self, data: bytes, declared_type: str | None = None) -> StoredImage: ...
+    async def delete(self, attachment_id: str) -> bool: ...
+    async def close(self) -> None: ...
+
+
+class Log(SessionLog, Protocol):
+    async def close(self) -> None: ...
+
+
+@dataclass
+class Upstream:
+    """One configured upstream and, while the app runs, its single ``ClientSession``."""
+
+    name: str
+    format: str
+    url: str
+    api_key: str
+    connect_timeout: float
+    read_timeout: float
+    client: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self.client is None:
+            raise RuntimeError(f"upstream {self.name!r} used outside the app's lifetime")
+        return self.client
+
+
+@dataclass
+class AppState:
+    config: Config
+    store: Store
+    log: Log
+    upstreams: dict[str, Upstream]
+    admin_token: str
+    locks: SessionLocks = field(default_factory=SessionLocks)
+
+    @property
+    def session_headers(self) -> tuple[str, ...]:
+        server = self.config.server
+        return (server.session_header, *server.session_header_aliases)
+
+
+APP = web.AppKey("projectionist", AppState)

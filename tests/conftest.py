@@ -1,0 +1,99 @@
+"""Shared fixtures: a recording fake upstream, a config on a temp data dir, a proxy harness."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from proxy.app import create_app, open_log, open_store
+from proxy.config import Config, load_config, with_upstream_urls
+from proxy.state import APP
+from tests.fakes import CountingStore, FakeUpstream
+from tests.imaging import make_image
+
+ADMIN = {"Authorization": "Bearer admintok"}
+
+
+@pytest.fixture
+async def upstream(aiohttp_server: Any) -> FakeUpstream:
+    fake = FakeUpstream()
+    server = await aiohttp_server(fake.app())
+    fake.url = str(server.make_url("")).rstrip("/")
+    return fake
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def make_config(data_dir: Path, upstream: FakeUpstream) -> Callable[..., Config]:
+    def make(**overrides: Any) -> Config:
+        base = {"server.data_dir": str(data_dir), "server.admin_token": "admintok"}
+        config = load_config(None, **{**base, **overrides})
+        fake = {name: upstream.url for name in ("openai", "anthropic") if f"upstreams.{name}" not in overrides}
+        return with_upstream_urls(config, fake)
+    return make
+
+
+class Harness:
+    """A proxy app on a test server, its counting store and the fake upstream behind it."""
+
+    def __init__(self, client: TestClient[Any, Any], store: CountingStore, upstream: FakeUpstream) -> None:
+        self.client = client
+        self.store = store
+        self.upstream = upstream
+
+    @property
+    def app(self) -> web.Application:
+        app: web.Application = self.client.server.app  # type: ignore[assignment]
+        return app
+
+    async def admit(self, data: bytes | None = None, *, color: int = 0, name: str | None = None) -> str:
+        data = data if data is not None else make_image(color=color)
+        params = {"name": name} if name else {}
+        resp = await self.client.post("/v1/attachments", data=data, params=params,
+                                      headers={"Content-Type": "image/png"})
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        return str(body["id"])
+
+    async def chat(self, session: str | None, *refs: str, stream: bool = False, **extra: Any) -> Any:
+        parts: list[dict[str, Any]] = [{"type": "text", "text": "look"}]
+        parts += [{"type": "image_url", "image_url": {"url": f"attachment:{r}"}} for r in refs]
+        body = {"model": "m", "messages": [{"role": "user", "content": parts}], "stream": stream, **extra}
+        headers = {"X-Session-Id": session} if session else {}
+        return await self.client.post("/v1/chat/completions", json=body, headers=headers)
+
+    async def events(self, session: str) -> list[dict[str, Any]]:
+        resp = await self.client.get(f"/admin/sessions/{session}/events", headers=ADMIN)
+        assert resp.status == 200, await resp.text()
+        events: list[dict[str, Any]] = (await resp.json())["events"]
+        return events
+
+    def path_of(self, attachment_id: str) -> Path:
+        hexdigest = attachment_id.removeprefix("sha256:")
+        return Path(self.app[APP].config.store_path) / "objects" / hexdigest[:2] / hexdigest
+
+
+@pytest.fixture
+def make_harness(
+    aiohttp_client: Any, make_config: Callable[..., Config], upstream: FakeUpstream
+) -> Callable[..., Awaitable[Harness]]:
+    async def make(config: Config | None = None, **overrides: Any) -> Harness:
+        config = config or make_config(**overrides)
+        store = CountingStore(open_store(config))
+        client = await aiohttp_client(create_app(config, store=store, log=open_log(config)))
+        return Harness(client, store, upstream)
+    return make
+
+
+@pytest.fixture
+async def harness(make_harness: Callable[..., Awaitable[Harness]]) -> Harness:
+    return await make_harness()

@@ -1,0 +1,151 @@
+"""Test doubles: a recording fake upstream and store wrappers that count or script reads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from policy.errors import AttachmentError
+from policy.model import StoredImage
+from proxy.state import Store
+
+COMPLETION = {
+    "id": "chatcmpl-fake", "object": "chat.completion", "created": 1700000000, "model": "fake-model",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello from the fake upstream."},
+                 "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17},
+}
+MESSAGE = {
+    "id": "msg_fake", "type": "message", "role": "assistant", "model": "fake-model",
+    "content": [{"type": "text", "text": "Hello from the fake upstream."}],
+    "stop_reason": "end_turn", "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 7},
+}
+
+
+@dataclass
+class Received:
+    method: str
+    path_qs: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return msgspec.json.decode(self.body)
+
+
+@dataclass
+class FakeUpstream:
+    """Records every request; answers like OpenAI/Anthropic, streaming when asked to."""
+
+    received: list[Received] = field(default_factory=list)
+    chunks: int = 5
+    chunk_delay: float = 0.0
+    url: str = ""
+    #: When set, streams pause after their first chunk until the gate opens.
+    gate: asyncio.Event | None = None
+
+    @property
+    def last(self) -> Received:
+        return self.received[-1]
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/messages", self.messages)
+        return app
+
+    async def _record(self, request: web.Request) -> Any:
+        body = await request.read()
+        self.received.append(Received(request.method, request.path_qs, dict(request.headers), body))
+        return msgspec.json.decode(body)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        req = await self._record(request)
+        if not req.get("stream"):
+            return web.json_response(COMPLETION)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(self.chunks):
+            delta = {"role": "assistant", "content": ""} if i == 0 else {"content": f"tok{i} "}
+            chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000,
+                     "model": "fake-model", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            await resp.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+            if i == 0 and self.gate is not None:
+                await self.gate.wait()
+            if self.chunk_delay:
+                await asyncio.sleep(self.chunk_delay)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        req = await self._record(request)
+        if not req.get("stream"):
+            return web.json_response(MESSAGE)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+
+        async def event(name: str, data: dict[str, Any]) -> None:
+            await resp.write(f"event: {name}\ndata: ".encode() + msgspec.json.encode(data) + b"\n\n")
+
+        start = dict(MESSAGE, content=[], stop_reason=None)
+        await event("message_start", {"type": "message_start", "message": start})
+        await event("content_block_start", {"type": "content_block_start", "index": 0,
+                                            "content_block": {"type": "text", "text": ""}})
+        for i in range(self.chunks):
+            await event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                "delta": {"type": "text_delta", "text": f"tok{i} "}})
+        await event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        await event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                      "stop_sequence": None}, "usage": {"output_tokens": self.chunks}})
+        await event("message_stop", {"type": "message_stop"})
+        await resp.write_eof()
+        return resp
+
+
+class CountingStore:
+    """Wraps a real store; counts reads per id and can inject faults or delays per read."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.reads: Counter[str] = Counter()
+        #: Called before each read with (id, read number); may raise or return an awaitable delay.
+        self.script: Callable[[str, int], float | None] | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.reads.values())
+
+    async def read_image(self, attachment_id: str) -> StoredImage:
+        self.reads[attachment_id] += 1
+        if self.script is not None:
+            delay = self.script(attachment_id, self.reads[attachment_id])
+            if delay:
+                await asyncio.sleep(delay)
+        return await self.inner.read_image(attachment_id)
+
+    async def admit(self, data: bytes, declared_type: str | None = None) -> StoredImage:
+        return await self.inner.admit(data, declared_type)
+
+    async def delete(self, attachment_id: str) -> bool:
+        return await self.inner.delete(attachment_id)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def fail_with(code: str, times: int = 1_000_000) -> Callable[[str, int], float | None]:
+    """A script: the first ``times`` reads of every id raise ``AttachmentError(code)``."""
+
+    def script(attachment_id: str, n: int) -> float | None:
+        if n <= times:
+            raise AttachmentError(code, attachment_id=attachment_id)
+        return None
+
+    return script
