@@ -143,13 +143,14 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
                 say(f"projectionist demo: proxy on {proxy.url}, fake upstream on {upstream.url}, data in {tmp}\n")
                 ids: dict[str, str] = {}
                 admitted = []
+                say("1. admitted three images through POST /v1/attachments:")
                 for name, data in IMAGES.items():
                     async with http.post(f"{proxy.url}/v1/attachments", data=data, params={"name": name},
                                          headers={"Content-Type": "image/png"}) as resp:
                         meta = await resp.json()
                     ids[name] = meta["id"]
                     admitted.append(meta)
-                    say(f"1. admitted {name}: {meta['id'][:15]}… {meta['width']}x{meta['height']}, {meta['bytes']} bytes")
+                    say(f"   {name}: {meta['id'][:15]}… {meta['width']}x{meta['height']}, {meta['bytes']} bytes")
                 record("admit", attachments=admitted)
                 body = _request(ids)
 

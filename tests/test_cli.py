@@ -1,0 +1,147 @@
+"""The ``projectionist`` command line: ``serve`` as a real process, the admin verbs, config loading."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+
+from policy.errors import InvalidRequest
+from proxy.config import Config, load_config
+from tests.fakes import FakeUpstream
+from tests.imaging import make_image, ref_id
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy.cli", *args, cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture
+async def served(tmp_path: Path, upstream: FakeUpstream) -> AsyncIterator[tuple[str, Path, Any]]:
+    """``projectionist serve`` as its own process, in front of the fake upstream."""
+    port, data = free_port(), tmp_path / "data"
+    env = {**os.environ, "PROJECTIONIST_ADMIN_TOKEN": "env-token"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--data-dir", str(data),
+        "--upstream", f"openai={upstream.url}", "--upstream", f"anthropic={upstream.url}",
+        cwd=ROOT, env=env, stderr=asyncio.subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):
+            try:
+                async with http.get(f"{base}/healthz") as resp:
+                    if resp.status == 200:
+                        break
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.1)
+        else:
+            proc.kill()
+            pytest.fail("serve did not come up")
+    try:
+        yield base, data, proc
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 15)
+
+
+async def test_serve_projects_records_and_the_admin_verbs_see_it(served: tuple[str, Path, Any], upstream: FakeUpstream) -> None:
+    base, data, proc = served
+    image = make_image(color=60)
+    gone = ref_id(image)
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"attachment:{gone}?name=x.png"}}]}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/v1/chat/completions", json=body,
+                             headers={"X-Session-Id": "cli", "Authorization": "Bearer sk-live-secret"}) as resp:
+            assert resp.status == 200
+        async with http.get(f"{base}/admin/sessions/cli/events", headers={"Authorization": "Bearer env-token"}) as resp:
+            assert resp.status == 200 and len((await resp.json())["events"]) == 1
+    assert upstream.last.json()["messages"][0]["content"][0]["text"] == \
+        f'[image unavailable: not_found; "x.png" ({gone[:15]})]'
+
+    rc, out, _ = await cli("events", "cli", "--data-dir", str(data))
+    assert rc == 0
+    [event] = msgspec.json.decode(out)["events"]
+    assert event["type"] == "attachment/quarantine" and event["data"]["name"] == "x.png"
+
+    rc, out, _ = await cli("quarantine", "cli", "--data-dir", str(data))
+    assert rc == 0 and msgspec.json.decode(out)["quarantined"][0]["attachment_id"] == gone
+
+    rc, _, err = await cli("recover", "cli", gone, "--data-dir", str(data))
+    assert rc == 1 and "ATTACHMENT_NOT_FOUND" in err
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/v1/attachments", data=image, headers={"Content-Type": "image/png"}) as resp:
+            assert (await resp.json())["id"] == gone
+    rc, out, _ = await cli("recover", "cli", gone, "--data-dir", str(data))
+    assert rc == 0 and msgspec.json.decode(out)["recovered"] is True
+
+    rc, out, _ = await cli("fork", "cli", "cli-2", "--at-seq", "1", "--data-dir", str(data))
+    assert rc == 0 and msgspec.json.decode(out)["event"]["data"] == {"parent": "cli", "at_seq": 1}
+    # the running server sees what another process appended, on its next request
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/v1/chat/completions", json=body, headers={"X-Session-Id": "cli"}) as resp:
+            assert resp.status == 200
+    assert upstream.last.json()["messages"][0]["content"][0]["type"] == "image_url"
+
+    proc.send_signal(signal.SIGTERM)
+    _, err_bytes = await asyncio.wait_for(proc.communicate(), 15)
+    log = err_bytes.decode()
+    lines = [msgspec.json.decode(line) for line in log.splitlines() if line.startswith("{")]
+    requests = [entry for entry in lines if entry.get("event") == "request" and entry.get("route") == "openai.chat"]
+    assert requests and requests[0]["quarantined"] == ["not_found"] and requests[0]["session"] == "cli"
+    assert "sk-live-secret" not in log and "env-token" not in log
+
+
+async def test_bad_config_is_refused_with_a_clear_code(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[server]\nport = 1\nunknown_key = true\n')
+    rc, _, err = await cli("serve", "--config", str(bad))
+    assert rc == 1 and "INVALID_CONFIG" in err and "unknown_key" in err
+
+
+def test_documented_config_file_is_exactly_the_defaults() -> None:
+    assert load_config(ROOT / "config" / "projectionist.toml") == load_config(None) == Config()
+
+
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        load_config(None, **{"server.sessionless": "maybe"})
+    assert info.value.code == "INVALID_CONFIG"
+    with pytest.raises(InvalidRequest):
+        load_config(None, **{"upstreams.x": {"format": "openai", "url": "ftp://nope"}})
+
+
+def test_secrets_come_from_the_environment_first() -> None:
+    config = load_config(None, **{"server.admin_token": "file-token",
+                                  "upstreams.openai": {"format": "openai", "url": "http://u", "api_key": "file-key",
+                                                       "api_key_env": "MY_KEY"}})
+    assert config.admin_token({}) == "file-token"
+    assert config.admin_token({"PROJECTIONIST_ADMIN_TOKEN": "env"}) == "env"
+    assert config.upstream_key("openai", {}) == "file-key"
+    assert config.upstream_key("openai", {"MY_KEY": "env-key"}) == "env-key"
+    assert config.upstreams["anthropic"].url == "https://api.anthropic.com"  # defaults stay
