@@ -16,6 +16,7 @@ from policy.model import ImageRef, Outcome, parse_file_id, parse_url_ref
 NAME: Final = "anthropic_messages"
 FORMAT: Final = "anthropic"
 AUTH_HEADERS: Final = ("x-api-key", "authorization")
+AUTH_QUERY: Final[tuple[str, ...]] = ()
 
 _TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",

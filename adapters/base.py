@@ -20,11 +20,13 @@ TextPart = Callable[[dict[str, Any], str], dict[str, Any]]
 
 @dataclass(frozen=True, slots=True)
 class Site:
-    """One image slot: ``parent[index]`` is the part that carries ``ref``."""
+    """One image slot: ``parent[index]`` is the part that carries ``ref``. ``host`` is set when
+    the slot is nested inside another part (the enclosing list and that part's index)."""
 
     parent: list[Json]
     index: int
     ref: ImageRef
+    host: tuple[list[Json], int] | None = None
 
 
 class WireFormat(Protocol):
@@ -36,6 +38,8 @@ class WireFormat(Protocol):
     def FORMAT(self) -> str: ...
     @property
     def AUTH_HEADERS(self) -> tuple[str, ...]: ...
+    @property
+    def AUTH_QUERY(self) -> tuple[str, ...]: ...
 
     def find_refs(self, body: Json) -> list[Site]: ...
     def render(self, sites: list[Site], outcomes: tuple[Outcome, ...]) -> None: ...

@@ -15,6 +15,7 @@ from policy.model import Outcome, parse_url_ref
 NAME: Final = "openai_chat"
 FORMAT: Final = "openai"
 AUTH_HEADERS: Final = ("authorization",)
+AUTH_QUERY: Final[tuple[str, ...]] = ()
 
 _TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 409: "invalid_request_error", 413: "invalid_request_error",

@@ -12,12 +12,11 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from adapters import anthropic_messages, openai_chat
 from proxy.admin import add_admin_routes
 from proxy.config import Config
 from proxy.fsstore import FilesystemStore
-from proxy.projecting import projecting_handler
 from proxy.relay import new_session
+from proxy.routing import dispatch_default, dispatch_named
 from proxy.sqlitelog import SqliteLog
 from proxy.state import APP, AppState, Log, Store, Upstream
 from proxy.uploads import upload
@@ -60,11 +59,11 @@ def create_app(
     app[APP] = state
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
-    router.add_post("/v1/chat/completions", projecting_handler(openai_chat, "openai", "openai.chat"))
-    router.add_post("/v1/messages", projecting_handler(anthropic_messages, "anthropic", "anthropic.messages"))
     router.add_post("/v1/attachments", upload)
     add_admin_routes(router)
     router.add_get("/healthz", healthz)
+    router.add_route("*", "/u/{name}/{tail:.*}", dispatch_named)
+    router.add_route("*", "/{tail:.*}", dispatch_default)
     return app
 
 

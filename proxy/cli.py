@@ -20,7 +20,7 @@ from policy.model import check_id
 from policy.projection import recover, refresh
 from proxy.admin import events_view, quarantine_view
 from proxy.app import create_app, open_log, open_store
-from proxy.config import Config, load_config, with_upstream_urls
+from proxy.config import Config, Format, load_config, parse_upstream_spec, with_upstreams
 from proxy.demo import DemoFailed, run_demo, write_snapshot
 from proxy.logs import get_logger, setup_logging
 from proxy.sessions import parse_session_id
@@ -29,11 +29,11 @@ from proxy.state import Log, Store
 T = TypeVar("T")
 
 
-def _parse_upstream(value: str) -> tuple[str, str]:
-    name, sep, url = value.partition("=")
-    if not sep or not name or not url.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError("expected NAME=URL, e.g. openai=http://127.0.0.1:9000")
-    return name, url
+def _parse_upstream(value: str) -> tuple[str, Format | None, str]:
+    try:
+        return parse_upstream_spec(value)
+    except ProjectionistError as error:
+        raise argparse.ArgumentTypeError(error.message) from None
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--admin-token", help="admin bearer token (or PROJECTIONIST_ADMIN_TOKEN)")
-    serve.add_argument("--upstream", action="append", type=_parse_upstream, default=[], metavar="NAME=URL",
-                       help="override an upstream's base URL, e.g. openai=http://127.0.0.1:9000 (repeatable)")
+    serve.add_argument("--upstream", action="append", type=_parse_upstream, default=[], metavar="NAME=[FORMAT:]URL",
+                       help="override an upstream's base URL (openai=http://127.0.0.1:9000) or declare a named "
+                            "one (deepseek=openai:https://api.deepseek.com); repeatable")
     demo = sub.add_parser("demo", help="play the keyless story of a session surviving bad images")
     demo.add_argument("--json", metavar="FILE", help="write the snapshot as JSON to FILE ('-' for stdout)")
     for verb, helptext in (("events", "print a session's events"), ("quarantine", "print what is quarantined")):
@@ -81,7 +82,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             "server.admin_token": getattr(args, "admin_token", None),
         },
     )
-    return with_upstream_urls(config, dict(getattr(args, "upstream", [])))
+    return with_upstreams(config, getattr(args, "upstream", []))
 
 
 def _print_json(payload: Any) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -16,7 +16,8 @@ import msgspec
 
 from policy.errors import InvalidRequest
 
-Format = Literal["openai", "anthropic"]
+Format = Literal["openai", "anthropic", "gemini"]
+FORMATS: tuple[Format, ...] = ("openai", "anthropic", "gemini")
 
 MiB = 1024 * 1024
 
@@ -69,6 +70,7 @@ def _default_upstreams() -> dict[str, UpstreamConfig]:
     return {
         "openai": UpstreamConfig("openai", "https://api.openai.com"),
         "anthropic": UpstreamConfig("anthropic", "https://api.anthropic.com"),
+        "gemini": UpstreamConfig("gemini", "https://generativelanguage.googleapis.com"),
     }
 
 
@@ -129,14 +131,37 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
     return config
 
 
+def parse_upstream_spec(spec: str) -> tuple[str, Format | None, str]:
+    """``NAME=URL`` (override a base URL) or ``NAME=FORMAT:URL`` (declare a named upstream)."""
+    name, sep, rest = spec.partition("=")
+    fmt: str | None = None
+    if not rest.startswith(("http://", "https://")):
+        fmt, _, rest = rest.partition(":")
+    if not sep or not name or not rest.startswith(("http://", "https://")) or (fmt is not None and fmt not in FORMATS):
+        raise InvalidRequest(
+            f"--upstream {spec!r}: expected NAME=URL or NAME=FORMAT:URL with FORMAT one of {', '.join(FORMATS)}",
+            code="INVALID_CONFIG",
+        )
+    return name, fmt, rest
+
+
+def with_upstreams(config: Config, specs: Iterable[tuple[str, Format | None, str]]) -> Config:
+    """Apply ``--upstream`` declarations: a known name keeps its format unless one is given; a new
+    name needs a format (the default upstreams are named after their formats)."""
+    upstreams = dict(config.upstreams)
+    for name, fmt, url in specs:
+        current = upstreams.get(name)
+        if current is None and fmt is None:
+            if name not in FORMATS:
+                raise InvalidRequest(f"upstream {name!r} needs a format: {name}=FORMAT:URL", code="INVALID_CONFIG")
+            fmt = name
+        if current is None:
+            upstreams[name] = UpstreamConfig(fmt, url.rstrip("/"))  # type: ignore[arg-type]
+        else:
+            upstreams[name] = msgspec.structs.replace(current, url=url.rstrip("/"), format=fmt or current.format)
+    return msgspec.structs.replace(config, upstreams=upstreams)
+
+
 def with_upstream_urls(config: Config, urls: Mapping[str, str]) -> Config:
     """Override base URLs of upstreams by name (``--upstream openai=http://...``)."""
-    upstreams = dict(config.upstreams)
-    for name, url in urls.items():
-        if name in upstreams:
-            upstreams[name] = msgspec.structs.replace(upstreams[name], url=url.rstrip("/"))
-        elif name in ("openai", "anthropic"):
-            upstreams[name] = UpstreamConfig(name, url.rstrip("/"))  # type: ignore[arg-type]
-        else:
-            raise InvalidRequest(f"unknown upstream {name!r}", code="INVALID_CONFIG")
-    return msgspec.structs.replace(config, upstreams=upstreams)
+    return with_upstreams(config, [(name, None, url) for name, url in urls.items()])

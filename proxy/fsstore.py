@@ -12,6 +12,7 @@ import errno
 import hashlib
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
@@ -25,6 +26,7 @@ from policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, Imag
 from policy.model import ID_PREFIX, StoredImage, check_id
 from proxy.admission import ImageInfo, header_info, inspect_image
 from proxy.config import ImageLimits
+from proxy.state import AttachmentMeta
 
 #: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
@@ -32,13 +34,15 @@ WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
 _T = TypeVar("_T")
 
 
-class _Record(msgspec.Struct, frozen=True):
-    """The admission record stored beside the bytes."""
+class _Record(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The admission record stored beside the bytes (``name``/``created_at``: first admission's)."""
 
     media_type: str
     bytes: int
     width: int
     height: int
+    name: str | None = None
+    created_at: int = 0
 
 
 _RECORD_DECODER: Final = msgspec.json.Decoder(_Record)
@@ -129,7 +133,7 @@ class FilesystemStore:
     async def _run(self, fn: Callable[[], _T]) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
-    async def admit(self, data: bytes, declared_type: str | None = None) -> StoredImage:
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
         """Validate ``data`` and store it under its digest; return the stored image.
 
         Idempotent: an existing object that verifies is left untouched. An absent, partial or
@@ -137,7 +141,7 @@ class FilesystemStore:
         Raises ``ImageRejected`` for refused bytes, ``Unavailable(ATTACHMENT_WRITE_FAILED)`` when the
         filesystem fails while publishing.
         """
-        return await self._run(partial(self._admit_sync, data, declared_type))
+        return await self._run(partial(self._admit_sync, data, declared_type, name))
 
     async def read_image(self, attachment_id: str) -> StoredImage:
         """Return the verified image or raise ``AttachmentError`` (see ``policy.ports``)."""
@@ -154,6 +158,11 @@ class FilesystemStore:
                 f"{READ_FAILED}: {_short(hex_digest)} read timed out after {self.read_timeout}s",
                 attachment_id=attachment_id,
             ) from None
+
+    async def stat(self, attachment_id: str) -> AttachmentMeta | None:
+        """The admission record of a present object, without reading or verifying its bytes."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        return await self._run(partial(self._stat_sync, hex_digest))
 
     async def delete(self, attachment_id: str) -> bool:
         """Remove the object and its record; True if anything was removed."""
@@ -213,14 +222,15 @@ class FilesystemStore:
             data=data,
         )
 
-    def _admit_sync(self, data: bytes, declared_type: str | None) -> StoredImage:
+    def _admit_sync(self, data: bytes, declared_type: str | None, name: str | None = None) -> StoredImage:
         info: ImageInfo = inspect_image(data, declared_type, self.limits)
         hex_digest = hashlib.sha256(data).hexdigest()
         try:
             return self._load(hex_digest)
         except AttachmentError:
             pass  # absent, partial, corrupt or unreadable: (re)publish below
-        record = _Record(media_type=info.media_type, bytes=len(data), width=info.width, height=info.height)
+        record = _Record(media_type=info.media_type, bytes=len(data), width=info.width, height=info.height,
+                         name=name, created_at=int(time.time()))
         data_path, record_path = self._paths(hex_digest)
         directory = data_path.parent
         try:
@@ -243,6 +253,17 @@ class FilesystemStore:
             height=info.height,
             data=data,
         )
+
+    def _stat_sync(self, hex_digest: str) -> AttachmentMeta | None:
+        data_path, record_path = self._paths(hex_digest)
+        try:
+            if not data_path.is_file():
+                return None
+            record = _RECORD_DECODER.decode(_read_file(record_path))
+        except (OSError, msgspec.DecodeError):
+            return None
+        return AttachmentMeta(ID_PREFIX + hex_digest, record.media_type, record.bytes, record.width, record.height,
+                              record.name, record.created_at)
 
     def _delete_sync(self, hex_digest: str) -> bool:
         data_path, record_path = self._paths(hex_digest)

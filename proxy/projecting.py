@@ -1,4 +1,4 @@
-"""The projecting route: parse, find references, run the policy, render, relay (proxy layer).
+"""The projecting path: parse, find references, run the policy, render, forward (proxy layer).
 
 A body with no reference is forwarded as the original bytes. Otherwise it is decoded once, only
 the image slots are patched, and it is encoded once. Every decision (reads, quarantines,
@@ -7,7 +7,7 @@ placeholders, errors) is made before the upstream call, so before the first resp
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 from aiohttp import web
@@ -15,10 +15,10 @@ from aiohttp import web
 from adapters.base import WireFormat
 from policy.model import Unavailable
 from policy.projection import project
-from proxy.relay import Timing, forward_headers, relay
+from proxy.forward import forward
 from proxy.sessions import session_from_headers
 from proxy.state import APP, Upstream
-from proxy.wire import REQUEST_ID, REQUEST_ID_HEADER, Handler, endpoint, info
+from proxy.wire import info
 
 _decoder: Final = msgspec.json.Decoder()
 _encoder: Final = msgspec.json.Encoder()
@@ -30,56 +30,38 @@ def may_hold_refs(raw: bytes) -> bool:
     return b"sha256:" in raw or b"\\u" in raw
 
 
-def upstream_headers(request: web.Request, fmt: WireFormat, upstream: Upstream) -> Any:
+async def project_body(request: web.Request, fmt: WireFormat, raw: bytes) -> bytes:
+    """The upstream body for ``raw``: unchanged without references, else projected."""
+    if not may_hold_refs(raw):
+        return raw
+    decoded = _decoder.decode(raw)
+    sites = fmt.find_refs(decoded)
+    if not sites:
+        return raw
     app = request.app[APP]
-    drop: tuple[str, ...] = app.session_headers
-    if upstream.api_key:
-        return forward_headers(request.headers, drop=drop + fmt.AUTH_HEADERS, replace=fmt.upstream_auth(upstream.api_key))
-    return forward_headers(request.headers, drop=drop)
+    session_id = info(request).get("session")
+    projection = await project(
+        [site.ref for site in sites],
+        store=app.store,
+        log=app.log,
+        session_id=session_id,
+        lock=app.locks(session_id) if session_id else None,
+        sessionless=app.config.server.sessionless,
+    )
+    info(request).update(
+        refs=len(sites),
+        reads=projection.reads,
+        quarantined=[q.failure for q in projection.recorded],
+        placeholders=sum(isinstance(o, Unavailable) for o in projection.outcomes),
+    )
+    fmt.render(sites, projection.outcomes)
+    return _encoder.encode(decoded)
 
 
-def projecting_handler(fmt: WireFormat, upstream_name: str, route: str) -> Handler:
-    @endpoint(fmt, route)
-    async def handle(request: web.Request) -> web.StreamResponse:
-        app = request.app[APP]
-        upstream = app.upstreams[upstream_name]
-        fields = info(request)
-        raw = await request.read()
-        session_id = session_from_headers(request.headers, app.session_headers)
-        fields.update(adapter=fmt.NAME, upstream=upstream.name, session=session_id)
-        body = raw
-        if may_hold_refs(raw):
-            decoded = _decoder.decode(raw)
-            sites = fmt.find_refs(decoded)
-            if sites:
-                projection = await project(
-                    [site.ref for site in sites],
-                    store=app.store,
-                    log=app.log,
-                    session_id=session_id,
-                    lock=app.locks(session_id) if session_id else None,
-                    sessionless=app.config.server.sessionless,
-                )
-                fields.update(
-                    refs=len(sites),
-                    reads=projection.reads,
-                    quarantined=[q.failure for q in projection.recorded],
-                    placeholders=sum(isinstance(o, Unavailable) for o in projection.outcomes),
-                )
-                fmt.render(sites, projection.outcomes)
-                body = _encoder.encode(decoded)
-        timing = Timing()
-        try:
-            return await relay(
-                request,
-                upstream.session,
-                upstream.url + request.path_qs,
-                body,
-                upstream_headers(request, fmt, upstream),
-                timing,
-                extra_headers={REQUEST_ID_HEADER: request[REQUEST_ID]},
-            )
-        finally:
-            fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
-
-    return handle
+async def project_and_forward(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
+    app = request.app[APP]
+    raw = await request.read()
+    session_id = session_from_headers(request.headers, app.session_headers)
+    info(request).update(adapter=fmt.NAME, session=session_id)
+    body = await project_body(request, fmt, raw)
+    return await forward(request, fmt, upstream, raw_path, body)

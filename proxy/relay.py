@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, Iterable
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
+from yarl import URL
 
 from policy.errors import UpstreamError
 from proxy.logs import get_logger
@@ -71,8 +72,8 @@ class Timing:
 async def relay(
     request: web.Request,
     session: aiohttp.ClientSession,
-    url: str,
-    body: bytes | None,
+    url: URL,
+    body: bytes | AsyncIterable[bytes] | None,
     headers: CIMultiDict[str],
     timing: Timing,
     extra_headers: dict[str, str] | None = None,

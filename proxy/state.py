@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 from policy.model import StoredImage
@@ -17,10 +18,23 @@ from proxy.config import Config
 from proxy.sessions import SessionLocks
 
 
-class Store(AttachmentStore, Protocol):
-    """An attachment store the proxy can also admit into and delete from."""
+class AttachmentMeta(msgspec.Struct, frozen=True):
+    """What the store recorded at admission (``name`` and ``created_at`` of the first admission)."""
 
-    async def admit(self, data: bytes, declared_type: str | None = None) -> StoredImage: ...
+    id: str
+    media_type: str
+    bytes: int
+    width: int
+    height: int
+    name: str | None = None
+    created_at: int = 0
+
+
+class Store(AttachmentStore, Protocol):
+    """An attachment store the proxy can also admit into, describe and delete from."""
+
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage: ...
+    async def stat(self, attachment_id: str) -> AttachmentMeta | None: ...
     async def delete(self, attachment_id: str) -> bool: ...
     async def close(self) -> None: ...
 

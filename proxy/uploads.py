@@ -71,6 +71,6 @@ async def upload(request: web.Request) -> web.StreamResponse:
     if not data:
         raise InvalidRequest("empty upload", code="EMPTY_UPLOAD")
     name = _clean_name(request.query.get("name") or filename)
-    image = await app.store.admit(data, declared)
+    image = await app.store.admit(data, declared, name=name)
     info(request).update(attachment=image.id[:15], bytes=image.bytes)
     return web.Response(body=msgspec.json.encode(describe(image, name)), content_type="application/json")

@@ -42,33 +42,40 @@ def info(request: web.Request) -> dict[str, Any]:
     return request[INFO]
 
 
+async def respond(
+    request: web.Request, fmt: WireFormat, route: str, call: Callable[[], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Run ``call`` as one request: context, canonical log line, errors in ``fmt``'s wire shape."""
+    request_id = uuid.uuid4().hex[:16]
+    fields: dict[str, Any] = {"route": route, "request_id": request_id}
+    request[INFO] = fields
+    request[REQUEST_ID] = request_id
+    started = time.perf_counter()
+    with structlog.contextvars.bound_contextvars(request_id=request_id, route=route):
+        try:
+            response = await _call(call)
+        except ProjectionistError as error:
+            fields["error_code"] = error.code
+            response = error_response(fmt, error)
+        except asyncio.CancelledError:
+            _log_line(request, fields, started, status=None, cancelled=True)
+            raise
+        except Exception:
+            get_logger().exception("unhandled_error")
+            internal = InternalError("internal error; see the proxy log")
+            fields["error_code"] = internal.code
+            response = error_response(fmt, internal)
+        if not response.prepared:
+            response.headers[REQUEST_ID_HEADER] = request_id
+        _log_line(request, fields, started, status=response.status)
+        return response
+
+
 def endpoint(fmt: WireFormat, route: str) -> Callable[[Handler], Handler]:
+    """Decorator form of ``respond`` for routes with a fixed format."""
     def wrap(handler: Handler) -> Handler:
         async def wrapped(request: web.Request) -> web.StreamResponse:
-            request_id = uuid.uuid4().hex[:16]
-            fields: dict[str, Any] = {"route": route, "request_id": request_id}
-            request[INFO] = fields
-            request[REQUEST_ID] = request_id
-            started = time.perf_counter()
-            with structlog.contextvars.bound_contextvars(request_id=request_id, route=route):
-                try:
-                    response = await _call(handler, request)
-                except ProjectionistError as error:
-                    fields["error_code"] = error.code
-                    response = error_response(fmt, error)
-                except asyncio.CancelledError:
-                    _log_line(request, fields, started, status=None, cancelled=True)
-                    raise
-                except Exception:
-                    get_logger().exception("unhandled_error")
-                    internal = InternalError("internal error; see the proxy log")
-                    fields["error_code"] = internal.code
-                    response = error_response(fmt, internal)
-                if not response.prepared:
-                    response.headers[REQUEST_ID_HEADER] = request_id
-                _log_line(request, fields, started, status=response.status)
-                return response
-
+            return await respond(request, fmt, route, lambda: handler(request))
         return wrapped
     return wrap
 
@@ -78,9 +85,9 @@ def _log_line(request: web.Request, fields: dict[str, Any], started: float, **ex
     get_logger().info("request", method=request.method, duration_ms=duration_ms, **extra, **fields)
 
 
-async def _call(handler: Handler, request: web.Request) -> web.StreamResponse:
+async def _call(call: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     try:
-        return await handler(request)
+        return await call()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge("request body exceeds the configured client_max_size") from None
     except msgspec.DecodeError:

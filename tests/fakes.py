@@ -13,7 +13,7 @@ from aiohttp import web
 
 from policy.errors import AttachmentError
 from policy.model import StoredImage
-from proxy.state import Store
+from proxy.state import AttachmentMeta, Store
 
 COMPLETION = {
     "id": "chatcmpl-fake", "object": "chat.completion", "created": 1700000000, "model": "fake-model",
@@ -130,8 +130,11 @@ class CountingStore:
                 await asyncio.sleep(delay)
         return await self.inner.read_image(attachment_id)
 
-    async def admit(self, data: bytes, declared_type: str | None = None) -> StoredImage:
-        return await self.inner.admit(data, declared_type)
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
+        return await self.inner.admit(data, declared_type, name=name)
+
+    async def stat(self, attachment_id: str) -> AttachmentMeta | None:
+        return await self.inner.stat(attachment_id)
 
     async def delete(self, attachment_id: str) -> bool:
         return await self.inner.delete(attachment_id)

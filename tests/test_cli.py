@@ -112,7 +112,7 @@ async def test_serve_projects_records_and_the_admin_verbs_see_it(served: tuple[s
     _, err_bytes = await asyncio.wait_for(proc.communicate(), 15)
     log = err_bytes.decode()
     lines = [msgspec.json.decode(line) for line in log.splitlines() if line.startswith("{")]
-    requests = [entry for entry in lines if entry.get("event") == "request" and entry.get("route") == "openai.chat"]
+    requests = [entry for entry in lines if entry.get("event") == "request" and entry.get("route") == "openai_chat"]
     assert requests and requests[0]["quarantined"] == ["not_found"] and requests[0]["session"] == "cli"
     assert "sk-live-secret" not in log and "env-token" not in log
 

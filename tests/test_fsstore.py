@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import builtins
 import errno
 import os
@@ -90,12 +91,21 @@ async def test_layout_names_objects_by_full_digest(store: FilesystemStore) -> No
     ]
     data_path, record_path = obj_paths(store, stored.id)
     assert data_path.read_bytes() == data
-    assert msgspec.json.decode(record_path.read_bytes()) == {
-        "media_type": "image/png",
-        "bytes": len(data),
-        "width": 4,
-        "height": 3,
-    }
+    record = msgspec.json.decode(record_path.read_bytes())
+    assert abs(record.pop("created_at") - time.time()) < 60
+    assert record == {"media_type": "image/png", "bytes": len(data), "width": 4, "height": 3}
+
+
+async def test_stat_reports_the_first_admission_without_reading_bytes(store: FilesystemStore) -> None:
+    data = make_image(color=90)
+    stored = await store.admit(data, name="first.png")
+    await store.admit(data, name="second.png")  # idempotent: the record is not rewritten
+    meta = await store.stat(stored.id)
+    assert meta is not None and (meta.name, meta.bytes, meta.width, meta.height) == ("first.png", len(data), 4, 3)
+    obj_paths(store, stored.id)[0].write_bytes(b"corrupt but present")
+    assert (await store.stat(stored.id)) == meta  # stat describes; only read_image verifies
+    await store.delete(stored.id)
+    assert await store.stat(stored.id) is None
 
 
 async def test_publish_order_is_fsync_rename_then_directory_fsync(

@@ -458,7 +458,7 @@ async def test_canonical_log_line_has_counts_and_no_payloads(harness: Harness) -
             {"type": "image_url", "image_url": {"url": f"attachment:{gone}"}}]}]},
             headers={"X-Session-Id": SID, "Authorization": "Bearer sk-secret-key"})
     [line] = [entry for entry in logs if entry["event"] == "request"]
-    assert line["session"] == SID and line["route"] == "openai.chat" and line["status"] == 200
+    assert line["session"] == SID and line["route"] == "openai_chat" and line["status"] == 200
     assert line["refs"] == 2 and line["reads"] == 2 and line["quarantined"] == ["not_found"]
     assert line["upstream_status"] == 200 and line["duration_ms"] >= line["upstream_ms"] >= 0
     text = repr(logs)

@@ -1,0 +1,105 @@
+"""Gemini ``generateContent`` wire format (adapters layer, pure data mapping).
+
+References sit in ``file_data.file_uri`` (or ``fileData.fileUri``: the REST API takes both
+spellings) of ``contents[].parts``, and in ``function_response.parts``. A resolved image becomes
+``inline_data`` in the spelling the part used. A placeholder becomes a ``text`` part; inside a
+function response, whose parts may only carry data, it becomes a text part right after that
+function response in the enclosing content. Errors use Google's ``{error: {code, status}}`` shape
+with the stable code as an ``ErrorInfo.reason``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from adapters.base import Json, Site, b64encode
+from policy.model import Outcome, Resolved, parse_url_ref
+
+NAME: Final = "gemini"
+FORMAT: Final = "gemini"
+AUTH_HEADERS: Final = ("x-goog-api-key",)
+AUTH_QUERY: Final = ("key",)
+
+_STATUS: Final = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                  409: "ABORTED", 413: "INVALID_ARGUMENT", 422: "FAILED_PRECONDITION", 429: "RESOURCE_EXHAUSTED",
+                  500: "INTERNAL", 502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+
+def _either(obj: dict[str, Any], snake: str, camel: str) -> Any:
+    return obj[snake] if snake in obj else obj.get(camel)
+
+
+def _scan(parts: list[Json], sites: list[Site], host: tuple[list[Json], int] | None) -> None:
+    for index, part in enumerate(parts):
+        if not isinstance(part, dict):
+            continue
+        data = _either(part, "file_data", "fileData")
+        if isinstance(data, dict) and isinstance(uri := _either(data, "file_uri", "fileUri"), str):
+            if (ref := parse_url_ref(uri)) is not None:
+                sites.append(Site(parts, index, ref, host))
+        response = _either(part, "function_response", "functionResponse")
+        if host is None and isinstance(response, dict) and isinstance(nested := response.get("parts"), list):
+            _scan(nested, sites, (parts, index))
+
+
+def find_refs(body: Json) -> list[Site]:
+    """Every ``attachment:`` file URI in ``body["contents"]``, function responses included."""
+    sites: list[Site] = []
+    contents = body.get("contents") if isinstance(body, dict) else None
+    for content in contents if isinstance(contents, list) else ():
+        if isinstance(content, dict) and isinstance(parts := content.get("parts"), list):
+            _scan(parts, sites, None)
+    return sites
+
+
+def _inline(part: dict[str, Any], media_type: str, b64: str) -> dict[str, Any]:
+    camel = "fileData" in part
+    kept = {k: v for k, v in part.items() if k not in ("file_data", "fileData")}
+    if camel:
+        return {**kept, "inlineData": {"mimeType": media_type, "data": b64}}
+    return {**kept, "inline_data": {"mime_type": media_type, "data": b64}}
+
+
+def render(sites: list[Site], outcomes: tuple[Outcome, ...]) -> None:
+    if len(sites) != len(outcomes):
+        raise ValueError("one outcome per site")
+    encoded: dict[str, str] = {}
+    nested: list[tuple[Site, str]] = []
+    for site, outcome in zip(sites, outcomes):
+        if isinstance(outcome, Resolved):
+            image = outcome.image
+            b64 = encoded.get(image.id) or encoded.setdefault(image.id, b64encode(image))
+            site.parent[site.index] = _inline(site.parent[site.index], image.media_type, b64)
+        elif site.host is None:
+            site.parent[site.index] = {"text": outcome.text}
+        else:
+            nested.append((site, outcome.text))
+    _move_out(nested)
+
+
+def _move_out(placeholders: list[tuple[Site, str]]) -> None:
+    """Function-response parts may only carry data: a placeholder there leaves the function
+    response and follows it as a text part of the enclosing content, in document order."""
+    removed: dict[int, tuple[list[Json], set[int]]] = {}
+    texts: dict[int, tuple[list[Json], dict[int, list[Json]]]] = {}
+    for site, text in placeholders:
+        assert site.host is not None
+        removed.setdefault(id(site.parent), (site.parent, set()))[1].add(site.index)
+        host_list, host_index = site.host
+        texts.setdefault(id(host_list), (host_list, {}))[1].setdefault(host_index, []).append({"text": text})
+    for parts, gone in removed.values():
+        parts[:] = [part for i, part in enumerate(parts) if i not in gone]
+    for host_list, after in texts.values():
+        for host_index in sorted(after, reverse=True):
+            host_list[host_index + 1:host_index + 1] = after[host_index]
+
+
+def error_body(code: str, message: str, status: int) -> dict[str, Any]:
+    """Google's error shape; ``google-genai`` exposes it as ``APIError.details``."""
+    return {"error": {"code": status, "message": message, "status": _STATUS.get(status, "UNKNOWN"),
+                      "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                                   "reason": code, "domain": "projectionist"}]}}
+
+
+def upstream_auth(api_key: str) -> dict[str, str]:
+    return {"x-goog-api-key": api_key}
