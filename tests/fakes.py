@@ -55,10 +55,24 @@ class FakeUpstream:
         return self.received[-1]
 
     def app(self) -> web.Application:
+        from tests.fake_gemini import install_gemini
+        from tests.fake_responses import install_responses
+
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/messages", self.messages)
+        install_responses(app, self)
+        install_gemini(app, self)
+        app.router.add_route("*", "/{tail:.*}", self.echo)
         return app
+
+    async def echo(self, request: web.Request) -> web.StreamResponse:
+        """Any other route: record it, answer what was received (status from ``x-fake-status``)."""
+        body = await request.read()
+        self.received.append(Received(request.method, request.path_qs, dict(request.headers), body))
+        status = int(request.headers.get("x-fake-status", "200"))
+        return web.json_response({"method": request.method, "path_qs": request.path_qs, "body_len": len(body)},
+                                 status=status, headers={"x-fake-upstream": "echo"})
 
     async def _record(self, request: web.Request) -> Any:
         body = await request.read()
