@@ -18,15 +18,19 @@ ImagePart = Callable[[dict[str, Any], str, str], dict[str, Any]]
 TextPart = Callable[[dict[str, Any], str], dict[str, Any]]
 
 
+Host = tuple[list[Json], int]
+
+
 @dataclass(frozen=True, slots=True)
 class Site:
-    """One image slot: ``parent[index]`` is the part that carries ``ref``. ``host`` is set when
-    the slot is nested inside another part (the enclosing list and that part's index)."""
+    """One image slot: ``parent[index]`` (a list index or a dict key) is the part that carries
+    ``ref``. ``host`` is set when the slot is nested inside an element of an enclosing list (that
+    list and the element's index), for formats whose nested slots cannot hold text."""
 
-    parent: list[Json]
-    index: int
+    parent: Any
+    index: int | str
     ref: ImageRef
-    host: tuple[list[Json], int] | None = None
+    host: Host | None = None
 
 
 class WireFormat(Protocol):
@@ -66,6 +70,17 @@ def patch(sites: Sequence[Site], outcomes: Sequence[Outcome], image_part: ImageP
             site.parent[site.index] = image_part(part, image.media_type, b64)
         else:
             site.parent[site.index] = text_part(part, outcome.text)
+
+
+def insert_after(placements: Sequence[tuple[Host, Json]]) -> None:
+    """Insert each element right after its host element; several after one host keep their
+    order. Indexes stay valid because hosts are processed from the back of each list."""
+    lists: dict[int, tuple[list[Json], dict[int, list[Json]]]] = {}
+    for (host_list, host_index), element in placements:
+        lists.setdefault(id(host_list), (host_list, {}))[1].setdefault(host_index, []).append(element)
+    for host_list, after in lists.values():
+        for host_index in sorted(after, reverse=True):
+            host_list[host_index + 1:host_index + 1] = after[host_index]
 
 
 def b64encode(image: StoredImage) -> str:

@@ -2,9 +2,9 @@
 
 References sit in ``file_data.file_uri`` (or ``fileData.fileUri``: the REST API takes both
 spellings) of ``contents[].parts``, and in ``function_response.parts``. A resolved image becomes
-``inline_data`` in the spelling the part used. A placeholder becomes a ``text`` part; inside a
-function response, whose parts may only carry data, it becomes a text part right after that
-function response in the enclosing content. Errors use Google's ``{error: {code, status}}`` shape
+``inline_data`` in the spelling the part used. A placeholder becomes a ``text`` part (the part's
+other fields, such as ``thoughtSignature``, kept); inside a function response, whose parts may only
+carry data, it becomes a text part right after that function response in the enclosing content. Errors use Google's ``{error: {code, status}}`` shape
 with the stable code as an ``ErrorInfo.reason``.
 """
 
@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters.base import Json, Site, b64encode
+from adapters.base import Host, Json, Site, b64encode, insert_after
 from policy.model import Outcome, Resolved, parse_url_ref
 
 NAME: Final = "gemini"
 FORMAT: Final = "gemini"
 AUTH_HEADERS: Final = ("x-goog-api-key",)
 AUTH_QUERY: Final = ("key",)
+#: Keys of a part that carry or describe its data: dropped when the part becomes placeholder text.
+_DATA_KEYS: Final = frozenset({"file_data", "fileData", "video_metadata", "videoMetadata"})
 
 _STATUS: Final = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
                   409: "ABORTED", 413: "INVALID_ARGUMENT", 422: "FAILED_PRECONDITION", 429: "RESOURCE_EXHAUSTED",
@@ -71,7 +73,8 @@ def render(sites: list[Site], outcomes: tuple[Outcome, ...]) -> None:
             b64 = encoded.get(image.id) or encoded.setdefault(image.id, b64encode(image))
             site.parent[site.index] = _inline(site.parent[site.index], image.media_type, b64)
         elif site.host is None:
-            site.parent[site.index] = {"text": outcome.text}
+            part = site.parent[site.index]
+            site.parent[site.index] = {**{k: v for k, v in part.items() if k not in _DATA_KEYS}, "text": outcome.text}
         else:
             nested.append((site, outcome.text))
     _move_out(nested)
@@ -81,17 +84,18 @@ def _move_out(placeholders: list[tuple[Site, str]]) -> None:
     """Function-response parts may only carry data: a placeholder there leaves the function
     response and follows it as a text part of the enclosing content, in document order."""
     removed: dict[int, tuple[list[Json], set[int]]] = {}
-    texts: dict[int, tuple[list[Json], dict[int, list[Json]]]] = {}
+    follow: list[tuple[Host, Json]] = []
     for site, text in placeholders:
-        assert site.host is not None
+        assert site.host is not None and isinstance(site.index, int)
         removed.setdefault(id(site.parent), (site.parent, set()))[1].add(site.index)
-        host_list, host_index = site.host
-        texts.setdefault(id(host_list), (host_list, {}))[1].setdefault(host_index, []).append({"text": text})
+        follow.append((site.host, {"text": text}))
     for parts, gone in removed.values():
         parts[:] = [part for i, part in enumerate(parts) if i not in gone]
-    for host_list, after in texts.values():
-        for host_index in sorted(after, reverse=True):
-            host_list[host_index + 1:host_index + 1] = after[host_index]
+    for (host_list, host_index), _ in follow:
+        response = _either(host_list[host_index], "function_response", "functionResponse")
+        if response.get("parts") == []:
+            del response["parts"]  # nothing left to carry: drop the empty list
+    insert_after(follow)
 
 
 def error_body(code: str, message: str, status: int) -> dict[str, Any]:

@@ -1,8 +1,11 @@
 """OpenAI Responses wire format (adapters layer, pure data mapping).
 
-References sit in ``input_image`` parts of ``input`` items, as ``image_url: "attachment:..."`` or
-``file_id: "sha256:..."``, in message content and in ``function_call_output.output`` lists. A
-resolved image becomes a ``data:`` URL (``detail`` kept); a placeholder becomes ``input_text``.
+References sit in ``input_image`` parts as ``image_url: "attachment:..."`` or
+``file_id: "sha256:..."``: in message content, in ``function_call_output`` and
+``custom_tool_call_output`` output lists, and in ``prompt.variables``; and in the
+``computer_screenshot`` output of a ``computer_call_output``. A resolved image becomes a ``data:``
+URL (``detail`` kept). A placeholder becomes ``input_text``; a screenshot slot cannot hold text,
+so there it becomes a blank 1x1 image and the text follows the item as a user message.
 Errors and auth are OpenAI's, shared with the Chat Completions adapter.
 """
 
@@ -11,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from adapters import openai_chat
-from adapters.base import Json, Site, patch
-from policy.model import ImageRef, Outcome, parse_file_id, parse_url_ref
+from adapters.base import Host, Json, Site, b64encode, insert_after
+from policy.model import ImageRef, Outcome, Resolved, parse_file_id, parse_url_ref
 
 NAME: Final = "openai_responses"
 FORMAT: Final = "openai"
@@ -21,8 +24,15 @@ AUTH_QUERY: Final[tuple[str, ...]] = ()
 error_body = openai_chat.error_body
 upstream_auth = openai_chat.upstream_auth
 
+#: A 1x1 white PNG: what a screenshot slot holds when its image is unavailable.
+BLANK_PNG: Final = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4"
+                    "//8/AAX+Av4N70a4AAAAAElFTkSuQmCC")
+_OUTPUT_LISTS: Final = ("function_call_output", "custom_tool_call_output")
 
-def _ref(part: dict[str, Any]) -> ImageRef | None:
+
+def _ref(part: Json, kind: str) -> ImageRef | None:
+    if not isinstance(part, dict) or part.get("type") != kind:
+        return None
     url = part.get("image_url")
     if isinstance(url, str) and (ref := parse_url_ref(url)) is not None:
         return ref
@@ -32,33 +42,56 @@ def _ref(part: dict[str, Any]) -> ImageRef | None:
 
 def _scan(parts: list[Json], sites: list[Site]) -> None:
     for index, part in enumerate(parts):
-        if isinstance(part, dict) and part.get("type") == "input_image" and (ref := _ref(part)) is not None:
+        if (ref := _ref(part, "input_image")) is not None:
             sites.append(Site(parts, index, ref))
 
 
 def find_refs(body: Json) -> list[Site]:
-    """Every image reference in ``body["input"]``, in document order."""
-    items = body.get("input") if isinstance(body, dict) else None
+    """Every image reference in ``input`` and ``prompt.variables``, in document order."""
     sites: list[Site] = []
+    if not isinstance(body, dict):
+        return sites
+    prompt = body.get("prompt")
+    variables = prompt.get("variables") if isinstance(prompt, dict) else None
+    if isinstance(variables, dict):
+        sites += [Site(variables, key, ref) for key, value in variables.items()
+                  if (ref := _ref(value, "input_image")) is not None]
+    items = body.get("input")
     if not isinstance(items, list):
         return sites
-    for item in items:
+    for position, item in enumerate(items):
         if not isinstance(item, dict):
             continue
-        nested = item.get("output") if item.get("type") == "function_call_output" else item.get("content")
+        kind = item.get("type")
+        if kind == "computer_call_output":
+            if (ref := _ref(item.get("output"), "computer_screenshot")) is not None:
+                sites.append(Site(item, "output", ref, host=(items, position)))
+            continue
+        nested = item.get("output") if kind in _OUTPUT_LISTS else item.get("content")
         if isinstance(nested, list):
             _scan(nested, sites)
     return sites
 
 
-def _image_part(part: dict[str, Any], media_type: str, b64: str) -> dict[str, Any]:
-    kept = {k: v for k, v in part.items() if k not in ("image_url", "file_id")}
-    return {**kept, "image_url": f"data:{media_type};base64,{b64}"}
-
-
-def _text_part(part: dict[str, Any], text: str) -> dict[str, Any]:
-    return {"type": "input_text", "text": text}
+def _image(part: dict[str, Any], url: str) -> dict[str, Any]:
+    return {**{k: v for k, v in part.items() if k not in ("image_url", "file_id")}, "image_url": url}
 
 
 def render(sites: list[Site], outcomes: tuple[Outcome, ...]) -> None:
-    patch(sites, outcomes, _image_part, _text_part)
+    if len(sites) != len(outcomes):
+        raise ValueError("one outcome per site")
+    encoded: dict[str, str] = {}
+    follow: list[tuple[Host, Json]] = []
+    for site, outcome in zip(sites, outcomes):
+        part = site.parent[site.index]
+        if isinstance(outcome, Resolved):
+            image = outcome.image
+            b64 = encoded.get(image.id) or encoded.setdefault(image.id, b64encode(image))
+            site.parent[site.index] = _image(part, f"data:{image.media_type};base64,{b64}")
+        elif site.host is None:
+            site.parent[site.index] = {"type": "input_text", "text": outcome.text}
+        else:
+            site.parent[site.index] = _image(part, BLANK_PNG)
+            follow.append((site.host, {"type": "message", "role": "user",
+                                       "content": [{"type": "input_text", "text": outcome.text}]}))
+    insert_after(follow)

@@ -12,21 +12,41 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
+from policy.errors import InvalidRequest
 from proxy.admin import add_admin_routes
 from proxy.config import Config
 from proxy.fsstore import FilesystemStore
+from proxy.pglog import PostgresLog
 from proxy.relay import new_session
 from proxy.routing import dispatch_default, dispatch_named
+from proxy.s3store import S3Store
 from proxy.sqlitelog import SqliteLog
 from proxy.state import APP, AppState, Log, Store, Upstream
 from proxy.uploads import upload
 
 
-def open_store(config: Config) -> Store:
+def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store:
+    """The configured attachment store: ``filesystem`` (embedded default) or ``s3``."""
+    if config.store.kind == "s3":
+        s3 = config.store.s3
+        if not s3.bucket:
+            raise InvalidRequest("store.kind = 's3' needs store.s3.bucket", code="INVALID_CONFIG")
+        access_key, secret_key = config.s3_credentials(environ)
+        return S3Store(endpoint=s3.endpoint, bucket=s3.bucket, region=s3.region, prefix=s3.prefix,
+                       access_key=access_key, secret_key=secret_key, limits=config.store.limits,
+                       read_timeout=config.store.read_timeout, connect_timeout=s3.connect_timeout)
     return FilesystemStore(config.store_path, config.store.limits, read_timeout=config.store.read_timeout)
 
 
-def open_log(config: Config) -> Log:
+def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
+    """The configured session log: ``sqlite`` (embedded default) or ``postgres``."""
+    if config.log.kind == "postgres":
+        pg = config.log.postgres
+        dsn = config.postgres_dsn(environ)
+        if not dsn:
+            raise InvalidRequest("log.kind = 'postgres' needs log.postgres.dsn or PROJECTIONIST_PG_DSN",
+                                 code="INVALID_CONFIG")
+        return PostgresLog(dsn, schema=pg.schema, min_size=pg.min_size, max_size=pg.max_size, timeout=pg.timeout)
     return SqliteLog(config.log_path, busy_timeout=config.log.busy_timeout)
 
 
@@ -50,8 +70,8 @@ def create_app(
     }
     state = AppState(
         config=config,
-        store=store if store is not None else open_store(config),
-        log=log if log is not None else open_log(config),
+        store=store if store is not None else open_store(config, environ),
+        log=log if log is not None else open_log(config, environ),
         upstreams=upstreams,
         admin_token=config.admin_token(environ),
     )

@@ -39,17 +39,37 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     admin_token: str = ""
 
 
+class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    endpoint: str = ""
+    bucket: str = ""
+    region: str = "us-east-1"
+    prefix: str = ""
+    access_key_id: str = ""
+    secret_access_key: str = ""
+    connect_timeout: float = 5.0
+
+
 class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    kind: Literal["filesystem"] = "filesystem"
+    kind: Literal["filesystem", "s3"] = "filesystem"
     path: str = ""
     read_timeout: float = 30.0
     limits: ImageLimits = ImageLimits()
+    s3: S3Config = S3Config()
+
+
+class PostgresConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    dsn: str = ""
+    schema: str = "public"
+    min_size: int = 1
+    max_size: int = 10
+    timeout: float = 10.0
 
 
 class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    kind: Literal["sqlite"] = "sqlite"
+    kind: Literal["sqlite", "postgres"] = "sqlite"
     path: str = ""
     busy_timeout: float = 30.0
+    postgres: PostgresConfig = PostgresConfig()
 
 
 class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -99,6 +119,14 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if upstream.api_key_env and environ.get(upstream.api_key_env):
             return environ[upstream.api_key_env]
         return upstream.api_key
+
+    def postgres_dsn(self, environ: Mapping[str, str] = os.environ) -> str:
+        return environ.get("PROJECTIONIST_PG_DSN") or self.log.postgres.dsn
+
+    def s3_credentials(self, environ: Mapping[str, str] = os.environ) -> tuple[str, str]:
+        s3 = self.store.s3
+        return (environ.get("AWS_ACCESS_KEY_ID") or s3.access_key_id,
+                environ.get("AWS_SECRET_ACCESS_KEY") or s3.secret_access_key)
 
     def admin_token(self, environ: Mapping[str, str] = os.environ) -> str:
         return environ.get("PROJECTIONIST_ADMIN_TOKEN") or self.server.admin_token

@@ -7,7 +7,7 @@ The rule, for ``POST /v1/files`` (and ``/u/{name}/v1/files``) on an OpenAI- or A
 - Anthropic: a multipart upload whose file is such an image is admitted;
 - anything else (other purposes, non-images, non-multipart bodies, bodies larger than
   ``store.limits.max_bytes`` + 64 KiB, which could never be admitted) is forwarded unchanged to the
-  upstream's own Files API.
+  upstream's own Files API. Bodies over ``server.client_max_size`` are streamed through uninspected too.
 
 An admitted file's id is its attachment id (``sha256:<hex>``): it works as a Responses
 ``input_image.file_id`` and an Anthropic ``source: {type: "file", file_id}``. ``GET``, ``DELETE``
@@ -128,7 +128,7 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
 
 async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
     app = request.app[APP]
-    limit = app.config.store.limits.max_bytes + MULTIPART_SLACK
+    limit = min(app.config.store.limits.max_bytes + MULTIPART_SLACK, app.config.server.client_max_size)
     length = request.content_length
     if not request.content_type.startswith("multipart/") or length is None or length > limit:
         return await passthrough(request, fmt, upstream, raw_path)

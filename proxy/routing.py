@@ -8,8 +8,9 @@ default upstream, by this rule, first match wins:
    (``/v1/models/{m}:{method}``), an ``x-goog-api-key`` header or a ``key`` query parameter: ``gemini``;
 3. everything else: ``openai``.
 
-A POST to a projecting path of the upstream's format goes through the policy; the Files API is
-handled in ``proxy.files``; everything else passes through unchanged.
+A POST to a projecting path of the upstream's format goes through the policy (generation and the
+token-counting endpoints that take the same body); the Files API is handled in ``proxy.files``;
+everything else passes through unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from adapters import anthropic_messages, gemini, openai_chat, openai_responses
+from adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
 from adapters.base import WireFormat
 from policy.errors import NotFound
 from proxy import files
@@ -32,9 +33,11 @@ from proxy.wire import respond
 _GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")
 PROJECTING: Final[dict[str, tuple[tuple[re.Pattern[str], WireFormat], ...]]] = {
     "openai": ((re.compile(r"(?:/v1)?/chat/completions"), openai_chat),
-               (re.compile(r"(?:/v1)?/responses"), openai_responses)),
-    "anthropic": ((re.compile(r"(?:/v1)?/messages"), anthropic_messages),),
-    "gemini": ((re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:generateContent|streamGenerateContent)"), gemini),),
+               (re.compile(r"(?:/v1)?/responses(?:/compact|/input_tokens)?"), openai_responses)),
+    "anthropic": ((re.compile(r"(?:/v1)?/messages(?:/count_tokens)?"), anthropic_messages),
+                  (re.compile(r"(?:/v1)?/messages/batches"), anthropic_batches)),
+    "gemini": ((re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)"),
+                gemini),),
 }
 #: The wire shape of errors the proxy produces for a request bound to an upstream of each format.
 ERROR_FORMATS: Final[dict[str, WireFormat]] = {"openai": openai_chat, "anthropic": anthropic_messages, "gemini": gemini}
