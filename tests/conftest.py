@@ -1,11 +1,20 @@
-"""Shared fixtures: a recording fake upstream, a config on a temp data dir, a proxy harness."""
+"""Shared fixtures: a recording fake upstream, a config on a temp data dir or on the replicated
+backends, a proxy harness.
+
+Modules opt into both backends with
+``pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)``: ``embedded`` is the
+filesystem store + SQLite log, ``replicated`` a real SeaweedFS S3 bucket + PostgreSQL schema.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
@@ -13,10 +22,65 @@ from aiohttp.test_utils import TestClient
 from proxy.app import create_app, open_log, open_store
 from proxy.config import Config, load_config, with_upstream_urls
 from proxy.state import APP
+from proxy.fsstore import FilesystemStore
+from proxy.s3store import S3Store
+from tests.backends import BUCKET, PG_DSN, Seaweed
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image
 
 ADMIN = {"Authorization": "Bearer admintok"}
+BACKENDS = ["embedded", "replicated"]
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
+    server = Seaweed(tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    try:
+        server.create_bucket(BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+async def drop_schema(schema: str) -> None:
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "embedded"))
+
+
+@contextlib.asynccontextmanager
+async def replicated_backend(server: Seaweed) -> AsyncIterator[dict[str, Any]]:
+    """Config overrides for the replicated backends: a PostgreSQL schema and an S3 key prefix of
+    this test's own, dropped afterwards."""
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    try:
+        yield {
+            "store.kind": "s3",
+            "store.s3": {"endpoint": server.endpoint, "bucket": BUCKET, "prefix": f"{schema}/",
+                         "access_key_id": "test", "secret_access_key": "test"},
+            "log.kind": "postgres",
+            "log.postgres": {"dsn": PG_DSN, "schema": schema},
+        }
+    finally:
+        await drop_schema(schema)
+
+
+@pytest.fixture
+async def backend_overrides(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Any]]:
+    """Config overrides selecting the backend (nothing for embedded)."""
+    if backend == "embedded":
+        yield {}
+        return
+    async with replicated_backend(request.getfixturevalue("seaweed")) as overrides:
+        yield overrides
 
 
 @pytest.fixture
@@ -33,9 +97,9 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_config(data_dir: Path, upstream: FakeUpstream) -> Callable[..., Config]:
+def make_config(data_dir: Path, upstream: FakeUpstream, backend_overrides: dict[str, Any]) -> Callable[..., Config]:
     def make(**overrides: Any) -> Config:
-        base = {"server.data_dir": str(data_dir), "server.admin_token": "admintok"}
+        base = {"server.data_dir": str(data_dir), "server.admin_token": "admintok", **backend_overrides}
         config = load_config(None, **{**base, **overrides})
         fake = {name: upstream.url for name in ("openai", "anthropic") if f"upstreams.{name}" not in overrides}
         return with_upstream_urls(config, fake)
@@ -80,6 +144,26 @@ class Harness:
     def path_of(self, attachment_id: str) -> Path:
         hexdigest = attachment_id.removeprefix("sha256:")
         return Path(self.app[APP].config.store_path) / "objects" / hexdigest[:2] / hexdigest
+
+    async def corrupt(self, attachment_id: str, data: bytes) -> None:
+        """Overwrite an object's bytes behind the store's back, keeping its admission record."""
+        inner = self.store.inner
+        if isinstance(inner, FilesystemStore):
+            self.path_of(attachment_id).write_bytes(data)
+            return
+        assert isinstance(inner, S3Store)
+        client, key = await inner.client(), inner.key(attachment_id.removeprefix("sha256:"))
+        head = await client.head_object(Bucket=inner.bucket, Key=key)
+        await client.put_object(Bucket=inner.bucket, Key=key, Body=data, Metadata=head["Metadata"])
+
+    async def remove(self, attachment_id: str) -> None:
+        """Delete an object behind the store's back."""
+        inner = self.store.inner
+        if isinstance(inner, FilesystemStore):
+            self.path_of(attachment_id).unlink()
+            return
+        assert isinstance(inner, S3Store)
+        await (await inner.client()).delete_object(Bucket=inner.bucket, Key=inner.key(attachment_id.removeprefix("sha256:")))
 
 
 @pytest.fixture

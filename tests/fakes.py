@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,8 +130,9 @@ class CountingStore:
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.reads: Counter[str] = Counter()
-        #: Called before each read with (id, read number); may raise or return an awaitable delay.
-        self.script: Callable[[str, int], float | None] | None = None
+        #: Called before each read with (id, read number); may raise, return a delay in seconds,
+        #: or return an awaitable (an async script) to await.
+        self.script: Callable[[str, int], Any] | None = None
 
     @property
     def total(self) -> int:
@@ -139,9 +141,11 @@ class CountingStore:
     async def read_image(self, attachment_id: str) -> StoredImage:
         self.reads[attachment_id] += 1
         if self.script is not None:
-            delay = self.script(attachment_id, self.reads[attachment_id])
-            if delay:
-                await asyncio.sleep(delay)
+            step = self.script(attachment_id, self.reads[attachment_id])
+            if inspect.isawaitable(step):
+                await step
+            elif step:
+                await asyncio.sleep(step)
         return await self.inner.read_image(attachment_id)
 
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:

@@ -1,17 +1,16 @@
-"""In-memory AttachmentStore and SessionLog for pure policy tests (same contracts as the backends)."""
+"""In-memory AttachmentStore and SessionLog with the same contracts as the real backends."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Sequence
-from typing import Awaitable
+from collections.abc import Sequence
 
 from policy.errors import NOT_FOUND, AppendConflict, AttachmentError, Conflict, InvalidRequest
 from policy.events import Event, EventData, Forked, ForkedEvent, envelope
 from policy.model import StoredImage, check_id
-
-Script = Callable[[str, int], Awaitable[None]]
+from proxy.admission import header_info
+from proxy.state import AttachmentMeta
 
 
 def image(data: bytes, media_type: str = "image/png", width: int = 4, height: int = 3) -> StoredImage:
@@ -19,26 +18,33 @@ def image(data: bytes, media_type: str = "image/png", width: int = 4, height: in
 
 
 class MemoryStore:
-    """Holds images; ``script(id, n)`` runs before the n-th read of an id and may raise or sleep."""
+    """A dict of verified images; ``admit`` parses headers like the real stores."""
 
     def __init__(self, *images: StoredImage) -> None:
         self.images = {i.id: i for i in images}
-        self.reads: dict[str, int] = {}
-        self.script: Script | None = None
-
-    @property
-    def total(self) -> int:
-        return sum(self.reads.values())
 
     async def read_image(self, attachment_id: str) -> StoredImage:
         check_id(attachment_id)
-        n = self.reads[attachment_id] = self.reads.get(attachment_id, 0) + 1
         await asyncio.sleep(0)
-        if self.script is not None:
-            await self.script(attachment_id, n)
         if attachment_id not in self.images:
             raise AttachmentError(NOT_FOUND, attachment_id=attachment_id)
         return self.images[attachment_id]
+
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
+        info = header_info(data)
+        stored = image(data, info.media_type, info.width, info.height)
+        self.images[stored.id] = stored
+        return stored
+
+    async def stat(self, attachment_id: str) -> AttachmentMeta | None:
+        i = self.images.get(attachment_id)
+        return None if i is None else AttachmentMeta(i.id, i.media_type, i.bytes, i.width, i.height)
+
+    async def delete(self, attachment_id: str) -> bool:
+        return self.images.pop(attachment_id, None) is not None
+
+    async def close(self) -> None:
+        pass
 
 
 class MemoryLog:
@@ -46,7 +52,6 @@ class MemoryLog:
 
     def __init__(self) -> None:
         self.sessions: dict[str, list[Event]] = {}
-        self.appends = 0
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         await asyncio.sleep(0)
@@ -59,7 +64,6 @@ class MemoryLog:
             raise AppendConflict(session_id, expected_seq, len(events))
         new: list[Event] = [envelope(expected_seq + i + 1, "t", d) for i, d in enumerate(data)]
         events.extend(new)
-        self.appends += 1
         return new
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
@@ -73,3 +77,6 @@ class MemoryLog:
         assert isinstance(marker, ForkedEvent)
         self.sessions[child] = [*source[:at], marker]
         return marker
+
+    async def close(self) -> None:
+        pass

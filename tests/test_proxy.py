@@ -12,12 +12,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
-from tests.conftest import ADMIN, Harness
+from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id
 
 MakeHarness = Callable[..., Awaitable[Harness]]
 SID = "sess-1"
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 
 
 def user_parts(received: Any) -> list[dict[str, Any]]:
@@ -62,7 +63,7 @@ async def test_missing_image_is_quarantined_once_and_never_read_again(harness: H
 async def test_corrupt_object_is_quarantined_as_corrupt(harness: Harness) -> None:
     data = make_image(color=3)
     aid = await harness.admit(data)
-    harness.path_of(aid).write_bytes(bytes(len(data)))
+    await harness.corrupt(aid, bytes(len(data)))
     resp = await harness.chat(SID, aid)
     assert resp.status == 200
     assert [e["data"]["failure"] for e in await harness.events(SID)] == ["corrupt"]
@@ -193,7 +194,7 @@ async def test_recovery_refused_until_repaired_then_the_image_is_back(harness: H
 
 async def test_recovering_a_corrupt_object_is_refused_with_its_code(harness: Harness) -> None:
     aid = await harness.admit(color=10)
-    harness.path_of(aid).write_bytes(b"garbage")
+    await harness.corrupt(aid, b"garbage")
     await harness.chat(SID, aid)
     resp = await harness.client.post(f"/admin/sessions/{SID}/attachments/{aid}/recover", headers=ADMIN)
     assert resp.status == 409 and (await resp.json())["error"]["code"] == CORRUPT
@@ -469,3 +470,15 @@ async def test_canonical_log_line_has_counts_and_no_payloads(harness: Harness) -
 async def test_healthz(harness: Harness) -> None:
     resp = await harness.client.get("/healthz")
     assert resp.status == 200 and await resp.json() == {"status": "ok"}
+
+
+async def test_the_harness_runs_on_the_backend_it_names(harness: Harness, backend: str) -> None:
+    from proxy.fsstore import FilesystemStore
+    from proxy.pglog import PostgresLog
+    from proxy.s3store import S3Store
+    from proxy.sqlitelog import SqliteLog
+    from proxy.state import APP
+
+    state = harness.app[APP]
+    expected = (FilesystemStore, SqliteLog) if backend == "embedded" else (S3Store, PostgresLog)
+    assert (type(harness.store.inner), type(state.log)) == expected

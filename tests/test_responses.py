@@ -21,7 +21,7 @@ from policy.model import ImageRef, Resolved, StoredImage, Unavailable
 from policy.projection import project
 from tests.conftest import Harness
 from tests.fake_responses import FILE_ID, TEXT, file_object, multipart_fields, response_object, stream_events
-from tests.fakes import Received, fail_with
+from tests.fakes import CountingStore, Received, fail_with
 from tests.memory import MemoryLog, MemoryStore
 
 GOLDEN: Final = Path(__file__).parent / "golden"
@@ -138,7 +138,7 @@ async def test_golden_find_refs_and_render_through_the_policy() -> None:
         ImageRef(A), ImageRef(GONE), ImageRef(B)]
     assert sites[3].parent is body["input"][3]["output"]
 
-    store, log = MemoryStore(stored(PNG_A), stored(PNG_B)), MemoryLog()
+    store, log = CountingStore(MemoryStore(stored(PNG_A), stored(PNG_B))), MemoryLog()  # type: ignore[arg-type]
     projection = await project([s.ref for s in sites], store=store, log=log, session_id="golden")
     assert store.reads == {A: 1, B: 1, GONE: 1}  # repeated references are read once
     assert [type(o).__name__ for o in projection.outcomes] == [

@@ -10,9 +10,11 @@ import openai
 import pytest
 
 from policy.errors import NOT_FOUND, READ_FAILED
-from tests.conftest import Harness
+from tests.conftest import BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id
+
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 
 
 def openai_client(harness: Harness, session: str | None = "sdk", **kw: Any) -> openai.AsyncOpenAI:

@@ -7,8 +7,10 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from tests.conftest import Harness
+from tests.conftest import BACKENDS, Harness
 from tests.imaging import make_image, ref_id
+
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 
 
 async def test_raw_upload_answers_the_reference(harness: Harness) -> None:
@@ -19,7 +21,7 @@ async def test_raw_upload_answers_the_reference(harness: Harness) -> None:
     assert await resp.json() == {
         "id": ref_id(data), "media_type": "image/webp", "bytes": len(data), "width": 7, "height": 5,
         "name": "my shot.webp", "url": f"attachment:{ref_id(data)}?name=my%20shot.webp"}
-    assert harness.path_of(ref_id(data)).read_bytes() == data
+    assert (await harness.store.read_image(ref_id(data))).data == data
 
 
 async def test_multipart_upload_takes_the_file_name(harness: Harness) -> None:
