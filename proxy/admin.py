@@ -79,7 +79,9 @@ async def post_recover(request: web.Request) -> web.StreamResponse:
     app = request.app[APP]
     sid = request.match_info["sid"]
     attachment_id = check_id(request.match_info["aid"])
-    result = await recover(attachment_id, store=app.store, log=app.log, session_id=sid, lock=app.locks(sid))
+    result = await recover(attachment_id, store=app.store, log=app.log, session_id=sid, lock=app.locks(sid),
+                           state=app.states.get(sid))
+    app.states.put(sid, result.state)
     info(request).update(recovered=result.event is not None)
     return _json({"session": sid, "attachment_id": attachment_id, "recovered": result.event is not None,
                   "event": result.event})

@@ -47,7 +47,10 @@ async def project_body(request: web.Request, fmt: WireFormat, raw: bytes) -> byt
         session_id=session_id,
         lock=app.locks(session_id) if session_id else None,
         sessionless=app.config.server.sessionless,
+        state=app.states.get(session_id) if session_id else None,
     )
+    if session_id:
+        app.states.put(session_id, projection.state)
     info(request).update(
         refs=len(sites),
         reads=projection.reads,

@@ -2,7 +2,10 @@
 
 The session id comes from a configurable header (with aliases). The lock registry hands out one
 ``asyncio.Lock`` per live session, held only while a decision is recorded; the log's conditional
-append covers writers in other processes.
+append covers writers in other processes. ``StateCache`` keeps the folded state of recently used
+sessions: the policy still reads the log after the cached last seq on every request (an indexed
+range read, empty unless someone else appended), so another replica's quarantine or recovery is
+seen on the next request.
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import re
 import weakref
+from collections import OrderedDict
 from typing import Final
 
 from multidict import MultiMapping
 
 from policy.errors import InvalidRequest
+from policy.fold import SessionState
 
 _SESSION_RE: Final = re.compile(r"[\x21-\x7e]{1,256}")
 
@@ -45,3 +50,29 @@ class SessionLocks:
         if lock is None:
             lock = self._locks[session_id] = asyncio.Lock()
         return lock
+
+
+class StateCache:
+    """Folded ``SessionState`` of the most recently used sessions, bounded by count (LRU)."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._states: OrderedDict[str, SessionState] = OrderedDict()
+
+    def get(self, session_id: str) -> SessionState | None:
+        state = self._states.get(session_id)
+        if state is not None:
+            self._states.move_to_end(session_id)
+        return state
+
+    def put(self, session_id: str, state: SessionState) -> None:
+        current = self._states.get(session_id)
+        if current is not None and current.last_seq > state.last_seq:
+            return  # a concurrent request already cached a newer fold
+        self._states[session_id] = state
+        self._states.move_to_end(session_id)
+        while len(self._states) > self.capacity:
+            self._states.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._states)

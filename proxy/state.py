@@ -15,7 +15,7 @@ from aiohttp import web
 from policy.model import StoredImage
 from policy.ports import AttachmentStore, SessionLog
 from proxy.config import Config
-from proxy.sessions import SessionLocks
+from proxy.sessions import SessionLocks, StateCache
 
 
 class AttachmentMeta(msgspec.Struct, frozen=True):
@@ -70,6 +70,7 @@ class AppState:
     upstreams: dict[str, Upstream]
     admin_token: str
     locks: SessionLocks = field(default_factory=SessionLocks)
+    states: StateCache = field(default_factory=StateCache)
 
     @property
     def session_headers(self) -> tuple[str, ...]:

@@ -128,6 +128,21 @@ def test_documented_config_file_is_exactly_the_defaults() -> None:
     assert load_config(ROOT / "config" / "projectionist.toml") == load_config(None) == Config()
 
 
+def test_replica_example_config_loads_and_opens_the_replicated_backends() -> None:
+    from proxy.app import open_log, open_store
+    from proxy.pglog import PostgresLog
+    from proxy.s3store import S3Store
+
+    config = load_config(ROOT / "config" / "replicas.example.toml")
+    assert (config.store.kind, config.log.kind, config.log.postgres.schema) == ("s3", "postgres", "projectionist")
+    env = {"PROJECTIONIST_PG_DSN": "postgresql://u@db/x", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    assert isinstance(open_store(config, env), S3Store)
+    assert isinstance(open_log(config, env), PostgresLog)  # the pool opens lazily: no database needed here
+    with pytest.raises(InvalidRequest) as missing:
+        open_log(config, {})
+    assert missing.value.code == "INVALID_CONFIG"
+
+
 def test_config_rejects_bad_values() -> None:
     with pytest.raises(InvalidRequest) as info:
         load_config(None, **{"server.sessionless": "maybe"})

@@ -482,3 +482,4 @@ async def test_the_harness_runs_on_the_backend_it_names(harness: Harness, backen
     state = harness.app[APP]
     expected = (FilesystemStore, SqliteLog) if backend == "embedded" else (S3Store, PostgresLog)
     assert (type(harness.store.inner), type(state.log)) == expected
+
