@@ -65,7 +65,9 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     try:
         after = int(request.query.get("after", "0"))
     except ValueError:
-        raise InvalidRequest("'after' must be an integer", code="INVALID_QUERY") from None
+        after = -1
+    if not 0 <= after < 2**62:
+        raise InvalidRequest("'after' must be a non-negative integer", code="INVALID_QUERY")
     return _json(events_view(sid, await app.log.read(sid, after)))
 
 

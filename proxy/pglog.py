@@ -25,18 +25,10 @@ SCHEMA_VERSION: Final = 1
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _T = TypeVar("_T")
 
-#: Faults that mean "the database is not reachable right now" rather than a bug or a conflict.
-_UNAVAILABLE: Final = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.TooManyConnectionsError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.QueryCanceledError,
-    OSError,
-    TimeoutError,
-)
+#: Database faults: unreachable, shut down, read-only after a failover, out of space, timed out.
+#: None is the client's doing and none is a quarantine: all are a retryable 503 LOG_UNAVAILABLE.
+#: (A unique violation is not a fault: it is the conditional append losing a race.)
+_UNAVAILABLE: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 
 class PostgresLog:
@@ -59,6 +51,7 @@ class PostgresLog:
         self._min_size, self._max_size, self._timeout = min_size, max_size, timeout
         self._clock = clock or utc_now
         self._pool: asyncpg.Pool | None = None
+        self._closed = False
         self._opening = asyncio.Lock()
         table = f'"{schema}".projectionist_events'
         self._sql = {
@@ -84,6 +77,8 @@ class PostgresLog:
     async def append(self, session_id: str, expected_seq: int, data: Sequence[EventData]) -> list[Event]:
         if not data:
             raise ValueError("append needs at least one event")
+        if expected_seq < 0:
+            raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
         now = self._clock()
         events: list[Event] = [envelope(expected_seq + i, now, item) for i, item in enumerate(data, 1)]
         args = ([e.seq for e in events], [event_type(d) for d in data], now, [encode_event(e) for e in events])
@@ -132,6 +127,7 @@ class PostgresLog:
         await self._run(lambda conn: conn.fetchval("SELECT 1"))
 
     async def close(self) -> None:
+        self._closed = True
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -143,6 +139,8 @@ class PostgresLog:
             pool = await self._open()
             async with pool.acquire(timeout=self._timeout) as conn:
                 return await job(conn)
+        except asyncpg.UniqueViolationError:
+            raise
         except _UNAVAILABLE as exc:
             raise Unavailable(f"session log unavailable: {type(exc).__name__}", code="LOG_UNAVAILABLE") from exc
 
@@ -151,6 +149,8 @@ class PostgresLog:
         while the database is still down."""
         if self._pool is not None:
             return self._pool
+        if self._closed:
+            raise RuntimeError("PostgresLog is closed")
         async with self._opening:
             if self._pool is None:
                 pool = await asyncpg.create_pool(self._dsn, min_size=self._min_size, max_size=self._max_size,

@@ -483,3 +483,9 @@ async def test_the_harness_runs_on_the_backend_it_names(harness: Harness, backen
     expected = (FilesystemStore, SqliteLog) if backend == "embedded" else (S3Store, PostgresLog)
     assert (type(harness.store.inner), type(state.log)) == expected
 
+
+
+@pytest.mark.parametrize("after", ["-1", "x", str(2**63)])
+async def test_admin_events_after_must_be_a_sane_integer(harness: Harness, after: str) -> None:
+    resp = await harness.client.get(f"/admin/sessions/{SID}/events", params={"after": after}, headers=ADMIN)
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "INVALID_QUERY"
