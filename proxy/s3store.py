@@ -175,13 +175,20 @@ class S3Store:
         return StoredImage(ID_PREFIX + hex_digest, info.media_type, len(data), info.width, info.height, data)
 
     async def delete(self, attachment_id: str) -> bool:
-        existed = await self.stat(attachment_id) is not None
-        hex_digest = attachment_id[len(ID_PREFIX):]
+        """Remove the object; True if one was there (whatever state its record was in)."""
+        key = self.key(check_id(attachment_id)[len(ID_PREFIX):])
         try:
-            await (await self.client()).delete_object(Bucket=self.bucket, Key=self.key(hex_digest))
+            client = await self.client()
+            try:
+                await client.head_object(Bucket=self.bucket, Key=key)
+            except botocore.exceptions.ClientError as exc:
+                if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING:
+                    return False
+                raise
+            await client.delete_object(Bucket=self.bucket, Key=key)
         except (botocore.exceptions.ClientError, *_FAULTS) as exc:
             raise Unavailable(f"{WRITE_FAILED}: could not delete ({type(exc).__name__})", code=WRITE_FAILED) from None
-        return existed
+        return True
 
 
 def _record(metadata: dict[str, str]) -> AttachmentMeta | None:

@@ -62,7 +62,9 @@ class Seaweed:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [weed_binary(), "server", f"-dir={self.directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 "-s3", f"-s3.port={self.s3_port}", f"-master.port={free_port(True)}",
-                f"-volume.port={free_port(True)}", f"-filer.port={free_port(True)}"]
+                f"-volume.port={free_port(True)}", f"-filer.port={free_port(True)}",
+                # the Iceberg and Lance listeners default to fixed ports: off, so instances can coexist
+                "-s3.port.iceberg=0", "-s3.port.lance=0"]
         log = open(self.directory / "weed.log", "ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
