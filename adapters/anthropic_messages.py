@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters.base import Json, Site, content_lists, patch
+from adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
 from policy.model import ImageRef, Outcome, parse_file_id, parse_url_ref
 
 NAME: Final = "anthropic_messages"
@@ -53,8 +53,8 @@ def find_refs(body: Json) -> list[Site]:
     return sites
 
 
-def _image_part(part: dict[str, Any], media_type: str, b64: str) -> dict[str, Any]:
-    return {**part, "source": {"type": "base64", "media_type": media_type, "data": b64}}
+def _image_part(part: dict[str, Any], inline: Inline) -> dict[str, Any]:
+    return {**part, "source": {"type": "base64", "media_type": inline.media_type, "data": inline.base64()}}
 
 
 def _text_part(part: dict[str, Any], text: str) -> dict[str, Any]:
@@ -64,8 +64,8 @@ def _text_part(part: dict[str, Any], text: str) -> dict[str, Any]:
     return block
 
 
-def render(sites: list[Site], outcomes: tuple[Outcome, ...]) -> None:
-    patch(sites, outcomes, _image_part, _text_part)
+def render(sites: list[Site], outcomes: tuple[Outcome, ...], inline: Inliner = PlainInline) -> None:
+    patch(sites, outcomes, _image_part, _text_part, inline)
 
 
 def error_body(code: str, message: str, status: int) -> dict[str, Any]:

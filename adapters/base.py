@@ -14,7 +14,37 @@ from typing import Any, Protocol
 from policy.model import ImageRef, Outcome, Resolved, StoredImage
 
 Json = Any
-ImagePart = Callable[[dict[str, Any], str, str], dict[str, Any]]
+
+
+class Inline(Protocol):
+    """One verified image ready to inline: its media type, and its base64 as a JSON value for a
+    data-URL slot or for a bare base64 slot. The default builds strings; the proxy may hand
+    pre-encoded forms from its verified-object cache (any value its JSON encoder accepts)."""
+
+    @property
+    def media_type(self) -> str: ...
+    def data_url(self) -> Json: ...
+    def base64(self) -> Json: ...
+
+
+class PlainInline:
+    """Strings computed from the image's bytes (once per image)."""
+
+    __slots__ = ("media_type", "_b64")
+
+    def __init__(self, image: StoredImage) -> None:
+        self.media_type = image.media_type
+        self._b64 = base64.b64encode(image.data).decode("ascii")
+
+    def data_url(self) -> str:
+        return f"data:{self.media_type};base64,{self._b64}"
+
+    def base64(self) -> str:
+        return self._b64
+
+
+Inliner = Callable[[StoredImage], Inline]
+ImagePart = Callable[[dict[str, Any], Inline], dict[str, Any]]
 TextPart = Callable[[dict[str, Any], str], dict[str, Any]]
 
 
@@ -46,28 +76,42 @@ class WireFormat(Protocol):
     def AUTH_QUERY(self) -> tuple[str, ...]: ...
 
     def find_refs(self, body: Json) -> list[Site]: ...
-    def render(self, sites: list[Site], outcomes: tuple[Outcome, ...]) -> None: ...
+    def render(self, sites: list[Site], outcomes: tuple[Outcome, ...], inline: Inliner = ...) -> None: ...
     def error_body(self, code: str, message: str, status: int) -> dict[str, Any]: ...
     def upstream_auth(self, api_key: str) -> dict[str, str]: ...
 
 
-def patch(sites: Sequence[Site], outcomes: Sequence[Outcome], image_part: ImagePart, text_part: TextPart) -> None:
+def inliner(inline: Inliner) -> Inliner:
+    """``inline`` memoized per image id, for one render."""
+    made: dict[str, Inline] = {}
+
+    def get(image: StoredImage) -> Inline:
+        found = made.get(image.id)
+        if found is None:
+            found = made[image.id] = inline(image)
+        return found
+
+    return get
+
+
+def patch(
+    sites: Sequence[Site],
+    outcomes: Sequence[Outcome],
+    image_part: ImagePart,
+    text_part: TextPart,
+    inline: Inliner = PlainInline,
+) -> None:
     """Replace each site's part with the rendered image or placeholder text, in place.
 
-    ``image_part(part, media_type, b64)`` and ``text_part(part, text)`` build the provider's
-    shapes; base64 is computed once per distinct image.
+    ``image_part(part, inline)`` and ``text_part(part, text)`` build the provider's shapes.
     """
     if len(sites) != len(outcomes):
         raise ValueError("one outcome per site")
-    encoded: dict[str, str] = {}
+    get = inliner(inline)
     for site, outcome in zip(sites, outcomes):
         part = site.parent[site.index]
         if isinstance(outcome, Resolved):
-            image = outcome.image
-            b64 = encoded.get(image.id)
-            if b64 is None:
-                b64 = encoded[image.id] = b64encode(image)
-            site.parent[site.index] = image_part(part, image.media_type, b64)
+            site.parent[site.index] = image_part(part, get(outcome.image))
         else:
             site.parent[site.index] = text_part(part, outcome.text)
 
@@ -81,10 +125,6 @@ def insert_after(placements: Sequence[tuple[Host, Json]]) -> None:
     for host_list, after in lists.values():
         for host_index in sorted(after, reverse=True):
             host_list[host_index + 1:host_index + 1] = after[host_index]
-
-
-def b64encode(image: StoredImage) -> str:
-    return base64.b64encode(image.data).decode("ascii")
 
 
 def content_lists(messages: Json) -> list[list[Json]]:

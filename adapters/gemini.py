@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters.base import Host, Json, Site, b64encode, insert_after
+from adapters.base import Host, Inline, Inliner, Json, PlainInline, Site, inliner, insert_after
 from policy.model import Outcome, Resolved, parse_url_ref
 
 NAME: Final = "gemini"
@@ -54,24 +54,21 @@ def find_refs(body: Json) -> list[Site]:
     return sites
 
 
-def _inline(part: dict[str, Any], media_type: str, b64: str) -> dict[str, Any]:
-    camel = "fileData" in part
+def _inline(part: dict[str, Any], inline: Inline) -> dict[str, Any]:
     kept = {k: v for k, v in part.items() if k not in ("file_data", "fileData")}
-    if camel:
-        return {**kept, "inlineData": {"mimeType": media_type, "data": b64}}
-    return {**kept, "inline_data": {"mime_type": media_type, "data": b64}}
+    if "fileData" in part:
+        return {**kept, "inlineData": {"mimeType": inline.media_type, "data": inline.base64()}}
+    return {**kept, "inline_data": {"mime_type": inline.media_type, "data": inline.base64()}}
 
 
-def render(sites: list[Site], outcomes: tuple[Outcome, ...]) -> None:
+def render(sites: list[Site], outcomes: tuple[Outcome, ...], inline: Inliner = PlainInline) -> None:
     if len(sites) != len(outcomes):
         raise ValueError("one outcome per site")
-    encoded: dict[str, str] = {}
+    get = inliner(inline)
     nested: list[tuple[Site, str]] = []
     for site, outcome in zip(sites, outcomes):
         if isinstance(outcome, Resolved):
-            image = outcome.image
-            b64 = encoded.get(image.id) or encoded.setdefault(image.id, b64encode(image))
-            site.parent[site.index] = _inline(site.parent[site.index], image.media_type, b64)
+            site.parent[site.index] = _inline(site.parent[site.index], get(outcome.image))
         elif site.host is None:
             part = site.parent[site.index]
             site.parent[site.index] = {**{k: v for k, v in part.items() if k not in _DATA_KEYS}, "text": outcome.text}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters.base import Json, Site, content_lists, patch
+from adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
 from policy.model import Outcome, parse_url_ref
 
 NAME: Final = "openai_chat"
@@ -36,18 +36,18 @@ def find_refs(body: Json) -> list[Site]:
     return sites
 
 
-def _image_part(part: dict[str, Any], media_type: str, b64: str) -> dict[str, Any]:
+def _image_part(part: dict[str, Any], inline: Inline) -> dict[str, Any]:
     slot = part.get("image_url")
     kept = {k: v for k, v in slot.items() if k != "url"} if isinstance(slot, dict) else {}
-    return {**part, "image_url": {"url": f"data:{media_type};base64,{b64}", **kept}}
+    return {**part, "image_url": {"url": inline.data_url(), **kept}}
 
 
 def _text_part(part: dict[str, Any], text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-def render(sites: list[Site], outcomes: tuple[Outcome, ...]) -> None:
-    patch(sites, outcomes, _image_part, _text_part)
+def render(sites: list[Site], outcomes: tuple[Outcome, ...], inline: Inliner = PlainInline) -> None:
+    patch(sites, outcomes, _image_part, _text_part, inline)
 
 
 def error_body(code: str, message: str, status: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from adapters import openai_chat
-from adapters.base import Host, Json, Site, b64encode, insert_after
+from adapters.base import Host, Inliner, Json, PlainInline, Site, inliner, insert_after
 from policy.model import ImageRef, Outcome, Resolved, parse_file_id, parse_url_ref
 
 NAME: Final = "openai_responses"
@@ -73,21 +73,19 @@ def find_refs(body: Json) -> list[Site]:
     return sites
 
 
-def _image(part: dict[str, Any], url: str) -> dict[str, Any]:
+def _image(part: dict[str, Any], url: Json) -> dict[str, Any]:
     return {**{k: v for k, v in part.items() if k not in ("image_url", "file_id")}, "image_url": url}
 
 
-def render(sites: list[Site], outcomes: tuple[Outcome, ...]) -> None:
+def render(sites: list[Site], outcomes: tuple[Outcome, ...], inline: Inliner = PlainInline) -> None:
     if len(sites) != len(outcomes):
         raise ValueError("one outcome per site")
-    encoded: dict[str, str] = {}
+    get = inliner(inline)
     follow: list[tuple[Host, Json]] = []
     for site, outcome in zip(sites, outcomes):
         part = site.parent[site.index]
         if isinstance(outcome, Resolved):
-            image = outcome.image
-            b64 = encoded.get(image.id) or encoded.setdefault(image.id, b64encode(image))
-            site.parent[site.index] = _image(part, f"data:{image.media_type};base64,{b64}")
+            site.parent[site.index] = _image(part, get(outcome.image).data_url())
         elif site.host is None:
             site.parent[site.index] = {"type": "input_text", "text": outcome.text}
         else:

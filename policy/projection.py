@@ -48,6 +48,7 @@ class Projection(msgspec.Struct, frozen=True):
     state: SessionState
     reads: int = 0
     recorded: tuple[Quarantine, ...] = ()
+    retries: int = 0
 
 
 class Recovery(msgspec.Struct, frozen=True):
@@ -156,12 +157,13 @@ async def project(
     results: dict[str, StoredImage | AttachmentError] = {}
     unrecorded: dict[str, Quarantine] = {}
     recorded: tuple[Quarantine, ...] = ()
-    reads = 0
+    reads = retries = 0
     for _ in range(MAX_ROUNDS):
         pending = [aid for aid in names if aid not in state.quarantined and aid not in results]
         for aid, (result, count) in (await _read_many(store, pending)).items():
             results[aid] = result
             reads += count
+            retries += count - 1
         failures = {
             aid: result
             for aid in names
@@ -193,7 +195,7 @@ async def project(
             image = results[ref.id]
             assert isinstance(image, StoredImage)
             outcomes.append(Resolved(image))
-    return Projection(tuple(outcomes), state, reads, recorded)
+    return Projection(tuple(outcomes), state, reads, recorded, retries)
 
 
 async def recover(

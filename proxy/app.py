@@ -14,13 +14,14 @@ from aiohttp import web
 
 from policy.errors import InvalidRequest
 from proxy.admin import add_admin_routes
+from proxy.cache import CachedStore, VerifiedCache
+from proxy.metrics import Metrics
 from proxy.config import Config
 from proxy.fsstore import FilesystemStore
-from proxy.pglog import PostgresLog
 from proxy.relay import new_session
 from proxy.routing import dispatch_default, dispatch_named
-from proxy.s3store import S3Store
 from proxy.sqlitelog import SqliteLog
+from proxy.sessions import StateCache
 from proxy.state import APP, AppState, Log, Store, Upstream
 from proxy.uploads import upload
 
@@ -28,6 +29,8 @@ from proxy.uploads import upload
 def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store:
     """The configured attachment store: ``filesystem`` (embedded default) or ``s3``."""
     if config.store.kind == "s3":
+        from proxy.s3store import S3Store  # imported on demand: botocore is heavy
+
         s3 = config.store.s3
         if not s3.bucket:
             raise InvalidRequest("store.kind = 's3' needs store.s3.bucket", code="INVALID_CONFIG")
@@ -41,6 +44,8 @@ def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store
 def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
     """The configured session log: ``sqlite`` (embedded default) or ``postgres``."""
     if config.log.kind == "postgres":
+        from proxy.pglog import PostgresLog
+
         pg = config.log.postgres
         dsn = config.postgres_dsn(environ)
         if not dsn:
@@ -52,6 +57,10 @@ def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
 
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return request.app[APP].metrics.render()
 
 
 def create_app(
@@ -68,12 +77,17 @@ def create_app(
                        up.connect_timeout, up.read_timeout)
         for name, up in config.upstreams.items()
     }
+    store = store if store is not None else open_store(config, environ)
+    counters = Metrics()
     state = AppState(
         config=config,
-        store=store if store is not None else open_store(config, environ),
+        store=store,
+        reader=CachedStore(store, VerifiedCache(config.cache.max_bytes), counters),  # type: ignore[arg-type]
         log=log if log is not None else open_log(config, environ),
         upstreams=upstreams,
         admin_token=config.admin_token(environ),
+        states=StateCache(config.cache.sessions),
+        metrics=counters,
     )
     app = web.Application(client_max_size=config.server.client_max_size)
     app[APP] = state
@@ -82,6 +96,7 @@ def create_app(
     router.add_post("/v1/attachments", upload)
     add_admin_routes(router)
     router.add_get("/healthz", healthz)
+    router.add_get("/metrics", metrics)
     router.add_route("*", "/u/{name}/{tail:.*}", dispatch_named)
     router.add_route("*", "/{tail:.*}", dispatch_default)
     return app

@@ -81,6 +81,11 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     read_timeout: float = 600.0
 
 
+class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    max_bytes: int = 128 * MiB
+    sessions: int = 10_000
+
+
 class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json: bool = True
@@ -100,6 +105,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     log: LogConfig = LogConfig()
     upstreams: dict[str, UpstreamConfig] = msgspec.field(default_factory=_default_upstreams)
     logging: LoggingConfig = LoggingConfig()
+    cache: CacheConfig = CacheConfig()
 
     @property
     def data_dir(self) -> Path:

@@ -16,7 +16,7 @@ from yarl import URL
 from adapters.base import WireFormat
 from proxy.relay import Timing, forward_headers, relay
 from proxy.state import APP, Upstream
-from proxy.wire import REQUEST_ID, REQUEST_ID_HEADER, info
+from proxy.wire import REQUEST_ID, REQUEST_ID_HEADER, STARTED, info
 
 
 def target_url(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> URL:
@@ -45,7 +45,7 @@ async def forward(
     """Send the request to ``upstream`` and stream the answer back; record timing in the log line."""
     fields = info(request)
     fields["upstream"] = upstream.name
-    timing = Timing()
+    timing = Timing(request[STARTED])
     try:
         return await relay(
             request,
@@ -58,3 +58,5 @@ async def forward(
         )
     finally:
         fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
+        if timing.status is not None:
+            request.app[APP].metrics.upstream_seconds.observe(timing.headers_s)

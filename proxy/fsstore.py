@@ -146,9 +146,24 @@ class FilesystemStore:
     async def read_image(self, attachment_id: str) -> StoredImage:
         """Return the verified image or raise ``AttachmentError`` (see ``policy.ports``)."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        future = self._run(partial(self._load, hex_digest))
+        return await self._timed(partial(self._load, hex_digest), attachment_id)
+
+    async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]:
+        """``read_image`` plus the object's stamp taken before the read (see ``stamp``)."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        return await self._timed(partial(self._load_stamped, hex_digest), attachment_id)
+
+    async def stamp(self, attachment_id: str) -> str | None:
+        """A cheap token that changes whenever the object or its record is replaced, rewritten
+        or removed (inode, size, mtime of both files; no bytes read). None when absent."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        return await self._run(partial(self._stamp_sync, hex_digest))
+
+    async def _timed(self, fn: Callable[[], _T], attachment_id: str) -> _T:
+        future = self._run(fn)
         if self.read_timeout is None:
             return await future
+        hex_digest = attachment_id[len(ID_PREFIX):]
         try:
             return await asyncio.wait_for(future, self.read_timeout)
         except TimeoutError:
@@ -221,6 +236,17 @@ class FilesystemStore:
             height=info.height,
             data=data,
         )
+
+    def _stamp_sync(self, hex_digest: str) -> str | None:
+        try:
+            stats = [os.stat(path) for path in self._paths(hex_digest)]
+        except OSError:
+            return None
+        return "/".join(f"{s.st_ino}:{s.st_size}:{s.st_mtime_ns}" for s in stats)
+
+    def _load_stamped(self, hex_digest: str) -> tuple[StoredImage, str | None]:
+        stamp = self._stamp_sync(hex_digest)  # before the read: a change during it shows next time
+        return self._load(hex_digest), stamp
 
     def _admit_sync(self, data: bytes, declared_type: str | None, name: str | None = None) -> StoredImage:
         info: ImageInfo = inspect_image(data, declared_type, self.limits)

@@ -7,6 +7,7 @@ placeholders, errors) is made before the upstream call, so before the first resp
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 import msgspec
@@ -15,6 +16,7 @@ from aiohttp import web
 from adapters.base import WireFormat
 from policy.model import Unavailable
 from policy.projection import project
+from proxy.cache import inline
 from proxy.forward import forward
 from proxy.sessions import session_from_headers
 from proxy.state import APP, Upstream
@@ -40,9 +42,10 @@ async def project_body(request: web.Request, fmt: WireFormat, raw: bytes) -> byt
         return raw
     app = request.app[APP]
     session_id = info(request).get("session")
+    started = time.perf_counter()
     projection = await project(
         [site.ref for site in sites],
-        store=app.store,
+        store=app.reader,
         log=app.log,
         session_id=session_id,
         lock=app.locks(session_id) if session_id else None,
@@ -57,8 +60,15 @@ async def project_body(request: web.Request, fmt: WireFormat, raw: bytes) -> byt
         quarantined=[q.failure for q in projection.recorded],
         placeholders=sum(isinstance(o, Unavailable) for o in projection.outcomes),
     )
-    fmt.render(sites, projection.outcomes)
-    return _encoder.encode(decoded)
+    fmt.render(sites, projection.outcomes, inline)
+    body = _encoder.encode(decoded)
+    metrics = app.metrics
+    metrics.projection_seconds.observe(time.perf_counter() - started)
+    for quarantine in projection.recorded:
+        metrics.quarantines.labels(quarantine.failure).inc()
+    if projection.retries:
+        metrics.store_retries.inc(projection.retries)
+    return body
 
 
 async def project_and_forward(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:

@@ -59,12 +59,18 @@ def new_session(connect_timeout: float, read_timeout: float) -> aiohttp.ClientSe
     )
 
 
+OVERHEAD_HEADER = "x-projectionist-overhead-ms"
+
+
 class Timing:
-    """Upstream time of one request: from send to end of body, for the overhead figure."""
+    """Times of one request: ``headers_s`` from sending upstream to its response headers,
+    ``upstream_s`` to the end of its body; ``request_started`` is when the proxy got the request."""
 
-    __slots__ = ("upstream_s", "status")
+    __slots__ = ("request_started", "headers_s", "upstream_s", "status")
 
-    def __init__(self) -> None:
+    def __init__(self, request_started: float) -> None:
+        self.request_started = request_started
+        self.headers_s = 0.0
         self.upstream_s = 0.0
         self.status: int | None = None
 
@@ -78,7 +84,10 @@ async def relay(
     timing: Timing,
     extra_headers: dict[str, str] | None = None,
 ) -> web.StreamResponse:
-    """Send one request upstream and stream its response back unchanged (minus hop-by-hop)."""
+    """Send one request upstream and stream its response back unchanged (minus hop-by-hop).
+
+    The response carries ``x-projectionist-overhead-ms``: the proxy's own time so far, i.e. its
+    time until the response starts minus the upstream's time to its headers."""
     started = time.perf_counter()
     try:
         upstream = await session.request(request.method, url, data=body, headers=headers)
@@ -87,6 +96,7 @@ async def relay(
     except aiohttp.ClientError as exc:
         raise UpstreamError(f"upstream unreachable: {type(exc).__name__}") from None
     try:
+        timing.headers_s = time.perf_counter() - started
         timing.status = upstream.status
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for key, value in forward_headers(upstream.headers).items():
@@ -95,6 +105,8 @@ async def relay(
             response.headers[key] = value
         if upstream.content_length is not None:
             response.content_length = upstream.content_length
+        overhead = time.perf_counter() - timing.request_started - timing.headers_s
+        response.headers[OVERHEAD_HEADER] = f"{overhead * 1000:.3f}"
         await response.prepare(request)
         try:
             async for chunk in upstream.content.iter_any():

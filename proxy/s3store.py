@@ -88,6 +88,21 @@ class S3Store:
     # -- reads -----------------------------------------------------------------------------------
 
     async def read_image(self, attachment_id: str) -> StoredImage:
+        return (await self.read_stamped(attachment_id))[0]
+
+    async def stamp(self, attachment_id: str) -> str | None:
+        """A cheap token (ETag, Last-Modified, metadata from a HEAD) that changes whenever the
+        object is replaced or removed; None when absent or unreadable."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                head = await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
+        except (botocore.exceptions.ClientError, *_FAULTS):
+            return None
+        return _stamp(head)
+
+    async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]:
+        """``read_image`` plus the object's stamp from the same GET (see ``stamp``)."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
         short = attachment_id[:15]
         try:
@@ -106,7 +121,7 @@ class S3Store:
             raise AttachmentError(READ_FAILED, f"{READ_FAILED}: {short} ({type(exc).__name__})",
                                   attachment_id=attachment_id) from None
 
-    async def _read(self, hex_digest: str) -> StoredImage:
+    async def _read(self, hex_digest: str) -> tuple[StoredImage, str]:
         attachment_id = ID_PREFIX + hex_digest
 
         def corrupt(why: str) -> AttachmentError:
@@ -137,7 +152,7 @@ class S3Store:
             raise corrupt(f"size {len(blob)} disagrees with its record ({meta.bytes})")
         if info is None or info.media_type != meta.media_type or (info.width, info.height) != (meta.width, meta.height):
             raise corrupt("header disagrees with its record")
-        return StoredImage(attachment_id, info.media_type, len(blob), info.width, info.height, blob)
+        return StoredImage(attachment_id, info.media_type, len(blob), info.width, info.height, blob), _stamp(response)
 
     async def stat(self, attachment_id: str) -> AttachmentMeta | None:
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
@@ -189,6 +204,11 @@ class S3Store:
         except (botocore.exceptions.ClientError, *_FAULTS) as exc:
             raise Unavailable(f"{WRITE_FAILED}: could not delete ({type(exc).__name__})", code=WRITE_FAILED) from None
         return True
+
+
+def _stamp(response: dict[str, Any]) -> str:
+    metadata = sorted((response.get("Metadata") or {}).items())
+    return f"{response.get('ETag')}|{response.get('LastModified')}|{metadata}"
 
 
 def _record(metadata: dict[str, str]) -> AttachmentMeta | None:

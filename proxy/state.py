@@ -15,6 +15,7 @@ from aiohttp import web
 from policy.model import StoredImage
 from policy.ports import AttachmentStore, SessionLog
 from proxy.config import Config
+from proxy.metrics import Metrics
 from proxy.sessions import SessionLocks, StateCache
 
 
@@ -64,13 +65,18 @@ class Upstream:
 
 @dataclass
 class AppState:
+    """``store`` is the store itself (admission, recovery's fresh verified reads); ``reader`` is
+    what projection reads through (the verified-object cache in front of ``store``)."""
+
     config: Config
     store: Store
+    reader: AttachmentStore
     log: Log
     upstreams: dict[str, Upstream]
     admin_token: str
     locks: SessionLocks = field(default_factory=SessionLocks)
     states: StateCache = field(default_factory=StateCache)
+    metrics: Metrics = field(default_factory=Metrics)
 
     @property
     def session_headers(self) -> tuple[str, ...]:

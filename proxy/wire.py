@@ -21,10 +21,12 @@ from aiohttp import web
 from adapters.base import WireFormat
 from policy.errors import InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
 from proxy.logs import get_logger
+from proxy.state import APP
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INFO = web.RequestKey("projectionist.info", dict[str, Any])
 REQUEST_ID = web.RequestKey("projectionist.request_id", str)
+STARTED = web.RequestKey("projectionist.started", float)
 REQUEST_ID_HEADER = "x-projectionist-request-id"
 ERROR_CODE_HEADER = "x-projectionist-error-code"
 
@@ -50,7 +52,9 @@ async def respond(
     fields: dict[str, Any] = {"route": route, "request_id": request_id}
     request[INFO] = fields
     request[REQUEST_ID] = request_id
-    started = time.perf_counter()
+    request[STARTED] = started = time.perf_counter()
+    metrics = request.app[APP].metrics
+    metrics.in_flight.inc()
     with structlog.contextvars.bound_contextvars(request_id=request_id, route=route):
         try:
             response = await _call(call)
@@ -58,6 +62,8 @@ async def respond(
             fields["error_code"] = error.code
             response = error_response(fmt, error)
         except asyncio.CancelledError:
+            metrics.in_flight.dec()
+            metrics.requests.labels(route, "cancelled").inc()
             _log_line(request, fields, started, status=None, cancelled=True)
             raise
         except Exception:
@@ -67,6 +73,8 @@ async def respond(
             response = error_response(fmt, internal)
         if not response.prepared:
             response.headers[REQUEST_ID_HEADER] = request_id
+        metrics.in_flight.dec()
+        metrics.requests.labels(route, str(response.status)).inc()
         _log_line(request, fields, started, status=response.status)
         return response
 

@@ -130,6 +130,7 @@ class CountingStore:
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.reads: Counter[str] = Counter()
+        self.stamps: Counter[str] = Counter()
         #: Called before each read with (id, read number); may raise, return a delay in seconds,
         #: or return an awaitable (an async script) to await.
         self.script: Callable[[str, int], Any] | None = None
@@ -138,7 +139,7 @@ class CountingStore:
     def total(self) -> int:
         return sum(self.reads.values())
 
-    async def read_image(self, attachment_id: str) -> StoredImage:
+    async def _before_read(self, attachment_id: str) -> None:
         self.reads[attachment_id] += 1
         if self.script is not None:
             step = self.script(attachment_id, self.reads[attachment_id])
@@ -146,7 +147,18 @@ class CountingStore:
                 await step
             elif step:
                 await asyncio.sleep(step)
+
+    async def read_image(self, attachment_id: str) -> StoredImage:
+        await self._before_read(attachment_id)
         return await self.inner.read_image(attachment_id)
+
+    async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]:
+        await self._before_read(attachment_id)
+        return await self.inner.read_stamped(attachment_id)  # type: ignore[attr-defined,no-any-return]
+
+    async def stamp(self, attachment_id: str) -> str | None:
+        self.stamps[attachment_id] += 1
+        return await self.inner.stamp(attachment_id)  # type: ignore[attr-defined,no-any-return]
 
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
         return await self.inner.admit(data, declared_type, name=name)

@@ -140,7 +140,7 @@ async def test_client_disconnect_cancels_reads_and_records_nothing(harness: Harn
         return 0.5
 
     harness.store.script = slow
-    original = harness.store.read_image
+    original = harness.store.read_stamped  # what projection reads through (behind the cache)
 
     async def watch(attachment_id: str) -> Any:
         try:
@@ -149,7 +149,7 @@ async def test_client_disconnect_cancels_reads_and_records_nothing(harness: Harn
             cancelled.set()
             raise
 
-    harness.store.read_image = watch  # type: ignore[method-assign]
+    harness.store.read_stamped = watch  # type: ignore[method-assign]
     await _open_and_abandon(harness, started, _chat_body(aid))
     await asyncio.wait_for(cancelled.wait(), 5)  # the disconnect cancelled the in-flight read
     await asyncio.sleep(0.8)  # longer than the slow read: an uncancelled handler would have recorded

@@ -1,0 +1,166 @@
+"""The verified-object cache: base64 of verified images, ready to splice (proxy layer).
+
+Keyed by attachment id and bounded by total bytes (LRU). The id is the content digest, so a cached
+entry is always the right bytes for that id; the cache only changes what a request costs, never
+what it sends:
+
+- the log still decides: a quarantined reference gets its placeholder (and is never looked up
+  here), and a recovery reads and verifies the object again from the store;
+- a storage fault is noticed on the first request after it happens, warm cache or cold: every hit
+  first checks the object's *stamp* (inode/size/mtime on the filesystem, ETag and metadata on S3),
+  which costs a ``stat`` or a ``HEAD`` instead of a read, a hash and a header parse. A deleted,
+  replaced or rewritten object fails the check, drops out of the cache and gets the full verified
+  read, which classifies the fault as usual.
+
+Entries hold the two JSON values adapters splice (a data URL, and the bare base64 string) as
+``msgspec.Raw``, so encoding a projected body copies them without re-scanning or re-encoding.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import OrderedDict
+from typing import Any, Protocol
+
+import msgspec
+
+from policy.errors import AttachmentError
+from policy.model import StoredImage
+from proxy.metrics import Metrics
+from proxy.state import Store
+
+
+class StampedStore(Store, Protocol):
+    async def stamp(self, attachment_id: str) -> str | None: ...
+    async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]: ...
+
+
+class Encoded:
+    """One verified image's base64, pre-rendered as the two JSON values adapters splice."""
+
+    __slots__ = ("media_type", "_url", "_bare")
+
+    def __init__(self, media_type: str, b64: bytes) -> None:
+        self.media_type = media_type
+        self._url = msgspec.Raw(b'"data:' + media_type.encode() + b";base64," + b64 + b'"')
+        self._bare = msgspec.Raw(b'"' + b64 + b'"')
+
+    @classmethod
+    def of(cls, image: StoredImage) -> Encoded:
+        return cls(image.media_type, base64.b64encode(image.data))
+
+    def data_url(self) -> msgspec.Raw:
+        return self._url
+
+    def base64(self) -> msgspec.Raw:
+        return self._bare
+
+    @property
+    def size(self) -> int:
+        return len(self._url) + len(self._bare)
+
+
+class CachedImage(StoredImage, frozen=True):
+    """A verified image served from the cache: ``data`` is empty, ``encoded`` holds its base64."""
+
+    encoded: Any = None
+
+
+class _Entry:
+    __slots__ = ("image", "stamp", "size")
+
+    def __init__(self, image: CachedImage, stamp: str) -> None:
+        self.image = image
+        self.stamp = stamp
+        self.size = image.encoded.size
+
+
+class VerifiedCache:
+    """LRU of verified images by id, bounded by ``max_bytes`` of encoded forms (0 disables it)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, attachment_id: str) -> _Entry | None:
+        entry = self._entries.get(attachment_id)
+        if entry is not None:
+            self._entries.move_to_end(attachment_id)
+        return entry
+
+    def put(self, image: StoredImage, stamp: str | None) -> StoredImage:
+        """Remember a freshly verified image; returns what the caller should use."""
+        encoded = Encoded.of(image)
+        cached = CachedImage(image.id, image.media_type, image.bytes, image.width, image.height, b"", encoded)
+        if stamp is None or encoded.size > self.max_bytes:
+            return cached
+        self.evict(image.id)
+        entry = _Entry(cached, stamp)
+        self._entries[image.id] = entry
+        self.bytes += entry.size
+        self._shrink()
+        return cached
+
+    def evict(self, attachment_id: str) -> None:
+        entry = self._entries.pop(attachment_id, None)
+        if entry is not None:
+            self.bytes -= entry.size
+
+    def _shrink(self) -> None:
+        while self.bytes > self.max_bytes and self._entries:
+            _, entry = self._entries.popitem(last=False)
+            self.bytes -= entry.size
+
+
+class CachedStore:
+    """The ``AttachmentStore`` the policy reads through: stamp-checked cache hits, verified reads
+    on misses. Admission, stat and delete go straight to the store (delete also evicts)."""
+
+    def __init__(self, inner: StampedStore, cache: VerifiedCache, metrics: Metrics | None = None) -> None:
+        self.inner = inner
+        self.cache = cache
+        self.metrics = metrics or Metrics()
+
+    async def read_image(self, attachment_id: str) -> StoredImage:
+        entry = self.cache.get(attachment_id)
+        if entry is not None:
+            if await self.inner.stamp(attachment_id) == entry.stamp:
+                self.cache.hits += 1
+                self.metrics.cache_hits.inc()
+                return entry.image
+            self.cache.evict(attachment_id)
+        self.cache.misses += 1
+        self.metrics.cache_misses.inc()
+        try:
+            image, stamp = await self.inner.read_stamped(attachment_id)
+        except AttachmentError as error:
+            self.metrics.store_reads.labels(error.code.removeprefix("ATTACHMENT_").lower()).inc()
+            raise
+        self.metrics.store_reads.labels("ok").inc()
+        return self.cache.put(image, stamp)
+
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
+        return await self.inner.admit(data, declared_type, name=name)
+
+    async def stat(self, attachment_id: str) -> Any:
+        return await self.inner.stat(attachment_id)
+
+    async def delete(self, attachment_id: str) -> bool:
+        self.cache.evict(attachment_id)
+        return await self.inner.delete(attachment_id)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def inline(image: StoredImage) -> Any:
+    """The adapters' ``Inliner`` for images that came through ``CachedStore``."""
+    if isinstance(image, CachedImage):
+        return image.encoded
+    return Encoded.of(image)
