@@ -1,0 +1,107 @@
+"""The verified-object cache changes what a request costs, never what it sends.
+
+The rule under test: a storage fault is noticed on the first request after it happens, whether
+the object's bytes are cached or not (every hit checks the object's stamp); the log still decides
+(a quarantined reference gets its placeholder even while its bytes are cached); a recovery reads
+and verifies the object again. On both backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from policy.errors import READ_FAILED
+from proxy.cache import Encoded, VerifiedCache
+from proxy.state import APP
+from tests.conftest import ADMIN, BACKENDS, Harness
+from tests.fakes import fail_with
+from tests.imaging import make_image, ref_id
+
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+MakeHarness = Callable[..., Awaitable[Harness]]
+
+
+async def test_warm_hit_costs_a_stamp_not_a_read_and_sends_the_same_bytes(harness: Harness) -> None:
+    aid = await harness.admit(make_image(color=160))
+    await harness.chat("c", aid)
+    cold = harness.upstream.last.body
+    await harness.chat("c", aid)
+    assert harness.upstream.last.body == cold
+    assert harness.store.reads[aid] == 1 and harness.store.stamps[aid] == 1
+
+
+@pytest.mark.parametrize("damage", ["delete", "overwrite"])
+async def test_a_fault_behind_a_warm_entry_is_noticed_on_the_next_request(
+    make_harness: MakeHarness, make_config: Callable[..., object], damage: str
+) -> None:
+    warm = await make_harness()
+    data = make_image(color=161)
+    aid = await warm.admit(data)
+    await warm.chat("w", aid)  # cached now
+    if damage == "delete":
+        await warm.remove(aid)
+    else:
+        await warm.corrupt(aid, bytes(len(data)))
+    await warm.chat("w", aid)
+    failure = "not_found" if damage == "delete" else "corrupt"
+    assert [e["data"]["failure"] for e in await warm.events("w")] == [failure]
+    warm_body = warm.upstream.last.body
+
+    cold = await make_harness(make_config())  # same store and log, empty cache
+    await cold.chat("w", aid)
+    assert cold.upstream.last.body == warm_body
+    assert cold.store.reads[aid] == 0  # quarantined: the log decides, nothing is read
+
+
+async def test_a_quarantined_reference_gets_its_placeholder_while_its_bytes_are_cached(harness: Harness) -> None:
+    aid = await harness.admit(make_image(color=162))
+    harness.store.script = fail_with(READ_FAILED, times=2)
+    await harness.chat("flaky", aid)  # two failed reads: a retryable quarantine in session "flaky"
+    await harness.chat("other", aid)  # read fine in another session: now cached
+    cache = harness.app[APP].reader.cache  # type: ignore[attr-defined]
+    assert cache.get(aid) is not None
+    reads, stamps = harness.store.reads[aid], harness.store.stamps[aid]
+    await harness.chat("flaky", aid)
+    sent = harness.upstream.last.json()["messages"][0]["content"]
+    assert sent[1] == {"type": "text", "text": f"[image unavailable: read_failed ({aid[:15]})]"}
+    assert (harness.store.reads[aid], harness.store.stamps[aid]) == (reads, stamps)  # not even a stamp
+
+
+async def test_recovery_reads_and_verifies_again_despite_the_cache(harness: Harness) -> None:
+    aid = await harness.admit(make_image(color=163))
+    harness.store.script = fail_with(READ_FAILED, times=2)
+    await harness.chat("heal", aid)
+    await harness.chat("other", aid)  # cached via another session
+    before = harness.store.reads[aid]
+    resp = await harness.client.post(f"/admin/sessions/heal/attachments/{aid}/recover", headers=ADMIN)
+    assert resp.status == 200 and (await resp.json())["recovered"] is True
+    assert harness.store.reads[aid] == before + 1  # a full verified read, not the cached copy
+    await harness.chat("heal", aid)
+    assert harness.upstream.last.json()["messages"][0]["content"][1]["type"] == "image_url"
+
+
+async def test_a_disabled_cache_reads_every_time(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**{"cache.max_bytes": 0})
+    aid = await harness.admit(make_image(color=164))
+    for _ in range(3):
+        await harness.chat("off", aid)
+    assert harness.store.reads[aid] == 3 and harness.store.stamps[aid] == 0
+    assert len({r.body for r in harness.upstream.received}) == 1
+
+
+def test_the_cache_is_bounded_by_bytes_lru(backend: str) -> None:
+    from policy.model import StoredImage
+
+    images = [StoredImage(f"sha256:{i:064x}", "image/png", 300, 1, 1, bytes([i]) * 300) for i in range(5)]
+    size = Encoded.of(images[0]).size
+    cache = VerifiedCache(max_bytes=3 * size)
+    for image in images[:3]:
+        cache.put(image, "stamp")
+    cache.get(images[0].id)  # most recently used
+    cache.put(images[3], "stamp")
+    assert [i.id for i in images if cache.get(i.id)] == [images[0].id, images[2].id, images[3].id]
+    assert cache.bytes == 3 * size <= cache.max_bytes
+    cache.put(images[4], None)  # no stamp: usable once, never cached
+    assert cache.get(images[4].id) is None and len(cache) == 3
