@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from policy.errors import ProjectionistError
+from policy.errors import InvalidRequest, ProjectionistError
 from policy.model import check_id
 from policy.projection import recover, refresh
 from proxy.admin import events_view, quarantine_view
@@ -124,13 +124,29 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
     return asyncio.run(_with_backends(config, actions[args.command]))
 
 
+def event_loop(choice: str) -> asyncio.AbstractEventLoop:
+    """uvloop when asked for, or when installed and the choice is ``auto``; else asyncio's."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise InvalidRequest("server.event_loop = 'uvloop' but uvloop is not installed",
+                                     code="INVALID_CONFIG") from None
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 def serve(config: Config) -> None:
     setup_logging(config.logging.level, config.logging.json)
+    loop = event_loop(config.server.event_loop)
+    asyncio.set_event_loop(loop)
     app = create_app(config)
-    get_logger().info("listening", host=config.server.host, port=config.server.port,
+    get_logger().info("listening", host=config.server.host, port=config.server.port, loop=type(loop).__module__,
                       data_dir=str(config.data_dir), upstreams={n: u.url for n, u in config.upstreams.items()})
     web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
-                access_log=None, print=None)
+                access_log=None, print=None, loop=loop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,6 +37,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     session_header_aliases: tuple[str, ...] = ()
     sessionless: Literal["fail", "placeholder"] = "fail"
     admin_token: str = ""
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
 
 class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -160,3 +160,17 @@ def test_secrets_come_from_the_environment_first() -> None:
     assert config.upstream_key("openai", {}) == "file-key"
     assert config.upstream_key("openai", {"MY_KEY": "env-key"}) == "env-key"
     assert config.upstreams["anthropic"].url == "https://api.anthropic.com"  # defaults stay
+
+
+def test_event_loop_choice() -> None:
+    import uvloop
+
+    from proxy.cli import event_loop
+
+    for choice, kind in (("asyncio", asyncio.AbstractEventLoop), ("auto", uvloop.Loop), ("uvloop", uvloop.Loop)):
+        loop = event_loop(choice)
+        try:
+            assert isinstance(loop, kind)
+            assert (choice == "asyncio") != isinstance(loop, uvloop.Loop)
+        finally:
+            loop.close()
