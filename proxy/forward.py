@@ -28,10 +28,11 @@ def target_url(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_pa
 
 
 def outgoing_headers(request: web.Request, fmt: WireFormat, upstream: Upstream) -> CIMultiDict[str]:
-    drop = request.app[APP].session_headers
+    own = request.app[APP].own_headers
     if upstream.api_key:
-        return forward_headers(request.headers, drop=drop + fmt.AUTH_HEADERS, replace=fmt.upstream_auth(upstream.api_key))
-    return forward_headers(request.headers, drop=drop)
+        return forward_headers(request.headers, drop=own | frozenset(fmt.AUTH_HEADERS),
+                               replace=fmt.upstream_auth(upstream.api_key))
+    return forward_headers(request.headers, drop=own)
 
 
 async def forward(

@@ -1,7 +1,8 @@
 """Structured logging: structlog JSON, one canonical line per request (proxy layer).
 
-Request context (request id, session, route) is bound with contextvars so every line of one
-request carries it. Never log bodies, base64, API keys or tokens: callers pass counts and codes.
+Every line about a request carries its request id and route explicitly. Never log bodies,
+base64, API keys or tokens: callers pass counts and codes. The logger is created once (per-request
+``get_logger`` calls would rebuild a bound logger each time).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import structlog
 
 def setup_logging(level: str = "info", json: bool = True) -> None:
     """Configure structlog for a process (call once, from the CLI)."""
+    global _request_lines
+    _request_lines = logging.getLevelNamesMapping()[level.upper()] <= logging.INFO
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
@@ -31,6 +33,15 @@ def setup_logging(level: str = "info", json: bool = True) -> None:
     )
 
 
+_LOGGER: structlog.typing.FilteringBoundLogger = structlog.get_logger("projectionist")
+_request_lines = True
+
+
 def get_logger() -> structlog.typing.FilteringBoundLogger:
-    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger("projectionist")
-    return logger
+    """The process's logger (a lazy proxy: it follows ``setup_logging`` and test captures)."""
+    return _LOGGER
+
+
+def request_lines() -> bool:
+    """Whether the per-request line is emitted at all (level ``info`` or finer)."""
+    return _request_lines

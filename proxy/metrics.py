@@ -6,6 +6,8 @@ results. Session ids and attachment ids never become labels.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -18,6 +20,7 @@ class Metrics:
         r = self.registry
         self.requests = Counter("projectionist_requests", "Requests answered, by route and HTTP status",
                                 ["route", "status"], registry=r)
+        self._answered: dict[tuple[str, int | str], Any] = {}
         self.in_flight = Gauge("projectionist_in_flight_requests", "Requests being handled now", registry=r)
         self.quarantines = Counter("projectionist_quarantines", "Quarantine events this replica recorded, by failure class",
                                    ["failure"], registry=r)
@@ -35,6 +38,14 @@ class Metrics:
         self.upstream_seconds = Histogram("projectionist_upstream_seconds",
                                           "Time from sending a request upstream to its response headers",
                                           buckets=_LATENCY_BUCKETS, registry=r)
+
+    def answered(self, route: str, status: int | str) -> None:
+        """Count one answered request (label children are looked up once per route and status)."""
+        key = (route, status)
+        child = self._answered.get(key)
+        if child is None:
+            child = self._answered[key] = self.requests.labels(route, str(status))
+        child.inc()
 
     def render(self) -> web.Response:
         response = web.Response(body=generate_latest(self.registry))

@@ -34,6 +34,11 @@ def _connection_tokens(headers: MultiMapping[str]) -> set[str]:
     return tokens
 
 
+def _skipped(incoming: MultiMapping[str], drop: frozenset[str]) -> frozenset[str]:
+    skip = HOP_BY_HOP | drop if drop else HOP_BY_HOP
+    return skip | _connection_tokens(incoming) if "Connection" in incoming else skip
+
+
 def forward_headers(
     incoming: MultiMapping[str],
     *,
@@ -41,11 +46,12 @@ def forward_headers(
     replace: dict[str, str] | None = None,
 ) -> CIMultiDict[str]:
     """Copy end-to-end headers: hop-by-hop ones (and those named in ``Connection``) are dropped,
-    as is everything in ``drop``; ``replace`` is added after the drop."""
-    skip = HOP_BY_HOP | _connection_tokens(incoming) | {name.lower() for name in drop}
-    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in skip)
-    for key, value in (replace or {}).items():
-        out[key] = value
+    as is everything in ``drop`` (lowercase names); ``replace`` is added after the drop."""
+    skip = _skipped(incoming, drop if isinstance(drop, frozenset) else frozenset(n.lower() for n in drop))
+    out: CIMultiDict[str] = CIMultiDict([(k, v) for k, v in incoming.items() if k.lower() not in skip])
+    if replace:
+        for key, value in replace.items():
+            out[key] = value
     return out
 
 
@@ -99,8 +105,11 @@ async def relay(
         timing.headers_s = time.perf_counter() - started
         timing.status = upstream.status
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for key, value in forward_headers(upstream.headers).items():
-            response.headers.add(key, value)
+        skip = _skipped(upstream.headers, frozenset())
+        headers = response.headers
+        for key, value in upstream.headers.items():
+            if key.lower() not in skip:
+                headers.add(key, value)
         for key, value in (extra_headers or {}).items():
             response.headers[key] = value
         if upstream.content_length is not None:
@@ -115,7 +124,8 @@ async def relay(
                 except ConnectionError:
                     return response  # the client went away; nothing left to tell it
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            get_logger().warning("upstream_stream_broken", error=type(exc).__name__)
+            get_logger().warning("upstream_stream_broken", error=type(exc).__name__,
+                                 request_id=(extra_headers or {}).get("x-projectionist-request-id"))
             if request.transport is not None:
                 request.transport.close()  # no terminating chunk: the client sees a cut stream
             return response

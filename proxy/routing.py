@@ -58,7 +58,8 @@ def default_upstream(request: web.Request) -> str:
     if "anthropic-version" in request.headers or path == "/v1/messages" or path.startswith("/v1/messages/"):
         return "anthropic"
     if (path.startswith(("/v1beta/", "/v1alpha/", "/upload/")) or _GEMINI_METHOD.fullmatch(path)
-            or "x-goog-api-key" in request.headers or "key" in request.query):
+            or "x-goog-api-key" in request.headers
+            or ("key=" in request.rel_url.raw_query_string and "key" in request.query)):
         return "gemini"
     return "openai"
 

@@ -78,10 +78,11 @@ class AppState:
     states: StateCache = field(default_factory=StateCache)
     metrics: Metrics = field(default_factory=Metrics)
 
-    @property
-    def session_headers(self) -> tuple[str, ...]:
+    def __post_init__(self) -> None:
         server = self.config.server
-        return (server.session_header, *server.session_header_aliases)
+        self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
+        #: Headers never forwarded upstream: the proxy's own session headers (lowercase).
+        self.own_headers = frozenset(name.lower() for name in self.session_headers)
 
 
 APP = web.AppKey("projectionist", AppState)

@@ -9,24 +9,27 @@ never gets an error body appended.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import secrets
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-import structlog
 from aiohttp import web
 
 from adapters.base import WireFormat
 from policy.errors import InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
-from proxy.logs import get_logger
+from proxy.logs import get_logger, request_lines
 from proxy.state import APP
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INFO = web.RequestKey("projectionist.info", dict[str, Any])
 REQUEST_ID = web.RequestKey("projectionist.request_id", str)
 STARTED = web.RequestKey("projectionist.started", float)
+#: Request ids: a random per-process prefix and a counter (unique across replicas, cheap to make).
+_ID_PREFIX = secrets.token_hex(3)
+_ids = itertools.count(1)
 REQUEST_ID_HEADER = "x-projectionist-request-id"
 ERROR_CODE_HEADER = "x-projectionist-error-code"
 
@@ -48,35 +51,35 @@ async def respond(
     request: web.Request, fmt: WireFormat, route: str, call: Callable[[], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Run ``call`` as one request: context, canonical log line, errors in ``fmt``'s wire shape."""
-    request_id = uuid.uuid4().hex[:16]
+    request_id = f"{_ID_PREFIX}{next(_ids):010x}"
     fields: dict[str, Any] = {"route": route, "request_id": request_id}
     request[INFO] = fields
     request[REQUEST_ID] = request_id
     request[STARTED] = started = time.perf_counter()
     metrics = request.app[APP].metrics
     metrics.in_flight.inc()
-    with structlog.contextvars.bound_contextvars(request_id=request_id, route=route):
-        try:
-            response = await _call(call)
-        except ProjectionistError as error:
-            fields["error_code"] = error.code
-            response = error_response(fmt, error)
-        except asyncio.CancelledError:
-            metrics.in_flight.dec()
-            metrics.requests.labels(route, "cancelled").inc()
-            _log_line(request, fields, started, status=None, cancelled=True)
-            raise
-        except Exception:
-            get_logger().exception("unhandled_error")
-            internal = InternalError("internal error; see the proxy log")
-            fields["error_code"] = internal.code
-            response = error_response(fmt, internal)
-        if not response.prepared:
-            response.headers[REQUEST_ID_HEADER] = request_id
+    try:
+        response = await _call(call)
+    except ProjectionistError as error:
+        fields["error_code"] = error.code
+        response = error_response(fmt, error)
+    except asyncio.CancelledError:
         metrics.in_flight.dec()
-        metrics.requests.labels(route, str(response.status)).inc()
+        metrics.answered(route, "cancelled")
+        _log_line(request, fields, started, status=None, cancelled=True)
+        raise
+    except Exception:
+        get_logger().exception("unhandled_error", request_id=request_id, route=route)
+        internal = InternalError("internal error; see the proxy log")
+        fields["error_code"] = internal.code
+        response = error_response(fmt, internal)
+    if not response.prepared:
+        response.headers[REQUEST_ID_HEADER] = request_id
+    metrics.in_flight.dec()
+    metrics.answered(route, response.status)
+    if request_lines():
         _log_line(request, fields, started, status=response.status)
-        return response
+    return response
 
 
 def endpoint(fmt: WireFormat, route: str) -> Callable[[Handler], Handler]:
