@@ -19,7 +19,7 @@ from proxy.metrics import Metrics
 from proxy.config import Config
 from proxy.fsstore import FilesystemStore
 from proxy.relay import new_session
-from proxy.routing import dispatch_default, dispatch_named
+from proxy.routing import HOT_PATHS, dispatch_default, dispatch_named
 from proxy.sqlitelog import SqliteLog
 from proxy.sessions import StateCache
 from proxy.state import APP, AppState, Log, Store, Upstream
@@ -97,6 +97,8 @@ def create_app(
     add_admin_routes(router)
     router.add_get("/healthz", healthz)
     router.add_get("/metrics", metrics)
+    for path in HOT_PATHS:  # plain routes resolve by one dict lookup; same dispatch as the catch-all
+        router.add_route("*", path, dispatch_default)
     router.add_route("*", "/u/{name}/{tail:.*}", dispatch_named)
     router.add_route("*", "/{tail:.*}", dispatch_default)
     return app

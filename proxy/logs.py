@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
+import msgspec
 import structlog
 
 
@@ -18,7 +20,7 @@ def setup_logging(level: str = "info", json: bool = True) -> None:
     global _request_lines
     _request_lines = logging.getLevelNamesMapping()[level.upper()] <= logging.INFO
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer(serializer=_encode) if json else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[
@@ -28,9 +30,14 @@ def setup_logging(level: str = "info", json: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.BytesLoggerFactory(sys.stderr.buffer) if json
+        else structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def _encode(event: Any, **_: Any) -> bytes:
+    return msgspec.json.encode(event, enc_hook=str)
 
 
 _LOGGER: structlog.typing.FilteringBoundLogger = structlog.get_logger("projectionist")

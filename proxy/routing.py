@@ -39,6 +39,8 @@ PROJECTING: Final[dict[str, tuple[tuple[re.Pattern[str], WireFormat], ...]]] = {
     "gemini": ((re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)"),
                 gemini),),
 }
+#: Busy un-prefixed paths, registered as plain routes so aiohttp resolves them without a pattern scan.
+HOT_PATHS: Final = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 #: The wire shape of errors the proxy produces for a request bound to an upstream of each format.
 ERROR_FORMATS: Final[dict[str, WireFormat]] = {"openai": openai_chat, "anthropic": anthropic_messages, "gemini": gemini}
 

@@ -1,0 +1,346 @@
+"""``python -m bench``: run the whole benchmark matrix side by side and print table and ratios.
+
+Starts every target as its own process on a free port, measures each (scenario, target,
+concurrency) cell ``--runs`` times (runs interleaved across targets so drift hits all alike),
+and always stops what it started. See ``bench/README.md`` for what each scenario measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bench import load, report, scenarios
+from bench.report import Cell, Results, Run
+from bench.scenarios import CHAT, ScenarioBroken
+from bench.targets import (
+    CLK_TCK,
+    ROOT,
+    Peers,
+    Proc,
+    Processes,
+    TargetFailed,
+    cpu_ticks,
+    find_litellm,
+    memory_mb,
+    process_tree,
+    start_bare,
+    start_litellm,
+    start_projectionist,
+    start_upstream,
+)
+
+DEFAULT_PEERS = ROOT.parent / "shared" / "peers"
+WARMUP_S = 1.0
+
+
+@dataclass
+class Target:
+    """One row of a group: the server whose CPU and RSS are read, and what is POSTed to whom."""
+
+    name: str
+    proc: Proc
+    body: Path
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.proc.base + CHAT
+
+
+class Bench:
+    """One benchmark session: the processes it started, the settings, and the results so far."""
+
+    def __init__(self, args: argparse.Namespace, procs: Processes, peers: Peers) -> None:
+        self.args, self.procs, self.peers = args, procs, peers
+        self.loadgen = load.pick(args.loadgen)
+        self.duration: float = 3.0 if args.quick else args.duration
+        self.runs: int = 1 if args.quick else args.runs
+        self.rss_requests: int = args.rss_requests or (2_000 if args.quick else 10_000)
+        self.token = secrets.token_hex(16)
+        self.results = Results()
+        self.bodies = procs.workdir / "bodies"
+        self.bodies.mkdir()
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def note(self, text: str) -> None:
+        print(f"note: {text}", flush=True)
+        self.results.notes.append(text)
+
+    def body(self, name: str, data: bytes) -> Path:
+        path = self.bodies / f"{name}.json"
+        path.write_bytes(data)
+        self.results.extras.setdefault("body_bytes", {})[name] = len(data)
+        return path
+
+    @contextmanager
+    def started(self, start: Callable[[], Proc]) -> Iterator[Proc]:
+        proc = start()
+        try:
+            yield proc
+        finally:
+            self.procs.stop(proc)
+
+    def measure_once(self, target: Target, concurrency: int, duration: float) -> Run:
+        pids = process_tree(target.proc.pid)  # LiteLLM may run workers; the others are one process
+        before = cpu_ticks(pids)
+        result = load.run(self.loadgen, target.url, target.body, target.headers, concurrency, duration)
+        cpu_ms = (cpu_ticks(pids) - before) * 1000 / CLK_TCK
+        memory = memory_mb(target.proc.pid)
+        return Run(result.requests, result.errors, result.rps, result.p50_ms, result.p99_ms,
+                   cpu_ms / result.requests if result.requests else None, memory.get("VmRSS"), memory.get("VmHWM"))
+
+    def measure_group(self, scenario: str, concurrency: int, targets: list[Target]) -> None:
+        """Probe and warm up every target, then run them interleaved ``runs`` times."""
+        cells = []
+        for target in targets:
+            cell = Cell(scenario, target.name, concurrency)
+            probe = asyncio.run(scenarios.probe(target.url, target.body.read_bytes(), target.headers))
+            cell.overhead_ms = probe.overhead_ms
+            load.run(self.loadgen, target.url, target.body, target.headers, concurrency, WARMUP_S)
+            cells.append(cell)
+            self.results.cells.append(cell)
+        for index in range(self.runs):
+            for target, cell in zip(targets, cells, strict=True):
+                run = self.measure_once(target, concurrency, self.duration)
+                cell.runs.append(run)
+                cpu = f"{run.cpu_ms_per_req:.3f}" if run.cpu_ms_per_req is not None else "n/a"
+                print(f"  {scenario:<11} {target.name:<18} c={concurrency:<3} run {index + 1}/{self.runs}: "
+                      f"{run.rps:>9,.0f} req/s  p50 {run.p50_ms:7.2f} ms  p99 {run.p99_ms:7.2f} ms  "
+                      f"CPU {cpu} ms/req  errors {run.errors}", flush=True)
+
+    # --- the matrix ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        upstream = start_upstream(self.procs, self.peers)
+        servers: dict[str, Proc] = {"direct": upstream}
+        if self.peers.dir:
+            servers["bare"] = start_bare(self.procs, self.peers, upstream)
+        servers["projectionist"] = start_projectionist(self.procs, upstream, "projectionist", self.token)
+        venv, why = find_litellm(self.args.litellm_venv, self.peers)
+        if venv is None:
+            self.note(f"litellm skipped: {why}")
+        else:
+            try:
+                servers["litellm"] = start_litellm(self.procs, venv, upstream)
+            except TargetFailed as error:
+                self.note(f"litellm skipped: it did not come up: {error}")
+        print(f"targets: {', '.join(f'{n} (pid {p.pid}, port {p.port})' for n, p in servers.items())}", flush=True)
+
+        text = self.body("text1k", scenarios.text_body())
+        for concurrency in (1, 16, 64):
+            group = [Target(name, proc, text) for name, proc in servers.items()]
+            if concurrency != 16:
+                self.measure_group("text1k", concurrency, group)
+                continue
+            logging_on = partial(start_projectionist, self.procs, upstream, "projectionist+log", self.token, "info")
+            with self.started(logging_on) as logged:
+                self.measure_group("text1k", 16, [*group, Target("projectionist+log", logged, text)])
+        sse = self.body("sse", scenarios.text_body(stream=True))
+        self.measure_group("sse", 16, [Target(name, proc, sse) for name, proc in servers.items()])
+        self.first_chunk(venv)
+        self.images(servers)
+        self.quarantined(servers["projectionist"])
+        self.rss(upstream)
+
+    def first_chunk(self, litellm_venv: Path | None) -> None:
+        """Each proxy in front of an upstream that pauses 20 ms before each of its 20 chunks."""
+        body = scenarios.text_body(stream=True)
+        with self.started(partial(start_upstream, self.procs, self.peers, "upstream-slow", 20)) as slow:
+            starters = {"projectionist": partial(start_projectionist, self.procs, slow, "projectionist-ttfb",
+                                                 self.token)}
+            if self.peers.dir:
+                starters["bare"] = partial(start_bare, self.procs, self.peers, slow, "bare-ttfb")
+            if litellm_venv is not None:
+                starters["litellm"] = partial(start_litellm, self.procs, litellm_venv, slow)
+            found: dict[str, dict[str, Any]] = {}
+            direct = asyncio.run(scenarios.ttfb_check(slow.base + CHAT, body))
+            self.results.extras["first_chunk_direct"] = direct
+            for name, start in starters.items():
+                try:
+                    with self.started(start) as proxy:
+                        found[name] = asyncio.run(scenarios.ttfb_check(proxy.base + CHAT, body))
+                except (TargetFailed, ScenarioBroken) as error:
+                    found[name] = {"error": str(error).splitlines()[0]}
+                figures = found[name]
+                shown = figures.get("error") or f"TTFB {figures['ttfb_ms']:.1f} ms, total {figures['total_ms']:.1f} ms"
+                print(f"  sse-ttfb    {name:<18} {shown}", flush=True)
+        self.results.extras["first_chunk"] = found
+
+    def images(self, servers: dict[str, Proc]) -> None:
+        projectionist = servers["projectionist"]
+        pngs = scenarios.make_images()
+        ids = asyncio.run(scenarios.admit(projectionist.base, pngs))
+        refs = self.body("images_refs", scenarios.refs_body(ids))
+        inline = self.body("images_inline", scenarios.inline_body(pngs))
+        headers = {"X-Session-Id": scenarios.IMAGES_SESSION}
+        group = [Target(name, servers[name], inline, headers) for name in ("direct", "bare") if name in servers]
+        group.append(Target("projectionist", projectionist, refs, headers))
+        cold: Proc | None = None
+        try:
+            cold = start_projectionist(self.procs, servers["direct"], "projectionist-cold", self.token,
+                                       cache_max_bytes=0)
+            asyncio.run(scenarios.admit(cold.base, pngs))
+            group.append(Target("projectionist-cold", cold, refs, headers))
+            self.results.extras["images_cold"] = "projectionist started with [cache] max_bytes = 0"
+        except TargetFailed as error:
+            last = error.args[0].splitlines()[-1] if error.args else ""
+            self.results.extras["images_cold"] = f"cold figure unavailable: [cache] max_bytes = 0 refused ({last})"
+            self.note(self.results.extras["images_cold"])
+        try:
+            self.measure_group("images", 16, group)
+        finally:
+            if cold is not None:
+                self.procs.stop(cold)
+
+    def quarantined(self, projectionist: Proc) -> None:
+        body = self.body("quarantined", scenarios.refs_body(scenarios.quarantined_ids()))
+        headers = {"X-Session-Id": scenarios.QUARANTINED_SESSION}
+        url = projectionist.base + CHAT
+        asyncio.run(scenarios.probe(url, body.read_bytes(), headers, count=1))  # quarantines all ten
+        sid = scenarios.QUARANTINED_SESSION
+        events = asyncio.run(scenarios.quarantine_events(projectionist.base, sid, self.token))
+        before, note = asyncio.run(scenarios.store_reads(projectionist.base))
+        self.measure_group("quarantined", 16, [Target("projectionist", projectionist, body, headers)])
+        after, _ = asyncio.run(scenarios.store_reads(projectionist.base))
+        events_after = asyncio.run(scenarios.quarantine_events(projectionist.base, sid, self.token))
+        delta = after - before if after is not None and before is not None else None
+        self.results.extras["quarantined_store_reads"] = {
+            "before": before, "after": after, "delta": delta, "note": note if delta is None else f"counters: {note}",
+            "quarantine_events": events, "quarantine_events_after": events_after}
+        if events != scenarios.N_IMAGES or events_after != events:
+            self.note(f"quarantined: expected {scenarios.N_IMAGES} quarantine events, found {events} "
+                      f"before and {events_after} after the measured phase")
+
+    def rss(self, upstream: Proc) -> None:
+        """A fresh projectionist: idle RSS after 1 s, then RSS after a 40/20/20/20 mix of requests."""
+        with self.started(partial(start_projectionist, self.procs, upstream, "projectionist-rss", self.token)) as proc:
+            time.sleep(1.0)
+            idle = memory_mb(proc.pid)
+            ids = asyncio.run(scenarios.admit(proc.base, scenarios.make_images()))
+            no_headers: dict[str, str] = {}
+            text, sse = (scenarios.text_body(), no_headers), (scenarios.text_body(stream=True), no_headers)
+            images = (scenarios.refs_body(ids), {"X-Session-Id": "bench-rss-images"})
+            quarantined = (scenarios.refs_body(scenarios.quarantined_ids()), {"X-Session-Id": "bench-rss-quarantined"})
+            plan = [text, sse, images, quarantined, text, text, sse, images, quarantined, text]
+            errors, seconds = asyncio.run(scenarios.mixed_load(proc.base + CHAT, plan, self.rss_requests, 16))
+            after = memory_mb(proc.pid)
+        self.results.extras["rss"] = {
+            "idle_mb": idle.get("VmRSS"), "after_mb": after.get("VmRSS"), "peak_mb": after.get("VmHWM"),
+            "requests": self.rss_requests, "errors": errors, "seconds": round(seconds, 2), "mix": "40/20/20/20"}
+        print(f"  rss         projectionist      idle {idle.get('VmRSS', 0):.1f} MB, after {self.rss_requests:,} "
+              f"mixed requests {after.get('VmRSS', 0):.1f} MB (peak {after.get('VmHWM', 0):.1f} MB, "
+              f"{errors} errors, {seconds:.1f} s)", flush=True)
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=Path, default=DEFAULT_PEERS if DEFAULT_PEERS.is_dir() else None,
+                        help="reference programs (fake_upstream.py, bare_proxy.py); default ../shared/peers")
+    parser.add_argument("--runs", type=int, default=3, help="runs per cell; the table quotes the median")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 3 s, 1 run, 2,000 rss requests")
+    parser.add_argument("--json", type=Path, help="write all raw results to this file")
+    parser.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
+                        help="wrk when installed (auto), else the built-in aiohttp client")
+    parser.add_argument("--litellm-venv", help="LiteLLM's virtual environment (or env LITELLM_VENV)")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="event loop of every aiohttp server in the run (the same for all, so ratios stay fair)")
+    parser.add_argument("--rss-requests", type=int, help="requests of the rss mix (default 10,000)")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.duration < 1 or (args.rss_requests is not None and args.rss_requests < 1):
+        parser.error("--runs, --duration and --rss-requests must be at least 1")
+    return args
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+class Interrupted(Exception):
+    """SIGINT, SIGTERM or SIGHUP: unwind through the ``finally`` that stops every process."""
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    peers = Peers(args.peers if args.peers and args.peers.is_dir() else None)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    workdir = Path(tempfile.mkdtemp(prefix="projectionist-bench-"))
+    procs = Processes(workdir, args.loop)
+    bench = Bench(args, procs, peers)
+    meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "loadgen": bench.loadgen, "duration_s": bench.duration, "runs": bench.runs,
+            "peers": str(peers.dir) if peers.dir else None}
+    print("projectionist bench: " + ", ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
+    if peers.dir is None:
+        bench.note(f"no peers directory ({args.peers or DEFAULT_PEERS} not found): measuring direct "
+                   "(built-in fake upstream) and projectionist only; ratios to bare are n/a")
+    failure, keep_logs = "", False
+    try:
+        bench.run()
+    except (TargetFailed, ScenarioBroken) as error:
+        failure, keep_logs = str(error), True
+    except Interrupted as signame:
+        failure = f"interrupted by {signame}"
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the cleanup short
+        procs.stop_all()
+        if not keep_logs:
+            shutil.rmtree(workdir, ignore_errors=True)
+    results = bench.results
+    print("\n" + report.table(results))
+    items = report.ratios(results)
+    direct = results.extras.get("first_chunk_direct")
+    if direct:
+        print(f"\nfirst SSE chunk straight from the slow upstream: TTFB {direct['ttfb_ms']:.1f} ms "
+              f"of {direct['total_ms']:.1f} ms")
+    print("\nratios (medians of the same run):\n" + report.ratio_lines(items))
+    for text in results.notes:
+        print(f"note: {text}")
+    if args.json:
+        payload = {"meta": meta, "cells": [asdict(c) for c in results.cells], "extras": results.extras,
+                   "ratios": [asdict(r) for r in items], "notes": results.notes, "failure": failure or None}
+        args.json.write_text(json.dumps(_clean(payload), indent=2) + "\n")
+        print(f"raw results: {args.json}")
+    if failure:
+        print(f"\nbench: FAILED: {failure}" + (f"\n(server logs kept in {workdir})" if keep_logs else ""),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
