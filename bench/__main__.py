@@ -145,6 +145,21 @@ class Bench:
                 self.note(f"litellm skipped: it did not come up: {error}")
         print(f"targets: {', '.join(f'{n} (pid {p.pid}, port {p.port})' for n, p in servers.items())}", flush=True)
 
+        only = set(self.args.only or SCENARIOS)
+        if "text1k" in only:
+            self.text1k(servers, upstream)
+        if "sse" in only:
+            sse = self.body("sse", scenarios.text_body(stream=True))
+            self.measure_group("sse", 16, [Target(name, proc, sse) for name, proc in servers.items()])
+            self.first_chunk(venv)
+        if "images" in only:
+            self.images(servers)
+        if "quarantined" in only:
+            self.quarantined(servers["projectionist"])
+        if "rss" in only:
+            self.rss(upstream)
+
+    def text1k(self, servers: dict[str, Proc], upstream: Proc) -> None:
         text = self.body("text1k", scenarios.text_body())
         for concurrency in (1, 16, 64):
             group = [Target(name, proc, text) for name, proc in servers.items()]
@@ -154,12 +169,6 @@ class Bench:
             logging_on = partial(start_projectionist, self.procs, upstream, "projectionist+log", self.token, "info")
             with self.started(logging_on) as logged:
                 self.measure_group("text1k", 16, [*group, Target("projectionist+log", logged, text)])
-        sse = self.body("sse", scenarios.text_body(stream=True))
-        self.measure_group("sse", 16, [Target(name, proc, sse) for name, proc in servers.items()])
-        self.first_chunk(venv)
-        self.images(servers)
-        self.quarantined(servers["projectionist"])
-        self.rss(upstream)
 
     def first_chunk(self, litellm_venv: Path | None) -> None:
         """Each proxy in front of an upstream that pauses 20 ms before each of its 20 chunks."""
@@ -265,6 +274,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
                         help="wrk when installed (auto), else the built-in aiohttp client")
     parser.add_argument("--litellm-venv", help="LiteLLM's virtual environment (or env LITELLM_VENV)")
+    parser.add_argument("--only", nargs="+", choices=SCENARIOS, metavar="SCENARIO",
+                        help=f"run only these scenarios ({', '.join(SCENARIOS)}); default all")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                         help="event loop of every aiohttp server in the run (the same for all, so ratios stay fair)")
     parser.add_argument("--rss-requests", type=int, help="requests of the rss mix (default 10,000)")
@@ -282,6 +293,9 @@ def _clean(value: Any) -> Any:
     if isinstance(value, list):
         return [_clean(v) for v in value]
     return value
+
+
+SCENARIOS = ("text1k", "sse", "images", "quarantined", "rss")
 
 
 class Interrupted(Exception):

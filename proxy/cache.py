@@ -12,7 +12,7 @@ what it sends:
   replaced or rewritten object fails the check, drops out of the cache and gets the full verified
   read, which classifies the fault as usual.
 
-Entries hold the two JSON values adapters splice (a data URL, and the bare base64 string) as
+Entries hold the JSON values adapters splice (a data URL, or the bare base64 string) as
 ``msgspec.Raw``, so encoding a projected body copies them without re-scanning or re-encoding.
 """
 
@@ -36,28 +36,46 @@ class StampedStore(Store, Protocol):
 
 
 class Encoded:
-    """One verified image's base64, pre-rendered as the two JSON values adapters splice."""
+    """One verified image's base64 as the JSON values adapters splice: a data URL, or the bare
+    string. Each is built on first use from whichever form exists, so an entry usually holds only
+    the one form its clients' format needs."""
 
-    __slots__ = ("media_type", "_url", "_bare")
+    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare")
 
     def __init__(self, media_type: str, b64: bytes) -> None:
         self.media_type = media_type
-        self._url = msgspec.Raw(b'"data:' + media_type.encode() + b";base64," + b64 + b'"')
-        self._bare = msgspec.Raw(b'"' + b64 + b'"')
+        self._head = b'"data:' + media_type.encode() + b";base64,"
+        self._b64: bytes | None = b64
+        self._url: msgspec.Raw | None = None
+        self._bare: msgspec.Raw | None = None
 
     @classmethod
     def of(cls, image: StoredImage) -> Encoded:
         return cls(image.media_type, base64.b64encode(image.data))
 
+    def _digits(self) -> bytes | memoryview:
+        if self._b64 is not None:
+            return self._b64
+        if self._url is not None:
+            return memoryview(self._url)[len(self._head):-1]
+        assert self._bare is not None
+        return memoryview(self._bare)[1:-1]
+
     def data_url(self) -> msgspec.Raw:
+        if self._url is None:
+            self._url = msgspec.Raw(b"".join((self._head, self._digits(), b'"')))
+            self._b64 = None
         return self._url
 
     def base64(self) -> msgspec.Raw:
+        if self._bare is None:
+            self._bare = msgspec.Raw(b"".join((b'"', self._digits(), b'"')))
+            self._b64 = None
         return self._bare
 
     @property
     def size(self) -> int:
-        return len(self._url) + len(self._bare)
+        return len(self._b64 or b"") + len(self._url or b"") + len(self._bare or b"")
 
 
 class CachedImage(StoredImage, frozen=True):
@@ -67,12 +85,15 @@ class CachedImage(StoredImage, frozen=True):
 
 
 class _Entry:
-    __slots__ = ("image", "stamp", "size")
+    __slots__ = ("image", "stamp")
 
     def __init__(self, image: CachedImage, stamp: str) -> None:
         self.image = image
         self.stamp = stamp
-        self.size = image.encoded.size
+
+    @property
+    def size(self) -> int:
+        return int(self.image.encoded.size)
 
 
 class VerifiedCache:
@@ -100,19 +121,18 @@ class VerifiedCache:
         cached = CachedImage(image.id, image.media_type, image.bytes, image.width, image.height, b"", encoded)
         if stamp is None or encoded.size > self.max_bytes:
             return cached
-        self.evict(image.id)
-        entry = _Entry(cached, stamp)
-        self._entries[image.id] = entry
-        self.bytes += entry.size
+        self._entries.pop(image.id, None)
+        self._entries[image.id] = _Entry(cached, stamp)
         self._shrink()
         return cached
 
     def evict(self, attachment_id: str) -> None:
-        entry = self._entries.pop(attachment_id, None)
-        if entry is not None:
-            self.bytes -= entry.size
+        if self._entries.pop(attachment_id, None) is not None:
+            self.bytes = sum(entry.size for entry in self._entries.values())
 
     def _shrink(self) -> None:
+        # Entries grow when a second JSON form is built, so the total is recounted (on misses only).
+        self.bytes = sum(entry.size for entry in self._entries.values())
         while self.bytes > self.max_bytes and self._entries:
             _, entry = self._entries.popitem(last=False)
             self.bytes -= entry.size

