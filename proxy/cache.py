@@ -152,17 +152,17 @@ class CachedStore:
         if entry is not None:
             if await self.inner.stamp(attachment_id) == entry.stamp:
                 self.cache.hits += 1
-                self.metrics.cache_hits.inc()
+                self.metrics.cache_hits += 1
                 return entry.image
             self.cache.evict(attachment_id)
         self.cache.misses += 1
-        self.metrics.cache_misses.inc()
+        self.metrics.cache_misses += 1
         try:
             image, stamp = await self.inner.read_stamped(attachment_id)
         except AttachmentError as error:
-            self.metrics.store_reads.labels(error.code.removeprefix("ATTACHMENT_").lower()).inc()
+            self.metrics.store_reads[error.code.removeprefix("ATTACHMENT_").lower()] += 1
             raise
-        self.metrics.store_reads.labels("ok").inc()
+        self.metrics.store_reads["ok"] += 1
         return self.cache.put(image, stamp)
 
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import gc
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -163,6 +164,7 @@ def serve(config: Config) -> None:
     app = create_app(config)
     get_logger().info("listening", host=config.server.host, port=config.server.port, loop=type(loop).__module__,
                       data_dir=str(config.data_dir), upstreams={n: u.url for n, u in config.upstreams.items()})
+    gc.freeze()  # startup objects never die: keep them out of every later full collection
     web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
                 access_log=None, print=None, loop=loop)
 

@@ -60,4 +60,4 @@ async def forward(
     finally:
         fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
         if timing.status is not None:
-            request.app[APP].metrics.upstream_seconds.observe(timing.headers_s)
+            request.app[APP].metrics.upstream.observe(timing.headers_s)

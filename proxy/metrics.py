@@ -1,53 +1,95 @@
 """Prometheus metrics, one registry per app, served at ``GET /metrics`` (proxy layer).
 
-Labels are low-cardinality by construction: route names, HTTP statuses, failure classes and read
-results. Session ids and attachment ids never become labels.
+The hot path only bumps plain ints (the app is one event loop: no locks needed); a collector turns
+them into Prometheus families when scraped. Labels are low-cardinality by construction: route
+names, HTTP statuses, failure classes and read results. Session and attachment ids never become
+labels.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterator
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Histogram:
+    """Cumulative-on-scrape latency histogram over ``LATENCY_BUCKETS`` (seconds)."""
+
+    __slots__ = ("counts", "total", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total += seconds
+        self.count += 1
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        running, buckets = 0, []
+        for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.counts):
+            running += n
+            buckets.append((bound, running))
+        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.total)
 
 
 class Metrics:
     def __init__(self) -> None:
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.in_flight = 0
+        self.quarantines: Counter[str] = Counter()
+        self.store_reads: Counter[str] = Counter()
+        self.store_retries = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.projection = Histogram()
+        self.upstream = Histogram()
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter("projectionist_requests", "Requests answered, by route and HTTP status",
-                                ["route", "status"], registry=r)
-        self._answered: dict[tuple[str, int | str], Any] = {}
-        self.in_flight = Gauge("projectionist_in_flight_requests", "Requests being handled now", registry=r)
-        self.quarantines = Counter("projectionist_quarantines", "Quarantine events this replica recorded, by failure class",
-                                   ["failure"], registry=r)
-        self.store_reads = Counter("projectionist_store_reads", "Verified reads of the attachment store, by result",
-                                   ["result"], registry=r)
-        self.store_retries = Counter("projectionist_store_retries",
-                                     "Immediate retries after ATTACHMENT_READ_FAILED", registry=r)
-        self.cache_hits = Counter("projectionist_cache_hits",
-                                  "Images served from the verified-object cache (stamp checked)", registry=r)
-        self.cache_misses = Counter("projectionist_cache_misses",
-                                    "Images not in the verified-object cache, or whose stamp changed", registry=r)
-        self.projection_seconds = Histogram("projectionist_projection_seconds",
-                                            "Time to project a request body (reads, log, render, encode)",
-                                            buckets=_LATENCY_BUCKETS, registry=r)
-        self.upstream_seconds = Histogram("projectionist_upstream_seconds",
-                                          "Time from sending a request upstream to its response headers",
-                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.registry.register(self)
 
     def answered(self, route: str, status: int | str) -> None:
-        """Count one answered request (label children are looked up once per route and status)."""
-        key = (route, status)
-        child = self._answered.get(key)
-        if child is None:
-            child = self._answered[key] = self.requests.labels(route, str(status))
-        child.inc()
+        self.requests[route, str(status)] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily("projectionist_requests", "Requests answered, by route and HTTP status",
+                                       labels=["route", "status"])
+        for (route, status), n in sorted(self.requests.items()):
+            requests.add_metric([route, status], n)
+        yield requests
+        yield GaugeMetricFamily("projectionist_in_flight_requests", "Requests being handled now", value=self.in_flight)
+        yield _by("projectionist_quarantines", "Quarantine events this replica recorded, by failure class",
+                  "failure", self.quarantines)
+        yield _by("projectionist_store_reads", "Verified reads of the attachment store, by result",
+                  "result", self.store_reads)
+        yield CounterMetricFamily("projectionist_store_retries", "Immediate retries after ATTACHMENT_READ_FAILED",
+                                  value=self.store_retries)
+        yield CounterMetricFamily("projectionist_cache_hits",
+                                  "Images served from the verified-object cache (stamp checked)", value=self.cache_hits)
+        yield CounterMetricFamily("projectionist_cache_misses",
+                                  "Images not in the verified-object cache, or whose stamp changed",
+                                  value=self.cache_misses)
+        yield self.projection.family("projectionist_projection_seconds",
+                                     "Time to project a request body (reads, log, render, encode)")
+        yield self.upstream.family("projectionist_upstream_seconds",
+                                   "Time from sending a request upstream to its response headers")
 
     def render(self) -> web.Response:
         response = web.Response(body=generate_latest(self.registry))
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
+
+
+def _by(name: str, documentation: str, label: str, counts: Counter[str]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, n in sorted(counts.items()):
+        family.add_metric([value], n)
+    return family

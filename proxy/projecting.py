@@ -63,11 +63,11 @@ async def project_body(request: web.Request, fmt: WireFormat, raw: bytes) -> byt
     fmt.render(sites, projection.outcomes, inline)
     body = _encoder.encode(decoded)
     metrics = app.metrics
-    metrics.projection_seconds.observe(time.perf_counter() - started)
+    metrics.projection.observe(time.perf_counter() - started)
     for quarantine in projection.recorded:
-        metrics.quarantines.labels(quarantine.failure).inc()
+        metrics.quarantines[quarantine.failure] += 1
     if projection.retries:
-        metrics.store_retries.inc(projection.retries)
+        metrics.store_retries += projection.retries
     return body
 
 

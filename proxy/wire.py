@@ -57,14 +57,14 @@ async def respond(
     request[REQUEST_ID] = request_id
     request[STARTED] = started = time.perf_counter()
     metrics = request.app[APP].metrics
-    metrics.in_flight.inc()
+    metrics.in_flight += 1
     try:
         response = await _call(call)
     except ProjectionistError as error:
         fields["error_code"] = error.code
         response = error_response(fmt, error)
     except asyncio.CancelledError:
-        metrics.in_flight.dec()
+        metrics.in_flight -= 1
         metrics.answered(route, "cancelled")
         _log_line(request, fields, started, status=None, cancelled=True)
         raise
@@ -75,7 +75,7 @@ async def respond(
         response = error_response(fmt, internal)
     if not response.prepared:
         response.headers[REQUEST_ID_HEADER] = request_id
-    metrics.in_flight.dec()
+    metrics.in_flight -= 1
     metrics.answered(route, response.status)
     if request_lines():
         _log_line(request, fields, started, status=response.status)
