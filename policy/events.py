@@ -17,6 +17,8 @@ from policy.model import Failure
 QUARANTINE: Final = "attachment/quarantine"
 RECOVERED: Final = "attachment/recovered"
 FORKED: Final = "session/forked"
+REQUEST: Final = "request/recorded"
+RESPONSE: Final = "response/recorded"
 
 
 class Quarantine(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -39,6 +41,51 @@ class Forked(msgspec.Struct, frozen=True):
     at_seq: int
 
 
+class RefRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What one reference of a recorded request became: ``inlined`` or ``placeholder``."""
+
+    path: str
+    attachment_id: str
+    outcome: str
+    failure: str | None = None
+
+
+class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The request part of one proxied call, appended before the upstream call.
+
+    ``log_seq`` is the last seq of the log state the projection used (replay folds up to it);
+    ``shape`` holds short digests of the projected body with images reduced to their ids, per
+    top-level member and per item of top-level lists, so a reconstruction that no longer matches
+    can name the first differing path. ``inbound_blob`` is set in ``full`` recording mode.
+    """
+
+    request_id: str
+    route: str
+    adapter: str
+    upstream: str
+    method: str
+    path: str
+    log_seq: int
+    inbound_digest: str
+    projected_digest: str
+    refs: tuple[RefRecord, ...] = ()
+    shape: tuple[tuple[str, str], ...] = ()
+    inbound_blob: str | None = None
+
+
+class ResponseRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The outcome of one proxied call (whole-value: it names its request by id and seq)."""
+
+    request_id: str
+    request_seq: int
+    status: int | None
+    latency_ms: float
+    usage: dict[str, object] | None = None
+    error_code: str | None = None
+    response_blob: str | None = None
+    response_truncated: bool = False
+
+
 class _Envelope(msgspec.Struct, frozen=True, tag_field="type"):
     seq: int
     time: str
@@ -56,6 +103,14 @@ class ForkedEvent(_Envelope, frozen=True, tag=FORKED):
     data: Forked
 
 
+class RequestEvent(_Envelope, frozen=True, tag=REQUEST):
+    data: RequestRecorded
+
+
+class ResponseEvent(_Envelope, frozen=True, tag=RESPONSE):
+    data: ResponseRecorded
+
+
 class UnknownEvent(msgspec.Struct, frozen=True):
     """An event of a type this version does not know; kept verbatim, ignored by the fold."""
 
@@ -65,14 +120,16 @@ class UnknownEvent(msgspec.Struct, frozen=True):
     data: msgspec.Raw
 
 
-KnownEvent = QuarantineEvent | RecoveredEvent | ForkedEvent
+KnownEvent = QuarantineEvent | RecoveredEvent | ForkedEvent | RequestEvent | ResponseEvent
 Event = KnownEvent | UnknownEvent
-EventData = Quarantine | Recovered | Forked
+EventData = Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded
 
 _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     Quarantine: QuarantineEvent,
     Recovered: RecoveredEvent,
     Forked: ForkedEvent,
+    RequestRecorded: RequestEvent,
+    ResponseRecorded: ResponseEvent,
 }
 _encoder: Final = msgspec.json.Encoder()
 _decoder: Final = msgspec.json.Decoder(KnownEvent)
@@ -99,6 +156,6 @@ def decode_event(raw: bytes | str) -> Event:
         return _decoder.decode(raw)
     except msgspec.ValidationError:
         unknown = _unknown_decoder.decode(raw)
-        if unknown.type in (QUARANTINE, RECOVERED, FORKED):
+        if unknown.type in (QUARANTINE, RECOVERED, FORKED, REQUEST, RESPONSE):
             raise  # a known type with a bad body is corruption, not evolution
         return unknown

@@ -28,9 +28,14 @@ class SessionLog(Protocol):
         Reading after a cached state's last seq is the cheap freshness check: usually empty."""
         ...
 
-    async def append(self, session_id: str, expected_seq: int, data: Sequence[EventData]) -> list[Event]:
-        """Append ``data`` as seqs ``expected_seq + 1 ...`` atomically and durably, only if the
-        session's last seq is still ``expected_seq``; otherwise raise ``AppendConflict``."""
+    async def append(
+        self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
+    ) -> list[Event]:
+        """Append ``data`` as seqs ``expected_seq + 1 ...`` atomically, only if the session's last
+        seq is still ``expected_seq``; otherwise raise ``AppendConflict``. ``expected_seq=None``
+        appends after whatever is there (for request records, which no decision depends on).
+        ``durable`` appends are on disk before this returns; others keep their place in the log's
+        order but may be flushed by the next durable append."""
         ...
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:

@@ -19,6 +19,7 @@ Entries hold the JSON values adapters splice (a data URL, or the bare base64 str
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections import OrderedDict
 from typing import Any, Protocol
 
@@ -40,7 +41,7 @@ class Encoded:
     string. Each is built on first use from whichever form exists, so an entry usually holds only
     the one form its clients' format needs."""
 
-    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare")
+    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare", "_digests")
 
     def __init__(self, media_type: str, b64: bytes) -> None:
         self.media_type = media_type
@@ -48,6 +49,7 @@ class Encoded:
         self._b64: bytes | None = b64
         self._url: msgspec.Raw | None = None
         self._bare: msgspec.Raw | None = None
+        self._digests: dict[str, str] = {}
 
     @classmethod
     def of(cls, image: StoredImage) -> Encoded:
@@ -72,6 +74,14 @@ class Encoded:
             self._bare = msgspec.Raw(b"".join((b'"', self._digits(), b'"')))
             self._b64 = None
         return self._bare
+
+    def digest(self, form: str) -> str:
+        """sha256 of the exact JSON bytes of ``form`` ("data_url" or "base64"), computed once."""
+        found = self._digests.get(form)
+        if found is None:
+            value = self.data_url() if form == "data_url" else self.base64()
+            found = self._digests[form] = hashlib.sha256(memoryview(value)).hexdigest()
+        return found
 
     @property
     def size(self) -> int:
@@ -174,6 +184,12 @@ class CachedStore:
     async def delete(self, attachment_id: str) -> bool:
         self.cache.evict(attachment_id)
         return await self.inner.delete(attachment_id)
+
+    async def put_blob(self, data: bytes) -> str:
+        return await self.inner.put_blob(data)
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        return await self.inner.get_blob(blob_id)
 
     async def close(self) -> None:
         await self.inner.close()

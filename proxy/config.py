@@ -87,6 +87,11 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sessions: int = 10_000
 
 
+class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    mode: Literal["off", "metadata", "full"] = "metadata"
+    max_response_bytes: int = 16 * MiB
+
+
 class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json: bool = True
@@ -107,6 +112,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     upstreams: dict[str, UpstreamConfig] = msgspec.field(default_factory=_default_upstreams)
     logging: LoggingConfig = LoggingConfig()
     cache: CacheConfig = CacheConfig()
+    record: RecordConfig = RecordConfig()
 
     @property
     def data_dir(self) -> Path:

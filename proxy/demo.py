@@ -120,7 +120,7 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
         echo = EchoUpstream()
         async with Server(echo.app()) as upstream, aiohttp.ClientSession() as http:
             config = with_upstream_urls(
-                load_config(None, **{"server.data_dir": tmp, "server.admin_token": token}),
+                load_config(None, **{"server.data_dir": tmp, "server.admin_token": token, "record.mode": "off"}),
                 {"openai": upstream.url},
             )
 

@@ -14,17 +14,25 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from adapters.base import WireFormat
-from proxy.relay import Timing, forward_headers, relay
+from proxy.relay import Capture, Timing, forward_headers, relay
 from proxy.state import APP, Upstream
 from proxy.wire import REQUEST_ID, REQUEST_ID_HEADER, STARTED, info
 
 
-def target_url(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> URL:
-    """``upstream.url`` + the incoming raw path and query, byte for byte (minus replaced auth)."""
+def target_path(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str, *,
+                keep_auth: bool = True) -> str:
+    """The incoming raw path and query, byte for byte, minus auth query parameters when the
+    upstream's own key replaces them (or when ``keep_auth`` is off, for recording)."""
     query = request.rel_url.raw_query_string
-    if upstream.api_key and fmt.AUTH_QUERY and any(name in request.query for name in fmt.AUTH_QUERY):
+    strip = upstream.api_key or not keep_auth
+    if strip and fmt.AUTH_QUERY and any(name in request.query for name in fmt.AUTH_QUERY):
         query = urlencode([(k, v) for k, v in request.query.items() if k not in fmt.AUTH_QUERY])
-    return URL(upstream.url + raw_path + (f"?{query}" if query else ""), encoded=True)
+    return raw_path + (f"?{query}" if query else "")
+
+
+def target_url(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> URL:
+    """``upstream.url`` + ``target_path``."""
+    return URL(upstream.url + target_path(request, fmt, upstream, raw_path), encoded=True)
 
 
 def outgoing_headers(request: web.Request, fmt: WireFormat, upstream: Upstream) -> CIMultiDict[str]:
@@ -42,6 +50,7 @@ async def forward(
     raw_path: str,
     body: bytes | AsyncIterable[bytes] | None,
     headers: CIMultiDict[str] | None = None,
+    capture: Capture | None = None,
 ) -> web.StreamResponse:
     """Send the request to ``upstream`` and stream the answer back; record timing in the log line."""
     fields = info(request)
@@ -56,6 +65,7 @@ async def forward(
             headers if headers is not None else outgoing_headers(request, fmt, upstream),
             timing,
             extra_headers={REQUEST_ID_HEADER: request[REQUEST_ID]},
+            capture=capture,
         )
     finally:
         fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))

@@ -179,6 +179,19 @@ class FilesystemStore:
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
         return await self._run(partial(self._stat_sync, hex_digest))
 
+    async def put_blob(self, data: bytes) -> str:
+        """Store opaque bytes (recorded request and response bodies) content-addressed under
+        ``blobs/``; idempotent; returns ``sha256:<hex>``."""
+        return await self._run(partial(self._put_blob_sync, data))
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        hex_digest = check_id(blob_id)[len(ID_PREFIX):]
+        path = self.root / "blobs" / hex_digest[:2] / hex_digest
+        try:
+            return await self._run(partial(_read_file, path))
+        except FileNotFoundError:
+            return None
+
     async def delete(self, attachment_id: str) -> bool:
         """Remove the object and its record; True if anything was removed."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
@@ -290,6 +303,19 @@ class FilesystemStore:
             return None
         return AttachmentMeta(ID_PREFIX + hex_digest, record.media_type, record.bytes, record.width, record.height,
                               record.name, record.created_at)
+
+    def _put_blob_sync(self, data: bytes) -> str:
+        hex_digest = hashlib.sha256(data).hexdigest()
+        directory = self.root / "blobs" / hex_digest[:2]
+        if not (directory / hex_digest).exists():
+            try:
+                _ensure_dir(directory)
+                _write_atomic(directory, hex_digest, data)
+                _fsync_dir(directory)
+            except OSError as exc:
+                raise Unavailable(f"{WRITE_FAILED}: blob could not be stored ({_errname(exc)})",
+                                  code=WRITE_FAILED) from None
+        return ID_PREFIX + hex_digest
 
     def _delete_sync(self, hex_digest: str) -> bool:
         data_path, record_path = self._paths(hex_digest)

@@ -74,9 +74,13 @@ class PostgresLog:
         rows = await self._run(lambda conn: conn.fetch(self._sql["read"], session_id, after_seq))
         return [decode_event(row[0]) for row in rows]
 
-    async def append(self, session_id: str, expected_seq: int, data: Sequence[EventData]) -> list[Event]:
+    async def append(
+        self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
+    ) -> list[Event]:
         if not data:
             raise ValueError("append needs at least one event")
+        if expected_seq is None:
+            return await self._append_at_end(session_id, data, durable)
         if expected_seq < 0:
             raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
         now = self._clock()
@@ -84,9 +88,13 @@ class PostgresLog:
         args = ([e.seq for e in events], [event_type(d) for d in data], now, [encode_event(e) for e in events])
 
         async def insert(conn: Any) -> str:
-            status: str = await conn.execute(self._sql["append"], session_id, args[0], args[1], args[2], args[3],
-                                             expected_seq)
-            return status
+            if durable:
+                status: str = await conn.execute(self._sql["append"], session_id, *args, expected_seq)
+                return status
+            async with conn.transaction():  # committed in order, without waiting for the WAL flush
+                await conn.execute("SET LOCAL synchronous_commit TO off")
+                status = await conn.execute(self._sql["append"], session_id, *args, expected_seq)
+                return status
 
         try:
             status = await self._run(insert)
@@ -96,6 +104,24 @@ class PostgresLog:
             actual = await self._run(lambda conn: conn.fetchval(self._sql["last"], session_id))
             raise AppendConflict(session_id, expected_seq, int(actual))
         return events
+
+    async def _append_at_end(self, session_id: str, data: Sequence[EventData], durable: bool) -> list[Event]:
+        """Append after whatever the session holds: serialized per session across replicas by a
+        transaction-scoped advisory lock, so it never conflicts (for records, whose meaning does
+        not depend on the state)."""
+        async def tx(conn: Any) -> list[Event]:
+            async with conn.transaction():
+                if not durable:
+                    await conn.execute("SET LOCAL synchronous_commit TO off")
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", session_id)
+                last = int(await conn.fetchval(self._sql["last"], session_id))
+                now = self._clock()
+                events: list[Event] = [envelope(last + i, now, item) for i, item in enumerate(data, 1)]
+                await conn.executemany(self._sql["insert"], [
+                    (session_id, e.seq, event_type(d), now, encode_event(e)) for e, d in zip(events, data)])
+                return events
+
+        return await self._run(tx)
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
         async def tx(conn: Any) -> ForkedEvent:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 
 import aiohttp
 from aiohttp import web
@@ -68,6 +68,32 @@ def new_session(connect_timeout: float, read_timeout: float) -> aiohttp.ClientSe
 OVERHEAD_HEADER = "x-projectionist-overhead-ms"
 
 
+class Capture:
+    """A bounded copy of a relayed response body (for recording); chunks past ``limit`` are
+    not kept and the copy is marked truncated."""
+
+    __slots__ = ("limit", "chunks", "size", "truncated", "content_type", "before_eof")
+
+    def __init__(self, limit: int, before_eof: Callable[[int], Awaitable[None]] | None = None) -> None:
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.truncated = False
+        self.content_type = ""
+        #: Called with the status once the whole body is relayed, before the response ends.
+        self.before_eof = before_eof
+
+    def add(self, chunk: bytes) -> None:
+        if self.size + len(chunk) > self.limit:
+            self.truncated = True
+            return
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+
 class Timing:
     """Times of one request: ``headers_s`` from sending upstream to its response headers,
     ``upstream_s`` to the end of its body; ``request_started`` is when the proxy got the request."""
@@ -89,6 +115,7 @@ async def relay(
     headers: CIMultiDict[str],
     timing: Timing,
     extra_headers: dict[str, str] | None = None,
+    capture: Capture | None = None,
 ) -> web.StreamResponse:
     """Send one request upstream and stream its response back unchanged (minus hop-by-hop).
 
@@ -117,8 +144,12 @@ async def relay(
         overhead = time.perf_counter() - timing.request_started - timing.headers_s
         response.headers[OVERHEAD_HEADER] = f"{overhead * 1000:.3f}"
         await response.prepare(request)
+        if capture is not None:
+            capture.content_type = upstream.headers.get("Content-Type", "")
         try:
             async for chunk in upstream.content.iter_any():
+                if capture is not None and not capture.truncated:
+                    capture.add(chunk)
                 try:
                     await response.write(chunk)
                 except ConnectionError:
@@ -129,6 +160,8 @@ async def relay(
             if request.transport is not None:
                 request.transport.close()  # no terminating chunk: the client sees a cut stream
             return response
+        if capture is not None and capture.before_eof is not None:
+            await capture.before_eof(upstream.status)
         await response.write_eof()
         return response
     finally:

@@ -189,6 +189,33 @@ class S3Store:
             raise Unavailable(f"{WRITE_FAILED}: could not store ({type(exc).__name__})", code=WRITE_FAILED) from None
         return StoredImage(ID_PREFIX + hex_digest, info.media_type, len(data), info.width, info.height, data)
 
+    def blob_key(self, hex_digest: str) -> str:
+        return f"{self.prefix}blobs/{hex_digest[:2]}/{hex_digest}"
+
+    async def put_blob(self, data: bytes) -> str:
+        """Store opaque bytes (recorded bodies) content-addressed; returns ``sha256:<hex>``."""
+        hex_digest: str = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
+        try:
+            await (await self.client()).put_object(Bucket=self.bucket, Key=self.blob_key(hex_digest), Body=data)
+        except (botocore.exceptions.ClientError, *_FAULTS) as exc:
+            raise Unavailable(f"{WRITE_FAILED}: blob could not be stored ({type(exc).__name__})",
+                              code=WRITE_FAILED) from None
+        return ID_PREFIX + hex_digest
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        hex_digest = check_id(blob_id)[len(ID_PREFIX):]
+        try:
+            response = await (await self.client()).get_object(Bucket=self.bucket, Key=self.blob_key(hex_digest))
+            async with response["Body"] as body:
+                data: bytes = await body.read()
+        except botocore.exceptions.ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING:
+                return None
+            raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
+        except _FAULTS:
+            raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
+        return data
+
     async def delete(self, attachment_id: str) -> bool:
         """Remove the object; True if one was there (whatever state its record was in)."""
         key = self.key(check_id(attachment_id)[len(ID_PREFIX):])

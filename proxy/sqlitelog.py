@@ -91,17 +91,19 @@ class SqliteLog:
     async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         return await self._run(partial(self._read_job, session_id, after_seq))
 
-    async def append(self, session_id: str, expected_seq: int, data: Sequence[EventData]) -> list[Event]:
+    async def append(
+        self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
+    ) -> list[Event]:
         items = list(data)
         if not items:
             raise ValueError("append needs at least one event")
-        if expected_seq < 0:
+        if expected_seq is not None and expected_seq < 0:
             raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
         try:
             types = [event_type(item) for item in items]
         except KeyError as exc:
             raise TypeError(f"not event data: {exc}") from None
-        return await self._run(partial(self._append_job, session_id, expected_seq, items, types))
+        return await self._run(partial(self._append_job, session_id, expected_seq, items, types, durable))
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
         return await self._run(partial(self._transaction, partial(self._fork_tx, parent, child, at_seq)))
@@ -237,34 +239,40 @@ class SqliteLog:
     def _append_job(
         self,
         session_id: str,
-        expected_seq: int,
+        expected_seq: int | None,
         items: list[EventData],
         types: list[str],
+        durable: bool,
         conn: sqlite3.Connection,
     ) -> list[Event]:
+        if not durable:  # ordered in the WAL, flushed by the next durable commit or checkpoint
+            conn.execute("PRAGMA synchronous = NORMAL")
         try:
             return self._transaction(partial(self._append_tx, session_id, expected_seq, items, types), conn)
         except sqlite3.IntegrityError as exc:
             # The PRIMARY KEY backs up the conditional check: a duplicate (session, seq) means
             # another writer got there first, whatever the max(seq) read said.
             actual = self._last_seq(conn, session_id)
-            if actual != expected_seq:
+            if expected_seq is not None and actual != expected_seq:
                 raise AppendConflict(session_id, expected_seq, actual) from exc
             raise
+        finally:
+            if not durable:
+                conn.execute("PRAGMA synchronous = FULL")
 
     def _append_tx(
         self,
         session_id: str,
-        expected_seq: int,
+        expected_seq: int | None,
         items: list[EventData],
         types: list[str],
         conn: sqlite3.Connection,
     ) -> list[Event]:
         actual = self._last_seq(conn, session_id)
-        if actual != expected_seq:
+        if expected_seq is not None and actual != expected_seq:
             raise AppendConflict(session_id, expected_seq, actual)
         now = self._clock()
-        events: list[Event] = [envelope(expected_seq + i, now, item) for i, item in enumerate(items, 1)]
+        events: list[Event] = [envelope(actual + i, now, item) for i, item in enumerate(items, 1)]
         conn.executemany(
             _INSERT,
             [(session_id, event.seq, kind, now, encode_event(event)) for event, kind in zip(events, types)],

@@ -169,6 +169,12 @@ class CountingStore:
     async def delete(self, attachment_id: str) -> bool:
         return await self.inner.delete(attachment_id)
 
+    async def put_blob(self, data: bytes) -> str:
+        return await self.inner.put_blob(data)
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        return await self.inner.get_blob(blob_id)
+
     async def close(self) -> None:
         await self.inner.close()
 

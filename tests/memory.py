@@ -22,6 +22,7 @@ class MemoryStore:
 
     def __init__(self, *images: StoredImage) -> None:
         self.images = {i.id: i for i in images}
+        self.blobs: dict[str, bytes] = {}
 
     async def read_image(self, attachment_id: str) -> StoredImage:
         check_id(attachment_id)
@@ -43,6 +44,14 @@ class MemoryStore:
     async def delete(self, attachment_id: str) -> bool:
         return self.images.pop(attachment_id, None) is not None
 
+    async def put_blob(self, data: bytes) -> str:
+        blob_id = "sha256:" + hashlib.sha256(data).hexdigest()
+        self.blobs[blob_id] = data
+        return blob_id
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        return self.blobs.get(blob_id)
+
     async def close(self) -> None:
         pass
 
@@ -57,12 +66,14 @@ class MemoryLog:
         await asyncio.sleep(0)
         return [e for e in self.sessions.get(session_id, []) if e.seq > after_seq]
 
-    async def append(self, session_id: str, expected_seq: int, data: Sequence[EventData]) -> list[Event]:
+    async def append(
+        self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
+    ) -> list[Event]:
         await asyncio.sleep(0)
         events = self.sessions.setdefault(session_id, [])
-        if len(events) != expected_seq:
+        if expected_seq is not None and len(events) != expected_seq:
             raise AppendConflict(session_id, expected_seq, len(events))
-        new: list[Event] = [envelope(expected_seq + i + 1, "t", d) for i, d in enumerate(data)]
+        new: list[Event] = [envelope(len(events) + i + 1, "t", d) for i, d in enumerate(data)]
         events.extend(new)
         return new
 

@@ -79,14 +79,20 @@ async def test_serve_projects_records_and_the_admin_verbs_see_it(served: tuple[s
                              headers={"X-Session-Id": "cli", "Authorization": "Bearer sk-live-secret"}) as resp:
             assert resp.status == 200
         async with http.get(f"{base}/admin/sessions/cli/events", headers={"Authorization": "Bearer env-token"}) as resp:
-            assert resp.status == 200 and len((await resp.json())["events"]) == 1
+            assert resp.status == 200
+            kinds = [e["type"] for e in (await resp.json())["events"]]
+    # recording is on by default: the quarantine, then the call's request and response records
+    assert kinds == ["attachment/quarantine", "request/recorded", "response/recorded"]
     assert upstream.last.json()["messages"][0]["content"][0]["text"] == \
         f'[image unavailable: not_found; "x.png" ({gone[:15]})]'
 
     rc, out, _ = await cli("events", "cli", "--data-dir", str(data))
     assert rc == 0
-    [event] = msgspec.json.decode(out)["events"]
+    event, request_record, response_record = msgspec.json.decode(out)["events"]
     assert event["type"] == "attachment/quarantine" and event["data"]["name"] == "x.png"
+    assert request_record["data"]["refs"] == [{"path": "/messages/0/content/0", "attachment_id": gone,
+                                               "outcome": "placeholder", "failure": "not_found"}]
+    assert response_record["data"]["status"] == 200 and response_record["data"]["usage"]["total_tokens"] == 17
 
     rc, out, _ = await cli("quarantine", "cli", "--data-dir", str(data))
     assert rc == 0 and msgspec.json.decode(out)["quarantined"][0]["attachment_id"] == gone

@@ -540,16 +540,16 @@ async def test_fork_races_an_append_to_the_child(make_log: Callable[..., Postgre
 
 async def test_unknown_event_type_reads_back_and_forks_verbatim(log: PostgresLog, schema: str) -> None:
     await log.append("s", 0, [q()])
-    body = b'{"type":"request/recorded","seq":2,"time":"2030-01-01T00:00:00.000Z","data":{"x":[1,2]}}'
+    body = b'{"type":"future/annotation","seq":2,"time":"2030-01-01T00:00:00.000Z","data":{"x":[1,2]}}'
     await sql_execute(
         f'INSERT INTO "{schema}".projectionist_events (session, seq, type, time, body) VALUES ($1, $2, $3, $4, $5)',
-        "s", 2, "request/recorded", "2030-01-01T00:00:00.000Z", body,
+        "s", 2, "future/annotation", "2030-01-01T00:00:00.000Z", body,
     )
     events = await log.read("s")
     assert isinstance(events[0], QuarantineEvent)
     unknown = events[1]
     assert isinstance(unknown, UnknownEvent)
-    assert (unknown.seq, unknown.type, unknown.time) == (2, "request/recorded", "2030-01-01T00:00:00.000Z")
+    assert (unknown.seq, unknown.type, unknown.time) == (2, "future/annotation", "2030-01-01T00:00:00.000Z")
     assert bytes(unknown.data) == b'{"x":[1,2]}'
     assert await log.read("s", after_seq=1) == [unknown]
     assert fold(events).last_seq == 2
@@ -561,7 +561,7 @@ async def test_unknown_event_type_reads_back_and_forks_verbatim(log: PostgresLog
     assert [e.seq for e in await log.append("s", 2, [rec()])] == [3]
     await log.fork("s", "f")
     forked = await raw_rows(schema, "f")
-    assert forked[1][1:] == ("request/recorded", "2030-01-01T00:00:00.000Z", body)
+    assert forked[1][1:] == ("future/annotation", "2030-01-01T00:00:00.000Z", body)
 
 
 async def test_known_type_with_bad_body_is_not_masked(log: PostgresLog, schema: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import Counter
 import signal
 import sys
 import time
@@ -94,11 +95,14 @@ async def chat(http: aiohttp.ClientSession, replica: Replica, session: str, *ids
         return resp.status, await resp.json()
 
 
-async def events(http: aiohttp.ClientSession, replica: Replica, session: str) -> list[dict[str, Any]]:
+async def events(http: aiohttp.ClientSession, replica: Replica, session: str, *, records: bool = False
+                 ) -> list[dict[str, Any]]:
+    """The session's events; without ``records``, only the quarantine and recovery transitions."""
     async with http.get(f"{replica.url}/admin/sessions/{session}/events", headers=ADMIN) as resp:
-        assert resp.status == 200
-        found: list[dict[str, Any]] = (await resp.json())["events"]
-        return found
+        body = await resp.json()
+        assert resp.status == 200, body
+        found: list[dict[str, Any]] = body["events"]
+        return [e for e in found if records or not e["type"].endswith("/recorded")]
 
 
 async def admit(http: aiohttp.ClientSession, replica: Replica, data: bytes) -> str:
@@ -116,10 +120,12 @@ async def test_two_hundred_concurrent_requests_across_two_replicas_make_one_even
     results = await asyncio.gather(*(chat(http, (a, b)[i % 2], "race", missing) for i in range(200)))
     elapsed = time.perf_counter() - started
     found = await events(http, b, "race")
-    print(f"\nreplica race: requests sent={len(results)} events recorded={len(found)} seconds={elapsed:.2f}")
+    print(f"\nreplica race: requests sent={len(results)} quarantine events={len(found)} seconds={elapsed:.2f}")
     assert [status for status, _ in results] == [200] * 200
     assert [(e["seq"], e["type"], e["data"]["attachment_id"]) for e in found] == [
         (1, "attachment/quarantine", missing)]
+    kinds = Counter(e["type"] for e in await events(http, a, "race", records=True))
+    assert kinds == {"attachment/quarantine": 1, "request/recorded": 200, "response/recorded": 200}
     assert len({r.body for r in upstream.received}) == 1  # every replica projected the same bytes
 
 

@@ -350,17 +350,17 @@ async def test_fork_errors_write_nothing(log: SqliteLog, db: Path) -> None:
 
 async def test_unknown_event_type_reads_back_and_forks_verbatim(log: SqliteLog, db: Path) -> None:
     await log.append("s", 0, [q()])
-    body = b'{"type":"request/recorded","seq":2,"time":"2030-01-01T00:00:00.000Z","data":{"x":[1,2]}}'
+    body = b'{"type":"future/annotation","seq":2,"time":"2030-01-01T00:00:00.000Z","data":{"x":[1,2]}}'
     with sqlite3.connect(db) as conn:
         conn.execute(
             "INSERT INTO events (session, seq, type, time, body) VALUES (?, ?, ?, ?, ?)",
-            ("s", 2, "request/recorded", "2030-01-01T00:00:00.000Z", body),
+            ("s", 2, "future/annotation", "2030-01-01T00:00:00.000Z", body),
         )
     events = await log.read("s")
     assert isinstance(events[0], QuarantineEvent)
     unknown = events[1]
     assert isinstance(unknown, UnknownEvent)
-    assert (unknown.seq, unknown.type) == (2, "request/recorded")
+    assert (unknown.seq, unknown.type) == (2, "future/annotation")
     assert bytes(unknown.data) == b'{"x":[1,2]}'
     assert fold(events).last_seq == 2
     # The log counts it: the next append must expect seq 2.
