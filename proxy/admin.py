@@ -18,6 +18,7 @@ from policy.events import Event
 from policy.fold import SessionState
 from policy.model import check_id
 from policy.projection import recover, refresh
+from proxy.replay import diff, rebuild, recorded_response, send
 from proxy.sessions import parse_session_id
 from proxy.state import APP, AppState
 from proxy.wire import Handler, endpoint, info
@@ -101,9 +102,52 @@ async def post_fork(request: web.Request) -> web.StreamResponse:
     return _json({"session": child, "parent": sid, "event": event}, status=201)
 
 
+class ReplayRequest(msgspec.Struct, forbid_unknown_fields=True):
+    seq: int | None = None
+    inbound: str | None = None
+    show: bool = False
+    send: bool = False
+    diff: bool = False
+    upstream: str | None = None
+    headers: dict[str, str] = {}
+
+
+async def get_replay(request: web.Request) -> web.StreamResponse:
+    """Rebuild a recorded call and check its digest (``?seq=N``, ``?show=1`` for the body)."""
+    app = request.app[APP]
+    try:
+        seq = int(request.query["seq"]) if "seq" in request.query else None
+    except ValueError:
+        raise InvalidRequest("'seq' must be an integer", code="INVALID_QUERY") from None
+    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], seq)
+    return _json(rebuilt.summary(show=request.query.get("show") in ("1", "true")))
+
+
+async def post_replay(request: web.Request) -> web.StreamResponse:
+    """Rebuild, and optionally send and diff, a recorded call (body: ``ReplayRequest``)."""
+    app = request.app[APP]
+    try:
+        spec = msgspec.json.decode(await request.read() or b"{}", type=ReplayRequest)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"replay body: {exc}", code="INVALID_REQUEST") from None
+    inbound = spec.inbound.encode() if spec.inbound is not None else None
+    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], spec.seq, inbound)
+    report = rebuilt.summary(show=spec.show)
+    if spec.send or spec.diff:
+        status, content_type, answer = await send(rebuilt, app.config, upstream_url=spec.upstream,
+                                                  headers=spec.headers)
+        report["sent"] = {"status": status, "content_type": content_type, "bytes": len(answer),
+                          "body": answer.decode("utf-8", "replace")[:4000]}
+        if spec.diff:
+            report["diff"] = diff(await recorded_response(app.store, rebuilt), answer, content_type)
+    return _json(report)
+
+
 def add_admin_routes(router: web.UrlDispatcher) -> None:
     base = "/admin/sessions/{sid}"
     router.add_get(f"{base}/events", _admin("admin.events", get_events))
     router.add_get(f"{base}/quarantine", _admin("admin.quarantine", get_quarantine))
     router.add_post(f"{base}/attachments/{{aid}}/recover", _admin("admin.recover", post_recover))
     router.add_post(f"{base}/fork", _admin("admin.fork", post_fork))
+    router.add_get(f"{base}/replay", _admin("admin.replay", get_replay))
+    router.add_post(f"{base}/replay", _admin("admin.replay", post_replay))

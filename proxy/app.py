@@ -7,6 +7,7 @@ for the app's life (``cleanup_ctx``). Run it with ``handler_cancellation=True`` 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping
 
@@ -111,6 +112,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        if state.tasks:
+            await asyncio.gather(*state.tasks, return_exceptions=True)
         for upstream in state.upstreams.values():
             if upstream.client is not None:
                 await upstream.client.close()

@@ -13,6 +13,7 @@ import gc
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
@@ -25,6 +26,7 @@ from proxy.admin import events_view, quarantine_view
 from proxy.app import create_app, open_log, open_store
 from proxy.config import Config, Format, load_config, parse_upstream_spec, with_upstreams
 from proxy.demo import DemoFailed, run_demo, write_snapshot
+from proxy.replay import diff, rebuild, recorded_response, send
 from proxy.logs import get_logger, setup_logging
 from proxy.sessions import parse_session_id
 from proxy.state import Log, Store
@@ -67,6 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     _common(rec)
     rec.add_argument("session")
     rec.add_argument("attachment_id")
+    replay = sub.add_parser("replay", help="rebuild a recorded call from the log, check its digest, resend it")
+    _common(replay)
+    replay.add_argument("--session", required=True)
+    replay.add_argument("--seq", type=int, help="seq of the request/recorded event (default: the last call)")
+    action = replay.add_mutually_exclusive_group()
+    action.add_argument("--show", action="store_true", help="print the rebuilt upstream body (base64 shortened)")
+    action.add_argument("--send", action="store_true", help="send it to its upstream and print the answer")
+    action.add_argument("--diff", action="store_true", help="send it and compare the answer with the recorded one")
+    replay.add_argument("--upstream", dest="send_to", metavar="URL",
+                        help="send to this base URL instead of the recorded upstream's")
+    replay.add_argument("--body", metavar="FILE", help="the inbound body, for calls recorded in metadata mode")
+    replay.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                        help="header to send (e.g. an Authorization the upstream needs); repeatable")
+    replay.add_argument("--json", action="store_true", help="one JSON document for scripts")
     fork = sub.add_parser("fork", help="copy a session's log prefix into a new session")
     _common(fork)
     fork.add_argument("session")
@@ -123,8 +139,63 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
         _print_json({"session": args.new_session, "parent": session, "event": event})
         return 0
 
-    actions = {"events": events, "quarantine": quarantine, "recover": recover_verb, "fork": fork}
+    async def replay(store: Store, log: Log) -> int:
+        return await replay_verb(args, config, store, log)
+
+    actions = {"events": events, "quarantine": quarantine, "recover": recover_verb, "fork": fork, "replay": replay}
     return asyncio.run(_with_backends(config, actions[args.command]))
+
+
+async def replay_verb(args: argparse.Namespace, config: Config, store: Store, log: Log) -> int:
+    """``projectionist replay``: exit 0 when the rebuilt body matches its record (and, with
+    --diff, the new answer matches the recorded one), 3 when it does not."""
+    inbound = Path(args.body).read_bytes() if args.body else None
+    rebuilt = await rebuild(log, store, args.session, args.seq, inbound)
+    report: dict[str, Any] = rebuilt.summary(show=args.show)
+    headers = dict(h.split(":", 1) for h in args.header)
+    headers = {k.strip(): v.strip() for k, v in headers.items()}
+    if args.send or args.diff:
+        status, content_type, answer = await send(rebuilt, config, upstream_url=args.send_to, headers=headers)
+        report["sent"] = {"status": status, "content_type": content_type, "bytes": len(answer),
+                          "body": answer.decode("utf-8", "replace")[:4000]}
+        if args.diff:
+            report["diff"] = diff(await recorded_response(store, rebuilt), answer, content_type)
+    if args.json:
+        _print_json(report)
+    else:
+        print(_replay_text(report))
+    same = rebuilt.matches and report.get("diff", {}).get("identical", True) is not False
+    return 0 if same else 3
+
+
+def _replay_text(report: dict[str, Any]) -> str:
+    lines = [f"call seq {report['seq']}: request {report['request_id']}, {report['adapter']} -> "
+             f"{report['upstream']} {report['method']} {report['path']}",
+             f"inbound body: {report['inbound']}"]
+    if report["matches"]:
+        lines.append(f"rebuilt from the log: projected digest {report['rebuilt_digest']} matches the record")
+    else:
+        lines.append(f"rebuilt from the log: DOES NOT MATCH the record ({report['reason']}); "
+                     f"first difference at {report['first_difference'] or '/'}")
+    for ref in report["refs"]:
+        failure = f" ({ref['failure']})" if ref.get("failure") else ""
+        lines.append(f"  {ref['path']:<32} {ref['attachment_id'][:15]}  {ref['outcome']}{failure}")
+    if "body" in report:
+        lines.append(msgspec.json.format(msgspec.json.encode(report["body"]), indent=2).decode())
+    if "sent" in report:
+        sent = report["sent"]
+        lines.append(f"sent: HTTP {sent['status']}, {sent['bytes']} bytes ({sent['content_type']})")
+        if "diff" not in report:
+            lines.append(sent["body"])
+    if "diff" in report:
+        found = report["diff"]
+        if not found["compared"]:
+            lines.append(f"diff: {found['reason']}")
+        elif found["identical"]:
+            lines.append("diff: the new answer matches the recorded one (ids and clocks ignored)")
+        else:
+            lines.append(f"diff: the new answer differs from the recorded one at {found['first_difference']}")
+    return "\n".join(lines)
 
 
 def event_loop(choice: str) -> asyncio.AbstractEventLoop:

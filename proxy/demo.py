@@ -9,7 +9,6 @@ recover, and a refused recovery. ``--json`` writes the snapshot pinned by ``test
 from __future__ import annotations
 
 import base64
-import hashlib
 import secrets
 import socket
 import sys
@@ -24,6 +23,7 @@ from aiohttp import web
 
 from proxy.app import create_app
 from proxy.config import load_config, with_upstream_urls
+from proxy.redact import shorten
 
 IMAGES: dict[str, bytes] = {
     name: base64.b64decode(b64)
@@ -40,24 +40,6 @@ Say = Callable[[str], None]
 
 class DemoFailed(Exception):
     """The story did not go as promised: the demo is also a check."""
-
-
-def _short(data: bytes) -> str:
-    return f"<sha256:{hashlib.sha256(data).hexdigest()[:8]}, {len(data)} bytes>"
-
-
-def shorten(value: Any) -> Any:
-    """Replace inlined base64 (data URLs and base64 sources) with digest and length."""
-    if isinstance(value, dict):
-        if value.get("type") == "base64" and isinstance(value.get("data"), str):
-            return {**value, "data": _short(base64.b64decode(value["data"]))}
-        return {k: shorten(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [shorten(v) for v in value]
-    if isinstance(value, str) and value.startswith("data:") and ";base64," in value:
-        head, _, b64 = value.partition(";base64,")
-        return f"{head};base64,{_short(base64.b64decode(b64))}"
-    return value
 
 
 def normalize_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

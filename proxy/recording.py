@@ -18,6 +18,7 @@ keys, tokens or attachment base64.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable
@@ -188,13 +189,19 @@ class Recorder:
         except ProjectionistError as error:
             await self._record(None, error.code)
             raise
+        except asyncio.CancelledError:
+            if not self.recorded:  # the client left: record that in the background, then go
+                self.recorded = True
+                self.app.background(self._record(None, "CLIENT_DISCONNECTED"))
+            raise
         if not self.recorded:
             await self._record(response.status, "INCOMPLETE")
         return response
 
     async def _done(self, status: int) -> None:
         self.recorded = True
-        await self._record(status, None)
+        # shielded: a client that already has the whole answer may hang up while this runs
+        await asyncio.shield(self.app.background(self._record(status, None)))
 
     async def _record(self, status: int | None, error_code: str | None) -> None:
         body = self.capture.body()

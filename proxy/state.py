@@ -5,8 +5,10 @@ No module globals: everything a handler needs hangs off ``request.app[APP]``.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import msgspec
@@ -79,6 +81,15 @@ class AppState:
     locks: SessionLocks = field(default_factory=SessionLocks)
     states: StateCache = field(default_factory=StateCache)
     metrics: Metrics = field(default_factory=Metrics)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` to completion even if the request that started it is cancelled; the app
+        waits for such tasks when it shuts down."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
 
     def __post_init__(self) -> None:
         server = self.config.server

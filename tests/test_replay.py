@@ -1,0 +1,145 @@
+"""Replay: a recorded call rebuilt from the log prefix and the store, checked, resent, diffed."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+from adapters import openai_chat
+from tests.conftest import ADMIN, BACKENDS, Harness
+from tests.imaging import make_image, ref_id
+
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+MakeHarness = Callable[..., Awaitable[Harness]]
+
+
+def chat_body(*ids: str) -> bytes:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "look"}]
+    parts += [{"type": "image_url", "image_url": {"url": f"attachment:{i}"}} for i in ids]
+    return msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": parts}]})
+
+
+async def call(harness: Harness, body: bytes, session: str = "r", path: str = "/v1/chat/completions") -> bytes:
+    resp = await harness.client.post(path, data=body, headers={"X-Session-Id": session,
+                                                                "Content-Type": "application/json"})
+    assert resp.status == 200
+    await resp.read()
+    return harness.upstream.last.body
+
+
+async def replay(harness: Harness, session: str = "r", **params: Any) -> Any:
+    resp = await harness.client.get(f"/admin/sessions/{session}/replay", params=params, headers=ADMIN)
+    return resp.status, await resp.json()
+
+
+async def test_a_full_recording_replays_byte_identically_after_a_restart(
+    make_harness: MakeHarness, make_config: Callable[..., Any]
+) -> None:
+    config = make_config(**{"record.mode": "full"})
+    first = await make_harness(config)
+    ok = await first.admit(make_image(color=210))
+    gone = ref_id(make_image(color=211))
+    sent = await call(first, chat_body(ok, gone, ok))
+    await first.client.close()
+
+    second = await make_harness(config)  # a restarted proxy
+    status, report = await replay(second, show="1")
+    assert status == 200 and report["matches"] is True
+    assert report["rebuilt_digest"] == report["recorded_digest"]
+    assert report["inbound"].startswith("sha256:") and report["first_difference"] is None
+    assert report["body"]["messages"][0]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,<sha256:")
+    # the rebuilt bytes are the ones first sent: resend them and compare what the upstream got
+    resp = await second.client.post("/admin/sessions/r/replay", json={"send": True, "diff": True}, headers=ADMIN)
+    answer = await resp.json()
+    assert resp.status == 200 and answer["sent"]["status"] == 200
+    assert second.upstream.last.body == sent
+    assert answer["diff"]["compared"] is True and answer["diff"]["identical"] is True
+
+
+async def test_metadata_mode_needs_the_inbound_body_and_checks_it(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**{"record.mode": "metadata"})
+    ok = await harness.admit(make_image(color=212))
+    body = chat_body(ok)
+    await call(harness, body)
+    status, report = await replay(harness)
+    assert status == 409 and report["error"]["code"] == "REPLAY_NEEDS_BODY"
+    resp = await harness.client.post("/admin/sessions/r/replay", json={"inbound": body.decode()}, headers=ADMIN)
+    assert resp.status == 200 and (await resp.json())["matches"] is True
+    wrong = await harness.client.post("/admin/sessions/r/replay", json={"inbound": "{}"}, headers=ADMIN)
+    assert wrong.status == 400 and (await wrong.json())["error"]["code"] == "INBOUND_MISMATCH"
+
+
+async def test_a_changed_store_is_reported_at_the_image_path(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**{"record.mode": "full"})
+    ok = await harness.admit(make_image(color=213))
+    await call(harness, chat_body(ok))
+    await harness.remove(ok)
+    status, report = await replay(harness)
+    assert status == 200 and report["matches"] is False
+    assert report["first_difference"] == "/messages/0/content/1"
+    assert report["reason"].startswith("ATTACHMENT_NOT_FOUND")
+    kinds = [e["type"] for e in await harness.events("r")]
+    assert kinds == ["request/recorded", "response/recorded"]  # replay appended and quarantined nothing
+
+
+async def test_a_code_change_is_reported_at_the_first_differing_member(
+    make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness = await make_harness(**{"record.mode": "full"})
+    gone = ref_id(make_image(color=214))
+    await call(harness, msgspec.json.encode({"model": "m", "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"attachment:{gone}"}}]}]}))
+    assert (await replay(harness))[1]["matches"] is True
+    monkeypatch.setattr(openai_chat, "_text_part", lambda part, text: {"type": "text", "text": text.upper()})
+    status, report = await replay(harness)
+    assert status == 200 and report["matches"] is False and report["first_difference"] == "/messages"
+    assert report["rebuilt_digest"] != report["recorded_digest"]
+
+
+async def test_replay_uses_the_log_as_the_call_saw_it(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**{"record.mode": "full"})
+    data = make_image(color=215)
+    aid = ref_id(data)
+    await call(harness, chat_body(aid))  # not admitted yet: a placeholder
+    await harness.admit(data)
+    resp = await harness.client.post(f"/admin/sessions/r/attachments/{aid}/recover", headers=ADMIN)
+    assert (await resp.json())["recovered"] is True
+    await call(harness, chat_body(aid))  # now inlined
+    events = await harness.events("r")
+    first, second = [e["seq"] for e in events if e["type"] == "request/recorded"]
+    early = (await replay(harness, seq=str(first)))[1]
+    late = (await replay(harness, seq=str(second)))[1]
+    assert early["matches"] and late["matches"]
+    assert [r["outcome"] for r in early["refs"]] == ["placeholder"]
+    assert [r["outcome"] for r in late["refs"]] == ["inlined"]
+    missing = await replay(harness, seq="999")
+    assert missing[0] == 404 and missing[1]["error"]["code"] == "NOT_RECORDED"
+
+
+async def test_every_adapter_replays(make_harness: MakeHarness, upstream: Any) -> None:
+    harness = await make_harness(**{"record.mode": "full",
+                                    "upstreams.gemini": {"format": "gemini", "url": upstream.url}})
+    ok = await harness.admit(make_image(color=216))
+    gone = ref_id(make_image(color=217))
+    await call(harness, msgspec.json.encode({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "file", "file_id": ok}},
+        {"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "image", "source": {"type": "url", "url": f"attachment:{gone}"}}]}]}]}), path="/v1/messages")
+    await call(harness, msgspec.json.encode({"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_image", "file_id": ok}, {"type": "input_image", "image_url": f"attachment:{gone}"}]}]}),
+        path="/v1/responses")
+    await call(harness, msgspec.json.encode({"contents": [{"role": "user", "parts": [
+        {"fileData": {"fileUri": f"attachment:{ok}", "mimeType": "image/png"}},
+        {"functionResponse": {"name": "f", "response": {}, "parts": [
+            {"file_data": {"file_uri": f"attachment:{gone}"}}]}}]}]}), path="/v1beta/models/g:generateContent")
+    seqs = [e["seq"] for e in await harness.events("r") if e["type"] == "request/recorded"]
+    adapters = []
+    for seq in seqs:
+        status, report = await replay(harness, seq=str(seq))
+        assert status == 200 and report["matches"] is True, report
+        adapters.append(report["adapter"])
+    assert adapters == ["anthropic_messages", "openai_responses", "gemini"]
