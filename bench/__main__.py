@@ -252,11 +252,15 @@ class Bench:
             plan = [text, sse, images, quarantined, text, text, sse, images, quarantined, text]
             errors, seconds = asyncio.run(scenarios.mixed_load(proc.base + CHAT, plan, self.rss_requests, 16))
             after = memory_mb(proc.pid)
+            time.sleep(SETTLE_S)  # idle again: what the process keeps, not what was in flight
+            settled = memory_mb(proc.pid)
         self.results.extras["rss"] = {
-            "idle_mb": idle.get("VmRSS"), "after_mb": after.get("VmRSS"), "peak_mb": after.get("VmHWM"),
+            "idle_mb": idle.get("VmRSS"), "after_mb": after.get("VmRSS"), "settled_mb": settled.get("VmRSS"),
+            "settle_s": SETTLE_S, "peak_mb": after.get("VmHWM"),
             "requests": self.rss_requests, "errors": errors, "seconds": round(seconds, 2), "mix": "40/20/20/20"}
         print(f"  rss         projectionist      idle {idle.get('VmRSS', 0):.1f} MB, after {self.rss_requests:,} "
-              f"mixed requests {after.get('VmRSS', 0):.1f} MB (peak {after.get('VmHWM', 0):.1f} MB, "
+              f"mixed requests {after.get('VmRSS', 0):.1f} MB, {SETTLE_S:.0f} s later {settled.get('VmRSS', 0):.1f} MB "
+              f"(peak {after.get('VmHWM', 0):.1f} MB, "
               f"{errors} errors, {seconds:.1f} s)", flush=True)
 
 
@@ -296,6 +300,8 @@ def _clean(value: Any) -> Any:
 
 
 SCENARIOS = ("text1k", "sse", "images", "quarantined", "rss")
+#: Seconds the rss scenario waits after its load before reading what the process kept.
+SETTLE_S = 6.0
 
 
 class Interrupted(Exception):

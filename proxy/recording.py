@@ -116,7 +116,7 @@ def describe(fmt: WireFormat, raw: bytes, body: bytes, outcomes: tuple[Outcome, 
     except msgspec.DecodeError:
         return Described(sha256_id(body), (), (("", hashlib.sha256(raw).hexdigest()[:16]),))
     refs: tuple[RefRecord, ...] = ()
-    digest = sha256_id(body)
+    digest = None
     if outcomes:
         paths = container_paths(skeleton)
         sites = fmt.find_refs(skeleton)
@@ -127,9 +127,9 @@ def describe(fmt: WireFormat, raw: bytes, body: bytes, outcomes: tuple[Outcome, 
             for site, outcome in zip(sites, outcomes)
         )
         fmt.render(sites, outcomes, _digested)
-        if any(isinstance(o, Resolved) for o in outcomes):
+        if any(isinstance(o, Resolved) for o in outcomes):  # never hash the megabytes of base64
             digest = sha256_id(_encoder.encode(skeleton))
-    return Described(digest, refs, shape(skeleton))
+    return Described(digest or sha256_id(body), refs, shape(skeleton))
 
 
 async def append_record(app: AppState, session_id: str, data: RequestRecorded | ResponseRecorded) -> int:
