@@ -18,9 +18,11 @@ Entries hold the JSON values adapters splice (a data URL, or the bare base64 str
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -32,7 +34,7 @@ from proxy.state import Store
 
 
 class StampedStore(Store, Protocol):
-    async def stamp(self, attachment_id: str) -> str | None: ...
+    async def stamps(self, attachment_ids: Sequence[str]) -> list[str | None]: ...
     async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]: ...
 
 
@@ -156,11 +158,35 @@ class CachedStore:
         self.inner = inner
         self.cache = cache
         self.metrics = metrics or Metrics()
+        self._pending: list[tuple[str, asyncio.Future[str | None]]] = []
+
+    async def _stamp(self, attachment_id: str) -> str | None:
+        """The object's stamp; checks asked for in the same loop iteration (the concurrent reads
+        of one request) go to the store as one batch."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str | None] = loop.create_future()
+        self._pending.append((attachment_id, future))
+        if len(self._pending) == 1:
+            loop.call_soon(self._send_stamps)
+        return await future
+
+    def _send_stamps(self) -> None:
+        batch, self._pending = self._pending, []
+        asyncio.get_running_loop().create_task(self._stamp_batch(batch))
+
+    async def _stamp_batch(self, batch: list[tuple[str, asyncio.Future[str | None]]]) -> None:
+        try:
+            found = await self.inner.stamps([aid for aid, _ in batch])
+        except Exception:  # a failed check is a miss: the full read classifies the fault
+            found = [None] * len(batch)
+        for (_, future), stamp in zip(batch, found):
+            if not future.done():
+                future.set_result(stamp)
 
     async def read_image(self, attachment_id: str) -> StoredImage:
         entry = self.cache.get(attachment_id)
         if entry is not None:
-            if await self.inner.stamp(attachment_id) == entry.stamp:
+            if await self._stamp(attachment_id) == entry.stamp:
                 self.cache.hits += 1
                 self.metrics.cache_hits += 1
                 return entry.image

@@ -13,7 +13,7 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from functools import partial
@@ -153,11 +153,12 @@ class FilesystemStore:
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
         return await self._timed(partial(self._load_stamped, hex_digest), attachment_id)
 
-    async def stamp(self, attachment_id: str) -> str | None:
-        """A cheap token that changes whenever the object or its record is replaced, rewritten
-        or removed (inode, size, mtime of both files; no bytes read). None when absent."""
-        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        return await self._run(partial(self._stamp_sync, hex_digest))
+    async def stamps(self, attachment_ids: Sequence[str]) -> list[str | None]:
+        """Cheap tokens that change whenever an object or its record is replaced, rewritten or
+        removed (inode, size, mtime of both files; no bytes read); None when absent. One
+        worker-thread hop for the whole batch."""
+        hexes = [check_id(aid)[len(ID_PREFIX):] for aid in attachment_ids]
+        return await self._run(lambda: [self._stamp_sync(h) for h in hexes])
 
     async def _timed(self, fn: Callable[[], _T], attachment_id: str) -> _T:
         future = self._run(fn)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from collections.abc import Sequence
 from typing import Any, Final
 from urllib.parse import quote, unquote
 
@@ -89,6 +90,10 @@ class S3Store:
 
     async def read_image(self, attachment_id: str) -> StoredImage:
         return (await self.read_stamped(attachment_id))[0]
+
+    async def stamps(self, attachment_ids: Sequence[str]) -> list[str | None]:
+        """``stamp`` of each id, the HEADs sent concurrently."""
+        return list(await asyncio.gather(*(self.stamp(aid) for aid in attachment_ids)))
 
     async def stamp(self, attachment_id: str) -> str | None:
         """A cheap token (ETag, Last-Modified, metadata from a HEAD) that changes whenever the

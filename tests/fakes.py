@@ -130,7 +130,8 @@ class CountingStore:
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.reads: Counter[str] = Counter()
-        self.stamps: Counter[str] = Counter()
+        self.stamp_checks: Counter[str] = Counter()
+        self.stamp_batches = 0
         #: Called before each read with (id, read number); may raise, return a delay in seconds,
         #: or return an awaitable (an async script) to await.
         self.script: Callable[[str, int], Any] | None = None
@@ -156,9 +157,11 @@ class CountingStore:
         await self._before_read(attachment_id)
         return await self.inner.read_stamped(attachment_id)  # type: ignore[attr-defined,no-any-return]
 
-    async def stamp(self, attachment_id: str) -> str | None:
-        self.stamps[attachment_id] += 1
-        return await self.inner.stamp(attachment_id)  # type: ignore[attr-defined,no-any-return]
+    async def stamps(self, attachment_ids: list[str]) -> list[str | None]:
+        self.stamp_batches += 1
+        for attachment_id in attachment_ids:
+            self.stamp_checks[attachment_id] += 1
+        return await self.inner.stamps(attachment_ids)  # type: ignore[attr-defined,no-any-return]
 
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
         return await self.inner.admit(data, declared_type, name=name)

@@ -29,7 +29,16 @@ async def test_warm_hit_costs_a_stamp_not_a_read_and_sends_the_same_bytes(harnes
     cold = harness.upstream.last.body
     await harness.chat("c", aid)
     assert harness.upstream.last.body == cold
-    assert harness.store.reads[aid] == 1 and harness.store.stamps[aid] == 1
+    assert harness.store.reads[aid] == 1 and harness.store.stamp_checks[aid] == 1
+
+
+async def test_the_stamp_checks_of_one_request_are_one_batch(harness: Harness) -> None:
+    ids = [await harness.admit(make_image(color=165 + i)) for i in range(3)]
+    await harness.chat("b", *ids)
+    before = harness.store.stamp_batches
+    await harness.chat("b", *ids)
+    assert harness.store.stamp_batches == before + 1
+    assert [harness.store.stamp_checks[i] for i in ids] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("damage", ["delete", "overwrite"])
@@ -62,11 +71,11 @@ async def test_a_quarantined_reference_gets_its_placeholder_while_its_bytes_are_
     await harness.chat("other", aid)  # read fine in another session: now cached
     cache = harness.app[APP].reader.cache  # type: ignore[attr-defined]
     assert cache.get(aid) is not None
-    reads, stamps = harness.store.reads[aid], harness.store.stamps[aid]
+    reads, stamps = harness.store.reads[aid], harness.store.stamp_checks[aid]
     await harness.chat("flaky", aid)
     sent = harness.upstream.last.json()["messages"][0]["content"]
     assert sent[1] == {"type": "text", "text": f"[image unavailable: read_failed ({aid[:15]})]"}
-    assert (harness.store.reads[aid], harness.store.stamps[aid]) == (reads, stamps)  # not even a stamp
+    assert (harness.store.reads[aid], harness.store.stamp_checks[aid]) == (reads, stamps)  # not even a stamp
 
 
 async def test_recovery_reads_and_verifies_again_despite_the_cache(harness: Harness) -> None:
@@ -87,7 +96,7 @@ async def test_a_disabled_cache_reads_every_time(make_harness: MakeHarness) -> N
     aid = await harness.admit(make_image(color=164))
     for _ in range(3):
         await harness.chat("off", aid)
-    assert harness.store.reads[aid] == 3 and harness.store.stamps[aid] == 0
+    assert harness.store.reads[aid] == 3 and harness.store.stamp_checks[aid] == 0
     assert len({r.body for r in harness.upstream.received}) == 1
 
 

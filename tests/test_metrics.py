@@ -55,11 +55,11 @@ async def test_a_quarantined_reference_costs_zero_store_reads(harness: Harness) 
     missing = [ref_id(make_image(color=180 + i)) for i in range(10)]
     await harness.chat("q", *missing)  # quarantines all ten
     before = (await scrape(harness))['projectionist_store_reads_total{result="not_found"}']
-    reads, stamps = harness.store.total, sum(harness.store.stamps.values())
+    reads, stamps = harness.store.total, sum(harness.store.stamp_checks.values())
     for _ in range(5):
         assert (await harness.chat("q", *missing)).status == 200
     after = await scrape(harness)
-    assert (harness.store.total, sum(harness.store.stamps.values())) == (reads, stamps)
+    assert (harness.store.total, sum(harness.store.stamp_checks.values())) == (reads, stamps)
     assert after['projectionist_store_reads_total{result="not_found"}'] == before == 10
 
 
