@@ -80,7 +80,8 @@ class Capture:
         self.size = 0
         self.truncated = False
         self.content_type = ""
-        #: Called with the status once the whole body is relayed, before the response ends.
+        #: Called with the status once the whole body has arrived from upstream, before the client
+        #: can have all of it: before the last byte of a sized body, else before the final chunk.
         self.before_eof = before_eof
 
     def add(self, chunk: bytes) -> None:
@@ -144,12 +145,19 @@ async def relay(
         overhead = time.perf_counter() - timing.request_started - timing.headers_s
         response.headers[OVERHEAD_HEADER] = f"{overhead * 1000:.3f}"
         await response.prepare(request)
+        finish = capture.before_eof if capture is not None else None
         if capture is not None:
             capture.content_type = upstream.headers.get("Content-Type", "")
+        remaining = upstream.content_length
         try:
             async for chunk in upstream.content.iter_any():
                 if capture is not None and not capture.truncated:
                     capture.add(chunk)
+                if remaining is not None:
+                    remaining -= len(chunk)
+                    if remaining <= 0 and finish is not None:  # a sized body ends with its last byte:
+                        await finish(upstream.status)  # record before the client can have it all
+                        finish = None
                 try:
                     await response.write(chunk)
                 except ConnectionError:
@@ -160,8 +168,8 @@ async def relay(
             if request.transport is not None:
                 request.transport.close()  # no terminating chunk: the client sees a cut stream
             return response
-        if capture is not None and capture.before_eof is not None:
-            await capture.before_eof(upstream.status)
+        if finish is not None:
+            await finish(upstream.status)
         await response.write_eof()
         return response
     finally:
