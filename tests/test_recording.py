@@ -33,7 +33,9 @@ async def post(harness: Harness, body: bytes, session: str | None = "rec", path:
                **headers: str) -> Any:
     if session:
         headers["X-Session-Id"] = session
-    return await harness.client.post(path, data=body, headers={"Content-Type": "application/json", **headers})
+    resp = await harness.client.post(path, data=body, headers={"Content-Type": "application/json", **headers})
+    await resp.read()  # the whole answer: by then its response record is in the log
+    return resp
 
 
 async def test_metadata_records_the_request_before_and_the_response_after(make_harness: MakeHarness) -> None:
