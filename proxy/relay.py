@@ -9,6 +9,7 @@ pretending the response completed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 
@@ -34,8 +35,13 @@ def _connection_tokens(headers: MultiMapping[str]) -> set[str]:
     return tokens
 
 
+@functools.lru_cache(maxsize=64)
+def _hop_by_hop_and(drop: frozenset[str]) -> frozenset[str]:
+    return HOP_BY_HOP | drop
+
+
 def _skipped(incoming: MultiMapping[str], drop: frozenset[str]) -> frozenset[str]:
-    skip = HOP_BY_HOP | drop if drop else HOP_BY_HOP
+    skip = _hop_by_hop_and(drop) if drop else HOP_BY_HOP
     return skip | _connection_tokens(incoming) if "Connection" in incoming else skip
 
 
@@ -144,7 +150,10 @@ async def relay(
             response.content_length = upstream.content_length
         overhead = time.perf_counter() - timing.request_started - timing.headers_s
         response.headers[OVERHEAD_HEADER] = f"{overhead * 1000:.3f}"
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except ConnectionError:
+            return response  # the client left before the response started: nothing to send it
         finish = capture.before_eof if capture is not None else None
         if capture is not None:
             capture.content_type = upstream.headers.get("Content-Type", "")
