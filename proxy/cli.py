@@ -248,6 +248,24 @@ async def _trim_memory(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
 
 
+#: Young-generation threshold of the cyclic GC while serving (CPython's default is 700).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Freeze the objects made at startup, and collect the young generation less often.
+
+    A request leaves no cyclic garbage behind (its objects die by reference counting), but the
+    objects of requests in flight still trip the default threshold of 700 allocations: at c=16
+    that was a young collection every ~19 requests, 3.6% of the process's CPU. Measured with the
+    1 KB text load pinned to one core: CPU per request 0.197 ms at 700, 0.189 at 7,000 and 0.188
+    at 50,000 (the bare proxy: 0.159). Error paths that do make cycles are still collected, just
+    in batches of 10,000 objects instead of 700."""
+    gc.freeze()  # startup objects never die: keep them out of every later full collection
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 def serve(config: Config) -> None:
     limit_malloc_arenas()
     setup_logging(config.logging.level, config.logging.json)
@@ -257,7 +275,7 @@ def serve(config: Config) -> None:
     app.cleanup_ctx.append(_trim_memory)
     get_logger().info("listening", host=config.server.host, port=config.server.port, loop=type(loop).__module__,
                       data_dir=str(config.data_dir), upstreams={n: u.url for n, u in config.upstreams.items()})
-    gc.freeze()  # startup objects never die: keep them out of every later full collection
+    tune_gc()
     web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
                 access_log=None, print=None, loop=loop)
 

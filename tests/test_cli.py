@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -180,3 +181,12 @@ def test_event_loop_choice() -> None:
             assert (choice == "asyncio") != isinstance(loop, uvloop.Loop)
         finally:
             loop.close()
+
+
+def test_serving_process_freezes_startup_objects_and_raises_the_young_gc_threshold() -> None:
+    """``tune_gc`` runs in a child process (it changes process-wide GC state)."""
+    code = ("import gc; from proxy.cli import tune_gc, GC_YOUNG_THRESHOLD; before = gc.get_threshold(); "
+            "tune_gc(); after = gc.get_threshold(); "
+            "print(after[0] == GC_YOUNG_THRESHOLD > before[0], after[1:] == before[1:], gc.get_freeze_count() > 0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "True"]
