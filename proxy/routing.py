@@ -82,7 +82,7 @@ async def dispatch(request: web.Request, name: str, raw_path: str) -> web.Stream
         async def unknown() -> web.StreamResponse:
             raise NotFound(f"no upstream named {name!r}", code="UNKNOWN_UPSTREAM")
         return await respond(request, openai_chat, "unknown_upstream", unknown)
-    path = unquote(raw_path)
+    path = unquote(raw_path) if "%" in raw_path else raw_path
     adapter = projecting_adapter(upstream.format, request.method, path)
     if adapter is not None:
         fmt = adapter
