@@ -22,7 +22,7 @@ import asyncio
 import base64
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -43,7 +43,7 @@ class Encoded:
     string. Each is built on first use from whichever form exists, so an entry usually holds only
     the one form its clients' format needs."""
 
-    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare", "_digests")
+    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare", "_digests", "on_resize")
 
     def __init__(self, media_type: str, b64: bytes) -> None:
         self.media_type = media_type
@@ -52,6 +52,8 @@ class Encoded:
         self._url: msgspec.Raw | None = None
         self._bare: msgspec.Raw | None = None
         self._digests: dict[str, str] = {}
+        #: Told the change in ``size`` when a form is built (the cache keeps its byte total exact).
+        self.on_resize: Callable[[Encoded, int], None] | None = None
 
     @classmethod
     def of(cls, image: StoredImage) -> Encoded:
@@ -67,15 +69,23 @@ class Encoded:
 
     def data_url(self) -> msgspec.Raw:
         if self._url is None:
+            before = self.size
             self._url = msgspec.Raw(b"".join((self._head, self._digits(), b'"')))
             self._b64 = None
+            self._resized(before)
         return self._url
 
     def base64(self) -> msgspec.Raw:
         if self._bare is None:
+            before = self.size
             self._bare = msgspec.Raw(b"".join((b'"', self._digits(), b'"')))
             self._b64 = None
+            self._resized(before)
         return self._bare
+
+    def _resized(self, before: int) -> None:
+        if self.on_resize is not None:
+            self.on_resize(self, self.size - before)
 
     def digest(self, form: str) -> str:
         """sha256 of the exact JSON bytes of ``form`` ("data_url" or "base64"), computed once."""
@@ -133,21 +143,31 @@ class VerifiedCache:
         cached = CachedImage(image.id, image.media_type, image.bytes, image.width, image.height, b"", encoded)
         if stamp is None or encoded.size > self.max_bytes:
             return cached
-        self._entries.pop(image.id, None)
+        self.evict(image.id)
         self._entries[image.id] = _Entry(cached, stamp)
+        self.bytes += encoded.size
+        encoded.on_resize = self._resized
         self._shrink()
         return cached
 
     def evict(self, attachment_id: str) -> None:
-        if self._entries.pop(attachment_id, None) is not None:
-            self.bytes = sum(entry.size for entry in self._entries.values())
+        entry = self._entries.pop(attachment_id, None)
+        if entry is not None:
+            self._forget(entry)
+
+    def _forget(self, entry: _Entry) -> None:
+        entry.image.encoded.on_resize = None  # whoever still holds it no longer counts against us
+        self.bytes -= entry.size
+
+    def _resized(self, encoded: Encoded, delta: int) -> None:
+        # An entry grows when a second JSON form is built (a client of another format hit it).
+        self.bytes += delta
+        self._shrink()
 
     def _shrink(self) -> None:
-        # Entries grow when a second JSON form is built, so the total is recounted (on misses only).
-        self.bytes = sum(entry.size for entry in self._entries.values())
         while self.bytes > self.max_bytes and self._entries:
             _, entry = self._entries.popitem(last=False)
-            self.bytes -= entry.size
+            self._forget(entry)
 
 
 class CachedStore:

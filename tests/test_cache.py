@@ -114,3 +114,29 @@ def test_the_cache_is_bounded_by_bytes_lru(backend: str) -> None:
     assert cache.bytes == 3 * size <= cache.max_bytes
     cache.put(images[4], None)  # no stamp: usable once, never cached
     assert cache.get(images[4].id) is None and len(cache) == 3
+
+
+def test_a_second_json_form_counts_against_the_bound(backend: str) -> None:
+    """A hit from a client of another format builds a second form of the entry (data URL beside
+    bare base64): the byte total follows, and older entries make room for it."""
+    from policy.model import StoredImage
+
+    images = [StoredImage(f"sha256:{i:064x}", "image/png", 300, 1, 1, bytes([i]) * 300) for i in range(3)]
+    one_form = Encoded.of(images[0])
+    one_form.data_url()
+    cache = VerifiedCache(max_bytes=3 * one_form.size)
+    for image in images:
+        cache.put(image, "stamp")
+        entry = cache.get(image.id)
+        assert entry is not None
+        entry.image.encoded.data_url()
+    assert len(cache) == 3 and cache.bytes == 3 * one_form.size
+    newest = cache.get(images[2].id)
+    assert newest is not None
+    newest.image.encoded.base64()  # the second form: the entry nearly doubles
+    assert cache.bytes == sum(e.size for e in cache._entries.values()) <= cache.max_bytes
+    assert cache.get(images[0].id) is None  # the least recently used made room
+    assert cache.get(images[2].id) is newest
+    cache.evict(images[2].id)
+    newest.image.encoded.data_url()  # an evicted entry's holder no longer moves the total
+    assert cache.bytes == sum(e.size for e in cache._entries.values())
