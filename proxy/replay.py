@@ -144,7 +144,8 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
 async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = None,
                headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:
     """Send the rebuilt body to its upstream (or ``upstream_url``); returns status, content
-    type and the whole body (an SSE stream concatenated)."""
+    type and the whole body (an SSE stream concatenated). The upstream's configured key is sent
+    only to that upstream's own URL, never to an override; ``headers`` can carry a key there."""
     if rebuilt.body is None:
         raise Conflict(f"nothing to send: {rebuilt.reason}", code="REPLAY_NOT_REBUILT")
     record = rebuilt.request
@@ -154,7 +155,8 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
         raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code="UNKNOWN_UPSTREAM")
     fmt = ADAPTERS[record.adapter]
     outgoing: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", **(headers or {})})
-    key = config.upstream_key(record.upstream) if upstream else ""
+    # The configured key goes only to the configured upstream: an override URL gets no key.
+    key = config.upstream_key(record.upstream) if upstream and base == upstream.url.rstrip("/") else ""
     if key:
         for name, value in fmt.upstream_auth(key).items():
             outgoing[name] = value

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from adapters import openai_chat
+from tests import fakes
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 
@@ -143,3 +144,35 @@ async def test_every_adapter_replays(make_harness: MakeHarness, upstream: Any) -
         assert status == 200 and report["matches"] is True, report
         adapters.append(report["adapter"])
     assert adapters == ["anthropic_messages", "openai_responses", "gemini"]
+
+
+async def test_a_different_answer_is_diffed_at_its_first_differing_path(
+    make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness = await make_harness(**{"record.mode": "full"})
+    ok = await harness.admit(make_image(color=214))
+    await call(harness, chat_body(ok))
+    changed = msgspec.json.decode(msgspec.json.encode(fakes.COMPLETION))
+    changed["choices"][0]["message"]["content"] = "a different answer"
+    changed["id"] = "chatcmpl-other"  # volatile: never reported as the difference
+    monkeypatch.setattr(fakes, "COMPLETION", changed)
+    resp = await harness.client.post("/admin/sessions/r/replay", json={"send": True, "diff": True}, headers=ADMIN)
+    answer = await resp.json()
+    assert resp.status == 200 and answer["matches"] is True
+    assert answer["diff"]["identical"] is False
+    assert answer["diff"]["first_difference"] == "/choices/0/message/content"
+    assert answer["diff"]["recorded_digest"] != answer["diff"]["new_digest"]
+
+
+async def test_the_configured_key_goes_only_to_the_configured_upstream(make_harness: MakeHarness, upstream: Any) -> None:
+    harness = await make_harness(**{"record.mode": "full", "upstreams.openai.format": "openai",
+                                    "upstreams.openai.url": upstream.url, "upstreams.openai.api_key": "sk-configured"})
+    await call(harness, chat_body(await harness.admit(make_image(color=215))))
+    assert harness.upstream.last.headers["Authorization"] == "Bearer sk-configured"
+    resp = await harness.client.post("/admin/sessions/r/replay", json={"send": True}, headers=ADMIN)
+    assert resp.status == 200 and harness.upstream.last.headers["Authorization"] == "Bearer sk-configured"
+    elsewhere = upstream.url.replace("127.0.0.1", "localhost")  # the same fake, under another URL
+    resp = await harness.client.post("/admin/sessions/r/replay", json={"send": True, "upstream": elsewhere},
+                                     headers=ADMIN)
+    assert resp.status == 200 and (await resp.json())["sent"]["status"] == 200
+    assert "Authorization" not in harness.upstream.last.headers
