@@ -107,6 +107,7 @@ def create_app(
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[APP]
+    await state.log.start()  # PostgreSQL: pool and schema now, or on first use if the database is down
     for upstream in state.upstreams.values():
         upstream.client = new_session(upstream.connect_timeout, upstream.read_timeout)
     try:

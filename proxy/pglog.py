@@ -19,6 +19,7 @@ import asyncpg
 
 from policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
 from policy.events import FORKED, Event, EventData, Forked, ForkedEvent, decode_event, encode_event, envelope, event_type
+from proxy.logs import get_logger
 from proxy.sqlitelog import utc_now
 
 SCHEMA_VERSION: Final = 1
@@ -158,6 +159,17 @@ class PostgresLog:
         if pool is not None:
             await pool.close()
 
+    async def start(self) -> None:
+        """Open the pool and create or migrate the schema now (the app calls this at startup).
+
+        A database that is down does not stop the replica from starting: the failure is logged
+        and the pool is opened on first use instead. An unsupported schema version does."""
+        try:
+            await self._open()
+        except _UNAVAILABLE as exc:
+            get_logger().warning("session_log_unavailable_at_startup", error=type(exc).__name__,
+                                 retry="on first use")
+
     # -- plumbing --------------------------------------------------------------------------------
 
     async def _run(self, job: Callable[[Any], Awaitable[_T]]) -> _T:
@@ -171,8 +183,8 @@ class PostgresLog:
             raise Unavailable(f"session log unavailable: {type(exc).__name__}", code="LOG_UNAVAILABLE") from exc
 
     async def _open(self) -> asyncpg.Pool:
-        """The pool, created (and the schema migrated) on first use, so a replica can start
-        while the database is still down."""
+        """The pool, created (and the schema migrated) at startup or, if the database was down
+        then, on first use."""
         if self._pool is not None:
             return self._pool
         if self._closed:

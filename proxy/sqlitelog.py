@@ -149,6 +149,10 @@ class SqliteLog:
         """All session ids that have at least one event, sorted."""
         return await self._run(self._sessions_job)
 
+    async def start(self) -> None:
+        """Open the file and create its schema now rather than on the first request."""
+        await self._run(lambda conn: None)
+
     async def close(self) -> None:
         """Let queued jobs finish, close the connection and stop the worker. Idempotent."""
         if self._closed:

@@ -45,6 +45,7 @@ class Store(AttachmentStore, Protocol):
 
 
 class Log(SessionLog, Protocol):
+    async def start(self) -> None: ...
     async def close(self) -> None: ...
 
 

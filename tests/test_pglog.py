@@ -578,6 +578,35 @@ async def test_known_type_with_bad_body_is_not_masked(log: PostgresLog, schema: 
 # -- schema ------------------------------------------------------------------------------------------
 
 
+async def test_start_creates_the_schema_before_any_request(
+    make_log: Callable[..., PostgresLog], schema: str, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    from proxy.app import create_app
+    from proxy.config import load_config
+
+    config = load_config(None, **{"server.data_dir": str(tmp_path), "log.kind": "postgres",
+                                  "log.postgres": {"dsn": PG_DSN, "schema": schema}})
+    assert await sql_fetch("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) == []
+    client = await aiohttp_client(create_app(config, log=make_log()))  # startup, no request yet
+    tables = await sql_fetch("SELECT table_name FROM information_schema.tables WHERE table_schema = $1", schema)
+    assert sorted(row[0] for row in tables) == ["projectionist_events", "projectionist_meta"]
+    assert (await client.get("/healthz")).status == 200
+
+
+async def test_start_with_the_database_down_still_starts_and_opens_on_first_use(
+    make_log: Callable[..., PostgresLog], schema: str, tcp_proxy: FaultyTcpProxy
+) -> None:
+    tcp_proxy.cut()  # refuses every connection
+    sl = make_log(dsn_via(tcp_proxy.port), timeout=2.0)
+    await sl.start()  # logged, not raised: a replica may start before its database
+    with pytest.raises(Unavailable) as info:
+        await sl.read("s")
+    assert_log_unavailable(info.value)
+    tcp_proxy.restore()
+    assert await sl.read("s") == []  # the database is back: opened and migrated on first use
+    assert await sql_fetch("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) != []
+
+
 async def test_schema_created_idempotently_with_version(make_log: Callable[..., PostgresLog], schema: str) -> None:
     assert await sql_fetch("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) == []
     first = make_log()
