@@ -19,10 +19,17 @@ from adapters import openai_responses
 from policy.errors import NOT_FOUND, READ_FAILED
 from policy.model import ImageRef, Resolved, StoredImage, Unavailable
 from policy.projection import project
-from tests.conftest import Harness
+from tests.conftest import BACKENDS, Harness
 from tests.fake_responses import FILE_ID, TEXT, file_object, multipart_fields, response_object, stream_events
 from tests.fakes import CountingStore, Received, fail_with
 from tests.memory import MemoryLog, MemoryStore
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Every test here that runs the proxy runs on both backends (pure tests once)."""
+    return str(request.param)
+
 
 GOLDEN: Final = Path(__file__).parent / "golden"
 GOLDEN_REQUEST: Final = GOLDEN / "openai_responses.request.json"
@@ -379,7 +386,7 @@ async def test_files_api_other_uploads_are_forwarded_to_the_upstream(
     assert await harness.events(SID) == []
 
 
-# -- image slots the Responses adapter does not project yet (product gaps: these fail until fixed) --
+# -- the other image slots of Responses input ----------------------------------------------------
 # DESIGN §3: "A client puts a reference wherever its SDK puts an image", and adapters find
 # "images nested in tool results". The openai SDK's Responses input has three more such slots.
 
