@@ -2,8 +2,10 @@
 every upstream request byte for byte.
 
 Hypothesis draws random histories: requests in every wire format referencing healthy, missing,
-corrupt and flaky images (one failed read, or two), with damage, recoveries and restarts between
-them. After every request the upstream body bytes must be identical when the same call is
+corrupt and flaky images (one failed read, or two), each request with its own random schedule of
+transient read faults, and damage, recoveries, restarts and forks (the history then continues in
+the fork) between them. After every request the upstream body bytes must be identical when the
+same call is
 
 - rebuilt by ``replay`` from the log prefix and the store,
 - sent again after a restart (a new app instance on the same data),
@@ -45,12 +47,17 @@ FORMATS = ("chat", "anthropic", "responses", "gemini")
 IMAGES = [make_image(3 + i, 2 + i % 3, color=100 + i) for i in range(len(KINDS))]
 IDS = [ref_id(data) for data in IMAGES]
 
+#: A random fault schedule for one request: image index -> how many of its reads fail first
+#: (READ_FAILED; 1 is healed by the retry, 2 is a retryable quarantine). Transient: it ends with
+#: the request.
+faults = st.dictionaries(st.integers(0, len(KINDS) - 1), st.integers(1, 2), max_size=3)
 send = st.tuples(st.just("send"), st.sampled_from(FORMATS),
-                 st.lists(st.integers(0, len(KINDS) - 1), min_size=1, max_size=5))
+                 st.lists(st.integers(0, len(KINDS) - 1), min_size=1, max_size=5), faults)
 step = st.one_of(
     send,
     send,  # twice: requests are what the properties are about
     st.tuples(st.just("restart")),
+    st.tuples(st.just("fork")),  # the rest of the history continues in a fork made here
     st.tuples(st.just("damage"), st.integers(0, len(KINDS) - 1), st.sampled_from(["delete", "corrupt"])),
     st.tuples(st.just("recover"), st.integers(0, len(KINDS) - 1)),
 )
@@ -82,16 +89,23 @@ def body_for(fmt: str, picks: list[int]) -> tuple[str, bytes]:
 
 
 class Faults:
-    """Reads counted per image across every app instance; flaky images fail their first reads."""
+    """Reads counted per image across every app instance; flaky images fail their first reads,
+    and a request's own fault schedule fails the next reads of the images it names."""
 
     def __init__(self) -> None:
         self.reads: Counter[str] = Counter()
+        self.pending: Counter[str] = Counter()
+        self.injected = 0
 
     def script(self, attachment_id: str, _: int) -> None:
         self.reads[attachment_id] += 1
         kind = KINDS[IDS.index(attachment_id)] if attachment_id in IDS else "healthy"
         failing = {"flaky1": 1, "flaky2": 2}.get(kind, 0)
         if self.reads[attachment_id] <= failing:
+            raise AttachmentError(READ_FAILED, attachment_id=attachment_id)
+        if self.pending[attachment_id] > 0:
+            self.pending[attachment_id] -= 1
+            self.injected += 1
             raise AttachmentError(READ_FAILED, attachment_id=attachment_id)
 
 
@@ -101,6 +115,7 @@ class World:
     def __init__(self, config: Config, upstream: FakeUpstream, faults: Faults) -> None:
         self.config, self.upstream, self.faults = config, upstream, faults
         self.clients: list[TestClient[Any, Any]] = []
+        self.session = SESSION
 
     async def app(self) -> TestClient[Any, Any]:
         store = CountingStore(open_store(self.config))
@@ -145,17 +160,24 @@ async def run_history(steps: list[tuple[Any, ...]], stats: Counter[str]) -> None
                     world.object_path(index).write_bytes(bytes(len(IMAGES[index])))
             for n, action in enumerate(steps):
                 if action[0] == "send":
-                    primary = await check_send(world, primary, second, n, action[1], action[2], stats)
+                    primary = await check_send(world, primary, second, n, action[1], action[2], action[3], stats)
                 elif action[0] == "restart":
                     await world.close(primary)
                     primary = await world.app()
+                elif action[0] == "fork":
+                    new = f"{SESSION}-{n}"
+                    resp = await primary.post(f"/admin/sessions/{world.session}/fork",
+                                              json={"new_session_id": new}, headers=ADMIN)
+                    assert resp.status == 201
+                    world.session = new
+                    stats["forks"] += 1
                 elif action[0] == "damage":
                     target = world.object_path(action[1])
                     if target.exists():
                         target.unlink() if action[2] == "delete" else target.write_bytes(b"\0" * 9)
                 else:
                     await raw.admit(IMAGES[action[1]])  # the explicit repair, then a verified recovery
-                    await primary.post(f"/admin/sessions/{SESSION}/attachments/{IDS[action[1]]}/recover",
+                    await primary.post(f"/admin/sessions/{world.session}/attachments/{IDS[action[1]]}/recover",
                                        headers=ADMIN)
             stats["examples"] += 1
         finally:
@@ -166,21 +188,26 @@ async def run_history(steps: list[tuple[Any, ...]], stats: Counter[str]) -> None
 
 
 async def check_send(world: World, primary: TestClient[Any, Any], second: TestClient[Any, Any], n: int,
-                     fmt: str, picks: list[int], stats: Counter[str]) -> TestClient[Any, Any]:
+                     fmt: str, picks: list[int], schedule: dict[int, int], stats: Counter[str]) -> TestClient[Any, Any]:
     path, body = body_for(fmt, picks)
-    original = await world.send(primary, SESSION, path, body)
+    session = world.session
+    world.faults.pending.update({IDS[i]: k for i, k in schedule.items()})
+    original = await world.send(primary, session, path, body)
+    world.faults.pending.clear()  # the faults were transient: they end with this request
     stats["sends"] += 1
+    stats["injected faults"] += world.faults.injected
+    world.faults.injected = 0
 
     state = primary.server.app[APP]  # type: ignore[union-attr]
-    rebuilt = await rebuild(state.log, state.store, SESSION)
+    rebuilt = await rebuild(state.log, state.store, session)
     assert rebuilt.matches and rebuilt.body == original, f"replay differs at {rebuilt.first_difference}"
 
     await world.close(primary)  # restart: a new instance on the same data
     primary = await world.app()
-    assert await world.send(primary, SESSION, path, body) == original, "differs after a restart"
+    assert await world.send(primary, session, path, body) == original, "differs after a restart"
 
-    fork = f"{SESSION}-fork-{n}"
-    resp = await second.post(f"/admin/sessions/{SESSION}/fork", json={"new_session_id": fork}, headers=ADMIN)
+    fork = f"{session}-fork-{n}"
+    resp = await second.post(f"/admin/sessions/{session}/fork", json={"new_session_id": fork}, headers=ADMIN)
     assert resp.status == 201
     assert await world.send(second, fork, path, body) == original, "differs in a fork via a second instance"
     stats["comparisons"] += 3
@@ -202,6 +229,7 @@ def test_the_upstream_body_is_the_same_after_restart_fork_second_instance_and_re
     check()
     with capsys.disabled():
         print(f"\ndeterminism: {stats['examples']} histories, {stats['sends']} requests, "
+              f"{stats['injected faults']} injected read faults, {stats['forks']} mid-history forks, "
               f"{stats['comparisons']} byte comparisons, {stats['placeholders']} placeholders seen, 0 mismatches")
     assert stats["examples"] >= EXAMPLES and stats["sends"] >= EXAMPLES
     assert stats["placeholders"] > 0  # the histories did exercise unreadable images
