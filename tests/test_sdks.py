@@ -119,3 +119,75 @@ async def test_anthropic_sdk_file_id_reference_and_bad_reference(harness: Harnes
                 {"type": "image", "source": {"type": "file", "file_id": "sha256:zz"}}]}])  # type: ignore[list-item]
     assert bad.value.error_code == "INVALID_ATTACHMENT_REF"
     assert harness.upstream.last.json()["messages"][0]["content"][0]["source"]["type"] == "base64"
+
+
+def chat_tool_messages(*ids: str) -> list[dict[str, Any]]:
+    """A tool call and its result, whose content list carries the image references."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "screenshot taken"}]
+    parts += [{"type": "image_url", "image_url": {"url": f"attachment:{i}"}} for i in ids]
+    return [{"role": "user", "content": "take a screenshot"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "screenshot", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": parts}]
+
+
+def anthropic_tool_messages(*ids: str) -> list[dict[str, Any]]:
+    """A tool use and its ``tool_result``, whose content list carries the image references."""
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": "screenshot taken"}]
+    blocks += [{"type": "image", "source": {"type": "url", "url": f"attachment:{i}"}} for i in ids]
+    return [{"role": "user", "content": "take a screenshot"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": blocks}]}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_openai_sdk_tool_message_image_references(harness: Harness, stream: bool) -> None:
+    data = make_image(color=50)
+    ok = await harness.admit(data)
+    gone = ref_id(make_image(color=51))
+    messages = chat_tool_messages(ok, gone)
+    async with openai_client(harness) as client:
+        if stream:
+            chunks = await client.chat.completions.create(model="m", messages=messages, stream=True)  # type: ignore[arg-type]
+            text = "".join([c.choices[0].delta.content or "" async for c in chunks])
+            assert text == "tok1 tok2 tok3 tok4 "
+        else:
+            completion = await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+            assert completion.choices[0].message.content == "Hello from the fake upstream."
+    sent = harness.upstream.last
+    assert sent.path_qs == "/v1/chat/completions"
+    assert sent.headers["Authorization"] == "Bearer sk-client"
+    upstream_messages = sent.json()["messages"]
+    assert upstream_messages[:2] == messages[:2]
+    assert upstream_messages[2] == {"role": "tool", "tool_call_id": "call_1", "content": [
+        {"type": "text", "text": "screenshot taken"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}},
+        {"type": "text", "text": f"[image unavailable: not_found ({gone[:15]})]"}]}
+    assert harness.store.reads == {ok: 1, gone: 1}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_anthropic_sdk_tool_result_image_references(harness: Harness, stream: bool) -> None:
+    data = make_image(color=52)
+    ok = await harness.admit(data)
+    gone = ref_id(make_image(color=53))
+    messages = anthropic_tool_messages(ok, gone)
+    async with anthropic_client(harness) as client:
+        if stream:
+            async with client.messages.stream(model="m", max_tokens=10, messages=messages) as s:  # type: ignore[arg-type]
+                text = "".join([t async for t in s.text_stream])
+            assert text == "tok0 tok1 tok2 tok3 tok4 "
+        else:
+            message = await client.messages.create(model="m", max_tokens=10, messages=messages)  # type: ignore[arg-type]
+            assert message.content[0].text == "Hello from the fake upstream."  # type: ignore[union-attr]
+    sent = harness.upstream.last
+    assert sent.path_qs == "/v1/messages"
+    upstream_messages = sent.json()["messages"]
+    assert upstream_messages[:2] == messages[:2]
+    assert upstream_messages[2] == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+            {"type": "text", "text": "screenshot taken"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(data).decode()}},
+            {"type": "text", "text": f"[image unavailable: not_found ({gone[:15]})]"}]}]}
+    assert harness.store.reads == {ok: 1, gone: 1}

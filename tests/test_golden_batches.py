@@ -1,0 +1,162 @@
+"""Golden test of the Anthropic Message Batches adapter (``POST /v1/messages/batches``).
+
+One realistic batch (``tests/golden/anthropic_batches.request.json``) of three requests holds
+healthy references (URL and file-id forms, a repeat across requests), a missing one (``not_found``,
+named in one request and unnamed in another), a flaky one (``read_failed``) nested in a tool result,
+references that are not ours (https URL, provider file id, a reference inside plain text), and
+unknown fields at the top level, inside a request item, inside ``params``, on messages and on content
+blocks. ``find_refs`` + ``render`` with outcomes built from the real policy text must give exactly
+``tests/golden/anthropic_batches.projected.json``; the same batch through the proxy must reach the
+upstream as the same body.
+
+The images, ids and helpers are those of ``tests/test_golden_chat.py``. Regenerate the golden file
+(then review its diff by hand) with ``PROJECTIONIST_UPDATE_GOLDEN=1``.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import msgspec
+
+from adapters import anthropic_batches
+from policy.errors import READ_FAILED, AttachmentError
+from tests.conftest import Harness
+from tests.test_golden_chat import (
+    BLUE, FAILING, GOLDEN, GREEN, HEALTHY, RED, UPDATE, A, B, C, F, M, Path_, admit, at, differing_paths, dump,
+    load, project,
+)
+
+NAME = "anthropic_batches"
+SID = "golden-batch"
+
+# Expected sites in document order: (path of the block, id, name as written).
+SITES: list[tuple[Path_, str, str | None]] = [
+    (("requests", 0, "params", "messages", 0, "content", 1), A, "before.png"),
+    (("requests", 0, "params", "messages", 0, "content", 2), M, "gone \N{FRAME WITH PICTURE}.png"),
+    (("requests", 1, "params", "messages", 2, "content", 0, "content", 1), B, None),
+    (("requests", 1, "params", "messages", 2, "content", 0, "content", 2), M, None),
+    (("requests", 1, "params", "messages", 2, "content", 0, "content", 3), F, None),
+    (("requests", 2, "params", "messages", 0, "content", 1), C, "crop.png"),
+    (("requests", 2, "params", "messages", 0, "content", 2), A, None),
+]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_projection_matches_the_golden_file() -> None:
+    projected, _ = project(anthropic_batches, load(NAME, "request"))
+    golden = GOLDEN / f"{NAME}.projected.json"
+    if UPDATE:
+        golden.write_text(dump(projected), encoding="utf-8")
+    assert projected == load(NAME, "projected")
+    assert dump(projected) == golden.read_text(encoding="utf-8")  # key order too: upstream bytes are pinned
+
+
+def test_sites_are_found_in_document_order_with_names() -> None:
+    request = load(NAME, "request")
+    sites = anthropic_batches.find_refs(request)
+    assert [(s.ref.id, s.ref.name) for s in sites] == [(aid, name) for _, aid, name in SITES]
+    for site, (path, _, _) in zip(sites, SITES):
+        assert site.parent is at(request, path[:-1]) and site.index == path[-1]
+
+
+def test_only_the_reference_slots_change_and_unknown_fields_survive() -> None:
+    request = load(NAME, "request")
+    projected, _ = project(anthropic_batches, request)
+    site_paths = [path for path, _, _ in SITES]
+    changed = differing_paths(request, projected)
+    assert changed, "nothing was projected"
+    for path in changed:
+        assert any(path[:len(site)] == site for site in site_paths), f"changed outside a reference slot: {path}"
+    for site in site_paths:
+        assert any(path[:len(site)] == site for path in changed), f"reference slot left unchanged: {site}"
+    # Unknown fields, spelled out: top level, request item, params, message, content blocks.
+    assert list(projected) == ["x_batch_meta", "requests", "x_trailing"]
+    assert projected["x_batch_meta"] == {"submitted_by": "nightly-eval", "tags": ["vision", 2]}
+    assert projected["x_trailing"] == 1.5
+    first, second, third = projected["requests"]
+    assert [r["custom_id"] for r in projected["requests"]] == ["compare-1", "tool-2", "plain-3"]
+    assert first["x_item_note"] == {"priority": "high"} and third["x_item_note"] is None
+    assert first["params"]["x_params_extra"] == {"trace": "abc-123", "sample": 0.25}
+    assert third["params"]["x_params_extra"] == [] and third["params"]["stream"] is False
+    assert first["params"]["messages"][0]["x_message_meta"] == {"client_msg_id": "b-1"}
+    blocks = first["params"]["messages"][0]["content"]
+    assert blocks[0]["x_block_extra"] == {"lang": "en"}
+    assert blocks[1]["x_block_extra"] == {"k": "v"}  # kept on an inlined image block
+    assert blocks[3]["x_block_extra"] == [1, 2]  # a block that is not ours: untouched
+    tool = second["params"]["messages"][2]["content"][0]
+    assert tool["x_tool_extra"] == [1, "two"] and tool["cache_control"] == {"type": "ephemeral"}
+    assert tool["content"][0]["x_block_extra"] is True
+    assert tool["content"][1]["x_block_extra"] == {"nested": None}
+    for key in ("model", "max_tokens", "system", "tools"):
+        for before, after in zip(load(NAME, "request")["requests"], projected["requests"]):
+            assert after["params"].get(key) == before["params"].get(key)
+    assert anthropic_batches.find_refs(projected) == []  # every reference became bytes or text
+
+
+def test_anthropic_batches_shapes() -> None:
+    projected, _ = project(anthropic_batches, load(NAME, "request"))
+    request = load(NAME, "request")
+    first, second, third = (r["params"]["messages"] for r in projected["requests"])
+    missing = f'[image unavailable: not_found; "gone \N{FRAME WITH PICTURE}.png" ({M[:15]})]'
+    assert first[0]["content"][1] == {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": b64(RED.data)},
+                                      "cache_control": {"type": "ephemeral"}, "x_block_extra": {"k": "v"}}
+    assert first[0]["content"][2] == {"type": "text", "text": missing, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    nested = second[2]["content"][0]["content"]
+    assert nested[1] == {"type": "image", "source": {"type": "base64", "media_type": "image/gif", "data": b64(BLUE.data)},
+                         "x_block_extra": {"nested": None}}
+    # Unnamed in this request: the name recorded with the batch-wide quarantine of the first request.
+    assert nested[2] == {"type": "text", "text": missing, "cache_control": {"type": "ephemeral"}}
+    assert nested[3] == {"type": "text", "text": f"[image unavailable: read_failed ({F[:15]})]"}
+    assert second[2]["content"][1] == {"type": "text", "text": "What changed?"}
+    assert third[0]["content"][0] == request["requests"][2]["params"]["messages"][0]["content"][0]  # provider file id
+    assert third[0]["content"][1]["source"] == {"type": "base64", "media_type": "image/png", "data": b64(GREEN.data)}
+    assert third[0]["content"][2]["source"] == first[0]["content"][1]["source"]  # repeat across requests
+    assert third[0]["content"][3] == {"type": "text", "text": f"The earlier frame was attachment:{A}"}
+
+
+def test_render_is_deterministic() -> None:
+    one, _ = project(anthropic_batches, load(NAME, "request"))
+    two, _ = project(anthropic_batches, load(NAME, "request"))
+    assert dump(one) == dump(two)
+
+
+# --- the same batch through the proxy --------------------------------------------------------------
+
+async def test_the_proxy_sends_the_golden_body_upstream(harness: Harness) -> None:
+    for image in HEALTHY.values():
+        await admit(harness, image)
+
+    def flaky(attachment_id: str, n: int) -> float | None:
+        if attachment_id == F:
+            raise AttachmentError(READ_FAILED, attachment_id=attachment_id)
+        return None
+
+    harness.store.script = flaky
+    raw = (GOLDEN / f"{NAME}.request.json").read_bytes()
+    headers = {"X-Session-Id": SID, "Content-Type": "application/json"}
+    resp = await harness.client.post("/v1/messages/batches", data=raw, headers=headers)
+    assert resp.status == 200, await resp.text()
+    sent = harness.upstream.last
+    assert (sent.method, sent.path_qs) == ("POST", "/v1/messages/batches")
+    assert sent.json() == load(NAME, "projected")
+    # The proxy's compact encoding of the golden body, key order kept.
+    expected: Any = msgspec.json.encode(msgspec.json.decode((GOLDEN / f"{NAME}.projected.json").read_bytes()))
+    assert sent.body == expected
+    events = await harness.events(SID)
+    assert [e["data"] for e in events] == [
+        {"attachment_id": M, "failure": "not_found", "retryable": False, "name": "gone \N{FRAME WITH PICTURE}.png"},
+        {"attachment_id": F, "failure": "read_failed", "retryable": True}]  # never named: no name
+    assert harness.store.reads[M] == 1
+    assert harness.store.reads[F] == 2  # one read + one immediate retry
+    reads = {aid: harness.store.reads.get(aid, 0) for aid in FAILING}
+    again = await harness.client.post("/v1/messages/batches", data=raw, headers=headers)
+    assert again.status == 200
+    assert harness.upstream.last.body == sent.body  # byte-identical: derived from the log alone
+    assert {aid: harness.store.reads.get(aid, 0) for aid in FAILING} == reads  # quarantined: never read again
+    assert len(await harness.events(SID)) == 2
