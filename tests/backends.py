@@ -19,8 +19,18 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 PG_DSN = os.environ.get("PROJECTIONIST_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 BUCKET = "projectionist-test"
+BACKENDS = ["embedded", "replicated"]
+
+
+@pytest.fixture(name="backend", params=BACKENDS)
+def backend_on_both(request: pytest.FixtureRequest) -> str:
+    """Import this into a test module to run every test there that runs the proxy on both
+    backends; tests that use no backend still run once."""
+    return str(request.param)
 
 
 def free_port(grpc_offset: bool = False) -> int:

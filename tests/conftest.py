@@ -2,8 +2,10 @@
 backends, a proxy harness.
 
 Modules opt into both backends with
-``pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)``: ``embedded`` is the
-filesystem store + SQLite log, ``replicated`` a real SeaweedFS S3 bucket + PostgreSQL schema.
+``pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)`` (every test), or by
+importing ``tests.backends.backend_on_both`` (every test that runs the proxy; pure tests once):
+``embedded`` is the filesystem store + SQLite log, ``replicated`` a real SeaweedFS S3 bucket +
+PostgreSQL schema.
 """
 
 from __future__ import annotations
@@ -24,12 +26,11 @@ from proxy.config import Config, load_config, with_upstream_urls
 from proxy.state import APP
 from proxy.fsstore import FilesystemStore
 from proxy.s3store import S3Store
-from tests.backends import BUCKET, PG_DSN, Seaweed
+from tests.backends import BACKENDS, BUCKET, PG_DSN, Seaweed
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image
 
 ADMIN = {"Authorization": "Bearer admintok"}
-BACKENDS = ["embedded", "replicated"]
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,9 @@ from aiohttp import web
 from policy.events import Quarantine
 from policy.fold import placeholder
 from policy.model import ImageRef
+from proxy.s3store import S3Store
 from proxy.state import APP
+from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import MESSAGE
 from tests.imaging import make_image, ref_id
@@ -46,9 +48,15 @@ async def ask(client: anthropic.AsyncAnthropic, *blocks: dict[str, Any]) -> Any:
     return await client.messages.create(model="claude", max_tokens=10, messages=messages)
 
 
-def stored_objects(harness: Harness) -> list[Path]:
+async def stored_objects(harness: Harness) -> list[str]:
+    """Hex names of the image objects the store holds, on either backend."""
+    inner = harness.store.inner
+    if isinstance(inner, S3Store):
+        client = await inner.client()
+        listed = await client.list_objects_v2(Bucket=inner.bucket, Prefix=f"{inner.prefix}objects/")
+        return [item["Key"].rsplit("/", 1)[-1] for item in listed.get("Contents", [])]
     root = Path(harness.app[APP].config.store_path)
-    return [p for p in root.rglob("*") if p.is_file() and "objects" in p.parts]
+    return [p.name for p in root.rglob("*") if p.is_file() and "objects" in p.parts and p.suffix != ".json"]
 
 
 async def test_image_upload_use_metadata_delete_then_placeholder(harness: Harness) -> None:
@@ -132,7 +140,7 @@ async def test_uploading_the_same_image_twice_gives_the_same_file(harness: Harne
     assert first.id == second.id == ref_id(jpeg)
     assert first.mime_type == second.mime_type == "image/jpeg"
     assert first.filename == "one.jpg"  # the first admission's name is the stored one
-    assert [p.name for p in stored_objects(harness) if p.suffix != ".json"] == [first.id.removeprefix("sha256:")]
+    assert await stored_objects(harness) == [first.id.removeprefix("sha256:")]
 
 
 async def test_image_upload_through_a_named_anthropic_upstream(make_harness: MakeHarness, upstream: Any) -> None:
@@ -170,7 +178,7 @@ async def test_non_image_upload_is_forwarded_to_the_upstream_echo(
     # the echo fields arrive as extras and `id` is None (no exception is raised).
     assert answer.id is None
     assert answer.model_extra == {"method": "POST", "path_qs": "/v1/files", "body_len": len(got.body)}
-    assert stored_objects(harness) == []
+    assert await stored_objects(harness) == []
     assert await harness.store.stat(ref_id(data)) is None
     assert harness.store.total == 0
 
@@ -253,6 +261,6 @@ async def test_non_image_upload_reaches_the_upstream_files_api_and_its_id_passes
         deleted = await client.beta.files.delete(uploaded.id)
         assert deleted.id == UPSTREAM_FILE["id"] and deleted.type == "file_deleted"
         assert fake.hits[-1][:2] == ("DELETE", f"/v1/files/{UPSTREAM_FILE['id']}")
-    assert stored_objects(harness) == []
+    assert await stored_objects(harness) == []
     assert harness.store.total == 0
     assert await harness.events(SID) == []

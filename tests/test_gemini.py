@@ -22,19 +22,14 @@ from policy.errors import NOT_FOUND, READ_FAILED
 from policy.events import Quarantine
 from policy.fold import placeholder
 from policy.model import ImageRef, Outcome, Resolved, StoredImage, Unavailable
-from tests.conftest import ADMIN, BACKENDS, Harness
+from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
+from tests.conftest import ADMIN, Harness
 from tests.fake_gemini import GEMINI_TEXT
 from tests.fakes import FakeUpstream, fail_with
 from tests.imaging import make_image, ref_id
 
 # google-genai subclasses aiohttp.ClientSession, which aiohttp deprecates (not our concern).
 pytestmark = pytest.mark.filterwarnings("ignore:Inheritance class AiohttpClientSession:DeprecationWarning")
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    """Every test here that runs the proxy runs on both backends (pure tests once)."""
-    return str(request.param)
 
 
 MakeHarness = Callable[..., Awaitable[Harness]]

@@ -7,15 +7,10 @@ import re
 import pytest
 
 from policy.errors import READ_FAILED
-from tests.conftest import BACKENDS, Harness
+from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
+from tests.conftest import Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    """Every test here that runs the proxy runs on both backends (pure tests once)."""
-    return str(request.param)
 
 
 async def scrape(harness: Harness) -> dict[str, float]:

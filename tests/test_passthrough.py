@@ -12,8 +12,10 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
+from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.imaging import make_image
+
 
 MakeHarness = Callable[..., Awaitable[Harness]]
 

@@ -19,16 +19,11 @@ from adapters import openai_responses
 from policy.errors import NOT_FOUND, READ_FAILED
 from policy.model import ImageRef, Resolved, StoredImage, Unavailable
 from policy.projection import project
-from tests.conftest import BACKENDS, Harness
+from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
+from tests.conftest import Harness
 from tests.fake_responses import FILE_ID, TEXT, file_object, multipart_fields, response_object, stream_events
 from tests.fakes import CountingStore, Received, fail_with
 from tests.memory import MemoryLog, MemoryStore
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    """Every test here that runs the proxy runs on both backends (pure tests once)."""
-    return str(request.param)
 
 
 GOLDEN: Final = Path(__file__).parent / "golden"

@@ -16,9 +16,11 @@ from yarl import URL
 
 from policy.errors import InvalidRequest
 from proxy.config import Config, UpstreamConfig, load_config, parse_upstream_spec, with_upstreams
+from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import COMPLETION, MESSAGE
 from tests.imaging import make_image, ref_id
+
 
 MakeHarness = Callable[..., Awaitable[Harness]]
 SID = "route-1"
