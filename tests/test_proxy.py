@@ -12,6 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
+from proxy.state import APP
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id
@@ -190,6 +191,38 @@ async def test_recovery_refused_until_repaired_then_the_image_is_back(harness: H
                                      "width": 4, "height": 3}
     await harness.chat(SID, aid)
     assert user_parts(harness.upstream.last)[1]["image_url"]["url"].endswith(base64.b64encode(data).decode())
+
+
+async def test_the_folded_state_is_cached_per_session_and_read_only_past_its_last_seq(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request reads only the events after the cached fold's last seq; the session's own
+    appends (a quarantine, a recovery) move the cached fold forward, so nothing is read twice."""
+    state = harness.app[APP]
+    reads: list[tuple[str, int]] = []
+    real_read = state.log.read
+
+    async def spy(session_id: str, after_seq: int = 0) -> Any:
+        reads.append((session_id, after_seq))
+        return await real_read(session_id, after_seq)
+
+    monkeypatch.setattr(state.log, "read", spy)
+    data = make_image(color=19)
+    aid = ref_id(data)
+    await harness.chat(SID, aid)  # quarantined: seq 1
+    cached = state.states.get(SID)
+    assert cached is not None and cached.last_seq == 1 and aid in cached.quarantined
+    reads.clear()
+    await harness.chat(SID, aid)
+    assert reads == [(SID, 1)]  # only what lies beyond the cached fold
+    await harness.admit(data)
+    assert (await harness.client.post(f"/admin/sessions/{SID}/attachments/{aid}/recover", headers=ADMIN)).status == 200
+    cached = state.states.get(SID)
+    assert cached is not None and cached.last_seq == 2 and aid not in cached.quarantined
+    reads.clear()
+    await harness.chat(SID, aid)
+    assert reads == [(SID, 2)]
+    assert user_parts(harness.upstream.last)[1]["type"] == "image_url"
 
 
 async def test_recovering_a_corrupt_object_is_refused_with_its_code(harness: Harness) -> None:
