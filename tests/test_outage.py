@@ -72,6 +72,13 @@ async def test_database_outage_gives_clean_503s_loses_nothing_and_recovers(
     assert {s for s in statuses if s[0] != 200} <= {(503, "LOG_UNAVAILABLE")}  # no 500, no other code
     plain = await harness.client.post("/v1/chat/completions", json={"model": "m", "messages": []})
     assert plain.status == 200  # requests that need no log still flow
+    # an Anthropic client gets the 503 in its own wire shape (what its SDK parses)
+    image = {"type": "image", "source": {"type": "url", "url": f"attachment:{ref_id(make_image(color=251))}"}}
+    claude = await harness.client.post("/v1/messages", headers={"X-Session-Id": "down-claude"}, json={
+        "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [image]}]})
+    answer = await claude.json()
+    assert claude.status == 503 and claude.headers["x-projectionist-error-code"] == "LOG_UNAVAILABLE"
+    assert answer["type"] == "error" and answer["error"]["details"] == {"error_code": "LOG_UNAVAILABLE"}
 
     proxy.restore()
     for _ in range(50):  # the pool reconnects by itself
