@@ -79,7 +79,7 @@ async def project_and_forward(request: web.Request, fmt: WireFormat, upstream: U
             app.states.put(session_id, projection.state)
         return projection
 
-    built = await build(fmt, raw, run) if may_hold_refs(raw) else Built(raw, None)
+    built = await build(fmt, raw, run)
     if built.projection is not None:
         _account(request, built.projection, time.perf_counter() - started)
     recorder = None
