@@ -124,8 +124,6 @@ class VerifiedCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self.hits = 0
-        self.misses = 0
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
     def __len__(self) -> int:
@@ -172,7 +170,8 @@ class VerifiedCache:
 
 class CachedStore:
     """The ``AttachmentStore`` the policy reads through: stamp-checked cache hits, verified reads
-    on misses. Admission, stat and delete go straight to the store (delete also evicts)."""
+    on misses. Everything else (admission, stat, delete, blobs, recovery's fresh reads) uses the
+    store itself; a deleted object fails its stamp check on the next hit."""
 
     def __init__(self, inner: StampedStore, cache: VerifiedCache, metrics: Metrics | None = None) -> None:
         self.inner = inner
@@ -207,11 +206,9 @@ class CachedStore:
         entry = self.cache.get(attachment_id)
         if entry is not None:
             if await self._stamp(attachment_id) == entry.stamp:
-                self.cache.hits += 1
                 self.metrics.cache_hits += 1
                 return entry.image
             self.cache.evict(attachment_id)
-        self.cache.misses += 1
         self.metrics.cache_misses += 1
         try:
             image, stamp = await self.inner.read_stamped(attachment_id)
@@ -220,25 +217,6 @@ class CachedStore:
             raise
         self.metrics.store_reads["ok"] += 1
         return self.cache.put(image, stamp)
-
-    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
-        return await self.inner.admit(data, declared_type, name=name)
-
-    async def stat(self, attachment_id: str) -> Any:
-        return await self.inner.stat(attachment_id)
-
-    async def delete(self, attachment_id: str) -> bool:
-        self.cache.evict(attachment_id)
-        return await self.inner.delete(attachment_id)
-
-    async def put_blob(self, data: bytes) -> str:
-        return await self.inner.put_blob(data)
-
-    async def get_blob(self, blob_id: str) -> bytes | None:
-        return await self.inner.get_blob(blob_id)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 def inline(image: StoredImage) -> Any:
