@@ -18,7 +18,7 @@ from policy.events import Event
 from policy.fold import SessionState
 from policy.model import check_id
 from policy.projection import recover, refresh
-from proxy.replay import diff, rebuild, recorded_response, send
+from proxy.replay import rebuild, send_and_compare
 from proxy.sessions import parse_session_id
 from proxy.state import APP, AppState
 from proxy.wire import Handler, endpoint, info
@@ -134,12 +134,8 @@ async def post_replay(request: web.Request) -> web.StreamResponse:
     rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], spec.seq, inbound)
     report = rebuilt.summary(show=spec.show)
     if spec.send or spec.diff:
-        status, content_type, answer = await send(rebuilt, app.config, upstream_url=spec.upstream,
-                                                  headers=spec.headers)
-        report["sent"] = {"status": status, "content_type": content_type, "bytes": len(answer),
-                          "body": answer.decode("utf-8", "replace")[:4000]}
-        if spec.diff:
-            report["diff"] = diff(await recorded_response(app.store, rebuilt), answer, content_type)
+        report.update(await send_and_compare(rebuilt, app.config, app.store, upstream_url=spec.upstream,
+                                             headers=spec.headers, compare=spec.diff))
     return _json(report)
 
 

@@ -26,7 +26,7 @@ from proxy.admin import events_view, quarantine_view
 from proxy.app import create_app, open_log, open_store
 from proxy.config import Config, Format, load_config, parse_upstream_spec, with_upstreams
 from proxy.demo import DemoFailed, run_demo, write_snapshot
-from proxy.replay import diff, rebuild, recorded_response, send
+from proxy.replay import rebuild, send_and_compare
 from proxy.logs import get_logger, setup_logging
 from proxy.sessions import parse_session_id
 from proxy.state import Log, Store
@@ -152,14 +152,10 @@ async def replay_verb(args: argparse.Namespace, config: Config, store: Store, lo
     inbound = Path(args.body).read_bytes() if args.body else None
     rebuilt = await rebuild(log, store, args.session, args.seq, inbound)
     report: dict[str, Any] = rebuilt.summary(show=args.show)
-    headers = dict(h.split(":", 1) for h in args.header)
-    headers = {k.strip(): v.strip() for k, v in headers.items()}
+    headers = {name.strip(): value.strip() for name, _, value in (h.partition(":") for h in args.header)}
     if args.send or args.diff:
-        status, content_type, answer = await send(rebuilt, config, upstream_url=args.send_to, headers=headers)
-        report["sent"] = {"status": status, "content_type": content_type, "bytes": len(answer),
-                          "body": answer.decode("utf-8", "replace")[:4000]}
-        if args.diff:
-            report["diff"] = diff(await recorded_response(store, rebuilt), answer, content_type)
+        report.update(await send_and_compare(rebuilt, config, store, upstream_url=args.send_to, headers=headers,
+                                             compare=args.diff))
     if args.json:
         _print_json(report)
     else:

@@ -141,23 +141,29 @@ async def append_record(app: AppState, session_id: str, data: RequestRecorded | 
     return event.seq
 
 
-def usage_of(body: bytes, content_type: str) -> dict[str, Any] | None:
-    """The token usage a response reports (OpenAI, Anthropic, Gemini; JSON or SSE), if any."""
-    documents: list[Any] = []
+def response_documents(body: bytes, content_type: str) -> Any:
+    """A response body as JSON: the list of SSE ``data:`` documents, or the one document (text
+    where it is not JSON)."""
     if "event-stream" in content_type:
+        docs: list[Any] = []
         for line in body.splitlines():
             if line.startswith(b"data:"):
                 try:
-                    documents.append(_decoder.decode(line[5:].strip()))
+                    docs.append(_decoder.decode(line[5:].strip()))
                 except msgspec.DecodeError:
-                    continue
-    else:
-        try:
-            documents.append(_decoder.decode(body))
-        except msgspec.DecodeError:
-            return None
+                    docs.append(line[5:].strip().decode("utf-8", "replace"))
+        return docs
+    try:
+        return _decoder.decode(body)
+    except msgspec.DecodeError:
+        return body.decode("utf-8", "replace")
+
+
+def usage_of(body: bytes, content_type: str) -> dict[str, Any] | None:
+    """The token usage a response reports (OpenAI, Anthropic, Gemini; JSON or SSE), if any."""
+    documents = response_documents(body, content_type)
     found: dict[str, Any] | None = None
-    for doc in documents:
+    for doc in documents if "event-stream" in content_type else [documents]:
         if not isinstance(doc, dict):
             continue
         for holder in (doc, doc.get("message"), doc.get("response")):

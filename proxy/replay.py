@@ -11,7 +11,6 @@ Replay never appends to the log and never quarantines.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Final
 
 import aiohttp
@@ -28,7 +27,7 @@ from policy.ports import SessionLog
 from policy.projection import Projection, project
 from proxy.config import Config
 from proxy.projecting import build
-from proxy.recording import Described, describe, sha256_id
+from proxy.recording import Described, describe, response_documents, sha256_id
 from proxy.redact import shorten
 from proxy.state import Store
 
@@ -166,22 +165,6 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
             return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
 
 
-def _documents(body: bytes, content_type: str) -> Any:
-    if "event-stream" in content_type:
-        docs = []
-        for line in body.splitlines():
-            if line.startswith(b"data:"):
-                try:
-                    docs.append(_decoder.decode(line[5:].strip()))
-                except msgspec.DecodeError:
-                    docs.append(line[5:].strip().decode("utf-8", "replace"))
-        return docs
-    try:
-        return _decoder.decode(body)
-    except msgspec.DecodeError:
-        return body.decode("utf-8", "replace")
-
-
 def first_difference(old: Any, new: Any, path: str = "") -> str | None:
     """The first JSON path where ``old`` and ``new`` differ, ignoring volatile members."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -207,13 +190,24 @@ def diff(recorded: bytes | None, new: bytes, content_type: str) -> dict[str, Any
     """Compare a recorded response body with a new one (JSON paths; volatile ids ignored)."""
     if recorded is None:
         return {"compared": False, "reason": "no recorded response body (record.mode = 'full' keeps it)"}
-    where = first_difference(_documents(recorded, content_type), _documents(new, content_type))
+    where = first_difference(response_documents(recorded, content_type), response_documents(new, content_type))
     return {"compared": True, "identical": where is None, "first_difference": where,
-            "recorded_digest": "sha256:" + hashlib.sha256(recorded).hexdigest(),
-            "new_digest": "sha256:" + hashlib.sha256(new).hexdigest()}
+            "recorded_digest": sha256_id(recorded), "new_digest": sha256_id(new)}
 
 
 async def recorded_response(store: Store, rebuilt: Rebuilt) -> bytes | None:
     """The recorded response body of the call (``full`` mode), if kept."""
     blob = rebuilt.response.response_blob if rebuilt.response else None
     return await store.get_blob(blob) if blob else None
+
+
+async def send_and_compare(rebuilt: Rebuilt, config: Config, store: Store, *, upstream_url: str | None,
+                           headers: dict[str, str], compare: bool) -> dict[str, Any]:
+    """Resend a rebuilt call: the ``sent`` entry of a replay report, and with ``compare`` the
+    ``diff`` against the recorded answer."""
+    status, content_type, answer = await send(rebuilt, config, upstream_url=upstream_url, headers=headers)
+    out: dict[str, Any] = {"sent": {"status": status, "content_type": content_type, "bytes": len(answer),
+                                    "body": answer.decode("utf-8", "replace")[:4000]}}
+    if compare:
+        out["diff"] = diff(await recorded_response(store, rebuilt), answer, content_type)
+    return out
