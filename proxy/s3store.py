@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Sequence
+from typing import Any, Final, TypeVar
 from urllib.parse import quote, unquote
 
 import aiohttp
@@ -36,6 +36,7 @@ CHUNK: Final = 256 * 1024
 INLINE_LIMIT: Final = 256 * 1024
 _MISSING: Final = ("NoSuchKey", "404", "NotFound")
 _FAULTS: Final = (botocore.exceptions.BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
+_T = TypeVar("_T")
 
 
 class S3Store:
@@ -116,7 +117,7 @@ class S3Store:
         except AttachmentError:
             raise
         except botocore.exceptions.ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
+            code = _error_code(exc)
             if code in _MISSING:
                 raise AttachmentError(NOT_FOUND, f"{NOT_FOUND}: {short} is not in the bucket",
                                       attachment_id=attachment_id) from None
@@ -161,14 +162,13 @@ class S3Store:
 
     async def stat(self, attachment_id: str) -> AttachmentMeta | None:
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        try:
-            head = await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
-        except botocore.exceptions.ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING:
-                return None
-            raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
-        except _FAULTS:
-            raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
+
+        async def fetch() -> Any:
+            return await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
+
+        head = await _unless_missing(fetch())
+        if head is None:
+            return None
         record = _record(head.get("Metadata") or {})
         return None if record is None else msgspec.structs.replace(record, id=attachment_id)
 
@@ -209,17 +209,14 @@ class S3Store:
 
     async def get_blob(self, blob_id: str) -> bytes | None:
         hex_digest = check_id(blob_id)[len(ID_PREFIX):]
-        try:
+
+        async def fetch() -> bytes:
             response = await (await self.client()).get_object(Bucket=self.bucket, Key=self.blob_key(hex_digest))
             async with response["Body"] as body:
                 data: bytes = await body.read()
-        except botocore.exceptions.ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING:
-                return None
-            raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
-        except _FAULTS:
-            raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
-        return data
+            return data
+
+        return await _unless_missing(fetch())
 
     async def delete(self, attachment_id: str) -> bool:
         """Remove the object; True if one was there (whatever state its record was in)."""
@@ -229,13 +226,30 @@ class S3Store:
             try:
                 await client.head_object(Bucket=self.bucket, Key=key)
             except botocore.exceptions.ClientError as exc:
-                if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING:
+                if _error_code(exc) in _MISSING:
                     return False
                 raise
             await client.delete_object(Bucket=self.bucket, Key=key)
         except (botocore.exceptions.ClientError, *_FAULTS) as exc:
             raise Unavailable(f"{WRITE_FAILED}: could not delete ({type(exc).__name__})", code=WRITE_FAILED) from None
         return True
+
+
+def _error_code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+async def _unless_missing(call: Awaitable[_T]) -> _T | None:
+    """``call``'s result, or None when the key is not in the bucket; any other fault is a
+    retryable ``STORE_UNAVAILABLE``."""
+    try:
+        return await call
+    except botocore.exceptions.ClientError as exc:
+        if _error_code(exc) in _MISSING:
+            return None
+        raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
+    except _FAULTS:
+        raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
 
 
 def _stamp(response: dict[str, Any]) -> str:
