@@ -8,9 +8,10 @@ nothing is acknowledged before it is durable. Every sqlite3 call runs on one ded
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
@@ -53,6 +54,20 @@ _EXISTS: Final = "SELECT 1 FROM events WHERE session = ? LIMIT 1"
 _SESSIONS: Final = "SELECT DISTINCT session FROM events"
 
 _T = TypeVar("_T")
+
+
+@contextlib.contextmanager
+def _synchronous(conn: sqlite3.Connection, durable: bool) -> Iterator[None]:
+    """Commits in the block wait for the disk only if ``durable``; otherwise they are ordered in
+    the WAL and flushed by the next durable commit or checkpoint (``synchronous = NORMAL``)."""
+    if durable:
+        yield
+        return
+    conn.execute("PRAGMA synchronous = NORMAL")
+    try:
+        yield
+    finally:
+        conn.execute("PRAGMA synchronous = FULL")
 
 
 def utc_now() -> str:
@@ -286,10 +301,9 @@ class SqliteLog:
         durable: bool,
         conn: sqlite3.Connection,
     ) -> list[Event]:
-        if not durable:  # ordered in the WAL, flushed by the next durable commit or checkpoint
-            conn.execute("PRAGMA synchronous = NORMAL")
         try:
-            return self._transaction(partial(self._append_tx, session_id, expected_seq, items, types), conn)
+            with _synchronous(conn, durable):
+                return self._transaction(partial(self._append_tx, session_id, expected_seq, items, types), conn)
         except sqlite3.IntegrityError as exc:
             # The PRIMARY KEY backs up the conditional check: a duplicate (session, seq) means
             # another writer got there first, whatever the max(seq) read said.
@@ -297,9 +311,6 @@ class SqliteLog:
             if expected_seq is not None and actual != expected_seq:
                 raise AppendConflict(session_id, expected_seq, actual) from exc
             raise
-        finally:
-            if not durable:
-                conn.execute("PRAGMA synchronous = FULL")
 
     def _append_tx(
         self,
@@ -323,11 +334,8 @@ class SqliteLog:
     def _batch_job(
         self, batch: list[tuple[str, list[EventData], list[str]]], conn: sqlite3.Connection
     ) -> list[list[Event]]:
-        conn.execute("PRAGMA synchronous = NORMAL")  # ordered in the WAL, flushed by the next durable commit
-        try:
+        with _synchronous(conn, durable=False):
             return self._transaction(partial(self._batch_tx, batch), conn)
-        finally:
-            conn.execute("PRAGMA synchronous = FULL")
 
     def _batch_tx(self, batch: list[tuple[str, list[EventData], list[str]]], conn: sqlite3.Connection
                   ) -> list[list[Event]]:
