@@ -131,6 +131,7 @@ _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     RequestRecorded: RequestEvent,
     ResponseRecorded: ResponseEvent,
 }
+_KNOWN_TYPES: Final = frozenset(envelope.__struct_config__.tag for envelope in _ENVELOPES.values())
 _encoder: Final = msgspec.json.Encoder()
 _decoder: Final = msgspec.json.Decoder(KnownEvent)
 _unknown_decoder: Final = msgspec.json.Decoder(UnknownEvent)
@@ -156,6 +157,6 @@ def decode_event(raw: bytes | str) -> Event:
         return _decoder.decode(raw)
     except msgspec.ValidationError:
         unknown = _unknown_decoder.decode(raw)
-        if unknown.type in (QUARANTINE, RECOVERED, FORKED, REQUEST, RESPONSE):
+        if unknown.type in _KNOWN_TYPES:
             raise  # a known type with a bad body is corruption, not evolution
         return unknown
