@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -48,12 +48,12 @@ def _skipped(incoming: MultiMapping[str], drop: frozenset[str]) -> frozenset[str
 def forward_headers(
     incoming: MultiMapping[str],
     *,
-    drop: Iterable[str] = (),
+    drop: frozenset[str] = frozenset(),
     replace: dict[str, str] | None = None,
 ) -> CIMultiDict[str]:
     """Copy end-to-end headers: hop-by-hop ones (and those named in ``Connection``) are dropped,
     as is everything in ``drop`` (lowercase names); ``replace`` is added after the drop."""
-    skip = _skipped(incoming, drop if isinstance(drop, frozenset) else frozenset(n.lower() for n in drop))
+    skip = _skipped(incoming, drop)
     out: CIMultiDict[str] = CIMultiDict([(k, v) for k, v in incoming.items() if k.lower() not in skip])
     if replace:
         for key, value in replace.items():
