@@ -21,11 +21,10 @@ from typing import Any
 import msgspec
 
 from adapters import anthropic_batches
-from policy.errors import READ_FAILED, AttachmentError
 from tests.conftest import Harness
 from tests.test_golden_chat import (
-    BLUE, FAILING, GOLDEN, GREEN, HEALTHY, RED, UPDATE, A, B, C, F, M, Path_, admit, at, differing_paths, dump,
-    load, project,
+    BLUE, GOLDEN, GREEN, RED, UPDATE, A, B, C, F, M, Path_, assert_resent_identically_without_reads, at,
+    differing_paths, dump, load, project, send_golden,
 )
 
 NAME = "anthropic_batches"
@@ -129,19 +128,7 @@ def test_render_is_deterministic() -> None:
 # --- the same batch through the proxy --------------------------------------------------------------
 
 async def test_the_proxy_sends_the_golden_body_upstream(harness: Harness) -> None:
-    for image in HEALTHY.values():
-        await admit(harness, image)
-
-    def flaky(attachment_id: str, n: int) -> float | None:
-        if attachment_id == F:
-            raise AttachmentError(READ_FAILED, attachment_id=attachment_id)
-        return None
-
-    harness.store.script = flaky
-    raw = (GOLDEN / f"{NAME}.request.json").read_bytes()
-    headers = {"X-Session-Id": SID, "Content-Type": "application/json"}
-    resp = await harness.client.post("/v1/messages/batches", data=raw, headers=headers)
-    assert resp.status == 200, await resp.text()
+    raw = await send_golden(harness, NAME, "/v1/messages/batches", SID)
     sent = harness.upstream.last
     assert (sent.method, sent.path_qs) == ("POST", "/v1/messages/batches")
     assert sent.json() == load(NAME, "projected")
@@ -154,9 +141,4 @@ async def test_the_proxy_sends_the_golden_body_upstream(harness: Harness) -> Non
         {"attachment_id": F, "failure": "read_failed", "retryable": True}]  # never named: no name
     assert harness.store.reads[M] == 1
     assert harness.store.reads[F] == 2  # one read + one immediate retry
-    reads = {aid: harness.store.reads.get(aid, 0) for aid in FAILING}
-    again = await harness.client.post("/v1/messages/batches", data=raw, headers=headers)
-    assert again.status == 200
-    assert harness.upstream.last.body == sent.body  # byte-identical: derived from the log alone
-    assert {aid: harness.store.reads.get(aid, 0) for aid in FAILING} == reads  # quarantined: never read again
-    assert len(await harness.events(SID)) == 2
+    await assert_resent_identically_without_reads(harness, "/v1/messages/batches", raw, SID, 2)

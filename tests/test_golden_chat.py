@@ -225,9 +225,12 @@ async def admit(harness: Harness, image: StoredImage) -> None:
     assert (body["id"], body["width"], body["height"]) == (image.id, image.width, image.height)
 
 
-@pytest.mark.parametrize(("name", "path"), [("openai_chat", "/v1/chat/completions"),
-                                            ("anthropic_messages", "/v1/messages")])
-async def test_the_proxy_sends_the_golden_body_upstream(harness: Harness, name: str, path: str) -> None:
+def golden_headers(session: str) -> dict[str, str]:
+    return {"X-Session-Id": session, "Content-Type": "application/json"}
+
+
+async def send_golden(harness: Harness, name: str, path: str, session: str) -> bytes:
+    """Admit the healthy images, make F flaky, send the golden request ``name``; returns its bytes."""
     for image in HEALTHY.values():
         await admit(harness, image)
 
@@ -238,11 +241,28 @@ async def test_the_proxy_sends_the_golden_body_upstream(harness: Harness, name: 
 
     harness.store.script = flaky
     raw = (GOLDEN / f"{name}.request.json").read_bytes()
-    headers = {"X-Session-Id": SID, "Content-Type": "application/json"}
-    resp = await harness.client.post(path, data=raw, headers=headers)
+    resp = await harness.client.post(path, data=raw, headers=golden_headers(session))
     assert resp.status == 200, await resp.text()
-    assert harness.upstream.last.json() == load(name, "projected")
+    return raw
+
+
+async def assert_resent_identically_without_reads(harness: Harness, path: str, raw: bytes, session: str,
+                                                  events: int) -> None:
+    """Sending ``raw`` again gives the same upstream bytes, derived from the log alone."""
     first_body = harness.upstream.last.body
+    reads = {aid: harness.store.reads.get(aid, 0) for aid in FAILING}
+    again = await harness.client.post(path, data=raw, headers=golden_headers(session))
+    assert again.status == 200
+    assert harness.upstream.last.body == first_body  # byte-identical: derived from the log alone
+    assert {aid: harness.store.reads.get(aid, 0) for aid in FAILING} == reads  # quarantined: never read again
+    assert len(await harness.events(session)) == events
+
+
+@pytest.mark.parametrize(("name", "path"), [("openai_chat", "/v1/chat/completions"),
+                                            ("anthropic_messages", "/v1/messages")])
+async def test_the_proxy_sends_the_golden_body_upstream(harness: Harness, name: str, path: str) -> None:
+    raw = await send_golden(harness, name, path, SID)
+    assert harness.upstream.last.json() == load(name, "projected")
     adapter, expected = CASES[name]
     failing = list(dict.fromkeys(aid for _, aid, _ in expected if aid in FAILING))
     names: dict[str, str | None] = {}
@@ -255,9 +275,4 @@ async def test_the_proxy_sends_the_golden_body_upstream(harness: Harness, name: 
         for aid in failing]
     assert harness.store.reads[M] == 1
     assert harness.store.reads.get(F, 0) == (2 if F in failing else 0)  # one read + one immediate retry
-    reads = {aid: harness.store.reads.get(aid, 0) for aid in FAILING}
-    again = await harness.client.post(path, data=raw, headers=headers)
-    assert again.status == 200
-    assert harness.upstream.last.body == first_body  # byte-identical: derived from the log alone
-    assert {aid: harness.store.reads.get(aid, 0) for aid in FAILING} == reads  # quarantined: never read again
-    assert len(await harness.events(SID)) == len(failing)
+    await assert_resent_identically_without_reads(harness, path, raw, SID, len(failing))
