@@ -64,7 +64,6 @@ async def respond(
         fields["error_code"] = error.code
         response = error_response(fmt, error)
     except asyncio.CancelledError:
-        metrics.in_flight -= 1
         metrics.answered(route, "cancelled")
         _log_line(request, fields, started, status=None, cancelled=True)
         raise
@@ -73,9 +72,10 @@ async def respond(
         internal = InternalError("internal error; see the proxy log")
         fields["error_code"] = internal.code
         response = error_response(fmt, internal)
+    finally:
+        metrics.in_flight -= 1
     if not response.prepared:
         response.headers[REQUEST_ID_HEADER] = request_id
-    metrics.in_flight -= 1
     metrics.answered(route, response.status)
     if request_lines():
         _log_line(request, fields, started, status=response.status)
