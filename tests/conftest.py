@@ -5,7 +5,8 @@ Modules opt into both backends with
 ``pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)`` (every test), or by
 importing ``tests.backends.backend_on_both`` (every test that runs the proxy; pure tests once):
 ``embedded`` is the filesystem store + SQLite log, ``replicated`` a real SeaweedFS S3 bucket +
-PostgreSQL schema.
+PostgreSQL schema (on ``PROJECTIONIST_TEST_PG_DSN``, or on a throwaway server that
+``tests.backends.pg_dsn()`` starts on first use and ``pytest_unconfigure`` stops).
 """
 
 from __future__ import annotations
@@ -26,11 +27,16 @@ from proxy.config import Config, load_config, with_upstream_urls
 from proxy.state import APP
 from proxy.fsstore import FilesystemStore
 from proxy.s3store import S3Store
-from tests.backends import BACKENDS, BUCKET, PG_DSN, Seaweed
+from tests.backends import BACKENDS, BUCKET, Seaweed, pg_dsn, stop_postgres
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image
 
 ADMIN = {"Authorization": "Bearer admintok"}
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the throwaway PostgreSQL if this session started one (not a configured server)."""
+    stop_postgres()
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +51,7 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
 
 
 async def drop_schema(schema: str) -> None:
-    conn = await asyncpg.connect(PG_DSN)
+    conn = await asyncpg.connect(pg_dsn())
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     finally:
@@ -68,7 +74,7 @@ async def replicated_backend(server: Seaweed) -> AsyncIterator[dict[str, Any]]:
             "store.s3": {"endpoint": server.endpoint, "bucket": BUCKET, "prefix": f"{schema}/",
                          "access_key_id": "test", "secret_access_key": "test"},
             "log.kind": "postgres",
-            "log.postgres": {"dsn": PG_DSN, "schema": schema},
+            "log.postgres": {"dsn": pg_dsn(), "schema": schema},
         }
     finally:
         await drop_schema(schema)
