@@ -6,7 +6,6 @@ The same operations back the ``projectionist events|recover|fork`` CLI verbs. De
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 import msgspec
@@ -43,10 +42,9 @@ def _json(payload: Any, status: int = 200) -> web.Response:
 
 
 def _authorize(request: web.Request, app: AppState) -> None:
-    if not app.admin_token:
+    if not app.guard.admin_token:
         raise Unauthorized("admin API disabled: set PROJECTIONIST_ADMIN_TOKEN or --admin-token")
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), app.admin_token.encode()):
+    if not app.guard.is_admin(request.headers):
         raise Unauthorized("missing or wrong admin bearer token")
 
 

@@ -13,8 +13,10 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from policy.errors import InvalidRequest
+from adapters import openai_chat
+from policy.errors import InvalidRequest, NotFound, ProjectionistError
 from proxy.admin import add_admin_routes
+from proxy.auth import Guard, client_unauthorized
 from proxy.cache import CachedStore, VerifiedCache
 from proxy.metrics import Metrics
 from proxy.config import Config
@@ -25,6 +27,7 @@ from proxy.sqlitelog import SqliteLog
 from proxy.sessions import StateCache
 from proxy.state import APP, AppState, Log, Store, Upstream
 from proxy.uploads import upload
+from proxy.wire import endpoint, error_response
 
 
 def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store:
@@ -57,11 +60,35 @@ def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness, open to all: it says nothing but "ok"."""
     return web.json_response({"status": "ok"})
 
 
-async def metrics(request: web.Request) -> web.Response:
-    return request.app[APP].metrics.render()
+async def metrics(request: web.Request) -> web.StreamResponse:
+    """Prometheus text; a client token (or the admin token) when client tokens are configured.
+    Not an ``endpoint``: a scrape is not a request the gauges and counters should see."""
+    app = request.app[APP]
+    if not app.guard.is_client(request.headers, request.query):
+        return error_response(openai_chat, client_unauthorized())
+    return app.metrics.render()
+
+
+@endpoint(openai_chat, "owned")
+async def owned(request: web.Request) -> web.StreamResponse:
+    """Any other method or path under a prefix the proxy itself owns: answered here, never
+    forwarded (so the admin token can never travel upstream with a typo)."""
+    request.app[APP].guard.require_client(request.headers, request.query)
+    if request.match_info.get("tail") is None:
+        raise ProjectionistError(f"{request.method} is not allowed on {request.path}",
+                                 code="METHOD_NOT_ALLOWED", status=405)
+    raise NotFound("no such route", code="ROUTE_NOT_FOUND")
+
+
+#: Any rest of a path, line breaks included (``.*`` would let ``%0a`` fall through to aiohttp's 404).
+ANY = r"[\s\S]*"
+#: Paths the proxy answers itself; everything under them that no route takes is ``owned``.
+OWNED_PREFIXES = ("/admin", "/v1/attachments")
+OWNED_PATHS = ("/healthz", "/metrics", *OWNED_PREFIXES)
 
 
 def create_app(
@@ -86,7 +113,7 @@ def create_app(
         reader=CachedStore(store, VerifiedCache(config.cache.max_bytes), counters),  # type: ignore[arg-type]
         log=log if log is not None else open_log(config, environ),
         upstreams=upstreams,
-        admin_token=config.admin_token(environ),
+        guard=Guard(config.client_tokens(environ), config.admin_token(environ)),
         states=StateCache(config.cache.sessions),
         metrics=counters,
     )
@@ -96,12 +123,16 @@ def create_app(
     router = app.router
     router.add_post("/v1/attachments", upload)
     add_admin_routes(router)
-    router.add_get("/healthz", healthz)
-    router.add_get("/metrics", metrics)
+    router.add_get("/healthz", healthz, allow_head=False)
+    router.add_get("/metrics", metrics, allow_head=False)
+    for path in OWNED_PATHS:
+        router.add_route("*", path, owned)
+    for prefix in OWNED_PREFIXES:
+        router.add_route("*", prefix + "/{tail:" + ANY + "}", owned)
     for path in HOT_PATHS:  # plain routes resolve by one dict lookup; same dispatch as the catch-all
         router.add_route("*", path, dispatch_default)
-    router.add_route("*", "/u/{name}/{tail:.*}", dispatch_named)
-    router.add_route("*", "/{tail:.*}", dispatch_default)
+    router.add_route("*", "/u/{tail:" + ANY + "}", dispatch_named)
+    router.add_route("*", "/{tail:" + ANY + "}", dispatch_default)
     return app
 
 

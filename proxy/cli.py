@@ -10,9 +10,10 @@ import argparse
 import asyncio
 import ctypes
 import gc
+import ipaddress
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from proxy.replay import rebuild, send_and_compare
 from proxy.logs import get_logger, setup_logging
 from proxy.sessions import parse_session_id
 from proxy.state import Log, Store
+from proxy.urls import redact
 
 T = TypeVar("T")
 
@@ -57,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream", action="append", type=_parse_upstream, default=[], metavar="NAME=[FORMAT:]URL",
                        help="override an upstream's base URL (openai=http://127.0.0.1:9000) or declare a named "
                             "one (deepseek=openai:https://api.deepseek.com); repeatable")
+    serve.add_argument("--insecure-open-proxy", action="store_true",
+                       help="serve a non-loopback address with a server-held upstream key and no client tokens "
+                            "(anyone who reaches the port spends the key)")
     demo = sub.add_parser("demo", help="play the keyless story of a session surviving bad images")
     demo.add_argument("--json", metavar="FILE", help="write the snapshot as JSON to FILE ('-' for stdout)")
     for verb, helptext in (("events", "print a session's events"), ("quarantine", "print what is quarantined")):
@@ -117,8 +122,19 @@ async def _with_backends(config: Config, action: Callable[[Store, Log], Awaitabl
         await log.close()
 
 
+def check_data_dir(config: Config) -> None:
+    """The admin verbs read an existing log: a mistyped ``--data-dir`` is an error, never a new
+    empty store and log that report no events."""
+    if config.log.kind == "sqlite" and not config.log_path.is_file():
+        holds = "no store or log" if config.store.kind != "filesystem" or not config.store_path.is_dir() \
+            else "no session log"
+        raise InvalidRequest(f"{config.data_dir} holds {holds} ({config.log_path.name} missing): is --data-dir right?",
+                             code="EMPTY_DATA_DIR")
+
+
 def _admin_verb(args: argparse.Namespace, config: Config) -> int:
     session = parse_session_id(args.session)
+    check_data_dir(config)
 
     async def events(store: Store, log: Log) -> int:
         _print_json(events_view(session, await log.read(session, args.after)))
@@ -262,18 +278,68 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-def serve(config: Config) -> None:
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name (or "", all interfaces): assume it is reachable from elsewhere
+
+
+def open_proxy_refusal(config: Config, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why ``serve`` must not start as configured, or None: a non-loopback address, an upstream
+    with a server-held key, and no client tokens would let anyone spend that key."""
+    host = config.server.host
+    if is_loopback(host) or config.client_tokens(environ):
+        return None
+    keyed = [name for name in config.upstreams if config.upstream_key(name, environ)]
+    if not keyed:
+        return None
+    return (f"refusing to serve {host or 'all interfaces'}:{config.server.port}: upstream(s) {', '.join(keyed)} "
+            f"use a server-held key and no client tokens are set (${config.server.client_tokens_env}); "
+            "set them, listen on loopback, or pass --insecure-open-proxy")
+
+
+class StartupError(ProjectionistError):
+    """``serve`` cannot start: one line, exit status 2."""
+
+    default_code = "STARTUP_FAILED"
+
+
+def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
+    refusal = open_proxy_refusal(config)
+    if refusal and not insecure_open_proxy:
+        raise StartupError(refusal, code="OPEN_PROXY_REFUSED")
     limit_malloc_arenas()
     setup_logging(config.logging.level, config.logging.json)
     loop = event_loop(config.server.event_loop)
     asyncio.set_event_loop(loop)
     app = create_app(config)
     app.cleanup_ctx.append(_trim_memory)
-    get_logger().info("listening", host=config.server.host, port=config.server.port, loop=type(loop).__module__,
-                      data_dir=str(config.data_dir), upstreams={n: u.url for n, u in config.upstreams.items()})
+    bound = False
+
+    def listening(_: str) -> None:  # run_app calls this once every socket is bound
+        nonlocal bound
+        bound = True
+        get_logger().info("listening", host=config.server.host, port=config.server.port,
+                          loop=type(loop).__module__, data_dir=str(config.data_dir),
+                          upstreams={n: redact(u.url) for n, u in config.upstreams.items()},
+                          client_tokens=bool(config.client_tokens()), open_proxy=bool(refusal))
+
     tune_gc()
-    web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
-                access_log=None, print=None, loop=loop)
+    try:
+        web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
+                    access_log=None, print=listening, loop=loop)
+    except OSError as exc:
+        if bound:
+            raise
+        raise StartupError(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}",
+                           code="LISTEN_FAILED") from None
+
+
+#: Codes of mistakes in how projectionist was started (exit status 2, like a usage error).
+SETUP_ERRORS = frozenset({"INVALID_CONFIG", "EMPTY_DATA_DIR"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -287,12 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         config = config_from_args(args)
         if args.command == "serve":
-            serve(config)
+            serve(config, insecure_open_proxy=args.insecure_open_proxy)
             return 0
         return _admin_verb(args, config)
     except ProjectionistError as error:
         print(f"projectionist: {error.code}: {error.message}", file=sys.stderr)
-        return 1
+        return 2 if error.code in SETUP_ERRORS or isinstance(error, StartupError) else 1
     except DemoFailed as failed:
         print(f"projectionist demo: FAILED: {failed}", file=sys.stderr)
         return 1

@@ -1,7 +1,10 @@
 """Configuration: one frozen msgspec Struct loaded from TOML, unknown keys rejected (proxy layer).
 
 ``config/projectionist.toml`` documents every key with its default. Secrets may sit in the file,
-but the environment wins: ``PROJECTIONIST_ADMIN_TOKEN`` and each upstream's ``api_key_env``.
+but the environment wins: ``PROJECTIONIST_ADMIN_TOKEN``, the client tokens named by
+``server.client_tokens_env`` and each upstream's ``api_key_env``. Every mistake (a TOML syntax
+error, a missing file, an unknown key, a wrong type, a value out of range) is one
+``INVALID_CONFIG`` error whose message names it.
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from policy.errors import InvalidRequest
+from proxy.auth import split_tokens
+from proxy.urls import NAME_RE, Base
 
 Format = Literal["openai", "anthropic", "gemini"]
 FORMATS: tuple[Format, ...] = ("openai", "anthropic", "gemini")
@@ -30,13 +35,14 @@ class ImageLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
-    port: int = 8787
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8787
     data_dir: str = ".projectionist"
     client_max_size: int = 64 * MiB
     session_header: str = "X-Session-Id"
     session_header_aliases: tuple[str, ...] = ()
     sessionless: Literal["fail", "placeholder"] = "fail"
     admin_token: str = ""
+    client_tokens_env: str = "PROJECTIONIST_CLIENT_TOKENS"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
 
@@ -144,13 +150,24 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def admin_token(self, environ: Mapping[str, str] = os.environ) -> str:
         return environ.get("PROJECTIONIST_ADMIN_TOKEN") or self.server.admin_token
 
+    def client_tokens(self, environ: Mapping[str, str] = os.environ) -> frozenset[str]:
+        """Client tokens from ``server.client_tokens_env`` (commas or whitespace between them);
+        empty means every client is let in."""
+        name = self.server.client_tokens_env
+        return split_tokens(environ.get(name, "")) if name else frozenset()
+
 
 def load_config(path: str | Path | None = None, **overrides: object) -> Config:
     """Load ``path`` (or the defaults), then apply dotted overrides like ``server.port=8080``."""
     raw: dict[str, object] = {}
     if path is not None:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except OSError as exc:
+            raise InvalidRequest(f"cannot read config file {str(path)!r}: {exc.strerror}", code="INVALID_CONFIG") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidRequest(f"{path}: TOML syntax error: {exc}", code="INVALID_CONFIG") from None
     for dotted, value in overrides.items():
         if value is None:
             continue
@@ -158,7 +175,8 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
         *parents, leaf = dotted.split(".")
         for part in parents:
             child = node.setdefault(part, {})
-            assert isinstance(child, dict)
+            if not isinstance(child, dict):
+                raise InvalidRequest(f"invalid configuration: {part!r} must be a table", code="INVALID_CONFIG")
             node = child
         node[leaf] = value
     try:
@@ -166,10 +184,21 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"invalid configuration: {exc}", code="INVALID_CONFIG") from None
     config = msgspec.structs.replace(config, upstreams={**_default_upstreams(), **config.upstreams})
-    for name, upstream in config.upstreams.items():
-        if not upstream.url.startswith(("http://", "https://")):
-            raise InvalidRequest(f"upstream {name!r}: url must be http(s)", code="INVALID_CONFIG")
+    check_upstreams(config)
     return config
+
+
+def check_upstreams(config: Config) -> None:
+    """Every upstream has a name that can follow ``/u/`` and a base URL that parses."""
+    for name, upstream in config.upstreams.items():
+        if NAME_RE.fullmatch(name) is None:
+            raise InvalidRequest(f"upstream name {name!r}: use 1-64 of [A-Za-z0-9_.-]", code="INVALID_CONFIG")
+        try:
+            Base(upstream.url)
+        except InvalidRequest as error:
+            raise InvalidRequest(f"upstream {name!r}: {error.message}", code="INVALID_CONFIG") from None
+        except ValueError:
+            raise InvalidRequest(f"upstream {name!r}: url does not parse", code="INVALID_CONFIG") from None
 
 
 def parse_upstream_spec(spec: str) -> tuple[str, Format | None, str]:
@@ -200,7 +229,9 @@ def with_upstreams(config: Config, specs: Iterable[tuple[str, Format | None, str
             upstreams[name] = UpstreamConfig(fmt, url.rstrip("/"))  # type: ignore[arg-type]
         else:
             upstreams[name] = msgspec.structs.replace(current, url=url.rstrip("/"), format=fmt or current.format)
-    return msgspec.structs.replace(config, upstreams=upstreams)
+    config = msgspec.structs.replace(config, upstreams=upstreams)
+    check_upstreams(config)
+    return config
 
 
 def with_upstream_urls(config: Config, urls: Mapping[str, str]) -> Config:

@@ -12,6 +12,7 @@ The rule, for ``POST /v1/files`` (and ``/u/{name}/v1/files``) on an OpenAI- or A
 An admitted file's id is its attachment id (``sha256:<hex>``): it works as a Responses
 ``input_image.file_id`` and an Anthropic ``source: {type: "file", file_id}``. ``GET``, ``DELETE``
 and ``GET .../content`` on a ``sha256:`` id are answered from the store; other ids pass through.
+``DELETE`` of an attachment needs the admin token: it changes history for every session.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ import msgspec
 from aiohttp import web
 
 from adapters.base import WireFormat
-from policy.errors import NOT_FOUND, AttachmentError, ImageRejected, NotFound
+from policy.errors import NOT_FOUND, AttachmentError, ImageRejected, InvalidRequest, NotFound
 from policy.model import ID_PREFIX, check_id
 from proxy.admission import IMAGE_TOO_LARGE, header_info
 from proxy.forward import forward
 from proxy.passthrough import passthrough
 from proxy.state import APP, AttachmentMeta, Upstream
+from proxy.uploads import clean_name
 from proxy.wire import info
 
 FILES_PATH: Final = re.compile(r"(?:/v1)?/files(?:/(?P<id>[^/]+)(?P<content>/content)?)?")
@@ -58,8 +60,12 @@ def _is_image(data: bytes) -> bool:
 
 def _parse_form(content_type: str, raw: bytes) -> tuple[dict[str, str], tuple[bytes, str | None, str | None] | None]:
     """Form fields and the first file part (bytes, declared type, file name) of a multipart body."""
+    try:
+        header = content_type.encode("ascii")
+    except UnicodeEncodeError:
+        raise InvalidRequest("Content-Type must be ASCII", code="INVALID_CONTENT_TYPE") from None
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
+        b"Content-Type: " + header + b"\r\n\r\n" + raw)
     fields: dict[str, str] = {}
     upload: tuple[bytes, str | None, str | None] | None = None
     for part in message.iter_parts() if message.is_multipart() else ():
@@ -106,7 +112,8 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
     store = request.app[APP].store
     check_id(file_id)
     info(request).update(attachment=file_id[:15])
-    if request.method == "DELETE":
+    if request.method == "DELETE":  # removes history for every session that uses it: admin only
+        request.app[APP].guard.require_admin(request.headers, request.query, "deleting an attachment")
         if not await store.delete(file_id):
             raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
         if upstream.format == "anthropic":
@@ -139,6 +146,7 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
         info(request).update(files="forwarded")
         return await forward(request, fmt, upstream, raw_path, raw)
     data, declared, filename = upload
+    filename = clean_name(filename)
     image = await app.store.admit(data, declared, name=filename)
     meta = await app.store.stat(image.id)
     info(request).update(files="admitted", attachment=image.id[:15])

@@ -34,7 +34,7 @@ from policy.fold import fold
 from policy.model import Outcome, Resolved, StoredImage
 from policy.projection import Projection
 from proxy.cache import Encoded, inline
-from proxy.forward import target_path
+from proxy.forward import recorded_path
 from proxy.logs import get_logger
 from proxy.relay import Capture
 from proxy.state import APP, AppState, Upstream
@@ -236,7 +236,7 @@ async def record_request(
         adapter=fmt.NAME,
         upstream=upstream.name,
         method=request.method,
-        path=target_path(request, fmt, upstream, raw_path, keep_auth=False),
+        path=recorded_path(request, raw_path),
         log_seq=projection.state.last_seq if projection is not None else 0,
         inbound_digest=sha256_id(raw),
         projected_digest=described.projected_digest,

@@ -30,6 +30,7 @@ from proxy.projecting import build
 from proxy.recording import Described, describe, response_documents, sha256_id
 from proxy.redact import shorten
 from proxy.state import Store
+from proxy.urls import Base
 
 ADAPTERS: Final[dict[str, WireFormat]] = {
     m.NAME: m for m in (openai_chat, openai_responses, anthropic_messages, anthropic_batches, gemini)}
@@ -149,19 +150,23 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
         raise Conflict(f"nothing to send: {rebuilt.reason}", code="REPLAY_NOT_REBUILT")
     record = rebuilt.request
     upstream = config.upstreams.get(record.upstream)
-    base = (upstream_url or (upstream.url if upstream else "")).rstrip("/")
-    if not base:
+    configured = upstream.url if upstream else ""
+    if not (upstream_url or configured):
         raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code="UNKNOWN_UPSTREAM")
+    base = Base(upstream_url or configured)
+    path, _, query = record.path.partition("?")
+    url = base.join(path, query)
     fmt = ADAPTERS[record.adapter]
     outgoing: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", **(headers or {})})
     # The configured key goes only to the configured upstream: an override URL gets no key.
-    key = config.upstream_key(record.upstream) if upstream and base == upstream.url.rstrip("/") else ""
+    own = upstream is not None and (not upstream_url or upstream_url.rstrip("/") == configured.rstrip("/"))
+    key = config.upstream_key(record.upstream) if own else ""
     if key:
         for name, value in fmt.upstream_auth(key).items():
             outgoing[name] = value
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        async with http.request(record.method, base + record.path, data=rebuilt.body, headers=outgoing) as resp:
+        async with http.request(record.method, url, data=rebuilt.body, headers=outgoing) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
 
 

@@ -1,21 +1,24 @@
 """Routing: which upstream a request goes to, and whether it is projected or passed through (proxy layer).
 
-``/u/{name}/...`` goes to the named upstream with the prefix removed. Any other path goes to a
-default upstream, by this rule, first match wins:
+``/u/{name}/...`` goes to the named upstream with the prefix removed (the name spelled literally
+in the raw path). Any other path goes to a default upstream, by this rule, first match wins:
 
 1. an ``anthropic-version`` header, or a path under ``/v1/messages``: ``anthropic``;
 2. a path under ``/v1beta/``, ``/v1alpha/`` or ``/upload/``, a Gemini model method
    (``/v1/models/{m}:{method}``), an ``x-goog-api-key`` header or a ``key`` query parameter: ``gemini``;
 3. everything else: ``openai``.
 
-A POST to a projecting path of the upstream's format goes through the policy (generation and the
-token-counting endpoints that take the same body); the Files API is handled in ``proxy.files``;
-everything else passes through unchanged.
+Every route here needs a client token when client tokens are configured, and its raw path must
+pass ``proxy.urls.check_path`` before anything is sent. A POST to a projecting path of the
+upstream's format goes through the policy (generation and the token-counting endpoints that take
+the same body); the Files API is handled in ``proxy.files``; everything else passes through
+unchanged.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from typing import Final
 from urllib.parse import unquote
 
@@ -28,6 +31,7 @@ from proxy import files
 from proxy.passthrough import passthrough
 from proxy.projecting import project_and_forward
 from proxy.state import APP
+from proxy.urls import check_name, check_path
 from proxy.wire import respond
 
 _GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")
@@ -71,23 +75,35 @@ async def dispatch_default(request: web.Request) -> web.StreamResponse:
 
 
 async def dispatch_named(request: web.Request) -> web.StreamResponse:
-    name = request.match_info["name"]
+    """``/u/{name}/{tail}``, read from the raw path: the name must be spelled literally, and the
+    tail is the raw rest of the path (never a slice of a decoded name)."""
     raw_path = request.rel_url.raw_path
-    return await dispatch(request, name, raw_path[len(f"/u/{name}"):] or "/")
+    name, _, tail = raw_path[len("/u/"):].partition("/") if raw_path.startswith("/u/") else ("", "", "")
+    return await dispatch(request, name, "/" + tail)
 
 
 async def dispatch(request: web.Request, name: str, raw_path: str) -> web.StreamResponse:
-    upstream = request.app[APP].upstreams.get(name)
+    app = request.app[APP]
+    upstream = app.upstreams.get(name)
     if upstream is None:
         async def unknown() -> web.StreamResponse:
+            app.guard.require_client(request.headers, request.query)
+            check_name(name)
             raise NotFound(f"no upstream named {name!r}", code="UNKNOWN_UPSTREAM")
         return await respond(request, openai_chat, "unknown_upstream", unknown)
     path = unquote(raw_path) if "%" in raw_path else raw_path
     adapter = projecting_adapter(upstream.format, request.method, path)
+    fmt = adapter if adapter is not None else ERROR_FORMATS[upstream.format]
+    call: Callable[[], Awaitable[web.StreamResponse]]
     if adapter is not None:
-        fmt = adapter
-        return await respond(request, fmt, fmt.NAME, lambda: project_and_forward(request, fmt, upstream, raw_path))
-    errors = ERROR_FORMATS[upstream.format]
-    if files.handles(upstream.format, request.method, path):
-        return await respond(request, errors, "files", lambda: files.handle(request, errors, upstream, raw_path, path))
-    return await respond(request, errors, "passthrough", lambda: passthrough(request, errors, upstream, raw_path))
+        route, call = fmt.NAME, lambda: project_and_forward(request, fmt, upstream, raw_path)
+    elif files.handles(upstream.format, request.method, path):
+        route, call = "files", lambda: files.handle(request, fmt, upstream, raw_path, path)
+    else:
+        route, call = "passthrough", lambda: passthrough(request, fmt, upstream, raw_path)
+
+    async def guarded() -> web.StreamResponse:
+        app.guard.require_client(request.headers, request.query)
+        check_path(raw_path)
+        return await call()
+    return await respond(request, fmt, route, guarded)

@@ -16,9 +16,11 @@ from aiohttp import web
 
 from policy.model import StoredImage
 from policy.ports import AttachmentStore, SessionLog
+from proxy.auth import TOKEN_HEADER, Guard
 from proxy.config import Config
 from proxy.metrics import Metrics
 from proxy.sessions import SessionLocks, StateCache
+from proxy.urls import Base
 
 
 class AttachmentMeta(msgspec.Struct, frozen=True):
@@ -51,7 +53,8 @@ class Log(SessionLog, Protocol):
 
 @dataclass
 class Upstream:
-    """One configured upstream and, while the app runs, its single ``ClientSession``."""
+    """One configured upstream (``base``: its parsed URL, the only origin requests to it may
+    have) and, while the app runs, its single ``ClientSession``."""
 
     name: str
     format: str
@@ -60,6 +63,9 @@ class Upstream:
     connect_timeout: float
     read_timeout: float
     client: aiohttp.ClientSession | None = None
+
+    def __post_init__(self) -> None:
+        self.base = Base(self.url)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -78,7 +84,7 @@ class AppState:
     reader: AttachmentStore
     log: Log
     upstreams: dict[str, Upstream]
-    admin_token: str
+    guard: Guard
     locks: SessionLocks = field(default_factory=SessionLocks)
     states: StateCache = field(default_factory=StateCache)
     metrics: Metrics = field(default_factory=Metrics)
@@ -95,8 +101,8 @@ class AppState:
     def __post_init__(self) -> None:
         server = self.config.server
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
-        #: Headers never forwarded upstream: the proxy's own session headers (lowercase).
-        self.own_headers = frozenset(name.lower() for name in self.session_headers)
+        #: Headers never forwarded upstream: the proxy's own session and token headers (lowercase).
+        self.own_headers = frozenset({*(name.lower() for name in self.session_headers), TOKEN_HEADER})
 
 
 APP = web.AppKey("projectionist", AppState)

@@ -128,7 +128,7 @@ async def test_bad_config_is_refused_with_a_clear_code(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[server]\nport = 1\nunknown_key = true\n')
     rc, _, err = await cli("serve", "--config", str(bad))
-    assert rc == 1 and "INVALID_CONFIG" in err and "unknown_key" in err
+    assert rc == 2 and "INVALID_CONFIG" in err and "unknown_key" in err
 
 
 def test_documented_config_file_is_exactly_the_defaults() -> None:

@@ -92,7 +92,7 @@ async def test_image_upload_use_metadata_delete_then_placeholder(harness: Harnes
         content = await client.beta.files.download(uploaded.id)
         assert await content.read() == png
 
-        deleted = await client.beta.files.delete(uploaded.id)
+        deleted = await client.with_options(api_key="admintok").beta.files.delete(uploaded.id)  # admin only
         assert deleted.id == expected_id and deleted.type == "file_deleted"
         assert await harness.events(SID) == []
 
@@ -119,12 +119,13 @@ async def test_metadata_and_delete_of_a_missing_sha256_file_are_404(harness: Har
     png = make_image(color=121)
     async with client_for(harness) as client:
         uploaded = await client.beta.files.upload(file=("a.png", png, "image/png"))
-        await client.beta.files.delete(uploaded.id)
+        admin = client.with_options(api_key="admintok")
+        await admin.beta.files.delete(uploaded.id)
         with pytest.raises(anthropic.NotFoundError) as gone_meta:
             await client.beta.files.retrieve_metadata(uploaded.id)
         assert gone_meta.value.error_code == "FILE_NOT_FOUND"
         with pytest.raises(anthropic.NotFoundError) as gone_delete:
-            await client.beta.files.delete(uploaded.id)
+            await admin.beta.files.delete(uploaded.id)
         assert gone_delete.value.error_code == "FILE_NOT_FOUND"
         with pytest.raises(anthropic.BadRequestError) as bad:
             await client.beta.files.retrieve_metadata("sha256:XYZ")

@@ -1,0 +1,133 @@
+"""A mistake gets a sentence: configuration and start-up errors print one line and exit 2, a
+mistyped data dir is named instead of silently created, ``serve`` refuses to be an open proxy for
+a server-held key, and the ``listening`` line never shows a URL's password."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from proxy.cli import is_loopback, open_proxy_refusal
+from proxy.config import load_config
+from tests.test_cli import ROOT, cli, free_port
+
+
+def one_line_error(rc: int, err: str, *needles: str) -> None:
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("projectionist: ")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+BAD_CONFIGS = [  # (file text, what the one line must name)
+    ("[server]\nport = 8787\nhost = \n", "line 3"),                 # TOML syntax
+    ("[server\nport = 1\n", "line 1"),                                 # TOML syntax
+    ("[server]\nunknown_key = true\n", "unknown_key"),                 # unknown key
+    ("[store]\nread_timeout = \"slow\"\n", "read_timeout"),            # wrong type
+    ("[server]\nport = -1\n", "port"),                                 # negative port
+    ("[server]\nport = 70000\n", "port"),                              # out of range
+    ("[upstreams.x]\nformat = \"openai\"\nurl = \"ftp://h\"\n", "url"),  # not http(s)
+    ("[upstreams.\"a b\"]\nformat = \"openai\"\nurl = \"http://h\"\n", "a b"),  # not a routable name
+    ("server = 3\n", "server"),                                        # a table that is not one
+]
+
+
+@pytest.mark.parametrize(("text", "named"), BAD_CONFIGS, ids=range(len(BAD_CONFIGS)))
+async def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path: Path, text: str, named: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    rc, _, err = await cli("serve", "--config", str(path), "--data-dir", str(tmp_path / "d"))
+    one_line_error(rc, err, "INVALID_CONFIG", named)
+
+
+async def test_a_missing_config_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    rc, _, err = await cli("serve", "--config", str(tmp_path / "nope.toml"))
+    one_line_error(rc, err, "INVALID_CONFIG", "nope.toml")
+
+
+@pytest.mark.parametrize("port", ["-1", "65536", "99999"])
+async def test_a_port_out_of_range_on_the_command_line_is_one_line(tmp_path: Path, port: str) -> None:
+    rc, _, err = await cli("serve", "--port", port, "--data-dir", str(tmp_path / "d"))
+    one_line_error(rc, err, "INVALID_CONFIG", "port")
+
+
+async def test_a_port_in_use_is_one_line_and_nothing_claims_to_listen(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, _, err = await cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "d"))
+    assert '"listening"' not in err
+    one_line_error(rc, err, "LISTEN_FAILED", str(port))
+
+
+@pytest.mark.parametrize("verb", [["events", "s"], ["quarantine", "s"], ["recover", "s", "sha256:" + "0" * 64],
+                                  ["fork", "s", "t"], ["replay", "--session", "s"]])
+async def test_admin_verbs_name_an_empty_data_dir_and_create_nothing(tmp_path: Path, verb: list[str]) -> None:
+    typo = tmp_path / "dataa"
+    rc, out, err = await cli(*verb, "--data-dir", str(typo))
+    one_line_error(rc, err, "EMPTY_DATA_DIR", str(typo))
+    assert out == "" and not typo.exists()
+
+
+def test_open_proxy_rule() -> None:
+    keyed = {"OPENAI_KEY": "sk-server"}
+    config = load_config(None, **{"server.host": "0.0.0.0",
+                                  "upstreams.openai": {"format": "openai", "url": "https://api.openai.com",
+                                                       "api_key_env": "OPENAI_KEY"}})
+    refusal = open_proxy_refusal(config, keyed)
+    assert refusal is not None and "openai" in refusal and "--insecure-open-proxy" in refusal
+    assert open_proxy_refusal(config, {**keyed, "PROJECTIONIST_CLIENT_TOKENS": "t1"}) is None
+    assert open_proxy_refusal(config, {}) is None  # no server-held key: clients bring their own
+    local = load_config(None, **{"server.host": "127.0.0.1"})
+    assert open_proxy_refusal(msgspec.structs.replace(config, server=local.server), keyed) is None
+    assert [is_loopback(h) for h in ("127.0.0.1", "127.5.0.1", "::1", "[::1]", "localhost", "0.0.0.0", "", "::",
+                                      "10.0.0.1", "example.com")] == [True] * 5 + [False] * 5
+
+
+async def test_serve_refuses_to_be_an_open_proxy_unless_told(tmp_path: Path) -> None:
+    env = {**os.environ, "OPENAI_KEY": "sk-server-held"}
+    env.pop("PROJECTIONIST_CLIENT_TOKENS", None)
+    config = tmp_path / "c.toml"
+    config.write_text('[upstreams.openai]\nformat = "openai"\nurl = "http://127.0.0.1:9"\napi_key_env = "OPENAI_KEY"\n')
+    rc, _, err = await cli("serve", "--config", str(config), "--host", "0.0.0.0", "--port", str(free_port()),
+                           "--data-dir", str(tmp_path / "d"), env=env)
+    one_line_error(rc, err, "OPEN_PROXY_REFUSED", "--insecure-open-proxy")
+    assert "sk-server-held" not in err
+    log = await serve_briefly("--config", str(config), "--host", "0.0.0.0", "--insecure-open-proxy",
+                              "--data-dir", str(tmp_path / "d"), env=env)
+    assert log["open_proxy"] is True
+
+
+async def serve_briefly(*args: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    """Start ``serve`` on a free port, return its ``listening`` line, stop it with SIGTERM."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy.cli", "serve", "--port", str(free_port()), *args, cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None
+    try:
+        line = await asyncio.wait_for(proc.stderr.readline(), 30)
+        entry: dict[str, object] = msgspec.json.decode(line)
+        assert entry["event"] == "listening", line
+        return entry
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 15)
+
+
+async def test_the_listening_line_never_shows_a_url_password(tmp_path: Path) -> None:
+    log = await serve_briefly("--upstream", "openai=http://alice:hunter2@127.0.0.1:9/v1",
+                              "--upstream", "vllm=openai:http://tok3n@127.0.0.1:9", "--data-dir", str(tmp_path / "d"))
+    text = msgspec.json.encode(log).decode()
+    assert "hunter2" not in text and "alice" not in text and "tok3n" not in text
+    assert log["upstreams"] == {"openai": "http://***@127.0.0.1:9/v1", "anthropic": "https://api.anthropic.com",
+                                "gemini": "https://generativelanguage.googleapis.com", "vllm": "http://***@127.0.0.1:9"}
