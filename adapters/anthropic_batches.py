@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from adapters import anthropic_messages
-from adapters.base import Json, Site
+from projectionist.adapters import anthropic_messages
+from projectionist.adapters.base import Json, Site
 
 NAME: Final = "anthropic_batches"
 FORMAT: Final = "anthropic"

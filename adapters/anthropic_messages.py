@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
-from policy.model import ImageRef, Outcome, parse_file_id, parse_url_ref
+from projectionist.adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
+from projectionist.policy.model import ImageRef, Outcome, parse_file_id, parse_url_ref
 
 NAME: Final = "anthropic_messages"
 FORMAT: Final = "anthropic"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from policy.model import ImageRef, Outcome, Resolved, StoredImage
+from projectionist.policy.model import ImageRef, Outcome, Resolved, StoredImage
 
 Json = Any
 

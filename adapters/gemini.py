@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters.base import Host, Inline, Inliner, Json, PlainInline, Site, inliner, insert_after
-from policy.model import Outcome, Resolved, parse_url_ref
+from projectionist.adapters.base import Host, Inline, Inliner, Json, PlainInline, Site, inliner, insert_after
+from projectionist.policy.model import Outcome, Resolved, parse_url_ref
 
 NAME: Final = "gemini"
 FORMAT: Final = "gemini"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
-from policy.model import Outcome, parse_url_ref
+from projectionist.adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
+from projectionist.policy.model import Outcome, parse_url_ref
 
 NAME: Final = "openai_chat"
 FORMAT: Final = "openai"

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from adapters import openai_chat
-from adapters.base import Host, Inliner, Json, PlainInline, Site, inliner, insert_after
-from policy.model import ImageRef, Outcome, Resolved, parse_file_id, parse_url_ref
+from projectionist.adapters import openai_chat
+from projectionist.adapters.base import Host, Inliner, Json, PlainInline, Site, inliner, insert_after
+from projectionist.policy.model import ImageRef, Outcome, Resolved, parse_file_id, parse_url_ref
 
 NAME: Final = "openai_responses"
 FORMAT: Final = "openai"

@@ -227,7 +227,7 @@ def start_projectionist(procs: Processes, upstream: Proc, name: str, admin_token
     config = home / "projectionist.toml"
     config.write_text(projectionist_config(upstream, log_level, cache_max_bytes, procs.loop))
     port = free_port()
-    argv = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), "--port", str(port),
+    argv = [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(config), "--port", str(port),
             "--data-dir", str(home / "data")]
     return procs.start(name, argv, {"PROJECTIONIST_ADMIN_TOKEN": admin_token}, port, "/healthz", need_200=True)
 

@@ -12,7 +12,7 @@ from typing import Final
 
 import msgspec
 
-from policy.model import Failure
+from projectionist.policy.model import Failure
 
 QUARANTINE: Final = "attachment/quarantine"
 RECOVERED: Final = "attachment/recovered"

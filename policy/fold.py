@@ -13,8 +13,8 @@ from types import MappingProxyType
 
 import msgspec
 
-from policy.events import Event, Quarantine, QuarantineEvent, RecoveredEvent
-from policy.model import ImageRef
+from projectionist.policy.events import Event, Quarantine, QuarantineEvent, RecoveredEvent
+from projectionist.policy.model import ImageRef
 
 
 class SessionState(msgspec.Struct, frozen=True):

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
-from policy.errors import INVALID_REF, AttachmentError
+from projectionist.policy.errors import INVALID_REF, AttachmentError
 
 Failure = Literal["not_found", "corrupt", "read_failed"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from policy.events import Event, EventData, ForkedEvent
-from policy.model import StoredImage
+from projectionist.policy.events import Event, EventData, ForkedEvent
+from projectionist.policy.model import StoredImage
 
 
 class AttachmentStore(Protocol):

@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from policy.errors import (
+from projectionist.policy.errors import (
     CORRUPT,
     INVALID_REF,
     NOT_FOUND,
@@ -28,10 +28,10 @@ from policy.errors import (
     ProjectionistError,
     Unavailable,
 )
-from policy.events import Quarantine, Recovered, RecoveredEvent
-from policy.fold import EMPTY, SessionState, fold, placeholder
-from policy.model import Failure, ImageRef, Outcome, Resolved, StoredImage, Unavailable as Placeholder, check_id
-from policy.ports import AttachmentStore, SessionLog
+from projectionist.policy.events import Quarantine, Recovered, RecoveredEvent
+from projectionist.policy.fold import EMPTY, SessionState, fold, placeholder
+from projectionist.policy.model import Failure, ImageRef, Outcome, Resolved, StoredImage, Unavailable as Placeholder, check_id
+from projectionist.policy.ports import AttachmentStore, SessionLog
 
 Sessionless = Literal["fail", "placeholder"]
 Lock = contextlib.AbstractAsyncContextManager[Any]

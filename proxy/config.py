@@ -17,9 +17,9 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from policy.errors import InvalidRequest
-from proxy.auth import split_tokens
-from proxy.urls import NAME_RE, Base
+from projectionist.policy.errors import InvalidRequest
+from projectionist.proxy.http.auth import split_tokens
+from projectionist.proxy.upstream.urls import NAME_RE, Base
 
 Format = Literal["openai", "anthropic", "gemini"]
 FORMATS: tuple[Format, ...] = ("openai", "anthropic", "gemini")

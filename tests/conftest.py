@@ -22,11 +22,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from proxy.app import create_app, open_log, open_store
-from proxy.config import Config, load_config, with_upstream_urls
-from proxy.state import APP
-from proxy.fsstore import FilesystemStore
-from proxy.s3store import S3Store
+from projectionist.proxy.http.app import create_app, open_log, open_store
+from projectionist.proxy.config import Config, load_config, with_upstream_urls
+from projectionist.proxy.http.services import APP
+from projectionist.proxy.stores.filesystem import FilesystemStore
+from projectionist.proxy.stores.s3 import S3Store
 from tests.backends import BACKENDS, BUCKET, Seaweed, pg_dsn, stop_postgres
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image

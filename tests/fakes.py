@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from policy.errors import AttachmentError
-from policy.model import StoredImage
-from proxy.state import AttachmentMeta, Store
+from projectionist.policy.errors import AttachmentError
+from projectionist.policy.model import StoredImage
+from projectionist.proxy.http.services import AttachmentMeta, Store
 
 COMPLETION = {
     "id": "chatcmpl-fake", "object": "chat.completion", "created": 1700000000, "model": "fake-model",

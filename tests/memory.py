@@ -6,11 +6,11 @@ import asyncio
 import hashlib
 from collections.abc import Sequence
 
-from policy.errors import NOT_FOUND, AppendConflict, AttachmentError, Conflict, InvalidRequest
-from policy.events import Event, EventData, Forked, ForkedEvent, envelope
-from policy.model import StoredImage, check_id
-from proxy.admission import header_info
-from proxy.state import AttachmentMeta
+from projectionist.policy.errors import NOT_FOUND, AppendConflict, AttachmentError, Conflict, InvalidRequest
+from projectionist.policy.events import Event, EventData, Forked, ForkedEvent, envelope
+from projectionist.policy.model import StoredImage, check_id
+from projectionist.proxy.stores.admission import header_info
+from projectionist.proxy.http.services import AttachmentMeta
 
 
 def image(data: bytes, media_type: str = "image/png", width: int = 4, height: int = 3) -> StoredImage:

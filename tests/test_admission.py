@@ -9,9 +9,9 @@ import warnings
 import pytest
 from PIL import Image
 
-from policy.errors import ImageRejected
-from proxy.admission import ImageInfo, header_info, inspect_image, normalize_declared_type
-from proxy.config import ImageLimits
+from projectionist.policy.errors import ImageRejected
+from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image, normalize_declared_type
+from projectionist.proxy.config import ImageLimits
 from tests.imaging import FORMATS, make_image
 
 MEDIA_TYPES = list(FORMATS)

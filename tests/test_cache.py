@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from policy.errors import READ_FAILED
-from proxy.cache import Encoded, VerifiedCache
-from proxy.state import APP
+from projectionist.policy.errors import READ_FAILED
+from projectionist.proxy.stores.cache import Encoded, VerifiedCache
+from projectionist.proxy.http.services import APP
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id
@@ -101,7 +101,7 @@ async def test_a_disabled_cache_reads_every_time(make_harness: MakeHarness) -> N
 
 
 def test_the_cache_is_bounded_by_bytes_lru(backend: str) -> None:
-    from policy.model import StoredImage
+    from projectionist.policy.model import StoredImage
 
     images = [StoredImage(f"sha256:{i:064x}", "image/png", 300, 1, 1, bytes([i]) * 300) for i in range(5)]
     size = Encoded.of(images[0]).size
@@ -119,7 +119,7 @@ def test_the_cache_is_bounded_by_bytes_lru(backend: str) -> None:
 def test_a_second_json_form_counts_against_the_bound(backend: str) -> None:
     """A hit from a client of another format builds a second form of the entry (data URL beside
     bare base64): the byte total follows, and older entries make room for it."""
-    from policy.model import StoredImage
+    from projectionist.policy.model import StoredImage
 
     images = [StoredImage(f"sha256:{i:064x}", "image/png", 300, 1, 1, bytes([i]) * 300) for i in range(3)]
     one_form = Encoded.of(images[0])

@@ -16,8 +16,8 @@ import aiohttp
 import msgspec
 import pytest
 
-from policy.errors import InvalidRequest
-from proxy.config import Config, load_config
+from projectionist.policy.errors import InvalidRequest
+from projectionist.proxy.config import Config, load_config
 from tests.fakes import FakeUpstream
 from tests.imaging import make_image, ref_id
 
@@ -33,7 +33,7 @@ def free_port() -> int:
 
 async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy.cli", *args, cwd=ROOT, env=env,
+        sys.executable, "-m", "projectionist.proxy.ops.cli", *args, cwd=ROOT, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
@@ -46,7 +46,7 @@ async def served(tmp_path: Path, upstream: FakeUpstream) -> AsyncIterator[tuple[
     port, data = free_port(), tmp_path / "data"
     env = {**os.environ, "PROJECTIONIST_ADMIN_TOKEN": "env-token"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--data-dir", str(data),
+        sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--port", str(port), "--data-dir", str(data),
         "--upstream", f"openai={upstream.url}", "--upstream", f"anthropic={upstream.url}",
         cwd=ROOT, env=env, stderr=asyncio.subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
@@ -136,9 +136,9 @@ def test_documented_config_file_is_exactly_the_defaults() -> None:
 
 
 def test_replica_example_config_loads_and_opens_the_replicated_backends() -> None:
-    from proxy.app import open_log, open_store
-    from proxy.pglog import PostgresLog
-    from proxy.s3store import S3Store
+    from projectionist.proxy.http.app import open_log, open_store
+    from projectionist.proxy.sessionlog.postgres import PostgresLog
+    from projectionist.proxy.stores.s3 import S3Store
 
     config = load_config(ROOT / "config" / "replicas.example.toml")
     assert (config.store.kind, config.log.kind, config.log.postgres.schema) == ("s3", "postgres", "projectionist")
@@ -172,7 +172,7 @@ def test_secrets_come_from_the_environment_first() -> None:
 def test_event_loop_choice() -> None:
     import uvloop
 
-    from proxy.cli import event_loop
+    from projectionist.proxy.ops.cli import event_loop
 
     for choice, kind in (("asyncio", asyncio.AbstractEventLoop), ("auto", uvloop.Loop), ("uvloop", uvloop.Loop)):
         loop = event_loop(choice)
@@ -185,7 +185,7 @@ def test_event_loop_choice() -> None:
 
 def test_serving_process_freezes_startup_objects_and_raises_the_young_gc_threshold() -> None:
     """``tune_gc`` runs in a child process (it changes process-wide GC state)."""
-    code = ("import gc; from proxy.cli import tune_gc, GC_YOUNG_THRESHOLD; before = gc.get_threshold(); "
+    code = ("import gc; from projectionist.proxy.ops.cli import tune_gc, GC_YOUNG_THRESHOLD; before = gc.get_threshold(); "
             "tune_gc(); after = gc.get_threshold(); "
             "print(after[0] == GC_YOUNG_THRESHOLD > before[0], after[1:] == before[1:], gc.get_freeze_count() > 0)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

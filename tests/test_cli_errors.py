@@ -14,8 +14,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from proxy.cli import is_loopback, open_proxy_refusal
-from proxy.config import load_config
+from projectionist.proxy.ops.cli import is_loopback, open_proxy_refusal
+from projectionist.proxy.config import load_config
 from tests.test_cli import ROOT, cli, free_port
 
 
@@ -111,7 +111,7 @@ async def test_serve_refuses_to_be_an_open_proxy_unless_told(tmp_path: Path) -> 
 async def serve_briefly(*args: str, env: dict[str, str] | None = None) -> dict[str, object]:
     """Start ``serve`` on a free port, return its ``listening`` line, stop it with SIGTERM."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy.cli", "serve", "--port", str(free_port()), *args, cwd=ROOT, env=env,
+        sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--port", str(free_port()), *args, cwd=ROOT, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from proxy.demo import run_demo, write_snapshot
+from projectionist.proxy.ops.demo import run_demo, write_snapshot
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "demo.json"
 
@@ -39,7 +39,7 @@ def test_pinned_snapshot_tells_the_whole_story() -> None:
 
 def test_demo_command_line_writes_the_same_snapshot(tmp_path: Path) -> None:
     out = tmp_path / "snap.json"
-    run = subprocess.run([sys.executable, "-m", "proxy.cli", "demo", "--json", str(out)],
+    run = subprocess.run([sys.executable, "-m", "projectionist.proxy.ops.cli", "demo", "--json", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "The session survived" in run.stdout

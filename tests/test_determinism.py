@@ -30,11 +30,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from policy.errors import READ_FAILED, AttachmentError
-from proxy.app import create_app, open_store
-from proxy.config import Config, load_config, with_upstreams
-from proxy.replay import rebuild
-from proxy.state import APP
+from projectionist.policy.errors import READ_FAILED, AttachmentError
+from projectionist.proxy.http.app import create_app, open_store
+from projectionist.proxy.config import Config, load_config, with_upstreams
+from projectionist.proxy.upstream.replay import rebuild
+from projectionist.proxy.http.services import APP
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image, ref_id
 

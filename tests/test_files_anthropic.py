@@ -15,11 +15,11 @@ import anthropic
 import pytest
 from aiohttp import web
 
-from policy.events import Quarantine
-from policy.fold import placeholder
-from policy.model import ImageRef
-from proxy.s3store import S3Store
-from proxy.state import APP
+from projectionist.policy.events import Quarantine
+from projectionist.policy.fold import placeholder
+from projectionist.policy.model import ImageRef
+from projectionist.proxy.stores.s3 import S3Store
+from projectionist.proxy.http.services import APP
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import MESSAGE

@@ -14,13 +14,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from policy.errors import AttachmentError, ImageRejected, Unavailable
-from policy.model import StoredImage
-from policy.ports import AttachmentStore
-from proxy import fsstore
-from proxy.admission import header_info
-from proxy.config import ImageLimits
-from proxy.fsstore import FilesystemStore
+from projectionist.policy.errors import AttachmentError, ImageRejected, Unavailable
+from projectionist.policy.model import StoredImage
+from projectionist.policy.ports import AttachmentStore
+from projectionist.proxy.stores import filesystem as fsstore
+from projectionist.proxy.stores.admission import header_info
+from projectionist.proxy.config import ImageLimits
+from projectionist.proxy.stores.filesystem import FilesystemStore
 from tests.imaging import FORMATS, make_image, ref_id
 
 NOT_FOUND, CORRUPT, READ_FAILED, INVALID_REF = (

@@ -17,11 +17,11 @@ from google import genai
 from google.genai import errors, types
 from structlog.testing import capture_logs
 
-from adapters import gemini
-from policy.errors import NOT_FOUND, READ_FAILED
-from policy.events import Quarantine
-from policy.fold import placeholder
-from policy.model import ImageRef, Outcome, Resolved, StoredImage, Unavailable
+from projectionist.adapters import gemini
+from projectionist.policy.errors import NOT_FOUND, READ_FAILED
+from projectionist.policy.events import Quarantine
+from projectionist.policy.fold import placeholder
+from projectionist.policy.model import ImageRef, Outcome, Resolved, StoredImage, Unavailable
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import ADMIN, Harness
 from tests.fake_gemini import GEMINI_TEXT
@@ -402,8 +402,8 @@ async def test_count_tokens_projects_references_like_generate_content(gharness: 
 
 
 def test_function_response_left_without_images_loses_its_empty_parts_list() -> None:
-    from adapters import gemini as adapter
-    from policy.model import ImageRef, Unavailable as Missing
+    from projectionist.adapters import gemini as adapter
+    from projectionist.policy.model import ImageRef, Unavailable as Missing
 
     body = {"contents": [{"role": "user", "parts": [
         {"functionResponse": {"name": "shot", "response": {"ok": True},
@@ -417,8 +417,8 @@ def test_function_response_left_without_images_loses_its_empty_parts_list() -> N
 
 
 def test_placeholder_part_keeps_its_non_data_fields() -> None:
-    from adapters import gemini as adapter
-    from policy.model import Unavailable as Missing
+    from projectionist.adapters import gemini as adapter
+    from projectionist.policy.model import Unavailable as Missing
 
     body = {"contents": [{"parts": [{"thoughtSignature": "sig", "fileData": {"fileUri": f"attachment:{GONE_ID}"}}]}]}
     sites = adapter.find_refs(body)

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from adapters import anthropic_batches
+from projectionist.adapters import anthropic_batches
 from tests.conftest import Harness
 from tests.test_golden_chat import (
     BLUE, GOLDEN, GREEN, RED, UPDATE, A, B, C, F, M, Path_, assert_resent_identically_without_reads, at,

@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from adapters import anthropic_messages, openai_chat
-from adapters.base import Site
-from policy.errors import READ_FAILED, AttachmentError
-from policy.events import Quarantine
-from policy.fold import placeholder
-from policy.model import Failure, Outcome, Resolved, StoredImage, Unavailable
+from projectionist.adapters import anthropic_messages, openai_chat
+from projectionist.adapters.base import Site
+from projectionist.policy.errors import READ_FAILED, AttachmentError
+from projectionist.policy.events import Quarantine
+from projectionist.policy.fold import placeholder
+from projectionist.policy.model import Failure, Outcome, Resolved, StoredImage, Unavailable
 from tests.conftest import Harness
 
 GOLDEN = Path(__file__).parent / "golden"

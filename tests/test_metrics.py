@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from policy.errors import READ_FAILED
+from projectionist.policy.errors import READ_FAILED
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import fail_with

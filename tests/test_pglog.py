@@ -1,4 +1,4 @@
-"""Tests for proxy.pglog: the PostgreSQL SessionLog backend, on the machine's real server.
+"""Tests for projectionist.proxy.sessionlog.postgres: the PostgreSQL SessionLog backend, on the machine's real server.
 
 Every test works in a schema of its own (``t_<uuid hex>``), dropped afterwards; connection
 faults are injected with ``FaultyTcpProxy`` between the log and the server.
@@ -20,8 +20,8 @@ import asyncpg
 import msgspec
 import pytest
 
-from policy.errors import AppendConflict, AttachmentError, Conflict, InvalidRequest, Unavailable
-from policy.events import (
+from projectionist.policy.errors import AppendConflict, AttachmentError, Conflict, InvalidRequest, Unavailable
+from projectionist.policy.events import (
     FORKED,
     QUARANTINE,
     RECOVERED,
@@ -34,9 +34,9 @@ from policy.events import (
     UnknownEvent,
     encode_event,
 )
-from policy.fold import fold
-from policy.ports import SessionLog
-from proxy.pglog import PostgresLog
+from projectionist.policy.fold import fold
+from projectionist.policy.ports import SessionLog
+from projectionist.proxy.sessionlog.postgres import PostgresLog
 from tests.backends import PG_DSN, FaultyTcpProxy, free_port
 from tests.conftest import drop_schema
 
@@ -337,9 +337,9 @@ async def test_two_instances_race_multi_event_appends_on_fresh_session(
 _RACER = """
 import asyncio, sys
 sys.path.insert(0, sys.argv[1])
-from policy.errors import AppendConflict
-from policy.events import Quarantine
-from proxy.pglog import PostgresLog
+from projectionist.policy.errors import AppendConflict
+from projectionist.policy.events import Quarantine
+from projectionist.proxy.sessionlog.postgres import PostgresLog
 
 async def main() -> None:
     log = PostgresLog(sys.argv[2], schema=sys.argv[3], min_size=10, max_size=10)
@@ -581,8 +581,8 @@ async def test_known_type_with_bad_body_is_not_masked(log: PostgresLog, schema: 
 async def test_start_creates_the_schema_before_any_request(
     make_log: Callable[..., PostgresLog], schema: str, aiohttp_client: Any, tmp_path: Path
 ) -> None:
-    from proxy.app import create_app
-    from proxy.config import load_config
+    from projectionist.proxy.http.app import create_app
+    from projectionist.proxy.config import load_config
 
     config = load_config(None, **{"server.data_dir": str(tmp_path), "log.kind": "postgres",
                                   "log.postgres": {"dsn": PG_DSN, "schema": schema}})

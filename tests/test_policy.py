@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from hypothesis import given, strategies as st
 
-from policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError, Conflict, InternalError
-from policy.events import Event, Quarantine, QuarantineEvent, Recovered, RecoveredEvent, envelope
-from policy.fold import EMPTY, fold, placeholder
-from policy.model import ImageRef, Resolved, StoredImage, Unavailable, parse_file_id, parse_url_ref
-from policy.ports import SessionLog
-from policy.projection import project, recover
-from proxy.app import open_log, open_store
-from proxy.config import load_config
-from proxy.state import Log
+from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError, Conflict, InternalError
+from projectionist.policy.events import Event, Quarantine, QuarantineEvent, Recovered, RecoveredEvent, envelope
+from projectionist.policy.fold import EMPTY, fold, placeholder
+from projectionist.policy.model import ImageRef, Resolved, StoredImage, Unavailable, parse_file_id, parse_url_ref
+from projectionist.policy.ports import SessionLog
+from projectionist.policy.projection import project, recover
+from projectionist.proxy.http.app import open_log, open_store
+from projectionist.proxy.config import load_config
+from projectionist.proxy.http.services import Log
 from tests.conftest import replicated_backend
 from tests.fakes import CountingStore
 from tests.imaging import make_image, ref_id

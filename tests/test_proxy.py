@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
-from proxy.state import APP
+from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
+from projectionist.proxy.http.services import APP
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id
@@ -506,11 +506,11 @@ async def test_healthz(harness: Harness) -> None:
 
 
 async def test_the_harness_runs_on_the_backend_it_names(harness: Harness, backend: str) -> None:
-    from proxy.fsstore import FilesystemStore
-    from proxy.pglog import PostgresLog
-    from proxy.s3store import S3Store
-    from proxy.sqlitelog import SqliteLog
-    from proxy.state import APP
+    from projectionist.proxy.stores.filesystem import FilesystemStore
+    from projectionist.proxy.sessionlog.postgres import PostgresLog
+    from projectionist.proxy.stores.s3 import S3Store
+    from projectionist.proxy.sessionlog.sqlite import SqliteLog
+    from projectionist.proxy.http.services import APP
 
     state = harness.app[APP]
     expected = (FilesystemStore, SqliteLog) if backend == "embedded" else (S3Store, PostgresLog)

@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from policy.fold import fold
-from proxy.state import APP
+from projectionist.policy.fold import fold
+from projectionist.proxy.http.services import APP
 from tests.conftest import BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 

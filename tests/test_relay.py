@@ -13,7 +13,7 @@ from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.relay import Timing, relay
+from projectionist.proxy.upstream.relay import Timing, relay
 from tests.fakes import FakeUpstream
 
 

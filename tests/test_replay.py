@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from adapters import openai_chat
+from projectionist.adapters import openai_chat
 from tests import fakes
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id

@@ -28,13 +28,13 @@ async def test_the_command_line_replays_shows_sends_and_diffs(
     await harness.client.close()
     args = ["--data-dir", config.server.data_dir, "--session", "r"]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy.cli", "replay", *args, "--json", "--diff",
+        sys.executable, "-m", "projectionist.proxy.ops.cli", "replay", *args, "--json", "--diff",
         "--upstream", harness.upstream.url, cwd=ROOT, stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     report = msgspec.json.decode(out)
     assert proc.returncode == 0 and report["matches"] is True and report["diff"]["identical"] is True
     assert harness.upstream.last.body == sent
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy.cli", "replay", *args, "--show", cwd=ROOT, stdout=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "projectionist.proxy.ops.cli", "replay", *args, "--show", cwd=ROOT, stdout=asyncio.subprocess.PIPE)
     text = (await proc.communicate())[0].decode()
     assert proc.returncode == 0 and "matches the record" in text and "base64,<sha256:" in text

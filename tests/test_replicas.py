@@ -47,7 +47,7 @@ class Replica:
     def __init__(self, config: Path, data_dir: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config),
+        self.args = [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(config),
                      "--port", str(self.port), "--data-dir", str(data_dir)]
         self.process: asyncio.subprocess.Process | None = None
 

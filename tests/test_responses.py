@@ -15,10 +15,10 @@ import openai
 import pytest
 from pydantic import TypeAdapter
 
-from adapters import openai_responses
-from policy.errors import NOT_FOUND, READ_FAILED
-from policy.model import ImageRef, Resolved, StoredImage, Unavailable
-from policy.projection import project
+from projectionist.adapters import openai_responses
+from projectionist.policy.errors import NOT_FOUND, READ_FAILED
+from projectionist.policy.model import ImageRef, Resolved, StoredImage, Unavailable
+from projectionist.policy.projection import project
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fake_responses import FILE_ID, TEXT, file_object, multipart_fields, response_object, stream_events

@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from policy.errors import InvalidRequest
-from proxy.config import Config, UpstreamConfig, load_config, parse_upstream_spec, with_upstreams
+from projectionist.policy.errors import InvalidRequest
+from projectionist.proxy.config import Config, UpstreamConfig, load_config, parse_upstream_spec, with_upstreams
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import COMPLETION, MESSAGE

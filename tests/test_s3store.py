@@ -19,14 +19,14 @@ from aiobotocore.session import get_session
 from aiohttp import web
 from PIL import Image
 
-from policy.errors import AttachmentError, ImageRejected, Unavailable
-from policy.events import Quarantine, QuarantineEvent
-from policy.model import ImageRef, StoredImage
-from policy.model import Unavailable as Placeholder
-from policy.projection import project
-from proxy import s3store
-from proxy.config import ImageLimits
-from proxy.s3store import S3Store
+from projectionist.policy.errors import AttachmentError, ImageRejected, Unavailable
+from projectionist.policy.events import Quarantine, QuarantineEvent
+from projectionist.policy.model import ImageRef, StoredImage
+from projectionist.policy.model import Unavailable as Placeholder
+from projectionist.policy.projection import project
+from projectionist.proxy.stores import s3 as s3store
+from projectionist.proxy.config import ImageLimits
+from projectionist.proxy.stores.s3 import S3Store
 from tests.backends import BUCKET, Seaweed
 from tests.fakes import CountingStore
 from tests.imaging import FORMATS, make_image, ref_id

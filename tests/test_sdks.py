@@ -9,7 +9,7 @@ import anthropic
 import openai
 import pytest
 
-from policy.errors import NOT_FOUND, READ_FAILED
+from projectionist.policy.errors import NOT_FOUND, READ_FAILED
 from tests.conftest import BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id

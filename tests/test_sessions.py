@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policy.errors import InvalidRequest
-from policy.fold import SessionState
-from proxy.sessions import StateCache, parse_session_id
+from projectionist.policy.errors import InvalidRequest
+from projectionist.policy.fold import SessionState
+from projectionist.proxy.http.sessions import StateCache, parse_session_id
 
 
 def test_state_cache_is_bounded_and_keeps_the_newest_fold() -> None:

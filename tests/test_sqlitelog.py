@@ -1,4 +1,4 @@
-"""Tests for proxy.sqlitelog: the embedded SQLite SessionLog backend."""
+"""Tests for projectionist.proxy.sessionlog.sqlite: the embedded SQLite SessionLog backend."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
-from policy.events import (
+from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from projectionist.policy.events import (
     FORKED,
     QUARANTINE,
     Forked,
@@ -30,9 +30,9 @@ from policy.events import (
     UnknownEvent,
     encode_event,
 )
-from policy.fold import fold
-from policy.ports import SessionLog
-from proxy.sqlitelog import SqliteLog
+from projectionist.policy.fold import fold
+from projectionist.policy.ports import SessionLog
+from projectionist.proxy.sessionlog.sqlite import SqliteLog
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ID_A = "sha256:" + "a" * 64
@@ -217,9 +217,9 @@ _RACER = """
 import asyncio, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from policy.errors import AppendConflict
-from policy.events import Quarantine
-from proxy.sqlitelog import SqliteLog
+from projectionist.policy.errors import AppendConflict
+from projectionist.policy.events import Quarantine
+from projectionist.proxy.sessionlog.sqlite import SqliteLog
 
 async def main() -> None:
     log = SqliteLog(Path(sys.argv[2]))

@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 from yarl import URL
 
-import proxy.app
-from proxy.relay import new_session
-from proxy.urls import Base, check_path, redact
-from policy.errors import InvalidRequest
+import projectionist.proxy.http.app as http_app
+from projectionist.proxy.upstream.relay import new_session
+from projectionist.proxy.upstream.urls import Base, check_path, redact
+from projectionist.policy.errors import InvalidRequest
 from tests.conftest import ADMIN, Harness
 
 MakeHarness = Callable[..., Awaitable[Harness]]
@@ -42,7 +42,7 @@ def attempted(monkeypatch: pytest.MonkeyPatch) -> list[URL]:
         session._trace_configs.append(trace)
         return session
 
-    monkeypatch.setattr(proxy.app, "new_session", traced)
+    monkeypatch.setattr(http_app, "new_session", traced)
     return urls
 
 

@@ -1,0 +1,147 @@
+"""Admin API: events, quarantine view, verified recovery, fork — bearer-token guarded (proxy layer).
+
+The same operations back the ``projectionist events|recover|fork`` CLI verbs. Decisions stay in
+``policy``: recovery appends only after a verified read, under the session's lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from projectionist.adapters import openai_chat
+from projectionist.policy.errors import InvalidRequest, Unauthorized
+from projectionist.policy.events import Event
+from projectionist.policy.fold import SessionState
+from projectionist.policy.model import check_id
+from projectionist.policy.projection import recover, refresh
+from projectionist.proxy.upstream.replay import rebuild, send_and_compare
+from projectionist.proxy.http.sessions import parse_session_id
+from projectionist.proxy.http.services import APP, AppState
+from projectionist.proxy.http.middleware import Handler, endpoint, info
+
+
+class ForkRequest(msgspec.Struct, forbid_unknown_fields=True):
+    new_session_id: str
+    at_seq: int | None = None
+
+
+def quarantine_view(session_id: str, state: SessionState) -> dict[str, Any]:
+    return {"session": session_id, "last_seq": state.last_seq,
+            "quarantined": [msgspec.to_builtins(q) for q in state.quarantined.values()]}
+
+
+def events_view(session_id: str, events: list[Event]) -> dict[str, Any]:
+    return {"session": session_id, "events": events}
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(payload), status=status, content_type="application/json")
+
+
+def _authorize(request: web.Request, app: AppState) -> None:
+    if not app.guard.admin_token:
+        raise Unauthorized("admin API disabled: set PROJECTIONIST_ADMIN_TOKEN or --admin-token")
+    if not app.guard.is_admin(request.headers):
+        raise Unauthorized("missing or wrong admin bearer token")
+
+
+def _admin(route: str, handler: Handler) -> Handler:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        app = request.app[APP]
+        _authorize(request, app)
+        session_id = parse_session_id(request.match_info["sid"])
+        info(request).update(session=session_id)
+        return await handler(request)
+    return endpoint(openai_chat, route)(guarded)
+
+
+async def get_events(request: web.Request) -> web.StreamResponse:
+    app = request.app[APP]
+    sid = request.match_info["sid"]
+    try:
+        after = int(request.query.get("after", "0"))
+    except ValueError:
+        after = -1
+    if not 0 <= after < 2**62:
+        raise InvalidRequest("'after' must be a non-negative integer", code="INVALID_QUERY")
+    return _json(events_view(sid, await app.log.read(sid, after)))
+
+
+async def get_quarantine(request: web.Request) -> web.StreamResponse:
+    app = request.app[APP]
+    sid = request.match_info["sid"]
+    return _json(quarantine_view(sid, await refresh(app.log, sid)))
+
+
+async def post_recover(request: web.Request) -> web.StreamResponse:
+    app = request.app[APP]
+    sid = request.match_info["sid"]
+    attachment_id = check_id(request.match_info["aid"])
+    result = await recover(attachment_id, store=app.store, log=app.log, session_id=sid, lock=app.locks(sid),
+                           state=app.states.get(sid))
+    app.states.put(sid, result.state)
+    info(request).update(recovered=result.event is not None)
+    return _json({"session": sid, "attachment_id": attachment_id, "recovered": result.event is not None,
+                  "event": result.event})
+
+
+async def post_fork(request: web.Request) -> web.StreamResponse:
+    app = request.app[APP]
+    sid = request.match_info["sid"]
+    try:
+        spec = msgspec.json.decode(await request.read(), type=ForkRequest)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"fork body: {exc}", code="INVALID_REQUEST") from None
+    child = parse_session_id(spec.new_session_id)
+    event = await app.log.fork(sid, child, spec.at_seq)
+    return _json({"session": child, "parent": sid, "event": event}, status=201)
+
+
+class ReplayRequest(msgspec.Struct, forbid_unknown_fields=True):
+    seq: int | None = None
+    inbound: str | None = None
+    show: bool = False
+    send: bool = False
+    diff: bool = False
+    upstream: str | None = None
+    headers: dict[str, str] = {}
+
+
+async def get_replay(request: web.Request) -> web.StreamResponse:
+    """Rebuild a recorded call and check its digest (``?seq=N``, ``?show=1`` for the body)."""
+    app = request.app[APP]
+    try:
+        seq = int(request.query["seq"]) if "seq" in request.query else None
+    except ValueError:
+        raise InvalidRequest("'seq' must be an integer", code="INVALID_QUERY") from None
+    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], seq)
+    return _json(rebuilt.summary(show=request.query.get("show") in ("1", "true")))
+
+
+async def post_replay(request: web.Request) -> web.StreamResponse:
+    """Rebuild, and optionally send and diff, a recorded call (body: ``ReplayRequest``)."""
+    app = request.app[APP]
+    try:
+        spec = msgspec.json.decode(await request.read() or b"{}", type=ReplayRequest)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"replay body: {exc}", code="INVALID_REQUEST") from None
+    inbound = spec.inbound.encode() if spec.inbound is not None else None
+    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], spec.seq, inbound)
+    report = rebuilt.summary(show=spec.show)
+    if spec.send or spec.diff:
+        report.update(await send_and_compare(rebuilt, app.config, app.store, upstream_url=spec.upstream,
+                                             headers=spec.headers, compare=spec.diff))
+    return _json(report)
+
+
+def add_admin_routes(router: web.UrlDispatcher) -> None:
+    base = "/admin/sessions/{sid}"
+    router.add_get(f"{base}/events", _admin("admin.events", get_events))
+    router.add_get(f"{base}/quarantine", _admin("admin.quarantine", get_quarantine))
+    router.add_post(f"{base}/attachments/{{aid}}/recover", _admin("admin.recover", post_recover))
+    router.add_post(f"{base}/fork", _admin("admin.fork", post_fork))
+    router.add_get(f"{base}/replay", _admin("admin.replay", get_replay))
+    router.add_post(f"{base}/replay", _admin("admin.replay", post_replay))

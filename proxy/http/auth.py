@@ -1,0 +1,123 @@
+"""Who may do what: client tokens, the admin token, and stripping both from forwarded requests (proxy layer).
+
+Clients present a token the way their SDK sends its key (``Authorization: Bearer``, ``x-api-key``,
+``x-goog-api-key``, ``?key=``), or in ``X-Projectionist-Token`` when those carry their own
+provider key. The admin token is any of the header forms (never the query). Tokens are compared
+as bytes in constant time, so a header that is not UTF-8 is just a wrong token, never a crash.
+Whatever carrier holds one of the proxy's own tokens is removed before a request goes upstream.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from multidict import CIMultiDict, MultiMapping
+
+from projectionist.policy.errors import ProjectionistError
+
+#: Headers that carry a credential, by SDK: OpenAI (and most others), Anthropic, Gemini.
+CREDENTIAL_HEADERS: Final = ("authorization", "x-api-key", "x-goog-api-key")
+#: The proxy's own token header, for clients whose SDK key goes to the provider.
+TOKEN_HEADER: Final = "x-projectionist-token"
+#: Query parameters that carry a credential; removed from every recorded path.
+CREDENTIAL_QUERY: Final = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})
+
+
+class Forbidden(ProjectionistError):
+    default_code = "ADMIN_REQUIRED"
+    default_status = 403
+
+
+def client_unauthorized() -> ProjectionistError:
+    return ProjectionistError("missing or wrong client token (Authorization: Bearer, x-api-key, "
+                              "x-goog-api-key, ?key= or X-Projectionist-Token)",
+                              code="CLIENT_UNAUTHORIZED", status=401)
+
+
+def _bytes(value: str) -> bytes:
+    """A header value as the bytes the client sent (aiohttp keeps undecodable bytes as surrogates)."""
+    return value.encode("utf-8", "surrogateescape")
+
+
+def _token_of(header: str, value: str) -> str:
+    if header == "authorization":
+        scheme, _, token = value.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else ""
+    return value.strip()
+
+
+def split_tokens(value: str) -> frozenset[str]:
+    """Tokens from an environment value: separated by commas or whitespace."""
+    return frozenset(t for t in value.replace(",", " ").split() if t)
+
+
+class Guard:
+    """The configured tokens, and the checks every route makes with them."""
+
+    def __init__(self, client_tokens: Iterable[str], admin_token: str) -> None:
+        self.client_tokens = tuple(_bytes(t) for t in client_tokens if t)
+        self.admin_token = _bytes(admin_token) if admin_token else b""
+        self._own = tuple(t for t in (*self.client_tokens, self.admin_token) if t)
+
+    @property
+    def clients_required(self) -> bool:
+        return bool(self.client_tokens)
+
+    @staticmethod
+    def _matches(candidate: bytes, tokens: tuple[bytes, ...]) -> bool:
+        found = False
+        for token in tokens:  # no early exit: the time does not say which token was near
+            found |= hmac.compare_digest(candidate, token)
+        return found
+
+    def _presented(self, headers: MultiMapping[str], query: Mapping[str, str] | None) -> list[bytes]:
+        found = [_bytes(_token_of(name, value)) for name in (*CREDENTIAL_HEADERS, TOKEN_HEADER)
+                 for value in headers.getall(name, ())]
+        if query is not None:
+            found += [_bytes(v) for v in query.getall("key", ())]  # type: ignore[attr-defined]
+        return [c for c in found if c]
+
+    def is_admin(self, headers: MultiMapping[str]) -> bool:
+        return bool(self.admin_token) and any(
+            self._matches(c, (self.admin_token,)) for c in self._presented(headers, None))
+
+    def is_client(self, headers: MultiMapping[str], query: Mapping[str, str]) -> bool:
+        """A client token (or the admin token) was presented; always true when none is configured."""
+        if not self.client_tokens:
+            return True
+        return any(self._matches(c, self._own) for c in self._presented(headers, query))
+
+    def require_client(self, headers: MultiMapping[str], query: Mapping[str, str]) -> None:
+        if not self.is_client(headers, query):
+            raise client_unauthorized()
+
+    def require_admin(self, headers: MultiMapping[str], query: Mapping[str, str], what: str) -> None:
+        """The admin token, for operations that change every session (deleting an attachment)."""
+        if self.is_admin(headers):
+            return
+        self.require_client(headers, query)
+        if not self.admin_token:
+            raise Forbidden(f"{what} needs the admin token, and none is configured (PROJECTIONIST_ADMIN_TOKEN)")
+        raise Forbidden(f"{what} needs the admin token")
+
+    def own_credential_headers(self, headers: MultiMapping[str]) -> frozenset[str]:
+        """Lowercase names of headers that carry one of the proxy's own tokens (never forwarded)."""
+        if not self._own:
+            return frozenset()
+        return frozenset(name for name in CREDENTIAL_HEADERS
+                         if any(self._matches(_bytes(_token_of(name, v)), self._own) for v in headers.getall(name, ())))
+
+    def is_own(self, value: str) -> bool:
+        return bool(self._own) and self._matches(_bytes(value), self._own)
+
+
+def without_credentials(pairs: Iterable[tuple[str, str]], drop: frozenset[str] = CREDENTIAL_QUERY) -> list[tuple[str, str]]:
+    """Query pairs minus credential parameters (for recorded paths and logs)."""
+    return [(k, v) for k, v in pairs if k.lower() not in drop]
+
+
+def strip_headers(headers: CIMultiDict[str], names: Iterable[str]) -> None:
+    for name in names:
+        headers.popall(name, None)

@@ -1,0 +1,155 @@
+"""Files API compatibility: SDK uploads of images become attachments (proxy layer).
+
+The rule, for ``POST /v1/files`` (and ``/u/{name}/v1/files``) on an OpenAI- or Anthropic-format upstream:
+
+- OpenAI: a multipart upload with ``purpose=vision`` whose file is a png, jpeg, gif or webp image
+  (by its magic bytes) is admitted into the attachment store;
+- Anthropic: a multipart upload whose file is such an image is admitted;
+- anything else (other purposes, non-images, non-multipart bodies, bodies larger than
+  ``store.limits.max_bytes`` + 64 KiB, which could never be admitted) is forwarded unchanged to the
+  upstream's own Files API. Bodies over ``server.client_max_size`` are streamed through uninspected too.
+
+An admitted file's id is its attachment id (``sha256:<hex>``): it works as a Responses
+``input_image.file_id`` and an Anthropic ``source: {type: "file", file_id}``. ``GET``, ``DELETE``
+and ``GET .../content`` on a ``sha256:`` id are answered from the store; other ids pass through.
+``DELETE`` of an attachment needs the admin token: it changes history for every session.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import mimetypes
+import re
+import time
+from typing import Any, Final
+
+import msgspec
+from aiohttp import web
+
+from projectionist.adapters.base import WireFormat
+from projectionist.policy.errors import NOT_FOUND, AttachmentError, ImageRejected, InvalidRequest, NotFound
+from projectionist.policy.model import ID_PREFIX, check_id
+from projectionist.proxy.stores.admission import IMAGE_TOO_LARGE, header_info
+from projectionist.proxy.upstream.outgoing import forward
+from projectionist.proxy.upstream.passthrough import passthrough
+from projectionist.proxy.http.services import APP, AttachmentMeta, Upstream
+from projectionist.proxy.http.uploads import clean_name
+from projectionist.proxy.http.middleware import info
+
+FILES_PATH: Final = re.compile(r"(?:/v1)?/files(?:/(?P<id>[^/]+)(?P<content>/content)?)?")
+MULTIPART_SLACK: Final = 64 * 1024
+
+
+def handles(upstream_format: str, method: str, path: str) -> bool:
+    match = FILES_PATH.fullmatch(path)
+    if upstream_format not in ("openai", "anthropic") or match is None:
+        return False
+    if match["id"] is None:
+        return method == "POST"
+    return method == "GET" or (method == "DELETE" and not match["content"])
+
+
+def _is_image(data: bytes) -> bool:
+    try:
+        header_info(data)
+    except ImageRejected as rejected:
+        return rejected.code == IMAGE_TOO_LARGE  # an image, refused by admission with a clear 413
+    return True
+
+
+def _parse_form(content_type: str, raw: bytes) -> tuple[dict[str, str], tuple[bytes, str | None, str | None] | None]:
+    """Form fields and the first file part (bytes, declared type, file name) of a multipart body."""
+    try:
+        header = content_type.encode("ascii")
+    except UnicodeEncodeError:
+        raise InvalidRequest("Content-Type must be ASCII", code="INVALID_CONTENT_TYPE") from None
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + header + b"\r\n\r\n" + raw)
+    fields: dict[str, str] = {}
+    upload: tuple[bytes, str | None, str | None] | None = None
+    for part in message.iter_parts() if message.is_multipart() else ():
+        payload = part.get_payload(decode=True)
+        data = payload if isinstance(payload, bytes) else b""
+        name = part.get_param("name", header="content-disposition")
+        filename = part.get_filename()
+        if filename is not None or name == "file":
+            if upload is None:
+                upload = (data, part.get("Content-Type"), filename)
+        elif isinstance(name, str):
+            fields[name] = data.decode("utf-8", "replace")
+    return fields, upload
+
+
+def _filename(meta: AttachmentMeta) -> str:
+    if meta.name:
+        return meta.name
+    return f"{meta.id[len(ID_PREFIX):][:12]}{mimetypes.guess_extension(meta.media_type) or ''}"
+
+
+def file_object(upstream_format: str, meta: AttachmentMeta) -> dict[str, Any]:
+    if upstream_format == "anthropic":
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(meta.created_at))
+        return {"id": meta.id, "type": "file", "filename": _filename(meta), "mime_type": meta.media_type,
+                "size_bytes": meta.bytes, "created_at": created, "downloadable": True}
+    return {"id": meta.id, "object": "file", "bytes": meta.bytes, "created_at": meta.created_at,
+            "filename": _filename(meta), "purpose": "vision", "status": "processed", "expires_at": None,
+            "status_details": None}
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(payload), status=status, content_type="application/json")
+
+
+async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str, path: str) -> web.StreamResponse:
+    match = FILES_PATH.fullmatch(path)
+    assert match is not None
+    file_id = match["id"]
+    if file_id is None:
+        return await _upload(request, fmt, upstream, raw_path)
+    if not file_id.startswith(ID_PREFIX):
+        return await passthrough(request, fmt, upstream, raw_path)
+    store = request.app[APP].store
+    check_id(file_id)
+    info(request).update(attachment=file_id[:15])
+    if request.method == "DELETE":  # removes history for every session that uses it: admin only
+        request.app[APP].guard.require_admin(request.headers, request.query, "deleting an attachment")
+        if not await store.delete(file_id):
+            raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
+        if upstream.format == "anthropic":
+            return _json({"id": file_id, "type": "file_deleted"})
+        return _json({"id": file_id, "object": "file", "deleted": True})
+    if match["content"]:
+        try:
+            image = await store.read_image(file_id)
+        except AttachmentError as error:
+            if error.code == NOT_FOUND:
+                raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND") from None
+            raise
+        return web.Response(body=image.data, content_type=image.media_type)
+    meta = await store.stat(file_id)
+    if meta is None:
+        raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
+    return _json(file_object(upstream.format, meta))
+
+
+async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
+    app = request.app[APP]
+    limit = min(app.config.store.limits.max_bytes + MULTIPART_SLACK, app.config.server.client_max_size)
+    length = request.content_length
+    if not request.content_type.startswith("multipart/") or length is None or length > limit:
+        return await passthrough(request, fmt, upstream, raw_path)
+    raw = await request.read()
+    fields, upload = _parse_form(request.headers["Content-Type"], raw)
+    wanted = upstream.format == "anthropic" or fields.get("purpose") == "vision"
+    if not wanted or upload is None or not _is_image(upload[0]):
+        info(request).update(files="forwarded")
+        return await forward(request, fmt, upstream, raw_path, raw)
+    data, declared, filename = upload
+    filename = clean_name(filename)
+    image = await app.store.admit(data, declared, name=filename)
+    meta = await app.store.stat(image.id)
+    info(request).update(files="admitted", attachment=image.id[:15])
+    if meta is None:  # deleted between admission and stat: report what was admitted
+        meta = AttachmentMeta(image.id, image.media_type, image.bytes, image.width, image.height, filename)
+    return _json(file_object(upstream.format, meta))

@@ -1,0 +1,89 @@
+"""``POST /v1/attachments``: admit raw or multipart image bytes into the store (proxy layer).
+
+Answers ``{id, media_type, bytes, width, height, name?, url}`` where ``url`` is the ready-to-paste
+``attachment:`` reference (carrying the display name). Admission itself (magic bytes, limits,
+atomic publish) is the store's job; this module only gets the bytes out of HTTP, bounded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import msgspec
+from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import BadHttpMessage
+
+from projectionist.adapters import openai_chat
+from projectionist.policy.errors import ImageRejected, InvalidRequest
+from projectionist.policy.model import StoredImage
+from projectionist.proxy.http.services import APP
+from projectionist.proxy.http.middleware import endpoint, info
+
+MAX_NAME = 255
+
+
+def clean_name(name: str | None) -> str | None:
+    """A display name as given at upload (query ``name`` or the multipart file name): valid
+    UTF-8, printable (no control characters), at most ``MAX_NAME`` characters; empty is none."""
+    if not name:
+        return None
+    try:
+        name.encode("utf-8")  # aiohttp keeps bytes that are not UTF-8 as lone surrogates
+    except UnicodeEncodeError:
+        raise InvalidRequest("display name must be UTF-8", code="INVALID_NAME") from None
+    if "\ufffd" in name:  # the email parser (Files API) turns bytes that are not UTF-8 into U+FFFD
+        raise InvalidRequest("display name must be UTF-8", code="INVALID_NAME")
+    if len(name) > MAX_NAME or not name.isprintable():
+        raise InvalidRequest(f"display name must be printable and at most {MAX_NAME} characters", code="INVALID_NAME")
+    return name
+
+
+def describe(image: StoredImage, name: str | None) -> dict[str, Any]:
+    url = f"attachment:{image.id}" + (f"?name={quote(name, safe='')}" if name else "")
+    out: dict[str, Any] = {"id": image.id, "media_type": image.media_type, "bytes": image.bytes,
+                           "width": image.width, "height": image.height}
+    if name:
+        out["name"] = name
+    out["url"] = url
+    return out
+
+
+async def read_part(part: BodyPartReader, limit: int) -> bytes:
+    """Read one multipart part, refusing more than ``limit`` bytes without buffering them all."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await part.read_chunk():
+        size += len(chunk)
+        if size > limit:
+            raise ImageRejected(f"image exceeds max_bytes={limit}", code="IMAGE_TOO_LARGE", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_upload(request: web.Request, limit: int, field: str = "file") -> tuple[bytes, str | None, str | None]:
+    """(bytes, declared media type, file name) from a raw or multipart upload."""
+    if request.content_type.startswith("multipart/"):
+        try:
+            reader = await request.multipart()
+            async for part in reader:
+                if isinstance(part, BodyPartReader) and (part.name == field or part.filename):
+                    data = await read_part(part, limit)
+                    return data, part.headers.get("Content-Type"), part.filename
+        except (BadHttpMessage, ValueError):  # aiohttp's word for a malformed part or boundary
+            raise InvalidRequest("malformed multipart body", code="INVALID_MULTIPART") from None
+        raise InvalidRequest(f"multipart upload needs a {field!r} file part", code="MISSING_FILE")
+    return await request.read(), request.headers.get("Content-Type"), None
+
+
+@endpoint(openai_chat, "attachments.create")
+async def upload(request: web.Request) -> web.StreamResponse:
+    app = request.app[APP]
+    app.guard.require_client(request.headers, request.query)
+    data, declared, filename = await read_upload(request, app.config.store.limits.max_bytes)
+    if not data:
+        raise InvalidRequest("empty upload", code="EMPTY_UPLOAD")
+    name = clean_name(request.query.get("name") or filename)
+    image = await app.store.admit(data, declared, name=name)
+    info(request).update(attachment=image.id[:15], bytes=image.bytes)
+    return web.Response(body=msgspec.json.encode(describe(image, name)), content_type="application/json")

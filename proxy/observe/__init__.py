@@ -1,0 +1,1 @@
+"""Observability: structured logging and Prometheus metrics (proxy layer)."""

@@ -1,0 +1,1 @@
+"""Operating projectionist: the command line and the keyless demo (proxy layer)."""

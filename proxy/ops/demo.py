@@ -1,0 +1,215 @@
+"""``projectionist demo``: the keyless, runnable story of a session surviving bad images (proxy layer).
+
+In one process: a temporary data dir, a built-in fake upstream that records and echoes what it
+received, and the real proxy app on loopback. The story: admit images, send, delete one object
+and corrupt another, send again (placeholders, two quarantine events), restart, fork, repair and
+recover, and a refused recovery. ``--json`` writes the snapshot pinned by ``tests/snapshots/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from projectionist.proxy.http.app import create_app
+from projectionist.proxy.config import load_config, with_upstream_urls
+from projectionist.adapters.redact import shorten
+
+IMAGES: dict[str, bytes] = {
+    name: base64.b64decode(b64)
+    for name, b64 in {
+        "diagram.png": "iVBORw0KGgoAAAANSUhEUgAAAAMAAAACCAIAAAASFvFNAAAAFUlEQVR4nGO8o6HBwMDAwMDAxAADABYIATCkkfrTAAAAAElFTkSuQmCC",
+        "screenshot.png": "iVBORw0KGgoAAAANSUhEUgAAAAIAAAADCAIAAAA2iEnWAAAAFElEQVR4nGPUWGDDwMDAxMDAgKAAE4wBCswjCosAAAAASUVORK5CYII=",
+        "photo.png": "iVBORw0KGgoAAAANSUhEUgAAAAQAAAAECAIAAAAmkwkpAAAAFElEQVR4nGOUsznBAANMDEgANwcAOP4BKsYBRcEAAAAASUVORK5CYII=",
+    }.items()
+}
+SESSION = "demo"
+FORK = "demo-fork"
+Say = Callable[[str], None]
+
+
+class DemoFailed(Exception):
+    """The story did not go as promised: the demo is also a check."""
+
+
+def normalize_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**e, "time": "<time>"} for e in events]
+
+
+class EchoUpstream:
+    """Records each body it receives and answers with what the model would 'see'."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.bodies.append(body)
+        parts = msgspec.json.decode(body)["messages"][-1]["content"]
+        seen = [("an image" if p["type"] == "image_url" else repr(p["text"])) for p in parts]
+        reply = {"id": "chatcmpl-echo", "object": "chat.completion", "created": 0, "model": "echo",
+                 "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": "I see: " + ", ".join(seen)}}]}
+        return web.json_response(reply)
+
+
+class Server:
+    """An app on a loopback socket, started and stopped explicitly (restart = new Server)."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+
+    async def __aenter__(self) -> Server:
+        await self.runner.setup()
+        await web.SockSite(self.runner, self.sock).start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runner.cleanup()
+
+
+def _request(ids: dict[str, str]) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "What changed between these screens?"}]
+    for name, aid in ids.items():
+        parts.append({"type": "image_url", "image_url": {"url": f"attachment:{aid}?name={name}"}})
+    return {"model": "demo-model", "messages": [{"role": "user", "content": parts}]}
+
+
+async def run_demo(say: Say = print) -> dict[str, Any]:
+    """Play the whole story; return the snapshot. Raises ``DemoFailed`` if a promise breaks."""
+    token = secrets.token_hex(16)
+    admin = {"Authorization": f"Bearer {token}"}
+    steps: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="projectionist-demo-") as tmp:
+        echo = EchoUpstream()
+        async with Server(echo.app()) as upstream, aiohttp.ClientSession() as http:
+            config = with_upstream_urls(
+                load_config(None, **{"server.data_dir": tmp, "server.admin_token": token, "record.mode": "off"}),
+                {"openai": upstream.url},
+            )
+
+            async def send(proxy: Server, session: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
+                async with http.post(f"{proxy.url}/v1/chat/completions", json=body,
+                                     headers={"X-Session-Id": session}) as resp:
+                    answer = await resp.json()
+                    return resp.status, echo.bodies[-1], answer["choices"][0]["message"]["content"]
+
+            async def events(proxy: Server, session: str) -> list[dict[str, Any]]:
+                async with http.get(f"{proxy.url}/admin/sessions/{session}/events", headers=admin) as resp:
+                    found: list[dict[str, Any]] = (await resp.json())["events"]
+                    return found
+
+            def record(step: str, **fields: Any) -> None:
+                steps.append({"step": step, **fields})
+
+            proxy = Server(create_app(config))
+            async with proxy:
+                say(f"projectionist demo: proxy on {proxy.url}, fake upstream on {upstream.url}, data in {tmp}\n")
+                ids: dict[str, str] = {}
+                admitted = []
+                say("1. admitted three images through POST /v1/attachments:")
+                for name, data in IMAGES.items():
+                    async with http.post(f"{proxy.url}/v1/attachments", data=data, params={"name": name},
+                                         headers={"Content-Type": "image/png"}) as resp:
+                        meta = await resp.json()
+                    ids[name] = meta["id"]
+                    admitted.append(meta)
+                    say(f"   {name}: {meta['id'][:15]}… {meta['width']}x{meta['height']}, {meta['bytes']} bytes")
+                record("admit", attachments=admitted)
+                body = _request(ids)
+
+                status, sent, answer = await send(proxy, SESSION, body)
+                say(f"2. sent a request with 3 references: HTTP {status}; the model saw: {answer}")
+                record("first request", status=status, upstream_body=shorten(msgspec.json.decode(sent)))
+
+                store_root = config.store_path / "objects"
+                deleted, corrupted = ids["screenshot.png"], ids["photo.png"]
+                hexd = deleted.removeprefix("sha256:")
+                (store_root / hexd[:2] / hexd).unlink()
+                hexd = corrupted.removeprefix("sha256:")
+                (store_root / hexd[:2] / hexd).write_bytes(b"\x00" * len(IMAGES["photo.png"]))
+                say("3. deleted screenshot.png's object and overwrote photo.png's bytes with zeros")
+                record("damage", deleted=deleted, corrupted=corrupted)
+
+                status, damaged_body, answer = await send(proxy, SESSION, body)
+                log = await events(proxy, SESSION)
+                quarantines = [e for e in log if e["type"] == "attachment/quarantine"]
+                say(f"4. sent again: HTTP {status}; the model saw: {answer}")
+                for e in quarantines:
+                    say(f"   event {e['seq']}: {e['type']} {e['data']['failure']} {e['data']['attachment_id'][:15]}…")
+                if status != 200 or len(quarantines) != 2:
+                    raise DemoFailed(f"expected HTTP 200 and 2 quarantine events, got {status} and {len(quarantines)}")
+                record("second request", status=status, upstream_body=shorten(msgspec.json.decode(damaged_body)),
+                       events=normalize_events(log))
+
+            proxy = Server(create_app(config))
+            async with proxy:
+                status, restarted_body, _ = await send(proxy, SESSION, body)
+                same = restarted_body == damaged_body
+                say(f"5. restarted the proxy and sent again: HTTP {status}; upstream body byte-identical: {same}")
+                record("restart", status=status, identical=same)
+
+                async with http.post(f"{proxy.url}/admin/sessions/{SESSION}/fork", headers=admin,
+                                     json={"new_session_id": FORK}) as resp:
+                    fork_status = resp.status
+                status, forked_body, _ = await send(proxy, FORK, body)
+                forked_same = forked_body == damaged_body
+                say(f"6. forked {SESSION} into {FORK} (HTTP {fork_status}) and sent there: byte-identical: {forked_same}")
+                record("fork", status=status, identical=forked_same, events=normalize_events(await events(proxy, FORK)))
+
+                async with http.post(f"{proxy.url}/v1/attachments", data=IMAGES["screenshot.png"],
+                                     headers={"Content-Type": "image/png"}) as resp:
+                    repaired = (await resp.json())["id"] == deleted
+                async with http.post(f"{proxy.url}/admin/sessions/{SESSION}/attachments/{deleted}/recover",
+                                     headers=admin) as resp:
+                    recovered = await resp.json()
+                status, recovered_body, answer = await send(proxy, SESSION, body)
+                say(f"7. re-admitted screenshot.png (same id: {repaired}) and recovered it: "
+                    f"recovered={recovered['recovered']}; the model saw: {answer}")
+                record("repair and recover", repaired=repaired, recovered=recovered["recovered"],
+                       upstream_body=shorten(msgspec.json.decode(recovered_body)))
+
+                before = len(await events(proxy, SESSION))
+                async with http.post(f"{proxy.url}/admin/sessions/{SESSION}/attachments/{corrupted}/recover",
+                                     headers=admin) as resp:
+                    refused_status = resp.status
+                    refused_code = (await resp.json())["error"]["code"]
+                after = len(await events(proxy, SESSION))
+                say(f"8. tried to recover photo.png: HTTP {refused_status} {refused_code}; "
+                    f"events appended: {after - before}")
+                record("refused recovery", status=refused_status, code=refused_code, events_appended=after - before)
+                final = normalize_events(await events(proxy, SESSION))
+
+    checks = [same, forked_same, repaired, recovered["recovered"], refused_status == 409, after == before]
+    if not all(checks):
+        raise DemoFailed(f"a promise broke: {checks}")
+    say("\nThe session survived: one missing and one corrupt image, no failed request, "
+        "identical bodies after restart and fork, and recovery only after verification.")
+    return {"steps": steps, "events": {SESSION: final}}
+
+
+def write_snapshot(snapshot: dict[str, Any], target: str) -> None:
+    data = msgspec.json.format(msgspec.json.encode(snapshot), indent=2) + b"\n"
+    if target == "-":
+        sys.stdout.buffer.write(data)
+    else:
+        Path(target).write_bytes(data)
+

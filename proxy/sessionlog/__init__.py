@@ -1,0 +1,1 @@
+"""Session-log backends: SQLite (embedded default) and PostgreSQL (many replicas) (proxy layer)."""

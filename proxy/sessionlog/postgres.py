@@ -1,0 +1,220 @@
+"""PostgreSQL session log for many replicas (proxy layer).
+
+One table keyed by ``(session, seq)``, so the database itself enforces the conditional append:
+two replicas can never both write seq N. An append is one autocommitted statement, durable when
+it returns. The schema is created or migrated idempotently under an advisory lock, with its
+version recorded. Connection faults surface as ``Unavailable(LOG_UNAVAILABLE)`` (a retryable
+503), never as anything the policy could mistake for a quarantine; the pool reconnects by itself
+once the database is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
+
+import asyncpg
+
+from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from projectionist.policy.events import FORKED, Event, EventData, Forked, ForkedEvent, decode_event, encode_event, envelope, event_type
+from projectionist.proxy.observe.logger import get_logger
+from projectionist.proxy.sessionlog.sqlite import utc_now
+
+SCHEMA_VERSION: Final = 1
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_T = TypeVar("_T")
+
+#: Database faults: unreachable, shut down, read-only after a failover, out of space, timed out.
+#: None is the client's doing and none is a quarantine: all are a retryable 503 LOG_UNAVAILABLE.
+#: (A unique violation is not a fault: it is the conditional append losing a race.)
+_UNAVAILABLE: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+class PostgresLog:
+    """``policy.ports.SessionLog`` on PostgreSQL via an asyncpg pool, shared by many replicas."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "public",
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout: float = 10.0,
+        clock: Callable[[], str] | None = None,
+    ) -> None:
+        if _SCHEMA_NAME.fullmatch(schema) is None:
+            raise InvalidRequest(f"invalid PostgreSQL schema name {schema!r}", code="INVALID_CONFIG")
+        self._dsn = dsn
+        self._schema = schema
+        self._min_size, self._max_size, self._timeout = min_size, max_size, timeout
+        self._clock = clock or utc_now
+        self._pool: asyncpg.Pool | None = None
+        self._closed = False
+        self._opening = asyncio.Lock()
+        table = f'"{schema}".projectionist_events'
+        self._sql = {
+            "read": f"SELECT body FROM {table} WHERE session = $1 AND seq > $2 ORDER BY seq",
+            "last": f"SELECT coalesce(max(seq), 0) FROM {table} WHERE session = $1",
+            # one autocommitted statement: inserts only if the session's last seq is still $6
+            "append": f"INSERT INTO {table} (session, seq, type, time, body)"
+                      f" SELECT $1, s, t, $4, b FROM unnest($2::bigint[], $3::text[], $5::bytea[]) AS u(s, t, b)"
+                      f" WHERE (SELECT coalesce(max(seq), 0) FROM {table} WHERE session = $1) = $6",
+            "exists": f"SELECT 1 FROM {table} WHERE session = $1 LIMIT 1",
+            "copy": f"INSERT INTO {table} (session, seq, type, time, body)"
+                    f" SELECT $1, seq, type, time, body FROM {table} WHERE session = $2 AND seq <= $3",
+            "insert": f"INSERT INTO {table} (session, seq, type, time, body) VALUES ($1, $2, $3, $4, $5)",
+            "sessions": f"SELECT DISTINCT session FROM {table} ORDER BY session",
+        }
+
+    # -- SessionLog ------------------------------------------------------------------------------
+
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
+        rows = await self._run(lambda conn: conn.fetch(self._sql["read"], session_id, after_seq))
+        return [decode_event(row[0]) for row in rows]
+
+    async def append(
+        self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
+    ) -> list[Event]:
+        if not data:
+            raise ValueError("append needs at least one event")
+        if expected_seq is None:
+            return await self._append_at_end(session_id, data, durable)
+        if expected_seq < 0:
+            raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
+        now = self._clock()
+        events: list[Event] = [envelope(expected_seq + i, now, item) for i, item in enumerate(data, 1)]
+        args = ([e.seq for e in events], [event_type(d) for d in data], now, [encode_event(e) for e in events])
+
+        async def insert(conn: Any) -> str:
+            if durable:
+                status: str = await conn.execute(self._sql["append"], session_id, *args, expected_seq)
+                return status
+            async with conn.transaction():  # committed in order, without waiting for the WAL flush
+                await conn.execute("SET LOCAL synchronous_commit TO off")
+                status = await conn.execute(self._sql["append"], session_id, *args, expected_seq)
+                return status
+
+        try:
+            status = await self._run(insert)
+        except asyncpg.UniqueViolationError:
+            status = "INSERT 0 0"  # another replica wrote one of these seqs first
+        if status != f"INSERT 0 {len(events)}":
+            actual = await self._run(lambda conn: conn.fetchval(self._sql["last"], session_id))
+            raise AppendConflict(session_id, expected_seq, int(actual))
+        return events
+
+    async def _append_at_end(self, session_id: str, data: Sequence[EventData], durable: bool) -> list[Event]:
+        """Append after whatever the session holds: serialized per session across replicas by a
+        transaction-scoped advisory lock, so it never conflicts (for records, whose meaning does
+        not depend on the state)."""
+        async def tx(conn: Any) -> list[Event]:
+            async with conn.transaction():
+                if not durable:
+                    await conn.execute("SET LOCAL synchronous_commit TO off")
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", session_id)
+                last = int(await conn.fetchval(self._sql["last"], session_id))
+                now = self._clock()
+                events: list[Event] = [envelope(last + i, now, item) for i, item in enumerate(data, 1)]
+                await conn.executemany(self._sql["insert"], [
+                    (session_id, e.seq, event_type(d), now, encode_event(e)) for e, d in zip(events, data)])
+                return events
+
+        return await self._run(tx)
+
+    async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
+        async def tx(conn: Any) -> ForkedEvent:
+            async with conn.transaction():
+                if child == parent or await conn.fetchval(self._sql["exists"], child):
+                    raise Conflict(f"session {child!r} already exists", code="SESSION_EXISTS")
+                last = int(await conn.fetchval(self._sql["last"], parent))
+                at = last if at_seq is None else at_seq
+                if not 0 <= at <= last:
+                    raise InvalidRequest(f"cannot fork {parent!r} at seq {at}: its last seq is {last}",
+                                         code="INVALID_FORK_SEQ")
+                await conn.execute(self._sql["copy"], child, parent, at)  # verbatim bodies and times
+                marker = ForkedEvent(seq=at + 1, time=self._clock(), data=Forked(parent=parent, at_seq=at))
+                await conn.execute(self._sql["insert"], child, marker.seq, FORKED, marker.time, encode_event(marker))
+                return marker
+
+        try:
+            return await self._run(tx)
+        except asyncpg.UniqueViolationError:
+            raise Conflict(f"session {child!r} already exists", code="SESSION_EXISTS") from None
+
+    # -- extras ----------------------------------------------------------------------------------
+
+    async def sessions(self) -> list[str]:
+        rows = await self._run(lambda conn: conn.fetch(self._sql["sessions"]))
+        return [row[0] for row in rows]
+
+    async def ping(self) -> None:
+        await self._run(lambda conn: conn.fetchval("SELECT 1"))
+
+    async def close(self) -> None:
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def start(self) -> None:
+        """Open the pool and create or migrate the schema now (the app calls this at startup).
+
+        A database that is down does not stop the replica from starting: the failure is logged
+        and the pool is opened on first use instead. An unsupported schema version does."""
+        try:
+            await self._open()
+        except _UNAVAILABLE as exc:
+            get_logger().warning("session_log_unavailable_at_startup", error=type(exc).__name__,
+                                 retry="on first use")
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    async def _run(self, job: Callable[[Any], Awaitable[_T]]) -> _T:
+        try:
+            pool = await self._open()
+            async with pool.acquire(timeout=self._timeout) as conn:
+                return await job(conn)
+        except asyncpg.UniqueViolationError:
+            raise
+        except _UNAVAILABLE as exc:
+            raise Unavailable(f"session log unavailable: {type(exc).__name__}", code="LOG_UNAVAILABLE") from exc
+
+    async def _open(self) -> asyncpg.Pool:
+        """The pool, created (and the schema migrated) at startup or, if the database was down
+        then, on first use."""
+        if self._pool is not None:
+            return self._pool
+        if self._closed:
+            raise RuntimeError("PostgresLog is closed")
+        async with self._opening:
+            if self._pool is None:
+                pool = await asyncpg.create_pool(self._dsn, min_size=self._min_size, max_size=self._max_size,
+                                                 timeout=self._timeout, command_timeout=self._timeout)
+                try:
+                    async with pool.acquire() as conn:
+                        await self._migrate(conn)
+                except BaseException:
+                    await pool.close()
+                    raise
+                self._pool = pool
+        return self._pool
+
+    async def _migrate(self, conn: Any) -> None:
+        schema = f'"{self._schema}"'
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('projectionist.migrate'))")
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            await conn.execute(f"CREATE TABLE IF NOT EXISTS {schema}.projectionist_meta"
+                               " (key text PRIMARY KEY, value text NOT NULL)")
+            await conn.execute(f"CREATE TABLE IF NOT EXISTS {schema}.projectionist_events ("
+                               " session text NOT NULL, seq bigint NOT NULL, type text NOT NULL,"
+                               " time text NOT NULL, body bytea NOT NULL, PRIMARY KEY (session, seq))")
+            await conn.execute(f"INSERT INTO {schema}.projectionist_meta VALUES ('schema_version', $1)"
+                               " ON CONFLICT (key) DO NOTHING", str(SCHEMA_VERSION))
+            version = await conn.fetchval(f"SELECT value FROM {schema}.projectionist_meta WHERE key = 'schema_version'")
+        if int(version) != SCHEMA_VERSION:
+            raise Unavailable(f"session log schema version {version} is not supported (expected {SCHEMA_VERSION})",
+                              code="LOG_UNAVAILABLE", retryable=False)

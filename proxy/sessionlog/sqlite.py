@@ -1,0 +1,367 @@
+"""SQLite session log: the embedded default ``SessionLog`` backend (proxy layer).
+
+One append-only table keyed by ``(session, seq)``. Appends and forks are ``BEGIN IMMEDIATE``
+transactions on a WAL database with ``synchronous=FULL``: several processes may share the file and
+nothing is acknowledged before it is durable. Every sqlite3 call runs on one dedicated worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Final, TypeVar
+
+from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from projectionist.policy.events import (
+    FORKED,
+    Event,
+    EventData,
+    Forked,
+    ForkedEvent,
+    decode_event,
+    encode_event,
+    envelope,
+    event_type,
+)
+
+SCHEMA_VERSION: Final = 1
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS events (
+    session TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    type    TEXT NOT NULL,
+    time    TEXT NOT NULL,
+    body    BLOB NOT NULL,
+    PRIMARY KEY (session, seq)
+) WITHOUT ROWID
+"""
+_INSERT: Final = "INSERT INTO events (session, seq, type, time, body) VALUES (?, ?, ?, ?, ?)"
+_COPY_PREFIX: Final = (
+    "INSERT INTO events (session, seq, type, time, body)"
+    " SELECT ?, seq, type, time, body FROM events WHERE session = ? AND seq <= ? ORDER BY seq"
+)
+_LAST_SEQ: Final = "SELECT coalesce(max(seq), 0) FROM events WHERE session = ?"
+_READ: Final = "SELECT body FROM events WHERE session = ? AND seq > ? ORDER BY seq"
+_EXISTS: Final = "SELECT 1 FROM events WHERE session = ? LIMIT 1"
+_SESSIONS: Final = "SELECT DISTINCT session FROM events"
+
+_T = TypeVar("_T")
+
+
+@contextlib.contextmanager
+def _synchronous(conn: sqlite3.Connection, durable: bool) -> Iterator[None]:
+    """Commits in the block wait for the disk only if ``durable``; otherwise they are ordered in
+    the WAL and flushed by the next durable commit or checkpoint (``synchronous = NORMAL``)."""
+    if durable:
+        yield
+        return
+    conn.execute("PRAGMA synchronous = NORMAL")
+    try:
+        yield
+    finally:
+        conn.execute("PRAGMA synchronous = FULL")
+
+
+def utc_now() -> str:
+    """The default clock: UTC ISO-8601 with milliseconds and a ``Z`` suffix."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class SqliteLog:
+    """``policy.ports.SessionLog`` on one SQLite file, safe to share between processes.
+
+    The connection belongs to a single worker thread; each job is one complete transaction
+    (committed or rolled back before the job ends), so a cancelled caller never leaves a
+    transaction open. sqlite3 and OS faults surface as ``Unavailable(code="LOG_UNAVAILABLE")``.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        busy_timeout: float = 30.0,
+        clock: Callable[[], str] | None = None,
+    ) -> None:
+        self._path = Path(path)
+        self._busy_timeout = busy_timeout
+        self._clock: Callable[[], str] = clock if clock is not None else utc_now
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitelog")
+        self._conn: sqlite3.Connection | None = None  # touched only by the worker thread
+        self._closed = False
+        #: Group commit of records: appends "at the end" queue here; one flusher writes each
+        #: batch in a single transaction (see ``_append_at_end``).
+        self._queue: list[tuple[str, list[EventData], list[str], asyncio.Future[list[Event]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    # -- SessionLog ------------------------------------------------------------------------------
+
+    async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
+        return await self._run(partial(self._read_job, session_id, after_seq))
+
+    async def append(
+        self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
+    ) -> list[Event]:
+        items = list(data)
+        if not items:
+            raise ValueError("append needs at least one event")
+        if expected_seq is not None and expected_seq < 0:
+            raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
+        try:
+            types = [event_type(item) for item in items]
+        except KeyError as exc:
+            raise TypeError(f"not event data: {exc}") from None
+        if expected_seq is None and not durable:
+            return await self._append_at_end(session_id, items, types)
+        return await self._run(partial(self._append_job, session_id, expected_seq, items, types, durable))
+
+    async def _append_at_end(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
+        """Group commit for records: appends made while a batch is being written wait for the
+        next one, and every batch is one transaction, so a busy proxy pays one commit for many
+        records instead of one each. The caller still returns only once its record is written."""
+        if self._closed:
+            raise RuntimeError("SqliteLog is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Event]] = loop.create_future()
+        self._queue.append((session_id, items, types, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush())
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                written = await self._run(partial(self._batch_job, [(s, i, t) for s, i, t, _ in batch]))
+            except BaseException as exc:  # every waiter of this batch learns why
+                for *_, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (*_, future), events in zip(batch, written):
+                if not future.done():
+                    future.set_result(events)
+
+    async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
+        return await self._run(partial(self._transaction, partial(self._fork_tx, parent, child, at_seq)))
+
+    # -- extras ----------------------------------------------------------------------------------
+
+    async def sessions(self) -> list[str]:
+        """All session ids that have at least one event, sorted."""
+        return await self._run(self._sessions_job)
+
+    async def start(self) -> None:
+        """Open the file and create its schema now rather than on the first request."""
+        await self._run(lambda conn: None)
+
+    async def close(self) -> None:
+        """Let queued jobs finish, close the connection and stop the worker. Idempotent."""
+        if self._closed:
+            return
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._close_connection)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    # -- event-loop side -------------------------------------------------------------------------
+
+    async def _run(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._closed:
+            raise RuntimeError("SqliteLog is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, job)
+
+    # -- worker thread only ----------------------------------------------------------------------
+
+    def _call(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        try:
+            return job(self._connection())
+        except (sqlite3.Error, OSError) as exc:
+            raise Unavailable(f"session log unavailable: {exc}", code="LOG_UNAVAILABLE") from exc
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    def _open(self) -> sqlite3.Connection:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self._path,
+            timeout=self._busy_timeout,
+            isolation_level=None,  # no implicit transactions: every one is explicit below
+            check_same_thread=False,  # created and used only on the worker thread
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            self._enable_wal(conn)
+            conn.execute("PRAGMA synchronous = FULL")
+            self._migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching to WAL needs an exclusive lock; with several processes opening a fresh file
+        # at once it can report busy without consulting the busy handler, so retry until timeout.
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as exc:
+                busy = (exc.sqlite_errorcode & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+        if str(mode).lower() != "wal":
+            raise sqlite3.OperationalError(f"cannot enable WAL journal mode (got {mode!r})")
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
+        self._transaction(self._migrate_tx, conn)
+
+    @staticmethod
+    def _migrate_tx(conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:
+            conn.execute(_SCHEMA)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version != SCHEMA_VERSION:
+            raise Unavailable(
+                f"session log schema version {version} is not supported (expected {SCHEMA_VERSION})",
+                code="LOG_UNAVAILABLE",
+                retryable=False,
+            )
+
+    def _transaction(self, tx: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection) -> _T:
+        """Run ``tx`` in one ``BEGIN IMMEDIATE`` transaction: committed, or rolled back on any error."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = tx(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            self._rollback(conn)
+            raise
+        return result
+
+    def _rollback(self, conn: sqlite3.Connection) -> None:
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            # The connection's state is unknown: drop it; the next job opens a fresh one.
+            self._close_connection()
+
+    def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    @staticmethod
+    def _last_seq(conn: sqlite3.Connection, session_id: str) -> int:
+        last: int = conn.execute(_LAST_SEQ, (session_id,)).fetchone()[0]
+        return last
+
+    @staticmethod
+    def _read_job(session_id: str, after_seq: int, conn: sqlite3.Connection) -> list[Event]:
+        rows = conn.execute(_READ, (session_id, after_seq)).fetchall()
+        return [decode_event(body) for (body,) in rows]
+
+    @staticmethod
+    def _sessions_job(conn: sqlite3.Connection) -> list[str]:
+        return sorted(session for (session,) in conn.execute(_SESSIONS).fetchall())
+
+    def _append_job(
+        self,
+        session_id: str,
+        expected_seq: int | None,
+        items: list[EventData],
+        types: list[str],
+        durable: bool,
+        conn: sqlite3.Connection,
+    ) -> list[Event]:
+        try:
+            with _synchronous(conn, durable):
+                return self._transaction(partial(self._append_tx, session_id, expected_seq, items, types), conn)
+        except sqlite3.IntegrityError as exc:
+            # The PRIMARY KEY backs up the conditional check: a duplicate (session, seq) means
+            # another writer got there first, whatever the max(seq) read said.
+            actual = self._last_seq(conn, session_id)
+            if expected_seq is not None and actual != expected_seq:
+                raise AppendConflict(session_id, expected_seq, actual) from exc
+            raise
+
+    def _append_tx(
+        self,
+        session_id: str,
+        expected_seq: int | None,
+        items: list[EventData],
+        types: list[str],
+        conn: sqlite3.Connection,
+    ) -> list[Event]:
+        actual = self._last_seq(conn, session_id)
+        if expected_seq is not None and actual != expected_seq:
+            raise AppendConflict(session_id, expected_seq, actual)
+        now = self._clock()
+        events: list[Event] = [envelope(actual + i, now, item) for i, item in enumerate(items, 1)]
+        conn.executemany(
+            _INSERT,
+            [(session_id, event.seq, kind, now, encode_event(event)) for event, kind in zip(events, types)],
+        )
+        return events
+
+    def _batch_job(
+        self, batch: list[tuple[str, list[EventData], list[str]]], conn: sqlite3.Connection
+    ) -> list[list[Event]]:
+        with _synchronous(conn, durable=False):
+            return self._transaction(partial(self._batch_tx, batch), conn)
+
+    def _batch_tx(self, batch: list[tuple[str, list[EventData], list[str]]], conn: sqlite3.Connection
+                  ) -> list[list[Event]]:
+        now = self._clock()
+        last: dict[str, int] = {}
+        written: list[list[Event]] = []
+        rows: list[tuple[str, int, str, str, bytes]] = []
+        for session_id, items, types in batch:
+            seq = last[session_id] if session_id in last else self._last_seq(conn, session_id)
+            events: list[Event] = [envelope(seq + i, now, item) for i, item in enumerate(items, 1)]
+            last[session_id] = seq + len(items)
+            rows += [(session_id, e.seq, kind, now, encode_event(e)) for e, kind in zip(events, types)]
+            written.append(events)
+        conn.executemany(_INSERT, rows)
+        return written
+
+    def _fork_tx(self, parent: str, child: str, at_seq: int | None, conn: sqlite3.Connection) -> ForkedEvent:
+        if child == parent or conn.execute(_EXISTS, (child,)).fetchone() is not None:
+            raise Conflict(f"session {child!r} already exists", code="SESSION_EXISTS")
+        last = self._last_seq(conn, parent)
+        at = last if at_seq is None else at_seq
+        if not 0 <= at <= last:
+            raise InvalidRequest(
+                f"cannot fork {parent!r} at seq {at}: its last seq is {last}", code="INVALID_FORK_SEQ"
+            )
+        conn.execute(_COPY_PREFIX, (child, parent, at))  # verbatim: same type, time and body bytes
+        marker = ForkedEvent(seq=at + 1, time=self._clock(), data=Forked(parent=parent, at_seq=at))
+        conn.execute(_INSERT, (child, marker.seq, FORKED, marker.time, encode_event(marker)))
+        return marker

@@ -1,0 +1,226 @@
+"""The verified-object cache: base64 of verified images, ready to splice (proxy layer).
+
+Keyed by attachment id and bounded by total bytes (LRU). The id is the content digest, so a cached
+entry is always the right bytes for that id; the cache only changes what a request costs, never
+what it sends:
+
+- the log still decides: a quarantined reference gets its placeholder (and is never looked up
+  here), and a recovery reads and verifies the object again from the store;
+- a storage fault is noticed on the first request after it happens, warm cache or cold: every hit
+  first checks the object's *stamp* (inode/size/mtime on the filesystem, ETag and metadata on S3),
+  which costs a ``stat`` or a ``HEAD`` instead of a read, a hash and a header parse. A deleted,
+  replaced or rewritten object fails the check, drops out of the cache and gets the full verified
+  read, which classifies the fault as usual.
+
+Entries hold the JSON values adapters splice (a data URL, or the bare base64 string) as
+``msgspec.Raw``, so encoding a projected body copies them without re-scanning or re-encoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from projectionist.policy.errors import AttachmentError
+from projectionist.policy.model import StoredImage
+from projectionist.proxy.observe.metrics import Metrics
+from projectionist.proxy.http.services import Store
+
+
+class StampedStore(Store, Protocol):
+    async def stamps(self, attachment_ids: Sequence[str]) -> list[str | None]: ...
+    async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]: ...
+
+
+class Encoded:
+    """One verified image's base64 as the JSON values adapters splice: a data URL, or the bare
+    string. Each is built on first use from whichever form exists, so an entry usually holds only
+    the one form its clients' format needs."""
+
+    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare", "_digests", "on_resize")
+
+    def __init__(self, media_type: str, b64: bytes) -> None:
+        self.media_type = media_type
+        self._head = b'"data:' + media_type.encode() + b";base64,"
+        self._b64: bytes | None = b64
+        self._url: msgspec.Raw | None = None
+        self._bare: msgspec.Raw | None = None
+        self._digests: dict[str, str] = {}
+        #: Told the change in ``size`` when a form is built (the cache keeps its byte total exact).
+        self.on_resize: Callable[[Encoded, int], None] | None = None
+
+    @classmethod
+    def of(cls, image: StoredImage) -> Encoded:
+        return cls(image.media_type, base64.b64encode(image.data))
+
+    def _digits(self) -> bytes | memoryview:
+        if self._b64 is not None:
+            return self._b64
+        if self._url is not None:
+            return memoryview(self._url)[len(self._head):-1]
+        assert self._bare is not None
+        return memoryview(self._bare)[1:-1]
+
+    def data_url(self) -> msgspec.Raw:
+        if self._url is None:
+            before = self.size
+            self._url = msgspec.Raw(b"".join((self._head, self._digits(), b'"')))
+            self._b64 = None
+            self._resized(before)
+        return self._url
+
+    def base64(self) -> msgspec.Raw:
+        if self._bare is None:
+            before = self.size
+            self._bare = msgspec.Raw(b"".join((b'"', self._digits(), b'"')))
+            self._b64 = None
+            self._resized(before)
+        return self._bare
+
+    def _resized(self, before: int) -> None:
+        if self.on_resize is not None:
+            self.on_resize(self, self.size - before)
+
+    def digest(self, form: str) -> str:
+        """sha256 of the exact JSON bytes of ``form`` ("data_url" or "base64"), computed once."""
+        found = self._digests.get(form)
+        if found is None:
+            value = self.data_url() if form == "data_url" else self.base64()
+            found = self._digests[form] = hashlib.sha256(memoryview(value)).hexdigest()
+        return found
+
+    @property
+    def size(self) -> int:
+        return len(self._b64 or b"") + len(self._url or b"") + len(self._bare or b"")
+
+
+class CachedImage(StoredImage, frozen=True):
+    """A verified image served from the cache: ``data`` is empty, ``encoded`` holds its base64."""
+
+    encoded: Any = None
+
+
+class _Entry:
+    __slots__ = ("image", "stamp")
+
+    def __init__(self, image: CachedImage, stamp: str) -> None:
+        self.image = image
+        self.stamp = stamp
+
+    @property
+    def size(self) -> int:
+        return int(self.image.encoded.size)
+
+
+class VerifiedCache:
+    """LRU of verified images by id, bounded by ``max_bytes`` of encoded forms (0 disables it)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, attachment_id: str) -> _Entry | None:
+        entry = self._entries.get(attachment_id)
+        if entry is not None:
+            self._entries.move_to_end(attachment_id)
+        return entry
+
+    def put(self, image: StoredImage, stamp: str | None) -> StoredImage:
+        """Remember a freshly verified image; returns what the caller should use."""
+        encoded = Encoded.of(image)
+        cached = CachedImage(image.id, image.media_type, image.bytes, image.width, image.height, b"", encoded)
+        if stamp is None or encoded.size > self.max_bytes:
+            return cached
+        self.evict(image.id)
+        self._entries[image.id] = _Entry(cached, stamp)
+        self.bytes += encoded.size
+        encoded.on_resize = self._resized
+        self._shrink()
+        return cached
+
+    def evict(self, attachment_id: str) -> None:
+        entry = self._entries.pop(attachment_id, None)
+        if entry is not None:
+            self._forget(entry)
+
+    def _forget(self, entry: _Entry) -> None:
+        entry.image.encoded.on_resize = None  # whoever still holds it no longer counts against us
+        self.bytes -= entry.size
+
+    def _resized(self, encoded: Encoded, delta: int) -> None:
+        # An entry grows when a second JSON form is built (a client of another format hit it).
+        self.bytes += delta
+        self._shrink()
+
+    def _shrink(self) -> None:
+        while self.bytes > self.max_bytes and self._entries:
+            _, entry = self._entries.popitem(last=False)
+            self._forget(entry)
+
+
+class CachedStore:
+    """The ``AttachmentStore`` the policy reads through: stamp-checked cache hits, verified reads
+    on misses. Everything else (admission, stat, delete, blobs, recovery's fresh reads) uses the
+    store itself; a deleted object fails its stamp check on the next hit."""
+
+    def __init__(self, inner: StampedStore, cache: VerifiedCache, metrics: Metrics | None = None) -> None:
+        self.inner = inner
+        self.cache = cache
+        self.metrics = metrics or Metrics()
+        self._pending: list[tuple[str, asyncio.Future[str | None]]] = []
+
+    async def _stamp(self, attachment_id: str) -> str | None:
+        """The object's stamp; checks asked for in the same loop iteration (the concurrent reads
+        of one request) go to the store as one batch."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str | None] = loop.create_future()
+        self._pending.append((attachment_id, future))
+        if len(self._pending) == 1:
+            loop.call_soon(self._send_stamps)
+        return await future
+
+    def _send_stamps(self) -> None:
+        batch, self._pending = self._pending, []
+        asyncio.get_running_loop().create_task(self._stamp_batch(batch))
+
+    async def _stamp_batch(self, batch: list[tuple[str, asyncio.Future[str | None]]]) -> None:
+        try:
+            found = await self.inner.stamps([aid for aid, _ in batch])
+        except Exception:  # a failed check is a miss: the full read classifies the fault
+            found = [None] * len(batch)
+        for (_, future), stamp in zip(batch, found):
+            if not future.done():
+                future.set_result(stamp)
+
+    async def read_image(self, attachment_id: str) -> StoredImage:
+        entry = self.cache.get(attachment_id)
+        if entry is not None:
+            if await self._stamp(attachment_id) == entry.stamp:
+                self.metrics.cache_hits += 1
+                return entry.image
+            self.cache.evict(attachment_id)
+        self.metrics.cache_misses += 1
+        try:
+            image, stamp = await self.inner.read_stamped(attachment_id)
+        except AttachmentError as error:
+            self.metrics.store_reads[error.code.removeprefix("ATTACHMENT_").lower()] += 1
+            raise
+        self.metrics.store_reads["ok"] += 1
+        return self.cache.put(image, stamp)
+
+
+def inline(image: StoredImage) -> Any:
+    """The adapters' ``Inliner`` for images that came through ``CachedStore``."""
+    if isinstance(image, CachedImage):
+        return image.encoded
+    return Encoded.of(image)

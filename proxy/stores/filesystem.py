@@ -1,0 +1,346 @@
+"""Filesystem attachment store: the embedded default ``AttachmentStore`` plus admission (proxy layer).
+
+Content-addressed: ``objects/<hex[:2]>/<hex>`` holds the bytes, ``<hex>.json`` beside it the
+admission record. Publishing is atomic and durable (temp file, fsync, rename, directory fsync);
+every read verifies digest, record and header. All blocking work runs on a dedicated thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from functools import partial
+from pathlib import Path
+from typing import Final, TypeVar
+
+import msgspec
+
+from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
+from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
+from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
+from projectionist.proxy.config import ImageLimits
+from projectionist.proxy.http.services import AttachmentMeta
+
+#: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.
+WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
+
+_T = TypeVar("_T")
+
+
+class _Record(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The admission record stored beside the bytes (``name``/``created_at``: first admission's)."""
+
+    media_type: str
+    bytes: int
+    width: int
+    height: int
+    name: str | None = None
+    created_at: int = 0
+
+
+_RECORD_DECODER: Final = msgspec.json.Decoder(_Record)
+
+
+def _short(hex_digest: str) -> str:
+    return ID_PREFIX + hex_digest[:8]
+
+
+def _read_file(path: Path) -> bytes:
+    """Read a whole file (module-level so tests can substitute faults)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _ensure_dir(directory: Path) -> None:
+    """Create ``directory`` (and parents) durably: a new entry is fsynced into its parent."""
+    if directory.is_dir():
+        return
+    _ensure_dir(directory.parent)
+    try:
+        directory.mkdir()
+    except FileExistsError:
+        if not directory.is_dir():
+            raise
+        return
+    _fsync_dir(directory.parent)
+
+
+def _write_atomic(directory: Path, name: str, content: bytes) -> None:
+    """Write ``directory/name`` via a temp file in the same directory, fsync, then rename over.
+
+    The caller fsyncs the directory. The temp file never survives a failure.
+    """
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / name)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class FilesystemStore:
+    """Content-addressed image store on a local filesystem.
+
+    ``read_image`` implements the policy ``AttachmentStore`` Protocol; ``admit`` and ``delete`` are
+    the admission and admin side. ``read_timeout`` (seconds, None for none) bounds a verified
+    read; a timed-out read leaves its worker thread running until the OS call returns.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        limits: ImageLimits = ImageLimits(),
+        *,
+        read_timeout: float | None = 30.0,
+        max_workers: int = 8,
+    ) -> None:
+        self.root = Path(root)
+        self.limits = limits
+        self.read_timeout = read_timeout
+        self._objects = self.root / "objects"
+        _ensure_dir(self._objects)
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="fsstore")
+
+    # -- paths -----------------------------------------------------------------------------------
+
+    def _paths(self, hex_digest: str) -> tuple[Path, Path]:
+        """Data and record paths. Only ever called with a hex digest that passed ``check_id``."""
+        directory = self._objects / hex_digest[:2]
+        return directory / hex_digest, directory / f"{hex_digest}.json"
+
+    # -- async API -------------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[], _T]) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
+        """Validate ``data`` and store it under its digest; return the stored image.
+
+        Idempotent: an existing object that verifies is left untouched. An absent, partial or
+        corrupt one is (re)published; the digest proves the new bytes are the right ones.
+        Raises ``ImageRejected`` for refused bytes, ``Unavailable(ATTACHMENT_WRITE_FAILED)`` when the
+        filesystem fails while publishing.
+        """
+        return await self._run(partial(self._admit_sync, data, declared_type, name))
+
+    async def read_image(self, attachment_id: str) -> StoredImage:
+        """Return the verified image or raise ``AttachmentError`` (see ``policy.ports``)."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        return await self._timed(partial(self._load, hex_digest), attachment_id)
+
+    async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]:
+        """``read_image`` plus the object's stamp taken before the read (see ``stamp``)."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        return await self._timed(partial(self._load_stamped, hex_digest), attachment_id)
+
+    async def stamps(self, attachment_ids: Sequence[str]) -> list[str | None]:
+        """Cheap tokens that change whenever an object or its record is replaced, rewritten or
+        removed (inode, size, mtime of both files; no bytes read); None when absent. One
+        worker-thread hop for the whole batch."""
+        hexes = [check_id(aid)[len(ID_PREFIX):] for aid in attachment_ids]
+        return await self._run(lambda: [self._stamp_sync(h) for h in hexes])
+
+    async def _timed(self, fn: Callable[[], _T], attachment_id: str) -> _T:
+        future = self._run(fn)
+        if self.read_timeout is None:
+            return await future
+        hex_digest = attachment_id[len(ID_PREFIX):]
+        try:
+            return await asyncio.wait_for(future, self.read_timeout)
+        except TimeoutError:
+            # Only wait_for raises TimeoutError here: _load converts every OSError itself.
+            raise AttachmentError(
+                READ_FAILED,
+                f"{READ_FAILED}: {_short(hex_digest)} read timed out after {self.read_timeout}s",
+                attachment_id=attachment_id,
+            ) from None
+
+    async def stat(self, attachment_id: str) -> AttachmentMeta | None:
+        """The admission record of a present object, without reading or verifying its bytes."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        return await self._run(partial(self._stat_sync, hex_digest))
+
+    async def put_blob(self, data: bytes) -> str:
+        """Store opaque bytes (recorded request and response bodies) content-addressed under
+        ``blobs/``; idempotent; returns ``sha256:<hex>``."""
+        return await self._run(partial(self._put_blob_sync, data))
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        hex_digest = check_id(blob_id)[len(ID_PREFIX):]
+        path = self.root / "blobs" / hex_digest[:2] / hex_digest
+        try:
+            return await self._run(partial(_read_file, path))
+        except FileNotFoundError:
+            return None
+
+    async def delete(self, attachment_id: str) -> bool:
+        """Remove the object and its record; True if anything was removed."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        return await self._run(partial(self._delete_sync, hex_digest))
+
+    async def close(self) -> None:
+        """Stop accepting work. Queued work is cancelled; running calls finish in the background."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- blocking work (executor threads only) ---------------------------------------------------
+
+    def _load(self, hex_digest: str) -> StoredImage:
+        """The verified read: open, read, hash, parse. Raises only ``AttachmentError``."""
+        attachment_id = ID_PREFIX + hex_digest
+        short = _short(hex_digest)
+
+        def fail(code: str, why: str) -> AttachmentError:
+            return AttachmentError(code, f"{code}: {short} {why}", attachment_id=attachment_id)
+
+        data_path, record_path = self._paths(hex_digest)
+        try:
+            data = _read_file(data_path)
+        except FileNotFoundError:
+            raise fail(NOT_FOUND, "is not in the store") from None
+        except OSError as exc:
+            raise fail(READ_FAILED, f"could not be read ({_errname(exc)})") from None
+        try:
+            raw_record = _read_file(record_path)
+        except FileNotFoundError:
+            raise fail(CORRUPT, "has no admission record") from None
+        except OSError as exc:
+            raise fail(READ_FAILED, f"record could not be read ({_errname(exc)})") from None
+
+        if hashlib.sha256(data).hexdigest() != hex_digest:
+            raise fail(CORRUPT, "content does not match its digest")
+        try:
+            record = _RECORD_DECODER.decode(raw_record)
+        except msgspec.DecodeError:
+            raise fail(CORRUPT, "admission record is unparsable") from None
+        if len(data) != record.bytes:
+            raise fail(CORRUPT, f"size {len(data)} disagrees with its record ({record.bytes})")
+        try:
+            info = header_info(data)
+        except ImageRejected:
+            raise fail(CORRUPT, "image header cannot be parsed") from None
+        if info.media_type != record.media_type:
+            raise fail(CORRUPT, f"media type {info.media_type} disagrees with its record")
+        if (info.width, info.height) != (record.width, record.height):
+            raise fail(CORRUPT, f"dimensions {info.width}x{info.height} disagree with its record")
+        return StoredImage(
+            id=attachment_id,
+            media_type=info.media_type,
+            bytes=len(data),
+            width=info.width,
+            height=info.height,
+            data=data,
+        )
+
+    def _stamp_sync(self, hex_digest: str) -> str | None:
+        try:
+            stats = [os.stat(path) for path in self._paths(hex_digest)]
+        except OSError:
+            return None
+        return "/".join(f"{s.st_ino}:{s.st_size}:{s.st_mtime_ns}" for s in stats)
+
+    def _load_stamped(self, hex_digest: str) -> tuple[StoredImage, str | None]:
+        stamp = self._stamp_sync(hex_digest)  # before the read: a change during it shows next time
+        return self._load(hex_digest), stamp
+
+    def _admit_sync(self, data: bytes, declared_type: str | None, name: str | None = None) -> StoredImage:
+        info: ImageInfo = inspect_image(data, declared_type, self.limits)
+        hex_digest = hashlib.sha256(data).hexdigest()
+        try:
+            return self._load(hex_digest)
+        except AttachmentError:
+            pass  # absent, partial, corrupt or unreadable: (re)publish below
+        record = _Record(media_type=info.media_type, bytes=len(data), width=info.width, height=info.height,
+                         name=name, created_at=int(time.time()))
+        data_path, record_path = self._paths(hex_digest)
+        directory = data_path.parent
+        try:
+            _ensure_dir(directory)
+            # Record first, data last: the data file is the publish point, so a crash in between
+            # leaves an object that reads as not found and that re-admission repairs.
+            _write_atomic(directory, record_path.name, msgspec.json.encode(record))
+            _write_atomic(directory, data_path.name, data)
+            _fsync_dir(directory)
+        except OSError as exc:
+            raise Unavailable(
+                f"{WRITE_FAILED}: {_short(hex_digest)} could not be stored ({_errname(exc)})",
+                code=WRITE_FAILED,
+            ) from None
+        return StoredImage(
+            id=ID_PREFIX + hex_digest,
+            media_type=info.media_type,
+            bytes=len(data),
+            width=info.width,
+            height=info.height,
+            data=data,
+        )
+
+    def _stat_sync(self, hex_digest: str) -> AttachmentMeta | None:
+        data_path, record_path = self._paths(hex_digest)
+        try:
+            if not data_path.is_file():
+                return None
+            record = _RECORD_DECODER.decode(_read_file(record_path))
+        except (OSError, msgspec.DecodeError):
+            return None
+        return AttachmentMeta(ID_PREFIX + hex_digest, record.media_type, record.bytes, record.width, record.height,
+                              record.name, record.created_at)
+
+    def _put_blob_sync(self, data: bytes) -> str:
+        hex_digest = hashlib.sha256(data).hexdigest()
+        directory = self.root / "blobs" / hex_digest[:2]
+        if not (directory / hex_digest).exists():
+            try:
+                _ensure_dir(directory)
+                _write_atomic(directory, hex_digest, data)
+                _fsync_dir(directory)
+            except OSError as exc:
+                raise Unavailable(f"{WRITE_FAILED}: blob could not be stored ({_errname(exc)})",
+                                  code=WRITE_FAILED) from None
+        return ID_PREFIX + hex_digest
+
+    def _delete_sync(self, hex_digest: str) -> bool:
+        data_path, record_path = self._paths(hex_digest)
+        removed = False
+        try:
+            # Data first: once it is gone the object reads as not found, whatever happens next.
+            for path in (data_path, record_path):
+                try:
+                    path.unlink()
+                    removed = True
+                except FileNotFoundError:
+                    pass
+            if removed:
+                _fsync_dir(data_path.parent)
+        except OSError as exc:
+            raise Unavailable(
+                f"{WRITE_FAILED}: {_short(hex_digest)} could not be deleted ({_errname(exc)})",
+                code=WRITE_FAILED,
+            ) from None
+        return removed
+
+
+def _errname(exc: OSError) -> str:
+    """A short, byte-free description of an OS error: its errno name, else its class."""
+    if exc.errno is not None and exc.errno in errno.errorcode:
+        return errno.errorcode[exc.errno]
+    return type(exc).__name__

@@ -1,0 +1,283 @@
+"""S3-compatible attachment store for many replicas (proxy layer).
+
+Content-addressed keys ``{prefix}objects/<hex[:2]>/<hex>``; the admission record travels with the
+object as user metadata. Verified reads map faults to exactly the policy's codes: 404/NoSuchKey is
+ATTACHMENT_NOT_FOUND; a digest, size, type or dimension mismatch is ATTACHMENT_CORRUPT; any other
+fault or a timeout is ATTACHMENT_READ_FAILED; cancellation propagates. Memory stays bounded: the
+size on record (never more than ``max_bytes``) is checked against ``Content-Length`` before a byte
+is read, and the body is read in chunks up to that size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Awaitable, Sequence
+from typing import Any, Final, TypeVar
+from urllib.parse import quote, unquote
+
+import aiohttp
+import msgspec
+import botocore.exceptions
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
+from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
+from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
+from projectionist.proxy.config import ImageLimits
+from projectionist.proxy.http.services import AttachmentMeta
+
+WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
+CHUNK: Final = 256 * 1024
+#: Above this size hashing and header parsing move off the event loop.
+INLINE_LIMIT: Final = 256 * 1024
+_MISSING: Final = ("NoSuchKey", "404", "NotFound")
+_FAULTS: Final = (botocore.exceptions.BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
+_T = TypeVar("_T")
+
+
+class S3Store:
+    """``AttachmentStore`` + admission on an S3-compatible bucket (aiobotocore, one client per store)."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        bucket: str,
+        region: str = "us-east-1",
+        access_key: str = "",
+        secret_key: str = "",
+        prefix: str = "",
+        limits: ImageLimits = ImageLimits(),
+        read_timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+        self.limits = limits
+        self.read_timeout = read_timeout
+        self._client_args: dict[str, Any] = {
+            "endpoint_url": endpoint or None,
+            "region_name": region,
+            "aws_access_key_id": access_key or None,
+            "aws_secret_access_key": secret_key or None,
+            "config": AioConfig(connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+        }
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+        self._opening = asyncio.Lock()
+
+    def key(self, hex_digest: str) -> str:
+        return f"{self.prefix}objects/{hex_digest[:2]}/{hex_digest}"
+
+    async def client(self) -> Any:
+        if self._client is None:
+            async with self._opening:
+                if self._client is None:
+                    session = get_session()
+                    self._client = await self._stack.enter_async_context(
+                        session.create_client("s3", **self._client_args))
+        return self._client
+
+    async def close(self) -> None:
+        self._client = None
+        await self._stack.aclose()
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def read_image(self, attachment_id: str) -> StoredImage:
+        return (await self.read_stamped(attachment_id))[0]
+
+    async def stamps(self, attachment_ids: Sequence[str]) -> list[str | None]:
+        """``stamp`` of each id, the HEADs sent concurrently."""
+        return list(await asyncio.gather(*(self.stamp(aid) for aid in attachment_ids)))
+
+    async def stamp(self, attachment_id: str) -> str | None:
+        """A cheap token (ETag, Last-Modified, metadata from a HEAD) that changes whenever the
+        object is replaced or removed; None when absent or unreadable."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                head = await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
+        except (botocore.exceptions.ClientError, *_FAULTS):
+            return None
+        return _stamp(head)
+
+    async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]:
+        """``read_image`` plus the object's stamp from the same GET (see ``stamp``)."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        short = attachment_id[:15]
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                return await self._read(hex_digest)
+        except AttachmentError:
+            raise
+        except botocore.exceptions.ClientError as exc:
+            code = _error_code(exc)
+            if code in _MISSING:
+                raise AttachmentError(NOT_FOUND, f"{NOT_FOUND}: {short} is not in the bucket",
+                                      attachment_id=attachment_id) from None
+            raise AttachmentError(READ_FAILED, f"{READ_FAILED}: {short} ({code or 'error'})",
+                                  attachment_id=attachment_id) from None
+        except _FAULTS as exc:
+            raise AttachmentError(READ_FAILED, f"{READ_FAILED}: {short} ({type(exc).__name__})",
+                                  attachment_id=attachment_id) from None
+
+    async def _read(self, hex_digest: str) -> tuple[StoredImage, str]:
+        attachment_id = ID_PREFIX + hex_digest
+
+        def corrupt(why: str) -> AttachmentError:
+            return AttachmentError(CORRUPT, f"{CORRUPT}: {attachment_id[:15]} {why}", attachment_id=attachment_id)
+
+        client = await self.client()
+        response = await client.get_object(Bucket=self.bucket, Key=self.key(hex_digest))
+        body = response["Body"]
+        try:
+            meta = _record(response.get("Metadata") or {})
+            if meta is None:
+                raise corrupt("has no valid admission record")
+            length = int(response.get("ContentLength", -1))
+            if meta.bytes > self.limits.max_bytes or length != meta.bytes:
+                raise corrupt(f"size {length} disagrees with its record ({meta.bytes})")
+            data = bytearray()
+            async for chunk in body.iter_chunks(CHUNK):
+                data += chunk
+                if len(data) > meta.bytes:
+                    raise corrupt("is longer than its record")
+        finally:
+            body.close()
+        blob = bytes(data)
+        info, digest = await _off_loop(len(blob), _inspect, blob)
+        if digest != hex_digest:
+            raise corrupt("content does not match its digest")
+        if len(blob) != meta.bytes:
+            raise corrupt(f"size {len(blob)} disagrees with its record ({meta.bytes})")
+        if info is None or info.media_type != meta.media_type or (info.width, info.height) != (meta.width, meta.height):
+            raise corrupt("header disagrees with its record")
+        return StoredImage(attachment_id, info.media_type, len(blob), info.width, info.height, blob), _stamp(response)
+
+    async def stat(self, attachment_id: str) -> AttachmentMeta | None:
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+
+        async def fetch() -> Any:
+            return await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
+
+        head = await _unless_missing(fetch())
+        if head is None:
+            return None
+        record = _record(head.get("Metadata") or {})
+        return None if record is None else msgspec.structs.replace(record, id=attachment_id)
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
+        """Validate and store; idempotent (a verified existing object is left alone); re-admitting
+        the right bytes repairs a missing or corrupt object."""
+        info = await _off_loop(len(data), inspect_image, data, declared_type, self.limits)
+        hex_digest = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
+        try:
+            return await self.read_image(ID_PREFIX + hex_digest)
+        except AttachmentError:
+            pass  # absent, corrupt or unreadable: (re)publish
+        metadata = {"media-type": info.media_type, "bytes": str(len(data)), "width": str(info.width),
+                    "height": str(info.height), "created-at": str(int(time.time()))}
+        if name:
+            metadata["name"] = quote(name, safe="")
+        try:
+            await (await self.client()).put_object(Bucket=self.bucket, Key=self.key(hex_digest), Body=data,
+                                                   ContentType=info.media_type, Metadata=metadata)
+        except (botocore.exceptions.ClientError, *_FAULTS) as exc:
+            raise Unavailable(f"{WRITE_FAILED}: could not store ({type(exc).__name__})", code=WRITE_FAILED) from None
+        return StoredImage(ID_PREFIX + hex_digest, info.media_type, len(data), info.width, info.height, data)
+
+    def blob_key(self, hex_digest: str) -> str:
+        return f"{self.prefix}blobs/{hex_digest[:2]}/{hex_digest}"
+
+    async def put_blob(self, data: bytes) -> str:
+        """Store opaque bytes (recorded bodies) content-addressed; returns ``sha256:<hex>``."""
+        hex_digest: str = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
+        try:
+            await (await self.client()).put_object(Bucket=self.bucket, Key=self.blob_key(hex_digest), Body=data)
+        except (botocore.exceptions.ClientError, *_FAULTS) as exc:
+            raise Unavailable(f"{WRITE_FAILED}: blob could not be stored ({type(exc).__name__})",
+                              code=WRITE_FAILED) from None
+        return ID_PREFIX + hex_digest
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        hex_digest = check_id(blob_id)[len(ID_PREFIX):]
+
+        async def fetch() -> bytes:
+            response = await (await self.client()).get_object(Bucket=self.bucket, Key=self.blob_key(hex_digest))
+            async with response["Body"] as body:
+                data: bytes = await body.read()
+            return data
+
+        return await _unless_missing(fetch())
+
+    async def delete(self, attachment_id: str) -> bool:
+        """Remove the object; True if one was there (whatever state its record was in)."""
+        key = self.key(check_id(attachment_id)[len(ID_PREFIX):])
+        try:
+            client = await self.client()
+            try:
+                await client.head_object(Bucket=self.bucket, Key=key)
+            except botocore.exceptions.ClientError as exc:
+                if _error_code(exc) in _MISSING:
+                    return False
+                raise
+            await client.delete_object(Bucket=self.bucket, Key=key)
+        except (botocore.exceptions.ClientError, *_FAULTS) as exc:
+            raise Unavailable(f"{WRITE_FAILED}: could not delete ({type(exc).__name__})", code=WRITE_FAILED) from None
+        return True
+
+
+def _error_code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+async def _unless_missing(call: Awaitable[_T]) -> _T | None:
+    """``call``'s result, or None when the key is not in the bucket; any other fault is a
+    retryable ``STORE_UNAVAILABLE``."""
+    try:
+        return await call
+    except botocore.exceptions.ClientError as exc:
+        if _error_code(exc) in _MISSING:
+            return None
+        raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
+    except _FAULTS:
+        raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
+
+
+def _stamp(response: dict[str, Any]) -> str:
+    metadata = sorted((response.get("Metadata") or {}).items())
+    return f"{response.get('ETag')}|{response.get('LastModified')}|{metadata}"
+
+
+def _record(metadata: dict[str, str]) -> AttachmentMeta | None:
+    """The admission record from object metadata (None when absent or malformed)."""
+    try:
+        return AttachmentMeta(
+            "", metadata["media-type"], int(metadata["bytes"]), int(metadata["width"]), int(metadata["height"]),
+            unquote(metadata["name"]) if "name" in metadata else None, int(metadata.get("created-at", "0")),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def _inspect(blob: bytes) -> tuple[ImageInfo | None, str]:
+    try:
+        info: ImageInfo | None = header_info(blob)
+    except ImageRejected:
+        info = None
+    return info, hashlib.sha256(blob).hexdigest()
+
+
+async def _off_loop(size: int, fn: Any, *args: Any) -> Any:
+    """Run CPU-bound ``fn`` inline for small inputs, on a worker thread for large ones."""
+    if size <= INLINE_LIMIT:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)

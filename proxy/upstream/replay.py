@@ -1,0 +1,218 @@
+"""Replay: rebuild the exact upstream request of a recorded call, check it, resend it (proxy layer).
+
+The session log plus the content-addressed store define every upstream request byte for byte.
+``rebuild`` folds the log up to the state the original call saw, runs the same projection and
+rendering code on the recorded inbound body (its blob in ``full`` mode, or one the user supplies,
+checked against the recorded digest), and compares the projected digest. A mismatch names the
+first differing path: a reference whose outcome changed (a changed store), else the first member
+of the body whose shape changed (a code change), else the first inlined image (its encoding).
+Replay never appends to the log and never quarantines.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+from multidict import CIMultiDict
+
+from projectionist.adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
+from projectionist.adapters.base import WireFormat
+from projectionist.policy.errors import AttachmentError, Conflict, InvalidRequest, NotFound
+from projectionist.policy.events import Event, RequestEvent, RequestRecorded, ResponseEvent, ResponseRecorded
+from projectionist.policy.fold import fold
+from projectionist.policy.model import ImageRef
+from projectionist.policy.ports import SessionLog
+from projectionist.policy.projection import Projection, project
+from projectionist.proxy.config import Config
+from projectionist.proxy.upstream.prepare import build
+from projectionist.proxy.upstream.recording import Described, describe, response_documents, sha256_id
+from projectionist.adapters.redact import shorten
+from projectionist.proxy.http.services import Store
+from projectionist.proxy.upstream.urls import Base
+
+ADAPTERS: Final[dict[str, WireFormat]] = {
+    m.NAME: m for m in (openai_chat, openai_responses, anthropic_messages, anthropic_batches, gemini)}
+#: Response members that differ on every call by design (ids, clocks); --diff ignores them.
+VOLATILE: Final = frozenset({"id", "created", "created_at", "system_fingerprint", "request_id", "responseId",
+                             "createTime", "item_id", "response_id", "sequence_number"})
+_decoder: Final = msgspec.json.Decoder()
+
+
+class Rebuilt(msgspec.Struct, omit_defaults=True):
+    """The outcome of ``rebuild`` (``body`` is the rebuilt upstream body, when it could be built)."""
+
+    session: str
+    seq: int
+    request: RequestRecorded
+    inbound: str
+    matches: bool
+    projected_digest: str | None = None
+    first_difference: str | None = None
+    reason: str | None = None
+    response: ResponseRecorded | None = None
+    body: bytes | None = None
+
+    def summary(self, show: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "session": self.session, "seq": self.seq, "request_id": self.request.request_id,
+            "adapter": self.request.adapter, "upstream": self.request.upstream,
+            "method": self.request.method, "path": self.request.path, "inbound": self.inbound,
+            "recorded_digest": self.request.projected_digest, "rebuilt_digest": self.projected_digest,
+            "matches": self.matches, "first_difference": self.first_difference, "reason": self.reason,
+            "refs": [msgspec.to_builtins(r) for r in self.request.refs],
+            "recorded_response": msgspec.to_builtins(self.response) if self.response else None,
+        }
+        if show and self.body is not None:
+            out["body"] = shorten(_decoder.decode(self.body))
+        return out
+
+
+def _pick(events: list[Event], seq: int | None) -> tuple[RequestEvent, ResponseRecorded | None]:
+    requests = [e for e in events if isinstance(e, RequestEvent)]
+    if seq is not None:
+        requests = [e for e in requests if e.seq == seq]
+    if not requests:
+        where = f"at seq {seq}" if seq is not None else "in this session"
+        raise NotFound(f"no recorded request {where}", code="NOT_RECORDED")
+    event = requests[-1]
+    responses = [e.data for e in events if isinstance(e, ResponseEvent) and e.data.request_seq == event.seq]
+    return event, responses[-1] if responses else None
+
+
+def locate(recorded: RequestRecorded, rebuilt: Described) -> str:
+    """The first differing path between a recorded call and its reconstruction."""
+    for old, new in zip(recorded.refs, rebuilt.refs):
+        if old != new:
+            return old.path
+    if len(recorded.refs) != len(rebuilt.refs):
+        longer = recorded.refs if len(recorded.refs) > len(rebuilt.refs) else rebuilt.refs
+        return longer[min(len(recorded.refs), len(rebuilt.refs))].path
+    old_shape, new_shape = dict(recorded.shape), dict(rebuilt.shape)
+    for path, digest in recorded.shape:
+        if new_shape.get(path) != digest:
+            return path
+    for path in new_shape:
+        if path not in old_shape:
+            return path
+    inlined = [r.path for r in recorded.refs if r.outcome == "inlined"]
+    return inlined[0] if inlined else ""
+
+
+async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None = None,
+                  inbound: bytes | None = None) -> Rebuilt:
+    """Rebuild the upstream body of the recorded call at ``seq`` (default: the last one)."""
+    events = await log.read(session)
+    event, response = _pick(events, seq)
+    record = event.data
+    source = "given"
+    if inbound is None:
+        if record.inbound_blob is None:
+            raise Conflict("this call was recorded in metadata mode: pass the inbound body (--body)",
+                           code="REPLAY_NEEDS_BODY")
+        inbound = await store.get_blob(record.inbound_blob)
+        if inbound is None:
+            raise NotFound(f"the recorded inbound body {record.inbound_blob[:15]} is gone", code="BLOB_NOT_FOUND")
+        source = record.inbound_blob
+    if sha256_id(inbound) != record.inbound_digest:
+        raise InvalidRequest("this is not the inbound body of the recorded call (digest differs)",
+                             code="INBOUND_MISMATCH")
+    fmt = ADAPTERS.get(record.adapter)
+    if fmt is None:
+        raise InvalidRequest(f"unknown adapter {record.adapter!r}", code="UNKNOWN_ADAPTER")
+    state = fold(e for e in events if e.seq <= record.log_seq)
+
+    async def run(refs: list[ImageRef]) -> Projection:
+        return await project(refs, store=store, log=None, session_id=None, sessionless="fail", state=state)
+
+    base = Rebuilt(session, event.seq, record, source, matches=False, response=response)
+    try:
+        built = await build(fmt, inbound, run)
+    except AttachmentError as error:
+        path = next((r.path for r in record.refs if r.attachment_id == error.attachment_id), "")
+        return msgspec.structs.replace(base, first_difference=path,
+                                       reason=f"{error.code}: the store no longer holds a recorded image")
+    described = describe(fmt, inbound, built.body, built.projection.outcomes if built.projection else None)
+    matches = described.projected_digest == record.projected_digest
+    return msgspec.structs.replace(
+        base, matches=matches, projected_digest=described.projected_digest, body=built.body,
+        first_difference=None if matches else locate(record, described),
+        reason=None if matches else "the reconstruction differs from the recorded call")
+
+
+async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = None,
+               headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:
+    """Send the rebuilt body to its upstream (or ``upstream_url``); returns status, content
+    type and the whole body (an SSE stream concatenated). The upstream's configured key is sent
+    only to that upstream's own URL, never to an override; ``headers`` can carry a key there."""
+    if rebuilt.body is None:
+        raise Conflict(f"nothing to send: {rebuilt.reason}", code="REPLAY_NOT_REBUILT")
+    record = rebuilt.request
+    upstream = config.upstreams.get(record.upstream)
+    configured = upstream.url if upstream else ""
+    if not (upstream_url or configured):
+        raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code="UNKNOWN_UPSTREAM")
+    base = Base(upstream_url or configured)
+    path, _, query = record.path.partition("?")
+    url = base.join(path, query)
+    fmt = ADAPTERS[record.adapter]
+    outgoing: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", **(headers or {})})
+    # The configured key goes only to the configured upstream: an override URL gets no key.
+    own = upstream is not None and (not upstream_url or upstream_url.rstrip("/") == configured.rstrip("/"))
+    key = config.upstream_key(record.upstream) if own else ""
+    if key:
+        for name, value in fmt.upstream_auth(key).items():
+            outgoing[name] = value
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with http.request(record.method, url, data=rebuilt.body, headers=outgoing) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+
+
+def first_difference(old: Any, new: Any, path: str = "") -> str | None:
+    """The first JSON path where ``old`` and ``new`` differ, ignoring volatile members."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in [*old, *(k for k in new if k not in old)]:
+            if key in VOLATILE:
+                continue
+            if key not in old or key not in new:
+                return f"{path}/{key}"
+            found = first_difference(old[key], new[key], f"{path}/{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(old, list) and isinstance(new, list):
+        for i, (a, b) in enumerate(zip(old, new)):
+            found = first_difference(a, b, f"{path}/{i}")
+            if found is not None:
+                return found
+        return None if len(old) == len(new) else f"{path}/{min(len(old), len(new))}"
+    return None if old == new else (path or "/")
+
+
+def diff(recorded: bytes | None, new: bytes, content_type: str) -> dict[str, Any]:
+    """Compare a recorded response body with a new one (JSON paths; volatile ids ignored)."""
+    if recorded is None:
+        return {"compared": False, "reason": "no recorded response body (record.mode = 'full' keeps it)"}
+    where = first_difference(response_documents(recorded, content_type), response_documents(new, content_type))
+    return {"compared": True, "identical": where is None, "first_difference": where,
+            "recorded_digest": sha256_id(recorded), "new_digest": sha256_id(new)}
+
+
+async def recorded_response(store: Store, rebuilt: Rebuilt) -> bytes | None:
+    """The recorded response body of the call (``full`` mode), if kept."""
+    blob = rebuilt.response.response_blob if rebuilt.response else None
+    return await store.get_blob(blob) if blob else None
+
+
+async def send_and_compare(rebuilt: Rebuilt, config: Config, store: Store, *, upstream_url: str | None,
+                           headers: dict[str, str], compare: bool) -> dict[str, Any]:
+    """Resend a rebuilt call: the ``sent`` entry of a replay report, and with ``compare`` the
+    ``diff`` against the recorded answer."""
+    status, content_type, answer = await send(rebuilt, config, upstream_url=upstream_url, headers=headers)
+    out: dict[str, Any] = {"sent": {"status": status, "content_type": content_type, "bytes": len(answer),
+                                    "body": answer.decode("utf-8", "replace")[:4000]}}
+    if compare:
+        out["diff"] = diff(await recorded_response(store, rebuilt), answer, content_type)
+    return out

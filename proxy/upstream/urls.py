@@ -1,0 +1,120 @@
+"""Outgoing URLs: a configured base plus a validated path, nothing else (proxy layer).
+
+The rule: the scheme, host and port of every upstream request are those of a configured upstream.
+``Base`` keeps a configured URL parsed once; ``Base.join`` builds the outgoing URL from its parts
+and a path the client sent, and ``check_path`` refuses any path that starts without ``/``, holds a
+``.`` or ``..`` segment in any decoding of it (encoded, double-encoded, backslash-separated,
+``..;``), a control character, bytes that are not UTF-8 (overlong forms included), or raw
+non-ASCII. A refused path is the client's error (400 ``INVALID_PATH``), never forwarded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Final
+from urllib.parse import unquote_plus, unquote_to_bytes
+
+from yarl import URL
+
+from projectionist.policy.errors import InvalidRequest
+
+#: Upstream names: what may follow ``/u/``, literally (never percent-encoded).
+NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_SEPARATORS: Final = re.compile(r"[/\\]")
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+#: Decoding rounds looked through for a hidden ``..`` (``%252e%252e`` needs two).
+_ROUNDS: Final = 4
+
+
+def _bad_path(why: str) -> InvalidRequest:
+    return InvalidRequest(f"path refused: {why}", code="INVALID_PATH")
+
+
+def _dot_segment(path: str) -> bool:
+    return any(s.split(";", 1)[0] in (".", "..") for s in _SEPARATORS.split(path))
+
+
+def check_path(raw: str) -> str:
+    """``raw`` (the path as the client sent it, still percent-encoded), if it may follow a base URL."""
+    if not raw.startswith("/"):
+        raise _bad_path("it must start with '/'")
+    if not raw.isascii():
+        raise _bad_path("raw non-ASCII characters must be percent-encoded")
+    if "%" not in raw and "." not in raw and "\\" not in raw:
+        return raw  # the common case: nothing to decode, no dot anywhere
+    current = raw
+    for _ in range(_ROUNDS):
+        if _dot_segment(current):
+            raise _bad_path("'.' and '..' segments are not allowed, in any encoding")
+        if _CONTROL.search(current):
+            raise _bad_path("control characters are not allowed")
+        if "%" not in current:
+            return raw
+        try:
+            decoded = unquote_to_bytes(current).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _bad_path("percent-encoded bytes must be UTF-8") from None
+        if decoded == current:
+            return raw
+        current = decoded
+    raise _bad_path("too many layers of percent-encoding")
+
+
+def check_name(raw: str) -> str:
+    """An upstream name as it appears in ``/u/{name}/``: letters, digits, ``_.-``, literally."""
+    if NAME_RE.fullmatch(raw) is None:
+        raise InvalidRequest("upstream name must be 1-64 of [A-Za-z0-9_.-], not percent-encoded",
+                             code="INVALID_UPSTREAM_NAME")
+    return raw
+
+
+def filter_query(raw: str, keep: Callable[[str, str], bool]) -> str:
+    """``raw`` query string minus the pairs ``keep(name, value)`` refuses; kept pairs stay byte
+    for byte as the client wrote them."""
+    if not raw:
+        return raw
+    kept = []
+    for pair in raw.split("&"):
+        name, _, value = pair.partition("=")
+        if keep(unquote_plus(name), unquote_plus(value)):
+            kept.append(pair)
+    return "&".join(kept)
+
+
+class Base:
+    """A configured upstream base URL, parsed once; the only source of scheme, host and port."""
+
+    __slots__ = ("url", "_path", "_parts")
+
+    def __init__(self, configured: str) -> None:
+        url = URL(configured)
+        if url.scheme not in ("http", "https") or not url.raw_host:
+            raise InvalidRequest(f"upstream url {redact(configured)!r} must be http(s)://host[:port][/path]",
+                                 code="INVALID_CONFIG")
+        if url.raw_query_string or url.raw_fragment:
+            raise InvalidRequest(f"upstream url {redact(configured)!r} must not have a query or fragment",
+                                 code="INVALID_CONFIG")
+        self.url = url
+        self._path = url.raw_path.rstrip("/")
+        self._parts = {"scheme": url.scheme, "user": url.raw_user, "password": url.raw_password,
+                       "host": url.host_subcomponent, "port": url.explicit_port}
+
+    def join(self, path: str, query: str = "") -> URL:
+        """The outgoing URL for a client ``path`` (checked here) and raw ``query``."""
+        check_path(path)
+        out = URL.build(**self._parts, path=self._path + path, query_string=query, encoded=True)  # type: ignore[arg-type]
+        if out.origin() != self.url.origin():  # by construction; kept as the rule's last word
+            raise _bad_path("it would leave the configured upstream")
+        return out
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced, for logs and messages."""
+    try:
+        parsed = URL(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parsed.raw_password is None and parsed.raw_user is None:
+        return url
+    return str(parsed.with_user("***").with_password(None))
