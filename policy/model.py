@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
-from projectionist.policy.errors import INVALID_REF, AttachmentError
+from projectionist.policy.errors import INVALID_REF, AttachmentError, InvalidRequest
 
 Failure = Literal["not_found", "corrupt", "read_failed"]
 
@@ -22,6 +22,7 @@ URL_SCHEME: Final = "attachment:"
 MEDIA_TYPES: Final = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 _ID_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
+_SESSION_RE: Final = re.compile(r"[\x21-\x7e]{1,256}")
 
 
 class ImageRef(msgspec.Struct, frozen=True):
@@ -68,6 +69,13 @@ def check_id(attachment_id: str) -> str:
     if not is_valid_id(attachment_id):
         raise AttachmentError(INVALID_REF, "attachment id must be sha256:<64 lowercase hex>")
     return attachment_id
+
+
+def check_session_id(value: str) -> str:
+    """A session id is 1-256 visible ASCII characters; anything else is the client's error."""
+    if _SESSION_RE.fullmatch(value) is None:
+        raise InvalidRequest("session id must be 1-256 visible ASCII characters", code="INVALID_SESSION_ID")
+    return value
 
 
 def parse_url_ref(url: str) -> ImageRef | None:

@@ -10,21 +10,43 @@ error, a missing file, an unknown key, a wrong type, a value out of range) is on
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
+from yarl import URL
 
 from projectionist.policy.errors import InvalidRequest
-from projectionist.proxy.http.auth import split_tokens
-from projectionist.proxy.upstream.urls import NAME_RE, Base
 
 Format = Literal["openai", "anthropic", "gemini"]
 FORMATS: tuple[Format, ...] = ("openai", "anthropic", "gemini")
 
 MiB = 1024 * 1024
+#: Upstream names: what may follow ``/u/``, literally (never percent-encoded).
+NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def split_tokens(value: str) -> frozenset[str]:
+    """Tokens from an environment value: separated by commas or whitespace."""
+    return frozenset(t for t in value.replace(",", " ").split() if t)
+
+
+def base_url(configured: str) -> URL:
+    """A configured upstream URL, parsed: ``http(s)://host[:port][/path]``, no query or fragment.
+    The only source of the scheme, host and port of requests to that upstream."""
+    try:
+        url = URL(configured)
+        valid = url.scheme in ("http", "https") and bool(url.raw_host) and url.explicit_port != 0
+    except ValueError:
+        valid = False
+    if not valid:
+        raise InvalidRequest("upstream url must be http(s)://host[:port][/path]", code="INVALID_CONFIG")
+    if url.raw_query_string or url.raw_fragment:
+        raise InvalidRequest("upstream url must not have a query or fragment", code="INVALID_CONFIG")
+    return url
 
 
 class ImageLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -194,11 +216,9 @@ def check_upstreams(config: Config) -> None:
         if NAME_RE.fullmatch(name) is None:
             raise InvalidRequest(f"upstream name {name!r}: use 1-64 of [A-Za-z0-9_.-]", code="INVALID_CONFIG")
         try:
-            Base(upstream.url)
+            base_url(upstream.url)
         except InvalidRequest as error:
             raise InvalidRequest(f"upstream {name!r}: {error.message}", code="INVALID_CONFIG") from None
-        except ValueError:
-            raise InvalidRequest(f"upstream {name!r}: url does not parse", code="INVALID_CONFIG") from None
 
 
 def parse_upstream_spec(spec: str) -> tuple[str, Format | None, str]:

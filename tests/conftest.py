@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestClient
 
 from projectionist.proxy.http.app import create_app, open_log, open_store
 from projectionist.proxy.config import Config, load_config, with_upstream_urls
-from projectionist.proxy.http.services import APP
+from projectionist.proxy.http.services import SERVICES
 from projectionist.proxy.stores.filesystem import FilesystemStore
 from projectionist.proxy.stores.s3 import S3Store
 from tests.backends import BACKENDS, BUCKET, Seaweed, pg_dsn, stop_postgres
@@ -151,7 +151,7 @@ class Harness:
 
     def path_of(self, attachment_id: str) -> Path:
         hexdigest = attachment_id.removeprefix("sha256:")
-        return Path(self.app[APP].config.store_path) / "objects" / hexdigest[:2] / hexdigest
+        return Path(self.app[SERVICES].config.store_path) / "objects" / hexdigest[:2] / hexdigest
 
     async def corrupt(self, attachment_id: str, data: bytes) -> None:
         """Overwrite an object's bytes behind the store's back, keeping its admission record."""

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from projectionist.policy.errors import AttachmentError
 from projectionist.policy.model import StoredImage
-from projectionist.proxy.http.services import AttachmentMeta, Store
+from projectionist.proxy.stores.base import AttachmentMeta, Store
 
 COMPLETION = {
     "id": "chatcmpl-fake", "object": "chat.completion", "created": 1700000000, "model": "fake-model",

@@ -10,7 +10,7 @@ from projectionist.policy.errors import NOT_FOUND, AppendConflict, AttachmentErr
 from projectionist.policy.events import Event, EventData, Forked, ForkedEvent, envelope
 from projectionist.policy.model import StoredImage, check_id
 from projectionist.proxy.stores.admission import header_info
-from projectionist.proxy.http.services import AttachmentMeta
+from projectionist.proxy.stores.base import AttachmentMeta
 
 
 def image(data: bytes, media_type: str = "image/png", width: int = 4, height: int = 3) -> StoredImage:

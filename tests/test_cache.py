@@ -14,7 +14,7 @@ import pytest
 
 from projectionist.policy.errors import READ_FAILED
 from projectionist.proxy.stores.cache import Encoded, VerifiedCache
-from projectionist.proxy.http.services import APP
+from projectionist.proxy.http.services import SERVICES
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id
@@ -69,7 +69,7 @@ async def test_a_quarantined_reference_gets_its_placeholder_while_its_bytes_are_
     harness.store.script = fail_with(READ_FAILED, times=2)
     await harness.chat("flaky", aid)  # two failed reads: a retryable quarantine in session "flaky"
     await harness.chat("other", aid)  # read fine in another session: now cached
-    cache = harness.app[APP].reader.cache  # type: ignore[attr-defined]
+    cache = harness.app[SERVICES].reader.cache  # type: ignore[attr-defined]
     assert cache.get(aid) is not None
     reads, stamps = harness.store.reads[aid], harness.store.stamp_checks[aid]
     await harness.chat("flaky", aid)

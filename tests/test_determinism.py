@@ -34,7 +34,7 @@ from projectionist.policy.errors import READ_FAILED, AttachmentError
 from projectionist.proxy.http.app import create_app, open_store
 from projectionist.proxy.config import Config, load_config, with_upstreams
 from projectionist.proxy.upstream.replay import rebuild
-from projectionist.proxy.http.services import APP
+from projectionist.proxy.http.services import SERVICES
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image, ref_id
 
@@ -198,7 +198,7 @@ async def check_send(world: World, primary: TestClient[Any, Any], second: TestCl
     stats["injected faults"] += world.faults.injected
     world.faults.injected = 0
 
-    state = primary.server.app[APP]  # type: ignore[union-attr]
+    state = primary.server.app[SERVICES]  # type: ignore[union-attr]
     rebuilt = await rebuild(state.log, state.store, session)
     assert rebuilt.matches and rebuilt.body == original, f"replay differs at {rebuilt.first_difference}"
 

@@ -19,7 +19,7 @@ from projectionist.policy.events import Quarantine
 from projectionist.policy.fold import placeholder
 from projectionist.policy.model import ImageRef
 from projectionist.proxy.stores.s3 import S3Store
-from projectionist.proxy.http.services import APP
+from projectionist.proxy.http.services import SERVICES
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import MESSAGE
@@ -55,7 +55,7 @@ async def stored_objects(harness: Harness) -> list[str]:
         client = await inner.client()
         listed = await client.list_objects_v2(Bucket=inner.bucket, Prefix=f"{inner.prefix}objects/")
         return [item["Key"].rsplit("/", 1)[-1] for item in listed.get("Contents", [])]
-    root = Path(harness.app[APP].config.store_path)
+    root = Path(harness.app[SERVICES].config.store_path)
     return [p.name for p in root.rglob("*") if p.is_file() and "objects" in p.parts and p.suffix != ".json"]
 
 

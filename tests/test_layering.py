@@ -1,4 +1,14 @@
-"""Layering: imports flow proxy -> adapters, policy and adapters -> policy only; modules say their layer."""
+"""Layering: imports flow one way, between the packages and inside ``proxy/``; modules say their layer.
+
+    policy     pure domain                      (nothing of ours below it)
+    adapters   wire formats, pure               -> policy
+    proxy/     all I/O, in layers, each importing only the ones below it:
+      ops          CLI, demo                    -> anything
+      http         app, middleware, handlers    -> upstream, stores, sessionlog, observe, config
+      upstream     prepare, relay, record, URLs -> stores, sessionlog, observe, config
+      stores, sessionlog   backends             -> observe, config     (never each other; no aiohttp.web)
+      observe, config      leaves               -> nothing of proxy/
+"""
 
 from __future__ import annotations
 
@@ -10,38 +20,54 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 IO_LIBRARIES = {"aiohttp", "multidict", "yarl", "sqlite3", "asyncpg", "aiobotocore", "botocore", "PIL",
                 "socket", "structlog", "logging", "prometheus_client", "httpx"}
-FORBIDDEN = {
-    "policy": IO_LIBRARIES | {"projectionist.adapters", "projectionist.proxy"},
-    "adapters": IO_LIBRARIES | {"projectionist.proxy"},
+P = "projectionist.proxy"
+#: What each part may NOT import (besides the standard library and third-party packages).
+FORBIDDEN: dict[str, set[str]] = {
+    "policy": IO_LIBRARIES | {"projectionist.adapters", P},
+    "adapters": IO_LIBRARIES | {P},
+    "proxy/config.py": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores", "sessionlog", "observe")},
+    "proxy/observe": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores", "sessionlog", "config")} | {"aiohttp"},
+    "proxy/stores": {f"{P}.{part}" for part in ("ops", "http", "upstream", "sessionlog")} | {"aiohttp.web"},
+    "proxy/sessionlog": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores")} | {"aiohttp"},
+    "proxy/upstream": {f"{P}.{part}" for part in ("ops", "http")},
+    "proxy/http": {f"{P}.ops"},
 }
+#: Pairs inside a part that must stay apart.
+APART = [("proxy/sessionlog/postgres.py", f"{P}.sessionlog.sqlite"), ("proxy/sessionlog/sqlite.py", f"{P}.sessionlog.postgres"),
+         ("proxy/stores/s3.py", f"{P}.stores.filesystem"), ("proxy/stores/filesystem.py", f"{P}.stores.s3")]
 #: The design card's folders were once import roots of their own; nothing may import them so now.
 OLD_ROOTS = {"policy", "adapters", "proxy"}
 
 
-def modules(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+def modules(part: str) -> list[Path]:
+    path = ROOT / part
+    return [path] if path.suffix == ".py" else sorted(path.rglob("*.py"))
 
 
 def imported(path: Path) -> set[str]:
-    """Every absolute import of ``path``, as its root and, for projectionist, its first two levels."""
+    """Every absolute import of ``path``: each module name and all its parents (``a.b.c``, ``a.b``, ``a``)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         found = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            [f"{node.module}.{a.name}" for a in node.names] \
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
         for name in found:
             parts = name.split(".")
-            names.add(parts[0])
-            if parts[0] == "projectionist" and len(parts) > 1:
-                names.add(".".join(parts[:2]))
+            names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
     return names
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_layers_import_one_way(package: str) -> None:
-    found = modules(package)
-    assert found, f"no modules under {package}/"
-    offenders = {p.name: sorted(imported(p) & FORBIDDEN[package]) for p in found}
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_layers_import_one_way(part: str) -> None:
+    found = modules(part)
+    assert found, f"no modules at {part}"
+    offenders = {str(p.relative_to(ROOT)): sorted(imported(p) & FORBIDDEN[part]) for p in found}
     assert {name: bad for name, bad in offenders.items() if bad} == {}
+
+
+@pytest.mark.parametrize(("module", "forbidden"), APART)
+def test_sibling_backends_stay_apart(module: str, forbidden: str) -> None:
+    assert forbidden not in imported(ROOT / module)
 
 
 @pytest.mark.parametrize("package", ["policy", "adapters", "proxy", "tests", "bench"])
@@ -51,8 +77,9 @@ def test_everything_imports_the_one_package_name(package: str) -> None:
 
 
 def test_the_scanner_sees_imports() -> None:
-    assert {"aiohttp", "projectionist.policy", "projectionist.adapters"} <= \
-        imported(ROOT / "proxy" / "upstream" / "prepare.py")
+    names = imported(ROOT / "proxy" / "http" / "proxying.py")
+    assert {"aiohttp", "projectionist.policy", f"{P}.upstream", f"{P}.upstream.relay"} <= names
+    assert f"{P}.http" in FORBIDDEN["proxy/upstream"] and f"{P}.http" in names  # a real offence would show
 
 
 @pytest.mark.parametrize("package", ["policy", "adapters", "proxy"])

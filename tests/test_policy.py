@@ -21,7 +21,7 @@ from projectionist.policy.ports import SessionLog
 from projectionist.policy.projection import project, recover
 from projectionist.proxy.http.app import open_log, open_store
 from projectionist.proxy.config import load_config
-from projectionist.proxy.http.services import Log
+from projectionist.proxy.sessionlog.base import Log
 from tests.conftest import replicated_backend
 from tests.fakes import CountingStore
 from tests.imaging import make_image, ref_id

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
-from projectionist.proxy.http.services import APP
+from projectionist.proxy.http.services import SERVICES
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id
@@ -198,7 +198,7 @@ async def test_the_folded_state_is_cached_per_session_and_read_only_past_its_las
 ) -> None:
     """Each request reads only the events after the cached fold's last seq; the session's own
     appends (a quarantine, a recovery) move the cached fold forward, so nothing is read twice."""
-    state = harness.app[APP]
+    state = harness.app[SERVICES]
     reads: list[tuple[str, int]] = []
     real_read = state.log.read
 
@@ -210,14 +210,14 @@ async def test_the_folded_state_is_cached_per_session_and_read_only_past_its_las
     data = make_image(color=19)
     aid = ref_id(data)
     await harness.chat(SID, aid)  # quarantined: seq 1
-    cached = state.states.get(SID)
+    cached = state.log.state(SID)
     assert cached is not None and cached.last_seq == 1 and aid in cached.quarantined
     reads.clear()
     await harness.chat(SID, aid)
     assert reads == [(SID, 1)]  # only what lies beyond the cached fold
     await harness.admit(data)
     assert (await harness.client.post(f"/admin/sessions/{SID}/attachments/{aid}/recover", headers=ADMIN)).status == 200
-    cached = state.states.get(SID)
+    cached = state.log.state(SID)
     assert cached is not None and cached.last_seq == 2 and aid not in cached.quarantined
     reads.clear()
     await harness.chat(SID, aid)
@@ -510,11 +510,11 @@ async def test_the_harness_runs_on_the_backend_it_names(harness: Harness, backen
     from projectionist.proxy.sessionlog.postgres import PostgresLog
     from projectionist.proxy.stores.s3 import S3Store
     from projectionist.proxy.sessionlog.sqlite import SqliteLog
-    from projectionist.proxy.http.services import APP
+    from projectionist.proxy.http.services import SERVICES
 
-    state = harness.app[APP]
+    state = harness.app[SERVICES]
     expected = (FilesystemStore, SqliteLog) if backend == "embedded" else (S3Store, PostgresLog)
-    assert (type(harness.store.inner), type(state.log)) == expected
+    assert (type(harness.store.inner), type(state.log.inner)) == expected
 
 
 

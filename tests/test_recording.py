@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from projectionist.policy.fold import fold
-from projectionist.proxy.http.services import APP
+from projectionist.proxy.http.services import SERVICES
 from tests.conftest import BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 
@@ -83,7 +83,7 @@ async def test_full_mode_keeps_inbound_and_streamed_response_as_blobs(make_harne
     resp = await post(harness, body, path="/v1/messages", **{"x-api-key": "sk-ant-secret"})
     streamed = await resp.read()
     request, response = await harness.events("rec")
-    store = harness.app[APP].store
+    store = harness.app[SERVICES].store
     assert await store.get_blob(request["data"]["inbound_blob"]) == body
     assert await store.get_blob(response["data"]["response_blob"]) == streamed
     assert response["data"]["usage"]["output_tokens"] == harness.upstream.chunks
@@ -118,7 +118,7 @@ async def test_records_never_change_what_is_projected(make_harness: MakeHarness)
         await post(harness, chat_body(ok, gone))
         bodies.append(harness.upstream.last.body)
     assert len(set(bodies)) == 1
-    events = await harness.app[APP].log.read("rec")
+    events = await harness.app[SERVICES].log.read("rec")
     assert [e.seq for e in events] == list(range(1, 8))  # 1 quarantine + 3 x (request, response)
     assert list(fold(events).quarantined) == [gone]
 

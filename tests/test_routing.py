@@ -101,7 +101,6 @@ ROUTES = [
     ("openai", "POST", "/v1/embeddings", {}, b'{"input":"x"}'),
     ("openai", "POST", "/v1/messagesX", {}, b"{}"),  # only /v1/messages and /v1/messages/... are anthropic
     ("openai", "GET", "/v2/messages", {}, None),
-    ("openai", "GET", "/healthz/extra", {}, None),
     ("openai", "GET", "/v1/models?keys=1&api_key=2", {}, None),  # only a parameter named exactly 'key'
     ("openai", "GET", "/v1/models", {"x-goog-api-client": "genai-py"}, None),
     # rule 1: anthropic-version header or a /v1/messages path
@@ -257,18 +256,26 @@ async def test_named_upstreams_of_each_format_project_in_their_format(
     assert three["openai"].hits[-1].path_qs == "/v1/messages" and three["openai"].hits[-1].body == raw
 
 
-@pytest.mark.parametrize(("method", "path"), [("GET", "/u/nope/v1/models"), ("POST", "/u/nope/v1/chat/completions"),
-                                              ("POST", "/u/nope/v1/messages")])
-async def test_unknown_named_upstream_is_a_404_in_the_openai_shape(named: Harness, method: str, path: str) -> None:
-    resp = await named.client.request(method, path, json={"model": "m", "messages": []},
-                                      headers={"anthropic-version": "2023-06-01"})
+@pytest.mark.parametrize(("method", "path", "shape"), [
+    ("GET", "/u/nope/v1/models", "openai"), ("POST", "/u/nope/v1/chat/completions", "openai"),
+    ("POST", "/u/nope/v1/messages", "anthropic"), ("POST", "/u/nope/v1beta/models/g:generateContent", "gemini")])
+async def test_unknown_named_upstream_is_a_404_in_the_shape_the_request_speaks(
+        named: Harness, method: str, path: str, shape: str) -> None:
+    """The request's own format decides the error's shape, never a configured upstream's: a stranger
+    cannot tell from it which names exist or what format they have."""
+    resp = await named.client.request(method, path, json={"model": "m", "messages": []})
     assert resp.status == 404
     assert resp.headers["x-projectionist-error-code"] == "UNKNOWN_UPSTREAM"
     payload = await resp.json()
-    assert set(payload) == {"error"}
-    error = payload["error"]
-    assert error["code"] == "UNKNOWN_UPSTREAM" and error["type"] == "not_found_error" and error["param"] is None
-    assert "nope" in error["message"]
+    if shape == "openai":
+        assert set(payload) == {"error"}
+        error = payload["error"]
+        assert error["code"] == "UNKNOWN_UPSTREAM" and error["type"] == "not_found_error" and error["param"] is None
+        assert "nope" in error["message"]
+    elif shape == "anthropic":
+        assert payload["type"] == "error" and payload["error"]["details"] == {"error_code": "UNKNOWN_UPSTREAM"}
+    else:
+        assert payload["error"]["code"] == 404 and payload["error"]["status"] == "NOT_FOUND"
     assert named.upstream.received == []
 
 

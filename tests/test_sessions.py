@@ -1,4 +1,4 @@
-"""Session plumbing of the proxy: the per-replica fold cache and session ids."""
+"""Session plumbing of the proxy: the per-replica fold cache (owned by ``CachedLog``) and session ids."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 
 from projectionist.policy.errors import InvalidRequest
 from projectionist.policy.fold import SessionState
-from projectionist.proxy.http.sessions import StateCache, parse_session_id
+from projectionist.policy.model import check_session_id
+from projectionist.proxy.sessionlog.cached import StateCache
 
 
 def test_state_cache_is_bounded_and_keeps_the_newest_fold() -> None:
@@ -23,10 +24,10 @@ def test_state_cache_is_bounded_and_keeps_the_newest_fold() -> None:
 @pytest.mark.parametrize("value", ["", " ", "a b", "x" * 257, "é", "tab\there"])
 def test_bad_session_ids_are_refused(value: str) -> None:
     with pytest.raises(InvalidRequest) as info:
-        parse_session_id(value)
+        check_session_id(value)
     assert info.value.code == "INVALID_SESSION_ID"
 
 
 def test_good_session_ids_pass_unchanged() -> None:
     for value in ("s1", "user:42/run-7", "x" * 256, "0196f5c2-7a1e-7c3a-9f1e-1b2c3d4e5f60"):
-        assert parse_session_id(value) == value
+        assert check_session_id(value) == value

@@ -17,8 +17,9 @@ import pytest
 from yarl import URL
 
 import projectionist.proxy.http.app as http_app
-from projectionist.proxy.upstream.relay import new_session
-from projectionist.proxy.upstream.urls import Base, check_path, redact
+from projectionist.proxy.upstream.target import new_session
+from projectionist.proxy.observe.logger import redact_url as redact
+from projectionist.proxy.upstream.urls import Base, check_path
 from projectionist.policy.errors import InvalidRequest
 from tests.conftest import ADMIN, Harness
 

@@ -11,16 +11,14 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from projectionist.adapters import openai_chat
 from projectionist.policy.errors import InvalidRequest, Unauthorized
 from projectionist.policy.events import Event
 from projectionist.policy.fold import SessionState
-from projectionist.policy.model import check_id
+from projectionist.policy.model import check_id, check_session_id
 from projectionist.policy.projection import recover, refresh
+from projectionist.proxy.http.middleware import Handler, context
+from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.upstream.replay import rebuild, send_and_compare
-from projectionist.proxy.http.sessions import parse_session_id
-from projectionist.proxy.http.services import APP, AppState
-from projectionist.proxy.http.middleware import Handler, endpoint, info
 
 
 class ForkRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -41,25 +39,24 @@ def _json(payload: Any, status: int = 200) -> web.Response:
     return web.Response(body=msgspec.json.encode(payload), status=status, content_type="application/json")
 
 
-def _authorize(request: web.Request, app: AppState) -> None:
+def _authorize(request: web.Request, app: Services) -> None:
     if not app.guard.admin_token:
         raise Unauthorized("admin API disabled: set PROJECTIONIST_ADMIN_TOKEN or --admin-token")
     if not app.guard.is_admin(request.headers):
         raise Unauthorized("missing or wrong admin bearer token")
 
 
-def _admin(route: str, handler: Handler) -> Handler:
+def _admin(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
-        app = request.app[APP]
-        _authorize(request, app)
-        session_id = parse_session_id(request.match_info["sid"])
-        info(request).update(session=session_id)
+        _authorize(request, request.app[SERVICES])
+        session_id = check_session_id(request.match_info["sid"])
+        context(request).fields.update(session=session_id)
         return await handler(request)
-    return endpoint(openai_chat, route)(guarded)
+    return guarded
 
 
 async def get_events(request: web.Request) -> web.StreamResponse:
-    app = request.app[APP]
+    app = request.app[SERVICES]
     sid = request.match_info["sid"]
     try:
         after = int(request.query.get("after", "0"))
@@ -71,31 +68,30 @@ async def get_events(request: web.Request) -> web.StreamResponse:
 
 
 async def get_quarantine(request: web.Request) -> web.StreamResponse:
-    app = request.app[APP]
+    app = request.app[SERVICES]
     sid = request.match_info["sid"]
     return _json(quarantine_view(sid, await refresh(app.log, sid)))
 
 
 async def post_recover(request: web.Request) -> web.StreamResponse:
-    app = request.app[APP]
+    app = request.app[SERVICES]
     sid = request.match_info["sid"]
     attachment_id = check_id(request.match_info["aid"])
-    result = await recover(attachment_id, store=app.store, log=app.log, session_id=sid, lock=app.locks(sid),
-                           state=app.states.get(sid))
-    app.states.put(sid, result.state)
-    info(request).update(recovered=result.event is not None)
+    result = await recover(attachment_id, store=app.store, log=app.log, session_id=sid, lock=app.log.lock(sid),
+                           state=app.log.state(sid))
+    context(request).fields.update(recovered=result.event is not None)
     return _json({"session": sid, "attachment_id": attachment_id, "recovered": result.event is not None,
                   "event": result.event})
 
 
 async def post_fork(request: web.Request) -> web.StreamResponse:
-    app = request.app[APP]
+    app = request.app[SERVICES]
     sid = request.match_info["sid"]
     try:
         spec = msgspec.json.decode(await request.read(), type=ForkRequest)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"fork body: {exc}", code="INVALID_REQUEST") from None
-    child = parse_session_id(spec.new_session_id)
+    child = check_session_id(spec.new_session_id)
     event = await app.log.fork(sid, child, spec.at_seq)
     return _json({"session": child, "parent": sid, "event": event}, status=201)
 
@@ -112,7 +108,7 @@ class ReplayRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 async def get_replay(request: web.Request) -> web.StreamResponse:
     """Rebuild a recorded call and check its digest (``?seq=N``, ``?show=1`` for the body)."""
-    app = request.app[APP]
+    app = request.app[SERVICES]
     try:
         seq = int(request.query["seq"]) if "seq" in request.query else None
     except ValueError:
@@ -123,7 +119,7 @@ async def get_replay(request: web.Request) -> web.StreamResponse:
 
 async def post_replay(request: web.Request) -> web.StreamResponse:
     """Rebuild, and optionally send and diff, a recorded call (body: ``ReplayRequest``)."""
-    app = request.app[APP]
+    app = request.app[SERVICES]
     try:
         spec = msgspec.json.decode(await request.read() or b"{}", type=ReplayRequest)
     except msgspec.ValidationError as exc:
@@ -139,9 +135,9 @@ async def post_replay(request: web.Request) -> web.StreamResponse:
 
 def add_admin_routes(router: web.UrlDispatcher) -> None:
     base = "/admin/sessions/{sid}"
-    router.add_get(f"{base}/events", _admin("admin.events", get_events))
-    router.add_get(f"{base}/quarantine", _admin("admin.quarantine", get_quarantine))
-    router.add_post(f"{base}/attachments/{{aid}}/recover", _admin("admin.recover", post_recover))
-    router.add_post(f"{base}/fork", _admin("admin.fork", post_fork))
-    router.add_get(f"{base}/replay", _admin("admin.replay", get_replay))
-    router.add_post(f"{base}/replay", _admin("admin.replay", post_replay))
+    router.add_get(f"{base}/events", _admin(get_events), name="admin.events")
+    router.add_get(f"{base}/quarantine", _admin(get_quarantine), name="admin.quarantine")
+    router.add_post(f"{base}/attachments/{{aid}}/recover", _admin(post_recover), name="admin.recover")
+    router.add_post(f"{base}/fork", _admin(post_fork), name="admin.fork")
+    router.add_get(f"{base}/replay", _admin(get_replay), name="admin.replay")
+    router.add_post(f"{base}/replay", _admin(post_replay), name="admin.replay")

@@ -1,7 +1,7 @@
 """The application factory: ``create_app(config) -> web.Application`` (proxy layer).
 
-Wires routes to adapters, opens the store and log, and keeps one ``ClientSession`` per upstream
-for the app's life (``cleanup_ctx``). Run it with ``handler_cancellation=True`` (the CLI and
+Wires routes to handlers behind one middleware (``http.middleware``), opens the store and log,
+and keeps one ``ClientSession`` per upstream for the app's life (``cleanup_ctx``). Run it with ``handler_cancellation=True`` (the CLI and
 ``run_app`` helper here do) so a client disconnect cancels in-flight reads.
 """
 
@@ -15,19 +15,21 @@ from aiohttp import web
 
 from projectionist.adapters import openai_chat
 from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
+from projectionist.proxy.config import Config
 from projectionist.proxy.http.admin import add_admin_routes
 from projectionist.proxy.http.auth import Guard, client_unauthorized
-from projectionist.proxy.stores.cache import CachedStore, VerifiedCache
-from projectionist.proxy.observe.metrics import Metrics
-from projectionist.proxy.config import Config
-from projectionist.proxy.stores.filesystem import FilesystemStore
-from projectionist.proxy.upstream.relay import new_session
+from projectionist.proxy.http.middleware import context, context_middleware, error_response, note_started
 from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named
-from projectionist.proxy.sessionlog.sqlite import SqliteLog
-from projectionist.proxy.http.sessions import StateCache
-from projectionist.proxy.http.services import APP, AppState, Log, Store, Upstream
+from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.http.uploads import upload
-from projectionist.proxy.http.middleware import endpoint, error_response
+from projectionist.proxy.observe.metrics import Metrics
+from projectionist.proxy.sessionlog.base import Log
+from projectionist.proxy.sessionlog.cached import CachedLog
+from projectionist.proxy.sessionlog.sqlite import SqliteLog
+from projectionist.proxy.stores.base import Store
+from projectionist.proxy.stores.cache import CachedStore, VerifiedCache
+from projectionist.proxy.stores.filesystem import FilesystemStore
+from projectionist.proxy.upstream.target import Upstream, new_session
 
 
 def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store:
@@ -66,18 +68,21 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.StreamResponse:
     """Prometheus text; a client token (or the admin token) when client tokens are configured.
-    Not an ``endpoint``: a scrape is not a request the gauges and counters should see."""
-    app = request.app[APP]
-    if not app.guard.is_client(request.headers, request.query):
+    A quiet route: a scrape is not a request the gauges and counters should see."""
+    services = request.app[SERVICES]
+    if not services.guard.is_client(request.headers, request.query):
         return error_response(openai_chat, client_unauthorized())
-    return app.metrics.render()
+    body, content_type = services.metrics.exposition()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response
 
 
-@endpoint(openai_chat, "owned")
 async def owned(request: web.Request) -> web.StreamResponse:
     """Any other method or path under a prefix the proxy itself owns: answered here, never
     forwarded (so the admin token can never travel upstream with a typo)."""
-    request.app[APP].guard.require_client(request.headers, request.query)
+    context(request).route = "owned"
+    request.app[SERVICES].guard.require_client(request.headers, request.query)
     if request.match_info.get("tail") is None:
         raise ProjectionistError(f"{request.method} is not allowed on {request.path}",
                                  code="METHOD_NOT_ALLOWED", status=405)
@@ -89,6 +94,8 @@ ANY = r"[\s\S]*"
 #: Paths the proxy answers itself; everything under them that no route takes is ``owned``.
 OWNED_PREFIXES = ("/admin", "/v1/attachments")
 OWNED_PATHS = ("/healthz", "/metrics", *OWNED_PREFIXES)
+#: Routes the middleware leaves alone: no request context, no count, no log line.
+QUIET = frozenset({"healthz", "metrics"})
 
 
 def create_app(
@@ -107,24 +114,27 @@ def create_app(
     }
     store = store if store is not None else open_store(config, environ)
     counters = Metrics()
-    state = AppState(
+    server = config.server
+    services = Services(
         config=config,
         store=store,
         reader=CachedStore(store, VerifiedCache(config.cache.max_bytes), counters),  # type: ignore[arg-type]
-        log=log if log is not None else open_log(config, environ),
+        log=CachedLog(log if log is not None else open_log(config, environ), config.cache.sessions),
         upstreams=upstreams,
-        guard=Guard(config.client_tokens(environ), config.admin_token(environ)),
-        states=StateCache(config.cache.sessions),
+        guard=Guard(config.client_tokens(environ), config.admin_token(environ),
+                    (server.session_header, *server.session_header_aliases)),
         metrics=counters,
     )
-    app = web.Application(client_max_size=config.server.client_max_size)
-    app[APP] = state
+    app = web.Application(client_max_size=server.client_max_size,
+                          middlewares=[context_middleware(counters, QUIET)])
+    app[SERVICES] = services
+    app.on_response_prepare.append(note_started)
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
-    router.add_post("/v1/attachments", upload)
+    router.add_post("/v1/attachments", upload, name="attachments.create")
     add_admin_routes(router)
-    router.add_get("/healthz", healthz, allow_head=False)
-    router.add_get("/metrics", metrics, allow_head=False)
+    router.add_get("/healthz", healthz, allow_head=False, name="healthz")
+    router.add_get("/metrics", metrics, allow_head=False, name="metrics")
     for path in OWNED_PATHS:
         router.add_route("*", path, owned)
     for prefix in OWNED_PREFIXES:
@@ -137,18 +147,18 @@ def create_app(
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    state = app[APP]
-    await state.log.start()  # PostgreSQL: pool and schema now, or on first use if the database is down
-    for upstream in state.upstreams.values():
+    services = app[SERVICES]
+    await services.log.start()  # PostgreSQL: pool and schema now, or on first use if the database is down
+    for upstream in services.upstreams.values():
         upstream.client = new_session(upstream.connect_timeout, upstream.read_timeout)
     try:
         yield
     finally:
-        if state.tasks:
-            await asyncio.gather(*state.tasks, return_exceptions=True)
-        for upstream in state.upstreams.values():
+        if services.tasks:
+            await asyncio.gather(*services.tasks, return_exceptions=True)
+        for upstream in services.upstreams.values():
             if upstream.client is not None:
                 await upstream.client.close()
                 upstream.client = None
-        await state.store.close()
-        await state.log.close()
+        await services.store.close()
+        await services.log.close()

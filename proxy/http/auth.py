@@ -1,10 +1,12 @@
-"""Who may do what: client tokens, the admin token, and stripping both from forwarded requests (proxy layer).
+"""Who may do what: client tokens, the admin token, and what of them is never forwarded (proxy layer).
 
 Clients present a token the way their SDK sends its key (``Authorization: Bearer``, ``x-api-key``,
 ``x-goog-api-key``, ``?key=``), or in ``X-Projectionist-Token`` when those carry their own
 provider key. The admin token is any of the header forms (never the query). Tokens are compared
 as bytes in constant time, so a header that is not UTF-8 is just a wrong token, never a crash.
-Whatever carrier holds one of the proxy's own tokens is removed before a request goes upstream.
+``Guard`` is also the upstream side's ``Withheld``: any header holding one of the proxy's tokens
+(in any spelling: extra spaces, tabs, no scheme), its token header and the session headers are
+never forwarded.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import hmac
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from multidict import CIMultiDict, MultiMapping
+from multidict import MultiMapping
 
 from projectionist.policy.errors import ProjectionistError
 
@@ -21,8 +23,6 @@ from projectionist.policy.errors import ProjectionistError
 CREDENTIAL_HEADERS: Final = ("authorization", "x-api-key", "x-goog-api-key")
 #: The proxy's own token header, for clients whose SDK key goes to the provider.
 TOKEN_HEADER: Final = "x-projectionist-token"
-#: Query parameters that carry a credential; removed from every recorded path.
-CREDENTIAL_QUERY: Final = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})
 
 
 class Forbidden(ProjectionistError):
@@ -41,25 +41,23 @@ def _bytes(value: str) -> bytes:
     return value.encode("utf-8", "surrogateescape")
 
 
-def _token_of(header: str, value: str) -> str:
+def _presented_in(header: str, value: str) -> str:
+    """The token a credential header presents: the rest of ``Bearer <token>``, or the value."""
     if header == "authorization":
-        scheme, _, token = value.partition(" ")
+        scheme, _, token = value.strip().partition(" ")
         return token.strip() if scheme.lower() == "bearer" else ""
     return value.strip()
 
 
-def split_tokens(value: str) -> frozenset[str]:
-    """Tokens from an environment value: separated by commas or whitespace."""
-    return frozenset(t for t in value.replace(",", " ").split() if t)
-
-
 class Guard:
-    """The configured tokens, and the checks every route makes with them."""
+    """The configured tokens and session headers, and the checks every route makes with them."""
 
-    def __init__(self, client_tokens: Iterable[str], admin_token: str) -> None:
+    def __init__(self, client_tokens: Iterable[str], admin_token: str, session_headers: Iterable[str] = ()) -> None:
         self.client_tokens = tuple(_bytes(t) for t in client_tokens if t)
         self.admin_token = _bytes(admin_token) if admin_token else b""
         self._own = tuple(t for t in (*self.client_tokens, self.admin_token) if t)
+        #: Never forwarded, whatever they hold: the session headers and the token header.
+        self.own_headers = frozenset({*(h.lower() for h in session_headers), TOKEN_HEADER})
 
     @property
     def clients_required(self) -> bool:
@@ -73,7 +71,7 @@ class Guard:
         return found
 
     def _presented(self, headers: MultiMapping[str], query: Mapping[str, str] | None) -> list[bytes]:
-        found = [_bytes(_token_of(name, value)) for name in (*CREDENTIAL_HEADERS, TOKEN_HEADER)
+        found = [_bytes(_presented_in(name, value)) for name in (*CREDENTIAL_HEADERS, TOKEN_HEADER)
                  for value in headers.getall(name, ())]
         if query is not None:
             found += [_bytes(v) for v in query.getall("key", ())]  # type: ignore[attr-defined]
@@ -102,22 +100,16 @@ class Guard:
             raise Forbidden(f"{what} needs the admin token, and none is configured (PROJECTIONIST_ADMIN_TOKEN)")
         raise Forbidden(f"{what} needs the admin token")
 
-    def own_credential_headers(self, headers: MultiMapping[str]) -> frozenset[str]:
-        """Lowercase names of headers that carry one of the proxy's own tokens (never forwarded)."""
-        if not self._own:
-            return frozenset()
-        return frozenset(name for name in CREDENTIAL_HEADERS
-                         if any(self._matches(_bytes(_token_of(name, v)), self._own) for v in headers.getall(name, ())))
+    # -- Withheld (upstream.outgoing) ------------------------------------------------------------
 
     def is_own(self, value: str) -> bool:
-        return bool(self._own) and self._matches(_bytes(value), self._own)
+        return bool(self._own) and self._matches(_bytes(value.strip()), self._own)
 
+    def _holds_own(self, value: str) -> bool:
+        return any(self._matches(_bytes(word), self._own) for word in value.split())
 
-def without_credentials(pairs: Iterable[tuple[str, str]], drop: frozenset[str] = CREDENTIAL_QUERY) -> list[tuple[str, str]]:
-    """Query pairs minus credential parameters (for recorded paths and logs)."""
-    return [(k, v) for k, v in pairs if k.lower() not in drop]
-
-
-def strip_headers(headers: CIMultiDict[str], names: Iterable[str]) -> None:
-    for name in names:
-        headers.popall(name, None)
+    def withheld_headers(self, incoming: MultiMapping[str]) -> frozenset[str]:
+        if not self._own:
+            return self.own_headers
+        held = [name for name in CREDENTIAL_HEADERS if any(self._holds_own(v) for v in incoming.getall(name, ()))]
+        return self.own_headers.union(held) if held else self.own_headers

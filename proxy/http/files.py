@@ -31,11 +31,12 @@ from projectionist.adapters.base import WireFormat
 from projectionist.policy.errors import NOT_FOUND, AttachmentError, ImageRejected, InvalidRequest, NotFound
 from projectionist.policy.model import ID_PREFIX, check_id
 from projectionist.proxy.stores.admission import IMAGE_TOO_LARGE, header_info
-from projectionist.proxy.upstream.outgoing import forward
-from projectionist.proxy.upstream.passthrough import passthrough
-from projectionist.proxy.http.services import APP, AttachmentMeta, Upstream
+from projectionist.proxy.http.middleware import context
+from projectionist.proxy.http.proxying import relay_unchanged, send
+from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.stores.base import AttachmentMeta
+from projectionist.proxy.upstream.target import Upstream
 from projectionist.proxy.http.uploads import clean_name
-from projectionist.proxy.http.middleware import info
 
 FILES_PATH: Final = re.compile(r"(?:/v1)?/files(?:/(?P<id>[^/]+)(?P<content>/content)?)?")
 MULTIPART_SLACK: Final = 64 * 1024
@@ -108,12 +109,12 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
     if file_id is None:
         return await _upload(request, fmt, upstream, raw_path)
     if not file_id.startswith(ID_PREFIX):
-        return await passthrough(request, fmt, upstream, raw_path)
-    store = request.app[APP].store
+        return await relay_unchanged(request, fmt, upstream, raw_path)
+    store = request.app[SERVICES].store
     check_id(file_id)
-    info(request).update(attachment=file_id[:15])
+    context(request).fields.update(attachment=file_id[:15])
     if request.method == "DELETE":  # removes history for every session that uses it: admin only
-        request.app[APP].guard.require_admin(request.headers, request.query, "deleting an attachment")
+        request.app[SERVICES].guard.require_admin(request.headers, request.query, "deleting an attachment")
         if not await store.delete(file_id):
             raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
         if upstream.format == "anthropic":
@@ -134,22 +135,22 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
 
 
 async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
-    app = request.app[APP]
+    app = request.app[SERVICES]
     limit = min(app.config.store.limits.max_bytes + MULTIPART_SLACK, app.config.server.client_max_size)
     length = request.content_length
     if not request.content_type.startswith("multipart/") or length is None or length > limit:
-        return await passthrough(request, fmt, upstream, raw_path)
+        return await relay_unchanged(request, fmt, upstream, raw_path)
     raw = await request.read()
     fields, upload = _parse_form(request.headers["Content-Type"], raw)
     wanted = upstream.format == "anthropic" or fields.get("purpose") == "vision"
     if not wanted or upload is None or not _is_image(upload[0]):
-        info(request).update(files="forwarded")
-        return await forward(request, fmt, upstream, raw_path, raw)
+        context(request).fields.update(files="forwarded")
+        return await send(request, fmt, upstream, raw_path, raw)
     data, declared, filename = upload
     filename = clean_name(filename)
     image = await app.store.admit(data, declared, name=filename)
     meta = await app.store.stat(image.id)
-    info(request).update(files="admitted", attachment=image.id[:15])
+    context(request).fields.update(files="admitted", attachment=image.id[:15])
     if meta is None:  # deleted between admission and stat: report what was admitted
         meta = AttachmentMeta(image.id, image.media_type, image.bytes, image.width, image.height, filename)
     return _json(file_object(upstream.format, meta))

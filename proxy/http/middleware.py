@@ -1,9 +1,11 @@
-"""Endpoint wrapper: request context, canonical log line, errors in the client's wire shape (proxy layer).
+"""One middleware for every route: request context, the canonical log line, errors in the client's
+wire shape, and nothing ever written into a response that has started (proxy layer).
 
-Every route is wrapped once with the wire format its clients speak, so any ``ProjectionistError``
-(and any bug, as a 500 ``UNCLASSIFIED_ERROR``) is rendered the way that provider's SDK parses it.
-Errors are decided before the first response byte; a handler that already started streaming
-never gets an error body appended.
+Routing names the wire format a request's errors take (``Context.fmt``); any ``ProjectionistError``
+(and any bug, as a 500 ``UNCLASSIFIED_ERROR``) raised before the response starts is rendered the
+way that provider's SDK parses it. Once the response has started (aiohttp's
+``on_response_prepare`` says so), an error is logged and counted and the connection is closed, so
+the client sees a cut response, never a second status line inside the first one.
 """
 
 from __future__ import annotations
@@ -17,21 +19,43 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.web_exceptions import HTTPException
 
+from projectionist.adapters import openai_chat
 from projectionist.adapters.base import WireFormat
 from projectionist.policy.errors import InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
 from projectionist.proxy.observe.logger import get_logger, request_lines
-from projectionist.proxy.http.services import APP
+from projectionist.proxy.observe.metrics import Metrics
+from projectionist.proxy.upstream.relay import REQUEST_ID_HEADER, abort
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-INFO = web.RequestKey("projectionist.info", dict[str, Any])
-REQUEST_ID = web.RequestKey("projectionist.request_id", str)
-STARTED = web.RequestKey("projectionist.started", float)
+ERROR_CODE_HEADER = "x-projectionist-error-code"
 #: Request ids: a random per-process prefix and a counter (unique across replicas, cheap to make).
 _ID_PREFIX = secrets.token_hex(3)
 _ids = itertools.count(1)
-REQUEST_ID_HEADER = "x-projectionist-request-id"
-ERROR_CODE_HEADER = "x-projectionist-error-code"
+
+
+class Context:
+    """One request as the proxy sees it: id, start time, route name, the wire format its errors
+    take, the canonical log line's fields, and the response once it has started."""
+
+    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response")
+
+    def __init__(self, route: str) -> None:
+        self.request_id = f"{_ID_PREFIX}{next(_ids):010x}"
+        self.started = time.perf_counter()
+        self.route = route
+        self.fmt: WireFormat = openai_chat
+        #: The canonical log line's fields: handlers add counts and codes, never payloads.
+        self.fields: dict[str, Any] = {}
+        self.response: web.StreamResponse | None = None
+
+
+CONTEXT = web.RequestKey("projectionist.context", Context)
+
+
+def context(request: web.Request) -> Context:
+    return request[CONTEXT]
 
 
 def error_response(fmt: WireFormat, error: ProjectionistError) -> web.Response:
@@ -42,64 +66,75 @@ def error_response(fmt: WireFormat, error: ProjectionistError) -> web.Response:
     return web.Response(status=error.status, body=body, content_type="application/json", headers=headers)
 
 
-def info(request: web.Request) -> dict[str, Any]:
-    """The canonical log line's fields for this request; handlers add counts, never payloads."""
-    return request[INFO]
+def _translate(exc: Exception) -> ProjectionistError | None:
+    """aiohttp's and msgspec's words for a bad request body, as the client's errors."""
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return PayloadTooLarge("request body exceeds the configured client_max_size")
+    if isinstance(exc, (msgspec.DecodeError, RecursionError)):
+        return InvalidRequest("request body is not valid JSON", code="INVALID_JSON")
+    if isinstance(exc, web.RequestPayloadError):
+        return InvalidRequest("request body cannot be decoded (Content-Encoding)", code="INVALID_BODY")
+    return None
 
 
-async def respond(
-    request: web.Request, fmt: WireFormat, route: str, call: Callable[[], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Run ``call`` as one request: context, canonical log line, errors in ``fmt``'s wire shape."""
-    request_id = f"{_ID_PREFIX}{next(_ids):010x}"
-    fields: dict[str, Any] = {"route": route, "request_id": request_id}
-    request[INFO] = fields
-    request[REQUEST_ID] = request_id
-    request[STARTED] = started = time.perf_counter()
-    metrics = request.app[APP].metrics
-    metrics.in_flight += 1
-    try:
-        response = await _call(call)
-    except ProjectionistError as error:
-        fields["error_code"] = error.code
-        response = error_response(fmt, error)
-    except asyncio.CancelledError:
-        metrics.answered(route, "cancelled")
-        _log_line(request, fields, started, status=None, cancelled=True)
-        raise
-    except Exception:
-        get_logger().exception("unhandled_error", request_id=request_id, route=route)
-        internal = InternalError("internal error; see the proxy log")
-        fields["error_code"] = internal.code
-        response = error_response(fmt, internal)
-    finally:
-        metrics.in_flight -= 1
-    if not response.prepared:
-        response.headers[REQUEST_ID_HEADER] = request_id
-    metrics.answered(route, response.status)
-    if request_lines():
-        _log_line(request, fields, started, status=response.status)
-    return response
+def context_middleware(metrics: Metrics, quiet: frozenset[str]) -> Any:
+    """The middleware; routes named in ``quiet`` (health, metrics) get no context and no count."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.route.name or "unrouted"
+        if route in quiet:
+            return await handler(request)
+        ctx = request[CONTEXT] = Context(route)
+        metrics.in_flight += 1
+        try:
+            response = await handler(request)
+        except ProjectionistError as error:
+            response = _failed(request, ctx, metrics, error)
+        except asyncio.CancelledError:
+            metrics.answered(ctx.route, "cancelled")
+            _log_line(request, ctx, status=None, cancelled=True)
+            raise
+        except Exception as exc:
+            translated = _translate(exc)
+            if translated is None:
+                if isinstance(exc, HTTPException):
+                    raise
+                get_logger().exception("unhandled_error", request_id=ctx.request_id, route=ctx.route)
+                translated = InternalError("internal error; see the proxy log")
+            response = _failed(request, ctx, metrics, translated)
+        finally:
+            metrics.in_flight -= 1
+        if not response.prepared:
+            response.headers[REQUEST_ID_HEADER] = ctx.request_id
+        metrics.answered(ctx.route, response.status)
+        if request_lines():
+            _log_line(request, ctx, status=response.status)
+        return response
+
+    return middleware
 
 
-def endpoint(fmt: WireFormat, route: str) -> Callable[[Handler], Handler]:
-    """Decorator form of ``respond`` for routes with a fixed format."""
-    def wrap(handler: Handler) -> Handler:
-        async def wrapped(request: web.Request) -> web.StreamResponse:
-            return await respond(request, fmt, route, lambda: handler(request))
-        return wrapped
-    return wrap
+def _failed(request: web.Request, ctx: Context, metrics: Metrics, error: ProjectionistError) -> web.StreamResponse:
+    ctx.fields["error_code"] = error.code
+    started = ctx.response
+    if started is not None and started.prepared:
+        metrics.errors_after_start += 1
+        get_logger().error("error_after_response_started", code=error.code, request_id=ctx.request_id,
+                           route=ctx.route)
+        abort(request)
+        return started
+    return error_response(ctx.fmt, error)
 
 
-def _log_line(request: web.Request, fields: dict[str, Any], started: float, **extra: Any) -> None:
-    duration_ms = round((time.perf_counter() - started) * 1000, 3)
-    get_logger().info("request", method=request.method, duration_ms=duration_ms, **extra, **fields)
+async def note_started(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: from here on, this request's response has started."""
+    ctx = request.get(CONTEXT)
+    if ctx is not None:
+        ctx.response = response
 
 
-async def _call(call: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    try:
-        return await call()
-    except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge("request body exceeds the configured client_max_size") from None
-    except msgspec.DecodeError:
-        raise InvalidRequest("request body is not valid JSON", code="INVALID_JSON") from None
+def _log_line(request: web.Request, ctx: Context, **extra: Any) -> None:
+    duration_ms = round((time.perf_counter() - ctx.started) * 1000, 3)
+    get_logger().info("request", method=request.method, duration_ms=duration_ms, route=ctx.route,
+                      request_id=ctx.request_id, **extra, **ctx.fields)

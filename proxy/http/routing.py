@@ -8,11 +8,12 @@ in the raw path). Any other path goes to a default upstream, by this rule, first
    (``/v1/models/{m}:{method}``), an ``x-goog-api-key`` header or a ``key`` query parameter: ``gemini``;
 3. everything else: ``openai``.
 
-Every route here needs a client token when client tokens are configured, and its raw path must
-pass ``proxy.urls.check_path`` before anything is sent. A POST to a projecting path of the
-upstream's format goes through the policy (generation and the token-counting endpoints that take
-the same body); the Files API is handled in ``proxy.files``; everything else passes through
-unchanged.
+Every route here needs a client token when client tokens are configured, its raw path must pass
+``upstream.urls.check_path``, and its method must be an ordinary one, before anything is sent.
+A path the proxy owns, in any spelling (``/ADMIN``, ``//admin``, ``/admin;x``, ``/v1%2Fattachments``),
+is answered here and never forwarded. A POST to a projecting path of the upstream's format goes
+through the policy (generation and the token-counting endpoints that take the same body); the
+Files API is handled in ``http.files``; everything else passes through unchanged.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ from typing import Final
 from urllib.parse import unquote
 
 from aiohttp import web
+from multidict import MultiMapping
 
 from projectionist.adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
 from projectionist.adapters.base import WireFormat
-from projectionist.policy.errors import NotFound
+from projectionist.policy.errors import NotFound, ProjectionistError
 from projectionist.proxy.http import files
-from projectionist.proxy.upstream.passthrough import passthrough
-from projectionist.proxy.upstream.prepare import project_and_forward
-from projectionist.proxy.http.services import APP
+from projectionist.proxy.http.auth import client_unauthorized
+from projectionist.proxy.http.middleware import context
+from projectionist.proxy.http.proxying import relay_projected, relay_unchanged
+from projectionist.proxy.http.services import SERVICES
 from projectionist.proxy.upstream.urls import check_name, check_path
-from projectionist.proxy.http.middleware import respond
 
 _GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")
 PROJECTING: Final[dict[str, tuple[tuple[re.Pattern[str], WireFormat], ...]]] = {
@@ -47,6 +49,11 @@ PROJECTING: Final[dict[str, tuple[tuple[re.Pattern[str], WireFormat], ...]]] = {
 HOT_PATHS: Final = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 #: The wire shape of errors the proxy produces for a request bound to an upstream of each format.
 ERROR_FORMATS: Final[dict[str, WireFormat]] = {"openai": openai_chat, "anthropic": anthropic_messages, "gemini": gemini}
+#: Methods that may go upstream (TRACE and CONNECT never do: an echo of the headers would hand
+#: a server-held key back to the client).
+METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+#: Paths the proxy owns (lowercase, as segments), under any spelling.
+OWNED: Final = (("admin",), ("healthz",), ("metrics",), ("v1", "attachments"))
 
 
 def projecting_adapter(upstream_format: str, method: str, path: str) -> WireFormat | None:
@@ -58,20 +65,27 @@ def projecting_adapter(upstream_format: str, method: str, path: str) -> WireForm
     return None
 
 
-def default_upstream(request: web.Request) -> str:
-    """The upstream name for an un-prefixed path (the rule in this module's docstring)."""
-    path = request.path
-    if "anthropic-version" in request.headers or path == "/v1/messages" or path.startswith("/v1/messages/"):
+def format_spoken(path: str, headers: MultiMapping[str], query: MultiMapping[str]) -> str:
+    """The format a request speaks, by the rule in this module's docstring (its default upstream)."""
+    if "anthropic-version" in headers or path == "/v1/messages" or path.startswith("/v1/messages/"):
         return "anthropic"
     if (path.startswith(("/v1beta/", "/v1alpha/", "/upload/")) or _GEMINI_METHOD.fullmatch(path)
-            or "x-goog-api-key" in request.headers
-            or ("key=" in request.rel_url.raw_query_string and "key" in request.query)):
+            or "x-goog-api-key" in headers or "key" in query):
         return "gemini"
     return "openai"
 
 
+def owned(raw_path: str) -> bool:
+    """Whether ``raw_path`` names a path the proxy owns, however it is spelled: any case, extra
+    slashes, ``;`` parameters, percent-encoding (two rounds)."""
+    path = unquote(unquote(raw_path)).lower()
+    segments = [s.split(";", 1)[0] for s in re.split(r"[/\\]+", path) if s]
+    return any(tuple(segments[:len(prefix)]) == prefix for prefix in OWNED)
+
+
 async def dispatch_default(request: web.Request) -> web.StreamResponse:
-    return await dispatch(request, default_upstream(request), request.rel_url.raw_path)
+    name = format_spoken(request.path, request.headers, request.query)
+    return await dispatch(request, name, request.rel_url.raw_path, guard_owned=True)
 
 
 async def dispatch_named(request: web.Request) -> web.StreamResponse:
@@ -82,28 +96,33 @@ async def dispatch_named(request: web.Request) -> web.StreamResponse:
     return await dispatch(request, name, "/" + tail)
 
 
-async def dispatch(request: web.Request, name: str, raw_path: str) -> web.StreamResponse:
-    app = request.app[APP]
-    upstream = app.upstreams.get(name)
+async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owned: bool = False) -> web.StreamResponse:
+    services = request.app[SERVICES]
+    ctx = context(request)
+    # until the client is known, errors take the shape the request itself speaks: a stranger
+    # learns nothing about which named upstreams exist or what format they are
+    ctx.fmt = ERROR_FORMATS[format_spoken(unquote(raw_path), request.headers, request.query)]
+    if not services.guard.is_client(request.headers, request.query):
+        ctx.route = "unauthenticated"
+        raise client_unauthorized()
+    upstream = services.upstreams.get(name)
     if upstream is None:
-        async def unknown() -> web.StreamResponse:
-            app.guard.require_client(request.headers, request.query)
-            check_name(name)
-            raise NotFound(f"no upstream named {name!r}", code="UNKNOWN_UPSTREAM")
-        return await respond(request, openai_chat, "unknown_upstream", unknown)
+        ctx.route = "unknown_upstream"
+        check_name(name)
+        raise NotFound(f"no upstream named {name!r}", code="UNKNOWN_UPSTREAM")
+    if guard_owned and owned(raw_path):
+        raise NotFound("no such route", code="ROUTE_NOT_FOUND")
+    if request.method not in METHODS:
+        raise ProjectionistError(f"{request.method} is not forwarded", code="METHOD_NOT_ALLOWED", status=405)
+    check_path(raw_path)
     path = unquote(raw_path) if "%" in raw_path else raw_path
     adapter = projecting_adapter(upstream.format, request.method, path)
-    fmt = adapter if adapter is not None else ERROR_FORMATS[upstream.format]
-    call: Callable[[], Awaitable[web.StreamResponse]]
+    fmt = ctx.fmt = adapter if adapter is not None else ERROR_FORMATS[upstream.format]
+    handler: Callable[[], Awaitable[web.StreamResponse]]
     if adapter is not None:
-        route, call = fmt.NAME, lambda: project_and_forward(request, fmt, upstream, raw_path)
+        ctx.route, handler = fmt.NAME, lambda: relay_projected(request, fmt, upstream, raw_path)
     elif files.handles(upstream.format, request.method, path):
-        route, call = "files", lambda: files.handle(request, fmt, upstream, raw_path, path)
+        ctx.route, handler = "files", lambda: files.handle(request, fmt, upstream, raw_path, path)
     else:
-        route, call = "passthrough", lambda: passthrough(request, fmt, upstream, raw_path)
-
-    async def guarded() -> web.StreamResponse:
-        app.guard.require_client(request.headers, request.query)
-        check_path(raw_path)
-        return await call()
-    return await respond(request, fmt, route, guarded)
+        ctx.route, handler = "passthrough", lambda: relay_unchanged(request, fmt, upstream, raw_path)
+    return await handler()

@@ -14,11 +14,10 @@ import msgspec
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from projectionist.adapters import openai_chat
 from projectionist.policy.errors import ImageRejected, InvalidRequest
 from projectionist.policy.model import StoredImage
-from projectionist.proxy.http.services import APP
-from projectionist.proxy.http.middleware import endpoint, info
+from projectionist.proxy.http.middleware import context
+from projectionist.proxy.http.services import SERVICES
 
 MAX_NAME = 255
 
@@ -76,14 +75,13 @@ async def read_upload(request: web.Request, limit: int, field: str = "file") -> 
     return await request.read(), request.headers.get("Content-Type"), None
 
 
-@endpoint(openai_chat, "attachments.create")
 async def upload(request: web.Request) -> web.StreamResponse:
-    app = request.app[APP]
+    app = request.app[SERVICES]
     app.guard.require_client(request.headers, request.query)
     data, declared, filename = await read_upload(request, app.config.store.limits.max_bytes)
     if not data:
         raise InvalidRequest("empty upload", code="EMPTY_UPLOAD")
     name = clean_name(request.query.get("name") or filename)
     image = await app.store.admit(data, declared, name=name)
-    info(request).update(attachment=image.id[:15], bytes=image.bytes)
+    context(request).fields.update(attachment=image.id[:15], bytes=image.bytes)
     return web.Response(body=msgspec.json.encode(describe(image, name)), content_type="application/json")

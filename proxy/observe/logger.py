@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import structlog
+from yarl import URL
 
 
 def setup_logging(level: str = "info", json: bool = True) -> None:
@@ -52,3 +53,14 @@ def get_logger() -> structlog.typing.FilteringBoundLogger:
 def request_lines() -> bool:
     """Whether the per-request line is emitted at all (level ``info`` or finer)."""
     return _request_lines
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any user and password replaced by ``***``, for log lines and messages."""
+    try:
+        parsed = URL(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parsed.raw_password is None and parsed.raw_user is None:
+        return url
+    return str(parsed.with_user("***").with_password(None))

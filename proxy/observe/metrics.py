@@ -12,7 +12,6 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
@@ -51,6 +50,8 @@ class Metrics:
         self.store_retries = 0
         self.cache_hits = 0
         self.cache_misses = 0
+        self.records_dropped: Counter[str] = Counter()
+        self.errors_after_start = 0
         self.projection = Histogram()
         self.upstream = Histogram()
         self.registry = CollectorRegistry(auto_describe=True)
@@ -77,15 +78,19 @@ class Metrics:
         yield CounterMetricFamily("projectionist_cache_misses",
                                   "Images not in the verified-object cache, or whose stamp changed",
                                   value=self.cache_misses)
+        yield _by("projectionist_records_dropped", "Request and response records that could not be written "
+                  "(the calls went on unrecorded)", "kind", self.records_dropped)
+        yield CounterMetricFamily("projectionist_errors_after_response_started",
+                                  "Errors after a response had started: logged, the connection closed",
+                                  value=self.errors_after_start)
         yield self.projection.family("projectionist_projection_seconds",
                                      "Time to project a request body (reads, log, render, encode)")
         yield self.upstream.family("projectionist_upstream_seconds",
                                    "Time from sending a request upstream to its response headers")
 
-    def render(self) -> web.Response:
-        response = web.Response(body=generate_latest(self.registry))
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
+    def exposition(self) -> tuple[bytes, str]:
+        """The Prometheus text of every family, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
 def _by(name: str, documentation: str, label: str, counts: Counter[str]) -> CounterMetricFamily:

@@ -21,7 +21,7 @@ import msgspec
 from aiohttp import web
 
 from projectionist.policy.errors import InvalidRequest, ProjectionistError
-from projectionist.policy.model import check_id
+from projectionist.policy.model import check_id, check_session_id
 from projectionist.policy.projection import recover, refresh
 from projectionist.proxy.http.admin import events_view, quarantine_view
 from projectionist.proxy.http.app import create_app, open_log, open_store
@@ -29,9 +29,9 @@ from projectionist.proxy.config import Config, Format, load_config, parse_upstre
 from projectionist.proxy.ops.demo import DemoFailed, run_demo, write_snapshot
 from projectionist.proxy.upstream.replay import rebuild, send_and_compare
 from projectionist.proxy.observe.logger import get_logger, setup_logging
-from projectionist.proxy.http.sessions import parse_session_id
-from projectionist.proxy.http.services import Log, Store
-from projectionist.proxy.upstream.urls import redact
+from projectionist.proxy.sessionlog.base import Log
+from projectionist.proxy.stores.base import Store
+from projectionist.proxy.observe.logger import redact_url
 
 T = TypeVar("T")
 
@@ -133,7 +133,7 @@ def check_data_dir(config: Config) -> None:
 
 
 def _admin_verb(args: argparse.Namespace, config: Config) -> int:
-    session = parse_session_id(args.session)
+    session = check_session_id(args.session)
     check_data_dir(config)
 
     async def events(store: Store, log: Log) -> int:
@@ -151,7 +151,7 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
         return 0
 
     async def fork(store: Store, log: Log) -> int:
-        event = await log.fork(session, parse_session_id(args.new_session), args.at_seq)
+        event = await log.fork(session, check_session_id(args.new_session), args.at_seq)
         _print_json({"session": args.new_session, "parent": session, "event": event})
         return 0
 
@@ -324,7 +324,7 @@ def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
         bound = True
         get_logger().info("listening", host=config.server.host, port=config.server.port,
                           loop=type(loop).__module__, data_dir=str(config.data_dir),
-                          upstreams={n: redact(u.url) for n, u in config.upstreams.items()},
+                          upstreams={n: redact_url(u.url) for n, u in config.upstreams.items()},
                           client_tokens=bool(config.client_tokens()), open_proxy=bool(refusal))
 
     tune_gc()

@@ -20,7 +20,7 @@ import asyncpg
 from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
 from projectionist.policy.events import FORKED, Event, EventData, Forked, ForkedEvent, decode_event, encode_event, envelope, event_type
 from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.sessionlog.sqlite import utc_now
+from projectionist.proxy.sessionlog.base import utc_now
 
 SCHEMA_VERSION: Final = 1
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")

@@ -13,12 +13,12 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
 from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from projectionist.proxy.sessionlog.base import utc_now
 from projectionist.policy.events import (
     FORKED,
     Event,
@@ -68,11 +68,6 @@ def _synchronous(conn: sqlite3.Connection, durable: bool) -> Iterator[None]:
         yield
     finally:
         conn.execute("PRAGMA synchronous = FULL")
-
-
-def utc_now() -> str:
-    """The default clock: UTC ISO-8601 with milliseconds and a ``Z`` suffix."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class SqliteLog:

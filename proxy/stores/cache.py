@@ -30,12 +30,7 @@ import msgspec
 from projectionist.policy.errors import AttachmentError
 from projectionist.policy.model import StoredImage
 from projectionist.proxy.observe.metrics import Metrics
-from projectionist.proxy.http.services import Store
-
-
-class StampedStore(Store, Protocol):
-    async def stamps(self, attachment_ids: Sequence[str]) -> list[str | None]: ...
-    async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]: ...
+from projectionist.proxy.stores.base import StampedStore
 
 
 class Encoded:

@@ -26,7 +26,7 @@ from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, Attachm
 from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits
-from projectionist.proxy.http.services import AttachmentMeta
+from projectionist.proxy.stores.base import AttachmentMeta
 
 #: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"

@@ -1,85 +1,69 @@
-"""What goes upstream: target URL, end-to-end headers, auth substitution, then the relay (proxy layer).
+"""What goes upstream: the target URL and the end-to-end headers, with auth substituted (proxy layer).
 
-The URL is the upstream's configured base plus the validated client path (``proxy.urls``). The
+The URL is the upstream's configured base plus the validated client path (``upstream.urls``). The
 client's own credentials are forwarded unless the upstream has a configured key; then the
-format's auth headers and query parameters (Gemini's ``?key=``) are replaced by it. The proxy's
-own tokens (client tokens, the admin token, ``X-Projectionist-Token``) are never forwarded.
+format's auth headers and query parameters (Gemini's ``?key=``) are replaced by it. What the
+``Withheld`` says is the proxy's own (client tokens, the admin token, its session and token
+headers) is never forwarded, in whatever header or query parameter it came.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable
+from typing import Final, Protocol
 
-from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from projectionist.adapters.base import WireFormat
-from projectionist.proxy.http.auth import CREDENTIAL_QUERY
-from projectionist.proxy.upstream.relay import Capture, Timing, forward_headers, relay
-from projectionist.proxy.http.services import APP, Upstream
+from projectionist.proxy.upstream.relay import forward_headers
+from projectionist.proxy.upstream.target import Upstream
 from projectionist.proxy.upstream.urls import filter_query
-from projectionist.proxy.http.middleware import REQUEST_ID, REQUEST_ID_HEADER, STARTED, info
+
+#: Query parameters that carry a credential (any case); removed from every recorded path.
+CREDENTIAL_QUERY: Final = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})
 
 
-def upstream_query(request: web.Request, fmt: WireFormat, upstream: Upstream) -> str:
+class Withheld(Protocol):
+    """The proxy's own credentials and headers, which never travel upstream."""
+
+    def withheld_headers(self, incoming: MultiMapping[str]) -> frozenset[str]:
+        """Lowercase names of the headers of ``incoming`` that must not be forwarded."""
+        ...
+
+    def is_own(self, value: str) -> bool:
+        """Whether ``value`` is one of the proxy's own tokens."""
+        ...
+
+
+def upstream_query(raw_query: str, fmt: WireFormat, upstream: Upstream, withheld: Withheld) -> str:
     """The incoming raw query, byte for byte, minus auth parameters the upstream's own key
-    replaces and any parameter carrying one of the proxy's own tokens."""
-    query = request.rel_url.raw_query_string
-    if not query:
-        return query
-    guard = request.app[APP].guard
+    replaces and any credential parameter carrying one of the proxy's own tokens."""
+    if not raw_query:
+        return raw_query
     replaced = frozenset(fmt.AUTH_QUERY) if upstream.api_key else frozenset()
-    return filter_query(query, lambda k, v: k not in replaced and not (k in CREDENTIAL_QUERY and guard.is_own(v)))
+
+    def keep(name: str, value: str) -> bool:
+        lowered = name.lower()
+        return lowered not in replaced and not (lowered in CREDENTIAL_QUERY and withheld.is_own(value))
+
+    return filter_query(raw_query, keep)
 
 
-def recorded_path(request: web.Request, raw_path: str) -> str:
+def recorded_path(raw_path: str, raw_query: str) -> str:
     """The path and query as the session log keeps them: no credential parameter, on any format."""
-    query = filter_query(request.rel_url.raw_query_string, lambda k, v: k.lower() not in CREDENTIAL_QUERY)
+    query = filter_query(raw_query, lambda k, v: k.lower() not in CREDENTIAL_QUERY)
     return raw_path + (f"?{query}" if query else "")
 
 
-def target_url(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> URL:
+def target_url(raw_path: str, raw_query: str, fmt: WireFormat, upstream: Upstream, withheld: Withheld) -> URL:
     """The configured base + the checked ``raw_path`` + ``upstream_query``."""
-    return upstream.base.join(raw_path, upstream_query(request, fmt, upstream))
+    return upstream.base.join(raw_path, upstream_query(raw_query, fmt, upstream, withheld))
 
 
-def outgoing_headers(request: web.Request, fmt: WireFormat, upstream: Upstream) -> CIMultiDict[str]:
-    app = request.app[APP]
-    drop = app.own_headers | app.guard.own_credential_headers(request.headers)
+def outgoing_headers(incoming: MultiMapping[str], fmt: WireFormat, upstream: Upstream,
+                     withheld: Withheld) -> CIMultiDict[str]:
+    drop = withheld.withheld_headers(incoming)
     if upstream.api_key:
-        return forward_headers(request.headers, drop=drop | frozenset(fmt.AUTH_HEADERS),
+        return forward_headers(incoming, drop=drop | frozenset(fmt.AUTH_HEADERS),
                                replace=fmt.upstream_auth(upstream.api_key))
-    return forward_headers(request.headers, drop=drop)
-
-
-async def forward(
-    request: web.Request,
-    fmt: WireFormat,
-    upstream: Upstream,
-    raw_path: str,
-    body: bytes | AsyncIterable[bytes] | None,
-    headers: CIMultiDict[str] | None = None,
-    capture: Capture | None = None,
-) -> web.StreamResponse:
-    """Send the request to ``upstream`` and stream the answer back; record timing in the log line."""
-    fields = info(request)
-    fields["upstream"] = upstream.name
-    timing = Timing(request[STARTED])
-    url = target_url(request, fmt, upstream, raw_path)
-    try:
-        return await relay(
-            request,
-            upstream.session,
-            url,
-            body,
-            headers if headers is not None else outgoing_headers(request, fmt, upstream),
-            timing,
-            extra_headers={REQUEST_ID_HEADER: request[REQUEST_ID]},
-            capture=capture,
-        )
-    finally:
-        fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
-        if timing.status is not None:
-            request.app[APP].metrics.upstream.observe(timing.headers_s)
-
+    return forward_headers(incoming, drop=drop)

@@ -21,24 +21,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import msgspec
-from aiohttp import web
 
 from projectionist.adapters.base import Json, WireFormat
 from projectionist.policy.errors import ProjectionistError
 from projectionist.policy.events import RefRecord, RequestRecorded, ResponseRecorded
-from projectionist.policy.fold import fold
 from projectionist.policy.model import Outcome, Resolved, StoredImage
 from projectionist.policy.projection import Projection
-from projectionist.proxy.stores.cache import Encoded, inline
-from projectionist.proxy.upstream.outgoing import recorded_path
+from projectionist.policy.ports import SessionLog
 from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.upstream.relay import Capture
-from projectionist.proxy.http.services import APP, AppState, Upstream
-from projectionist.proxy.http.middleware import REQUEST_ID, STARTED, info
+from projectionist.proxy.observe.metrics import Metrics
+from projectionist.proxy.stores.base import Store
+from projectionist.proxy.stores.cache import Encoded, inline
 
 _decoder: Final = msgspec.json.Decoder()
 _encoder: Final = msgspec.json.Encoder()
@@ -132,15 +129,6 @@ def describe(fmt: WireFormat, raw: bytes, body: bytes, outcomes: tuple[Outcome, 
     return Described(digest or sha256_id(body), refs, shape(skeleton))
 
 
-async def append_record(app: AppState, session_id: str, data: RequestRecorded | ResponseRecorded) -> int:
-    """Append one record (non-durably) after whatever the log holds now; returns its seq."""
-    [event] = await app.log.append(session_id, None, [data], durable=False)
-    cached = app.states.get(session_id)
-    if cached is not None and cached.last_seq == event.seq - 1:
-        app.states.put(session_id, fold([event], cached))
-    return event.seq
-
-
 def response_documents(body: bytes, content_type: str) -> Any:
     """A response body as JSON: the list of SSE ``data:`` documents, or the one document (text
     where it is not JSON)."""
@@ -174,76 +162,143 @@ def usage_of(body: bytes, content_type: str) -> dict[str, Any] | None:
     return found
 
 
-class Recorder:
-    """The recording of one call in progress: its request seq and the response capture."""
+class Recording:
+    """Where this app's records go: the session log (and, in ``full`` mode, the store's blob area).
 
-    def __init__(self, app: AppState, request: web.Request, session_id: str, request_seq: int) -> None:
-        self.app = app
-        self.request = request
-        self.session_id = session_id
+    Records are evidence, not state: a record that cannot be written is logged and counted
+    (``projectionist_records_dropped_total``), and the call goes on as if recording were off.
+    ``background`` runs a write to completion even if the request that started it is cancelled.
+    """
+
+    def __init__(self, log: SessionLog, store: Store, mode: str, max_response_bytes: int, metrics: Metrics,
+                 background: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+        self.log = log
+        self.store = store
+        self.mode = mode
+        self.max_response_bytes = max_response_bytes
+        self.metrics = metrics
+        self.background = background
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+    async def start(self, call: CallInfo, raw: bytes, body: bytes, projection: Projection | None) -> Recorder | None:
+        """Append the ``request/recorded`` event of this call (before the upstream call); the
+        ``Recorder`` then watches the response. None when the record could not be written."""
+        described = describe(call.fmt, raw, body, projection.outcomes if projection is not None else None)
+        try:
+            blob = await self.store.put_blob(raw) if self.mode == "full" else None
+            data = RequestRecorded(
+                request_id=call.request_id, route=call.route, adapter=call.fmt.NAME, upstream=call.upstream,
+                method=call.method, path=call.path,
+                log_seq=projection.state.last_seq if projection is not None else 0,
+                inbound_digest=sha256_id(raw), projected_digest=described.projected_digest,
+                refs=described.refs, shape=described.shape, inbound_blob=blob,
+            )
+            [event] = await self.log.append(call.session_id, None, [data], durable=False)
+        except Exception as exc:  # evidence only: the call goes on unrecorded
+            self._dropped("request", exc, call.request_id)
+            return None
+        return Recorder(self, call, event.seq)
+
+    def _dropped(self, kind: str, exc: BaseException, request_id: str) -> None:
+        self.metrics.records_dropped[kind] += 1
+        code = exc.code if isinstance(exc, ProjectionistError) else type(exc).__name__
+        get_logger().warning("record_dropped", kind=kind, error=code, request_id=request_id)
+
+
+class CallInfo(msgspec.Struct, frozen=True):
+    """What a record says about the call itself (never headers, keys or tokens)."""
+
+    session_id: str
+    request_id: str
+    started: float
+    route: str
+    fmt: Any  # WireFormat: a module, which msgspec cannot type
+    upstream: str
+    method: str
+    path: str
+
+
+class Recorder:
+    """Watches one recorded call's response (a relay ``Observer``) and appends its
+    ``response/recorded`` event: before the last byte reaches the client when the whole body came
+    through, else once the call ended (``finished``, ``failed``, ``cancelled``)."""
+
+    def __init__(self, recording: Recording, call: CallInfo, request_seq: int) -> None:
+        self.recording = recording
+        self.call = call
         self.request_seq = request_seq
-        full = app.config.record.mode == "full"
-        self.capture = Capture(app.config.record.max_response_bytes if full else USAGE_SCAN_BYTES, self._done)
+        full = recording.mode == "full"
+        self.capture = Capture(recording.max_response_bytes if full else USAGE_SCAN_BYTES)
         self.full = full
         self.recorded = False
 
-    async def forward(self, call: Awaitable[web.StreamResponse]) -> web.StreamResponse:
-        """Run the relay; the response is recorded before its last byte reaches the client (so
-        a client that has the whole answer finds it in the log), or here if it never completed."""
-        try:
-            response = await call
-        except ProjectionistError as error:
-            await self._record(None, error.code)
-            raise
-        except asyncio.CancelledError:
-            if not self.recorded:  # the client left: record that in the background, then go
-                self.recorded = True
-                self.app.background(self._record(None, "CLIENT_DISCONNECTED"))
-            raise
-        if not self.recorded:
-            await self._record(response.status, "INCOMPLETE")
-        return response
+    def chunk(self, data: bytes) -> None:
+        self.capture.add(data)
 
-    async def _done(self, status: int) -> None:
+    def begin(self, content_type: str) -> None:
+        self.capture.content_type = content_type
+
+    async def body_complete(self, status: int) -> None:
         self.recorded = True
         # shielded: a client that already has the whole answer may hang up while this runs
-        await asyncio.shield(self.app.background(self._record(status, None)))
+        await asyncio.shield(self.recording.background(self._record(status, None)))
+
+    async def finished(self, status: int) -> None:
+        """The relay returned: record it unless the complete body already was."""
+        if not self.recorded:
+            self.recorded = True
+            await self._record(status, "INCOMPLETE")
+
+    async def failed(self, code: str) -> None:
+        """The call failed before its response started (the error went to the client)."""
+        if not self.recorded:
+            self.recorded = True
+            await self._record(None, code)
+
+    def cancelled(self) -> None:
+        """The client left: record that in the background."""
+        if not self.recorded:
+            self.recorded = True
+            self.recording.background(self._record(None, "CLIENT_DISCONNECTED"))
 
     async def _record(self, status: int | None, error_code: str | None) -> None:
-        body = self.capture.body()
-        latency = round((time.perf_counter() - self.request[STARTED]) * 1000, 3)
-        blob = await self.app.store.put_blob(body) if self.full and status is not None else None
-        data = ResponseRecorded(self.request[REQUEST_ID], self.request_seq, status, latency,
-                                usage_of(body, self.capture.content_type) if status is not None else None,
-                                error_code, blob, self.capture.truncated)
+        """Never raises: a response record that cannot be written is dropped and counted."""
         try:
-            await append_record(self.app, self.session_id, data)
-        except ProjectionistError as error:  # the call itself succeeded: say so, do not fail it
-            get_logger().warning("response_not_recorded", code=error.code, request_id=data.request_id)
+            body = self.capture.body()
+            latency = round((time.perf_counter() - self.call.started) * 1000, 3)
+            blob = await self.recording.store.put_blob(body) if self.full and status is not None else None
+            data = ResponseRecorded(self.call.request_id, self.request_seq, status, latency,
+                                    usage_of(body, self.capture.content_type) if status is not None else None,
+                                    error_code, blob, self.capture.truncated)
+            await self.recording.log.append(self.call.session_id, None, [data], durable=False)
+        except Exception as exc:
+            self.recording._dropped("response", exc, self.call.request_id)
 
 
-async def record_request(
-    request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str, raw: bytes, body: bytes,
-    projection: Projection | None, session_id: str,
-) -> Recorder:
-    """Append the ``request/recorded`` event of this call (before the upstream call)."""
-    app = request.app[APP]
-    described = describe(fmt, raw, body, projection.outcomes if projection is not None else None)
-    blob = await app.store.put_blob(raw) if app.config.record.mode == "full" else None
-    data = RequestRecorded(
-        request_id=request[REQUEST_ID],
-        route=info(request)["route"],
-        adapter=fmt.NAME,
-        upstream=upstream.name,
-        method=request.method,
-        path=recorded_path(request, raw_path),
-        log_seq=projection.state.last_seq if projection is not None else 0,
-        inbound_digest=sha256_id(raw),
-        projected_digest=described.projected_digest,
-        refs=described.refs,
-        shape=described.shape,
-        inbound_blob=blob,
-    )
-    seq = await append_record(app, session_id, data)
-    info(request)["recorded_seq"] = seq
-    return Recorder(app, request, session_id, seq)
+class Capture:
+    """A bounded copy of a relayed response body; chunks past ``limit`` are not kept and the copy
+    is marked truncated."""
+
+    __slots__ = ("limit", "chunks", "size", "truncated", "content_type")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.truncated = False
+        self.content_type = ""
+
+    def add(self, chunk: bytes) -> None:
+        if self.truncated:
+            return
+        if self.size + len(chunk) > self.limit:
+            self.truncated = True
+            return
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+
+    def body(self) -> bytes:
+        return b"".join(self.chunks)

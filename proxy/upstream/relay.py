@@ -1,9 +1,11 @@
-"""Upstream relay: header hygiene, one call per request, SSE streamed chunk by chunk (proxy layer).
+"""The relay: one call upstream per request, its answer streamed back chunk by chunk (proxy layer).
 
-Everything that can fail before the first response byte (connect, timeout, upstream refused) is
-raised as an ``UpstreamError`` for the caller to render in the client's wire format. Once the
-response has started, a broken upstream stream closes the client connection rather than
-pretending the response completed.
+Everything that can fail before the first response byte (connect, timeout, refused) raises an
+``UpstreamError`` for the middleware to render in the client's wire format. Once the response has
+started nothing is raised into it: a broken upstream stream closes the client connection (the
+client sees a cut stream, never a completed one), and an ``Observer`` (recording) that fails is
+logged and ignored. Redirects are never followed: a 3xx goes back to the client as it came, so a
+configured key never travels to a host the upstream names.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, Callable
+from typing import Protocol, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -26,6 +29,11 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
 })
+OVERHEAD_HEADER = "x-projectionist-overhead-ms"
+REQUEST_ID_HEADER = "x-projectionist-request-id"
+
+Body = bytes | AsyncIterable[bytes] | None
+_A = TypeVar("_A")
 
 
 def _connection_tokens(headers: MultiMapping[str]) -> set[str]:
@@ -61,44 +69,18 @@ def forward_headers(
     return out
 
 
-def new_session(connect_timeout: float, read_timeout: float) -> aiohttp.ClientSession:
-    """The one ``ClientSession`` an upstream keeps for the app's life, with explicit timeouts."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-    )
+class Observer(Protocol):
+    """Watches a relayed response (recording). It can slow the stream down, never change it:
+    whatever it raises is logged and ignored."""
 
+    def begin(self, content_type: str) -> None:
+        """The response started (its content type)."""
 
-OVERHEAD_HEADER = "x-projectionist-overhead-ms"
+    def chunk(self, data: bytes) -> None:
+        """One chunk as it was relayed."""
 
-
-class Capture:
-    """A bounded copy of a relayed response body (for recording); chunks past ``limit`` are
-    not kept and the copy is marked truncated."""
-
-    __slots__ = ("limit", "chunks", "size", "truncated", "content_type", "before_eof")
-
-    def __init__(self, limit: int, before_eof: Callable[[int], Awaitable[None]] | None = None) -> None:
-        self.limit = limit
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.truncated = False
-        self.content_type = ""
-        #: Called with the status once the whole body has arrived from upstream, before the client
-        #: can have all of it: before the last byte of a sized body, else before the final chunk.
-        self.before_eof = before_eof
-
-    def add(self, chunk: bytes) -> None:
-        if self.size + len(chunk) > self.limit:
-            self.truncated = True
-            return
-        self.chunks.append(chunk)
-        self.size += len(chunk)
-
-    def body(self) -> bytes:
-        return b"".join(self.chunks)
+    async def body_complete(self, status: int) -> None:
+        """The whole body arrived from upstream; the client still lacks its last chunk."""
 
 
 class Timing:
@@ -118,69 +100,108 @@ async def relay(
     request: web.Request,
     session: aiohttp.ClientSession,
     url: URL,
-    body: bytes | AsyncIterable[bytes] | None,
+    body: Body,
     headers: CIMultiDict[str],
     timing: Timing,
-    extra_headers: dict[str, str] | None = None,
-    capture: Capture | None = None,
+    *,
+    request_id: str = "",
+    observer: Observer | None = None,
 ) -> web.StreamResponse:
     """Send one request upstream and stream its response back unchanged (minus hop-by-hop).
 
     The response carries ``x-projectionist-overhead-ms``: the proxy's own time so far, i.e. its
     time until the response starts minus the upstream's time to its headers."""
     started = time.perf_counter()
-    try:
-        upstream = await session.request(request.method, url, data=body, headers=headers)
-    except asyncio.TimeoutError:
-        raise UpstreamError("upstream timed out before responding", code="UPSTREAM_TIMEOUT", status=504) from None
-    except aiohttp.ClientError as exc:
-        raise UpstreamError(f"upstream unreachable: {type(exc).__name__}") from None
+    answer = await _send(session, request.method, url, body, headers)
     try:
         timing.headers_s = time.perf_counter() - started
-        timing.status = upstream.status
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        skip = _skipped(upstream.headers, frozenset())
-        headers = response.headers
-        for key, value in upstream.headers.items():
-            if key.lower() not in skip:
-                headers.add(key, value)
-        for key, value in (extra_headers or {}).items():
-            response.headers[key] = value
-        if upstream.content_length is not None:
-            response.content_length = upstream.content_length
-        overhead = time.perf_counter() - timing.request_started - timing.headers_s
-        response.headers[OVERHEAD_HEADER] = f"{overhead * 1000:.3f}"
+        timing.status = answer.status
+        response = _response_head(answer, request_id, timing)
         try:
             await response.prepare(request)
         except ConnectionError:
             return response  # the client left before the response started: nothing to send it
-        finish = capture.before_eof if capture is not None else None
-        if capture is not None:
-            capture.content_type = upstream.headers.get("Content-Type", "")
-        remaining = upstream.content_length
-        try:
-            async for chunk in upstream.content.iter_any():
-                if capture is not None and not capture.truncated:
-                    capture.add(chunk)
-                if remaining is not None:
-                    remaining -= len(chunk)
-                    if remaining <= 0 and finish is not None:  # a sized body ends with its last byte:
-                        await finish(upstream.status)  # record before the client can have it all
-                        finish = None
-                try:
-                    await response.write(chunk)
-                except ConnectionError:
-                    return response  # the client went away; nothing left to tell it
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            get_logger().warning("upstream_stream_broken", error=type(exc).__name__,
-                                 request_id=(extra_headers or {}).get("x-projectionist-request-id"))
-            if request.transport is not None:
-                request.transport.close()  # no terminating chunk: the client sees a cut stream
-            return response
-        if finish is not None:
-            await finish(upstream.status)
-        await response.write_eof()
+        await _stream(request, response, answer, observer, request_id)
         return response
     finally:
         timing.upstream_s = time.perf_counter() - started
-        upstream.release()
+        answer.release()
+
+
+async def _send(session: aiohttp.ClientSession, method: str, url: URL, body: Body,
+                headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
+    try:
+        return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
+    except asyncio.TimeoutError:
+        raise UpstreamError("upstream timed out before responding", code="UPSTREAM_TIMEOUT", status=504) from None
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(f"upstream unreachable: {type(exc).__name__}") from None
+
+
+def _response_head(answer: aiohttp.ClientResponse, request_id: str, timing: Timing) -> web.StreamResponse:
+    response = web.StreamResponse(status=answer.status, reason=answer.reason)
+    skip = _skipped(answer.headers, frozenset())
+    out = response.headers
+    for key, value in answer.headers.items():
+        if key.lower() not in skip:
+            out.add(key, value)
+    if request_id:
+        out[REQUEST_ID_HEADER] = request_id
+    if answer.content_length is not None:
+        response.content_length = answer.content_length
+    overhead = time.perf_counter() - timing.request_started - timing.headers_s
+    out[OVERHEAD_HEADER] = f"{overhead * 1000:.3f}"
+    return response
+
+
+async def _stream(request: web.Request, response: web.StreamResponse, answer: aiohttp.ClientResponse,
+                  observer: Observer | None, request_id: str) -> None:
+    """Relay the body; tell ``observer`` each chunk, and that the body is complete before the
+    client can have all of it (before the last byte of a sized body, else before the final chunk)."""
+    remaining = answer.content_length
+    told = observer is None
+    if observer is not None:
+        _watch(observer.begin, answer.headers.get("Content-Type", ""), request_id)
+    try:
+        async for chunk in answer.content.iter_any():
+            if observer is not None:
+                _watch(observer.chunk, chunk, request_id)
+            if remaining is not None:
+                remaining -= len(chunk)
+                if remaining <= 0 and not told:
+                    told = True
+                    await _complete(observer, answer.status, request_id)
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                return  # the client went away; nothing left to tell it
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        get_logger().warning("upstream_stream_broken", error=type(exc).__name__, request_id=request_id)
+        abort(request)  # no terminating chunk: the client sees a cut stream
+        return
+    if not told:
+        await _complete(observer, answer.status, request_id)
+    await response.write_eof()
+
+
+def _watch(call: Callable[[_A], None], argument: _A, request_id: str) -> None:
+    try:
+        call(argument)
+    except Exception as exc:
+        get_logger().warning("observer_failed", error=type(exc).__name__, request_id=request_id)
+
+
+async def _complete(observer: Observer | None, status: int, request_id: str) -> None:
+    if observer is None:
+        return
+    try:
+        await observer.body_complete(status)
+    except Exception as exc:  # never into the response: log, and let the stream finish
+        get_logger().warning("observer_failed", error=type(exc).__name__, request_id=request_id)
+
+
+def abort(request: web.Request) -> None:
+    """End a started response without completing it: the connection closes, so the client sees
+    a cut body (no final chunk, or fewer bytes than announced), never an error appended to it."""
+    if request.transport is not None:
+        request.transport.close()

@@ -29,7 +29,7 @@ from projectionist.proxy.config import Config
 from projectionist.proxy.upstream.prepare import build
 from projectionist.proxy.upstream.recording import Described, describe, response_documents, sha256_id
 from projectionist.adapters.redact import shorten
-from projectionist.proxy.http.services import Store
+from projectionist.proxy.stores.base import Store
 from projectionist.proxy.upstream.urls import Base
 
 ADAPTERS: Final[dict[str, WireFormat]] = {

@@ -1,11 +1,12 @@
 """Outgoing URLs: a configured base plus a validated path, nothing else (proxy layer).
 
 The rule: the scheme, host and port of every upstream request are those of a configured upstream.
-``Base`` keeps a configured URL parsed once; ``Base.join`` builds the outgoing URL from its parts
-and a path the client sent, and ``check_path`` refuses any path that starts without ``/``, holds a
-``.`` or ``..`` segment in any decoding of it (encoded, double-encoded, backslash-separated,
-``..;``), a control character, bytes that are not UTF-8 (overlong forms included), or raw
-non-ASCII. A refused path is the client's error (400 ``INVALID_PATH``), never forwarded.
+``Base`` keeps a configured URL parsed once (``config.base_url``); ``Base.join`` builds the
+outgoing URL from its parts and a path the client sent, and ``check_path`` refuses any path that
+starts without ``/``, holds a ``.`` or ``..`` segment in any decoding of it (encoded,
+double-encoded, backslash-separated, ``..;``), an IIS-style ``%u`` escape, a control character,
+bytes that are not UTF-8 (overlong forms included), or raw non-ASCII. A refused path is the
+client's error (400 ``INVALID_PATH``), never forwarded.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from urllib.parse import unquote_plus, unquote_to_bytes
 from yarl import URL
 
 from projectionist.policy.errors import InvalidRequest
+from projectionist.proxy.config import NAME_RE, base_url
 
-#: Upstream names: what may follow ``/u/``, literally (never percent-encoded).
-NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SEPARATORS: Final = re.compile(r"[/\\]")
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 #: Decoding rounds looked through for a hidden ``..`` (``%252e%252e`` needs two).
@@ -51,6 +51,8 @@ def check_path(raw: str) -> str:
             raise _bad_path("control characters are not allowed")
         if "%" not in current:
             return raw
+        if "%u" in current or "%U" in current:
+            raise _bad_path("%u escapes are not allowed")
         try:
             decoded = unquote_to_bytes(current).decode("utf-8")
         except UnicodeDecodeError:
@@ -88,13 +90,7 @@ class Base:
     __slots__ = ("url", "_path", "_parts")
 
     def __init__(self, configured: str) -> None:
-        url = URL(configured)
-        if url.scheme not in ("http", "https") or not url.raw_host:
-            raise InvalidRequest(f"upstream url {redact(configured)!r} must be http(s)://host[:port][/path]",
-                                 code="INVALID_CONFIG")
-        if url.raw_query_string or url.raw_fragment:
-            raise InvalidRequest(f"upstream url {redact(configured)!r} must not have a query or fragment",
-                                 code="INVALID_CONFIG")
+        url = base_url(configured)
         self.url = url
         self._path = url.raw_path.rstrip("/")
         self._parts = {"scheme": url.scheme, "user": url.raw_user, "password": url.raw_password,
@@ -107,14 +103,3 @@ class Base:
         if out.origin() != self.url.origin():  # by construction; kept as the rule's last word
             raise _bad_path("it would leave the configured upstream")
         return out
-
-
-def redact(url: str) -> str:
-    """``url`` with any password replaced, for logs and messages."""
-    try:
-        parsed = URL(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parsed.raw_password is None and parsed.raw_user is None:
-        return url
-    return str(parsed.with_user("***").with_password(None))

@@ -1,0 +1,127 @@
+"""The ways a request goes upstream: projected, passed through unchanged, or as bytes already read (proxy layer).
+
+Each ends in the one stage, ``upstream.relay.relay``. ``relay_projected`` runs the policy first
+(``upstream.prepare.build``) and lets a ``Recorder`` watch the call; ``relay_unchanged`` streams
+the request body upstream as it arrives (its ``Content-Length`` kept, so upstreams that refuse
+chunked uploads still work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+from multidict import CIMultiDict, MultiMapping
+
+from projectionist.adapters.base import WireFormat
+from projectionist.policy.errors import ProjectionistError
+from projectionist.policy.model import ImageRef, Unavailable, check_session_id
+from projectionist.policy.projection import Projection, project
+from projectionist.proxy.http.middleware import context
+from projectionist.proxy.http.services import SERVICES, Services
+from projectionist.proxy.upstream.outgoing import outgoing_headers, recorded_path, target_url
+from projectionist.proxy.upstream.prepare import build
+from projectionist.proxy.upstream.recording import CallInfo, Recorder
+from projectionist.proxy.upstream.relay import Body, Timing, relay
+from projectionist.proxy.upstream.target import Upstream
+
+CHUNK = 64 * 1024
+
+
+def session_of(headers: MultiMapping[str], names: tuple[str, ...]) -> str | None:
+    for name in names:
+        value = headers.get(name)
+        if value is not None:
+            return check_session_id(value)
+    return None
+
+
+async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
+    services = request.app[SERVICES]
+    ctx = context(request)
+    raw = await request.read()
+    session_id = session_of(request.headers, services.session_headers)
+    ctx.fields.update(adapter=fmt.NAME, session=session_id)
+    started = time.perf_counter()
+
+    async def run(refs: list[ImageRef]) -> Projection:
+        return await project(
+            refs, store=services.reader, log=services.log, session_id=session_id,
+            lock=services.log.lock(session_id) if session_id else None,
+            sessionless=services.config.server.sessionless,
+            state=services.log.state(session_id) if session_id else None,
+        )
+
+    built = await build(fmt, raw, run)
+    if built.projection is not None:
+        _account(request, services, built.projection, time.perf_counter() - started)
+    recorder = None
+    if session_id and services.recording.on:
+        call = CallInfo(session_id, ctx.request_id, ctx.started, ctx.route, fmt, upstream.name, request.method,
+                        recorded_path(raw_path, request.rel_url.raw_query_string))
+        recorder = await services.recording.start(call, raw, built.body, built.projection)
+        if recorder is not None:
+            ctx.fields["recorded_seq"] = recorder.request_seq
+    return await send(request, fmt, upstream, raw_path, built.body, recorder=recorder)
+
+
+async def relay_unchanged(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
+    headers = outgoing_headers(request.headers, fmt, upstream, request.app[SERVICES].guard)
+    if not request.body_exists:
+        return await send(request, fmt, upstream, raw_path, None, headers)
+    if request.content_length is not None:
+        headers["Content-Length"] = str(request.content_length)
+    return await send(request, fmt, upstream, raw_path, request.content.iter_chunked(CHUNK), headers)
+
+
+async def send(
+    request: web.Request,
+    fmt: WireFormat,
+    upstream: Upstream,
+    raw_path: str,
+    body: Body,
+    headers: CIMultiDict[str] | None = None,
+    recorder: Recorder | None = None,
+) -> web.StreamResponse:
+    """Relay ``body`` to ``upstream`` and the answer back; timing goes to the log line and metrics,
+    and the recorder (if any) hears how the call ended."""
+    services = request.app[SERVICES]
+    ctx = context(request)
+    ctx.fields["upstream"] = upstream.name
+    timing = Timing(ctx.started)
+    url = target_url(raw_path, request.rel_url.raw_query_string, fmt, upstream, services.guard)
+    if headers is None:
+        headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
+    try:
+        response = await relay(request, upstream.session, url, body, headers, timing,
+                               request_id=ctx.request_id, observer=recorder)
+    except ProjectionistError as error:
+        if recorder is not None:
+            await recorder.failed(error.code)
+        raise
+    except asyncio.CancelledError:
+        if recorder is not None:
+            recorder.cancelled()
+        raise
+    finally:
+        ctx.fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
+        if timing.status is not None:
+            services.metrics.upstream.observe(timing.headers_s)
+    if recorder is not None:
+        await recorder.finished(response.status)
+    return response
+
+
+def _account(request: web.Request, services: Services, projection: Projection, seconds: float) -> None:
+    context(request).fields.update(
+        refs=len(projection.outcomes),
+        reads=projection.reads,
+        quarantined=[q.failure for q in projection.recorded],
+        placeholders=sum(isinstance(o, Unavailable) for o in projection.outcomes),
+    )
+    metrics = services.metrics
+    metrics.projection.observe(seconds)
+    for quarantine in projection.recorded:
+        metrics.quarantines[quarantine.failure] += 1
+    metrics.store_retries += projection.retries
