@@ -217,3 +217,15 @@ async def test_a_good_unicode_name_is_kept(harness: Harness) -> None:
     resp = await harness.client.post("/v1/attachments", data=make_image(color=13), params={"name": "Grafik ü 图.png"},
                                      headers={"Content-Type": "image/png"})
     assert resp.status == 200 and (await resp.json())["name"] == "Grafik ü 图.png"
+
+
+async def test_a_stranger_cannot_tell_named_upstreams_or_their_formats_apart(
+        make_harness: MakeHarness, upstream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROJECTIONIST_CLIENT_TOKENS", TOKENS)
+    harness = await make_harness(**{"upstreams.secret-claude": {"format": "anthropic", "url": upstream.url},
+                                    "upstreams.internal-gem": {"format": "gemini", "url": upstream.url}})
+    answers = set()
+    for name in ("secret-claude", "internal-gem", "no-such-name"):
+        resp = await harness.client.get(f"/u/{name}/v1/models")
+        answers.add((resp.status, resp.headers["x-projectionist-error-code"], await resp.read()))
+    assert len(answers) == 1 and next(iter(answers))[0] == 401

@@ -262,3 +262,85 @@ async def test_a_files_upload_whose_content_type_is_not_latin1_is_a_400(harness:
         form)
     assert status == 400 and b"INVALID_CONTENT_TYPE" in body
     assert harness.upstream.received == []
+
+
+@pytest.fixture
+async def evil(aiohttp_server: Any) -> Any:
+    """A host nobody configured, counting what reaches it."""
+    from aiohttp import web
+
+    hits: list[dict[str, str]] = []
+
+    async def take(request: web.Request) -> web.Response:
+        hits.append(dict(request.headers))
+        return web.json_response({"stolen": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", take)
+    server = await aiohttp_server(app)
+    server.hits = hits
+    return server
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_redirects_are_relayed_never_followed_so_keys_stay_home(
+        make_harness: MakeHarness, aiohttp_server: Any, evil: Any, status: int) -> None:
+    """An upstream (or an open redirect on its host) answering with a Location elsewhere: the
+    3xx goes back to the client as it came, and the server-held key never leaves for that host."""
+    from aiohttp import web
+
+    async def redirect(request: web.Request) -> web.Response:
+        return web.Response(status=status, headers={"Location": str(evil.make_url("/stolen"))})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", redirect)
+    bouncing = await aiohttp_server(app)
+    harness = await make_harness(**{
+        "upstreams.claude": {"format": "anthropic", "url": str(bouncing.make_url("")), "api_key": "sk-ant-held"},
+        "upstreams.gem": {"format": "gemini", "url": str(bouncing.make_url("")), "api_key": "g-held"}})
+    for path, body in (("/u/claude/v1/messages", {"model": "m", "max_tokens": 5, "messages": []}),
+                       ("/u/gem/v1beta/models/g:generateContent", {"contents": []}),
+                       ("/u/gem/v1beta/models", None)):
+        resp = await harness.client.post(path, json=body, allow_redirects=False) if body is not None else \
+            await harness.client.get(path, allow_redirects=False)
+        assert resp.status == status and resp.headers["Location"].endswith("/stolen")
+    assert evil.hits == []
+
+
+@pytest.mark.parametrize("query", ["KEY=admintok", "Key=admintok&x=1", "x=1&API_KEY=admintok", "Token=admintok",
+                                   "access_token=%20admintok"])
+async def test_a_proxy_token_in_a_credential_parameter_of_any_case_is_never_forwarded(
+        lanes: Harness, query: str) -> None:
+    resp = await lanes.client.get(raw(f"/u/oai/v1/models?{query}"))
+    assert resp.status == 200
+    assert "admintok" not in lanes.upstream.last.path_qs
+
+
+@pytest.mark.parametrize("value", ["Bearer\tadmintok", "admintok", "Bearer  admintok ", "bearer admintok",
+                                   "Token admintok"])
+async def test_a_proxy_token_in_an_odd_header_spelling_is_never_forwarded(lanes: Harness, value: str) -> None:
+    status, _, _ = await _raw_request(lanes, f"GET /u/oai/v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: {value}\r\n"
+                                      .encode())
+    assert status == 200
+    assert "admintok" not in str(lanes.upstream.last.headers)
+
+
+@pytest.mark.parametrize("path", ["/metrics/", "/healthz/x", "/admin;x", "//admin/sessions/s/events",
+                                  "/ADMIN/sessions/s/events", "/admin%2Fsessions%2Fs%2Fevents", "/v1/attachments;x",
+                                  "/v1%2Fattachments", "/V1/Attachments/x", "/%61dmin/x", "/%2561dmin/x"])
+async def test_owned_paths_in_any_spelling_are_answered_locally(
+        lanes: Harness, attempted: list[URL], path: str) -> None:
+    status, headers, _ = await _raw_request(
+        lanes, f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admintok\r\n".encode(), b"{}")
+    assert status == 404 and headers["x-projectionist-error-code"] == "ROUTE_NOT_FOUND"
+    assert attempted == [] and lanes.upstream.received == []
+
+
+@pytest.mark.parametrize("method", ["TRACE", "CONNECT", "PROPFIND"])
+async def test_unusual_methods_are_not_forwarded(lanes: Harness, attempted: list[URL], method: str) -> None:
+    status, headers, _ = await _raw_request(lanes, f"{method} /u/vllm1/v1/models HTTP/1.1\r\nHost: x\r\n".encode())
+    if method == "CONNECT":  # its target is an authority: aiohttp itself routes it nowhere
+        assert status in (400, 404, 405)
+    else:
+        assert status == 405 and headers["x-projectionist-error-code"] == "METHOD_NOT_ALLOWED"
+    assert attempted == [] and lanes.upstream.received == []
