@@ -25,6 +25,10 @@ Format = Literal["openai", "anthropic", "gemini"]
 FORMATS: tuple[Format, ...] = ("openai", "anthropic", "gemini")
 
 MiB = 1024 * 1024
+#: Value constraints: a size of at least one byte, a count that may be zero, a positive duration.
+Size = Annotated[int, msgspec.Meta(ge=1)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
 #: Upstream names: what may follow ``/u/``, literally (never percent-encoded).
 NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -50,16 +54,16 @@ def base_url(configured: str) -> URL:
 
 
 class ImageLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    max_bytes: int = 20 * MiB
-    max_pixels: int = 32 * MiB
-    max_side: int = 8192
+    max_bytes: Size = 20 * MiB
+    max_pixels: Size = 32 * MiB
+    max_side: Size = 8192
 
 
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8787
     data_dir: str = ".projectionist"
-    client_max_size: int = 64 * MiB
+    client_max_size: Size = 64 * MiB
     session_header: str = "X-Session-Id"
     session_header_aliases: tuple[str, ...] = ()
     sessionless: Literal["fail", "placeholder"] = "fail"
@@ -75,13 +79,13 @@ class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefix: str = ""
     access_key_id: str = ""
     secret_access_key: str = ""
-    connect_timeout: float = 5.0
+    connect_timeout: Seconds = 5.0
 
 
 class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kind: Literal["filesystem", "s3"] = "filesystem"
     path: str = ""
-    read_timeout: float = 30.0
+    read_timeout: Seconds = 30.0
     limits: ImageLimits = ImageLimits()
     s3: S3Config = S3Config()
 
@@ -89,15 +93,15 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class PostgresConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dsn: str = ""
     schema: str = "public"
-    min_size: int = 1
-    max_size: int = 10
-    timeout: float = 10.0
+    min_size: Count = 1
+    max_size: Size = 10
+    timeout: Seconds = 10.0
 
 
 class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kind: Literal["sqlite", "postgres"] = "sqlite"
     path: str = ""
-    busy_timeout: float = 30.0
+    busy_timeout: Seconds = 30.0
     postgres: PostgresConfig = PostgresConfig()
 
 
@@ -106,18 +110,18 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     url: str
     api_key: str = ""
     api_key_env: str = ""
-    connect_timeout: float = 10.0
-    read_timeout: float = 600.0
+    connect_timeout: Seconds = 10.0
+    read_timeout: Seconds = 600.0
 
 
 class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    max_bytes: int = 128 * MiB
-    sessions: int = 10_000
+    max_bytes: Count = 128 * MiB
+    sessions: Count = 10_000
 
 
 class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     mode: Literal["off", "metadata", "full"] = "metadata"
-    max_response_bytes: int = 16 * MiB
+    max_response_bytes: Count = 16 * MiB
 
 
 class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -190,6 +194,8 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
             raise InvalidRequest(f"cannot read config file {str(path)!r}: {exc.strerror}", code="INVALID_CONFIG") from None
         except tomllib.TOMLDecodeError as exc:
             raise InvalidRequest(f"{path}: TOML syntax error: {exc}", code="INVALID_CONFIG") from None
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"{path}: not UTF-8 text", code="INVALID_CONFIG") from None
     for dotted, value in overrides.items():
         if value is None:
             continue
@@ -228,8 +234,9 @@ def parse_upstream_spec(spec: str) -> tuple[str, Format | None, str]:
     if not rest.startswith(("http://", "https://")):
         fmt, _, rest = rest.partition(":")
     if not sep or not name or not rest.startswith(("http://", "https://")) or (fmt is not None and fmt not in FORMATS):
+        shown = spec.partition("=")[0] + "=..." if "@" in spec else spec  # never echo a URL's password
         raise InvalidRequest(
-            f"--upstream {spec!r}: expected NAME=URL or NAME=FORMAT:URL with FORMAT one of {', '.join(FORMATS)}",
+            f"--upstream {shown!r}: expected NAME=URL or NAME=FORMAT:URL with FORMAT one of {', '.join(FORMATS)}",
             code="INVALID_CONFIG",
         )
     return name, fmt, rest

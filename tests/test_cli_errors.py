@@ -38,6 +38,11 @@ BAD_CONFIGS = [  # (file text, what the one line must name)
     ("[upstreams.x]\nformat = \"openai\"\nurl = \"ftp://h\"\n", "url"),  # not http(s)
     ("[upstreams.\"a b\"]\nformat = \"openai\"\nurl = \"http://h\"\n", "a b"),  # not a routable name
     ("server = 3\n", "server"),                                        # a table that is not one
+    ("[server]\nclient_max_size = -5\n", "client_max_size"),           # negative sizes and durations
+    ("[store.limits]\nmax_bytes = 0\n", "max_bytes"),
+    ("[cache]\nmax_bytes = -1\n", "max_bytes"),
+    ("[record]\nmax_response_bytes = -1\n", "max_response_bytes"),
+    ("[store]\nread_timeout = 0\n", "read_timeout"),
 ]
 
 
@@ -131,3 +136,37 @@ async def test_the_listening_line_never_shows_a_url_password(tmp_path: Path) -> 
     assert "hunter2" not in text and "alice" not in text and "tok3n" not in text
     assert log["upstreams"] == {"openai": "http://***@127.0.0.1:9/v1", "anthropic": "https://api.anthropic.com",
                                 "gemini": "https://generativelanguage.googleapis.com", "vllm": "http://***@127.0.0.1:9"}
+
+
+async def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b"[server]\nhost = \"caf\xe9\"\n")
+    rc, _, err = await cli("serve", "--config", str(path))
+    one_line_error(rc, err, "INVALID_CONFIG", "UTF-8")
+
+
+async def test_a_data_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    afile = tmp_path / "not-a-dir"
+    afile.write_text("x")
+    rc, _, err = await cli("serve", "--port", "0", "--data-dir", str(afile))
+    one_line_error(rc, err, "STARTUP_FAILED", str(afile))
+
+
+async def test_a_log_that_cannot_be_opened_at_startup_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[log]\npath = "/proc/no-such-dir/sessions.sqlite3"\n')
+    rc, _, err = await cli("serve", "--port", "0", "--config", str(config), "--data-dir", str(tmp_path / "d"))
+    one_line_error(rc, err, "LOG_UNAVAILABLE")
+
+
+async def test_a_bad_upstream_flag_never_echoes_a_url_password(tmp_path: Path) -> None:
+    rc, _, err = await cli("serve", "--upstream", "openai=ftp://user:SECRETPW@h", "--data-dir", str(tmp_path / "d"))
+    assert rc == 2 and "SECRETPW" not in err and "--upstream" in err
+
+
+def test_the_refusal_says_when_client_tokens_are_switched_off() -> None:
+    config = load_config(None, **{"server.host": "0.0.0.0", "server.client_tokens_env": "",
+                                  "upstreams.openai": {"format": "openai", "url": "https://api.openai.com",
+                                                       "api_key": "sk-held"}})
+    refusal = open_proxy_refusal(config, {})
+    assert refusal is not None and "client_tokens_env is empty" in refusal and "($)" not in refusal

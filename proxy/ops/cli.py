@@ -296,8 +296,10 @@ def open_proxy_refusal(config: Config, environ: Mapping[str, str] = os.environ) 
     keyed = [name for name in config.upstreams if config.upstream_key(name, environ)]
     if not keyed:
         return None
+    where = f"${config.server.client_tokens_env}" if config.server.client_tokens_env else \
+        "server.client_tokens_env is empty"
     return (f"refusing to serve {host or 'all interfaces'}:{config.server.port}: upstream(s) {', '.join(keyed)} "
-            f"use a server-held key and no client tokens are set (${config.server.client_tokens_env}); "
+            f"use a server-held key and no client tokens are set ({where}); "
             "set them, listen on loopback, or pass --insecure-open-proxy")
 
 
@@ -308,6 +310,8 @@ class StartupError(ProjectionistError):
 
 
 def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
+    """Run the proxy until SIGTERM/SIGINT. Anything that stops it from starting (a data dir it
+    cannot use, a log it cannot open, a port it cannot bind) is one ``StartupError``."""
     refusal = open_proxy_refusal(config)
     if refusal and not insecure_open_proxy:
         raise StartupError(refusal, code="OPEN_PROXY_REFUSED")
@@ -315,27 +319,41 @@ def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
     setup_logging(config.logging.level, config.logging.json)
     loop = event_loop(config.server.event_loop)
     asyncio.set_event_loop(loop)
-    app = create_app(config)
-    app.cleanup_ctx.append(_trim_memory)
-    bound = False
+    phase = "starting"
 
     def listening(_: str) -> None:  # run_app calls this once every socket is bound
-        nonlocal bound
-        bound = True
+        nonlocal phase
+        phase = "serving"
         get_logger().info("listening", host=config.server.host, port=config.server.port,
                           loop=type(loop).__module__, data_dir=str(config.data_dir),
                           upstreams={n: redact_url(u.url) for n, u in config.upstreams.items()},
                           client_tokens=bool(config.client_tokens()), open_proxy=bool(refusal))
 
-    tune_gc()
+    async def binding(_: web.Application) -> None:  # after the store and log opened, before the bind
+        nonlocal phase
+        phase = "binding"
+
     try:
+        app = create_app(config)
+        app.cleanup_ctx.append(_trim_memory)
+        app.on_startup.append(binding)
+        tune_gc()
         web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
                     access_log=None, print=listening, loop=loop)
-    except OSError as exc:
-        if bound:
+    except (ProjectionistError, OSError) as exc:
+        if phase == "serving":
             raise
-        raise StartupError(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}",
-                           code="LISTEN_FAILED") from None
+        raise _startup_error(exc, phase, config) from None
+
+
+def _startup_error(exc: ProjectionistError | OSError, phase: str, config: Config) -> StartupError:
+    if isinstance(exc, ProjectionistError):
+        return StartupError(exc.message, code=exc.code)
+    if phase == "binding":
+        return StartupError(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}",
+                            code="LISTEN_FAILED")
+    where = f": {exc.filename}" if exc.filename else ""
+    return StartupError(f"cannot start: {exc.strerror or type(exc).__name__}{where}", code="STARTUP_FAILED")
 
 
 #: Codes of mistakes in how projectionist was started (exit status 2, like a usage error).
