@@ -17,7 +17,7 @@ from projectionist.proxy.stores.cache import Encoded, VerifiedCache
 from projectionist.proxy.http.services import SERVICES
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.fakes import fail_with
-from tests.imaging import make_image, ref_id
+from tests.imaging import make_image
 
 pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 MakeHarness = Callable[..., Awaitable[Harness]]
@@ -123,20 +123,20 @@ def test_a_second_json_form_counts_against_the_bound(backend: str) -> None:
 
     images = [StoredImage(f"sha256:{i:064x}", "image/png", 300, 1, 1, bytes([i]) * 300) for i in range(3)]
     one_form = Encoded.of(images[0])
-    one_form.data_url()
+    one_form.raw("data_url")
     cache = VerifiedCache(max_bytes=3 * one_form.size)
     for image in images:
         cache.put(image, "stamp")
         entry = cache.get(image.id)
         assert entry is not None
-        entry.image.encoded.data_url()
+        entry.image.encoded.raw("data_url")
     assert len(cache) == 3 and cache.bytes == 3 * one_form.size
     newest = cache.get(images[2].id)
     assert newest is not None
-    newest.image.encoded.base64()  # the second form: the entry nearly doubles
+    newest.image.encoded.raw("base64")  # the second form: the entry nearly doubles
     assert cache.bytes == sum(e.size for e in cache._entries.values()) <= cache.max_bytes
     assert cache.get(images[0].id) is None  # the least recently used made room
     assert cache.get(images[2].id) is newest
     cache.evict(images[2].id)
-    newest.image.encoded.data_url()  # an evicted entry's holder no longer moves the total
+    newest.image.encoded.raw("data_url")  # an evicted entry's holder no longer moves the total
     assert cache.bytes == sum(e.size for e in cache._entries.values())

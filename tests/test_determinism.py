@@ -21,7 +21,6 @@ import base64
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 
 from projectionist.policy.errors import READ_FAILED
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)

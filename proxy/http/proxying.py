@@ -53,14 +53,15 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
             state=services.log.state(session_id) if session_id else None,
         )
 
-    built = await build(fmt, raw, run)
+    recording = bool(session_id) and services.recording.on
+    built = await build(fmt, raw, run, describe=recording)
     if built.projection is not None:
         _account(request, services, built.projection, time.perf_counter() - started)
     recorder = None
-    if session_id and services.recording.on:
+    if session_id and built.described is not None:
         call = CallInfo(session_id, ctx.request_id, ctx.started, ctx.route, fmt, upstream.name, request.method,
                         recorded_path(raw_path, request.rel_url.raw_query_string))
-        recorder = await services.recording.start(call, raw, built.body, built.projection)
+        recorder = await services.recording.start(call, raw, built.described, built.projection)
         if recorder is not None:
             ctx.fields["recorded_seq"] = recorder.request_seq
     return await send(request, fmt, upstream, raw_path, built.body, recorder=recorder)

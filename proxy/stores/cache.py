@@ -22,8 +22,8 @@ import asyncio
 import base64
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -33,12 +33,30 @@ from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.stores.base import StampedStore
 
 
+class Splice:
+    """One JSON form of an ``Encoded`` image, as it sits in a rendered body: the upstream encoder
+    writes its base64 (``raw``), the record encoder its digest (``digest``)."""
+
+    __slots__ = ("encoded", "form")
+
+    def __init__(self, encoded: Encoded, form: str) -> None:
+        self.encoded = encoded
+        self.form = form
+
+    def raw(self) -> msgspec.Raw:
+        return self.encoded.raw(self.form)
+
+    def digest(self) -> str:
+        return self.encoded.digest(self.form)
+
+
 class Encoded:
     """One verified image's base64 as the JSON values adapters splice: a data URL, or the bare
     string. Each is built on first use from whichever form exists, so an entry usually holds only
-    the one form its clients' format needs."""
+    the one form its clients' format needs. Adapters get ``Splice`` markers (``data_url()``,
+    ``base64()``); the encoders resolve them."""
 
-    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare", "_digests", "on_resize")
+    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare", "_digests", "_splices", "on_resize")
 
     def __init__(self, media_type: str, b64: bytes) -> None:
         self.media_type = media_type
@@ -47,6 +65,7 @@ class Encoded:
         self._url: msgspec.Raw | None = None
         self._bare: msgspec.Raw | None = None
         self._digests: dict[str, str] = {}
+        self._splices = {"data_url": Splice(self, "data_url"), "base64": Splice(self, "base64")}
         #: Told the change in ``size`` when a form is built (the cache keeps its byte total exact).
         self.on_resize: Callable[[Encoded, int], None] | None = None
 
@@ -62,15 +81,21 @@ class Encoded:
         assert self._bare is not None
         return memoryview(self._bare)[1:-1]
 
-    def data_url(self) -> msgspec.Raw:
-        if self._url is None:
-            before = self.size
-            self._url = msgspec.Raw(b"".join((self._head, self._digits(), b'"')))
-            self._b64 = None
-            self._resized(before)
-        return self._url
+    def data_url(self) -> Splice:
+        return self._splices["data_url"]
 
-    def base64(self) -> msgspec.Raw:
+    def base64(self) -> Splice:
+        return self._splices["base64"]
+
+    def raw(self, form: str) -> msgspec.Raw:
+        """The exact JSON bytes of ``form`` ("data_url" or "base64"), built once."""
+        if form == "data_url":
+            if self._url is None:
+                before = self.size
+                self._url = msgspec.Raw(b"".join((self._head, self._digits(), b'"')))
+                self._b64 = None
+                self._resized(before)
+            return self._url
         if self._bare is None:
             before = self.size
             self._bare = msgspec.Raw(b"".join((b'"', self._digits(), b'"')))
@@ -83,11 +108,10 @@ class Encoded:
             self.on_resize(self, self.size - before)
 
     def digest(self, form: str) -> str:
-        """sha256 of the exact JSON bytes of ``form`` ("data_url" or "base64"), computed once."""
+        """sha256 of the exact JSON bytes of ``form``, computed once."""
         found = self._digests.get(form)
         if found is None:
-            value = self.data_url() if form == "data_url" else self.base64()
-            found = self._digests[form] = hashlib.sha256(memoryview(value)).hexdigest()
+            found = self._digests[form] = hashlib.sha256(memoryview(self.raw(form))).hexdigest()
         return found
 
     @property

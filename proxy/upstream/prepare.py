@@ -1,7 +1,8 @@
 """The upstream body of a projecting call: parse, find references, run the policy, render (proxy layer).
 
 A body with no reference is sent as the original bytes. Otherwise it is decoded once, only the
-image slots are patched, and it is encoded once. Every decision (reads, quarantines,
+image slots are patched, and it is encoded once; the record's view of the call (``describe``)
+comes from the same tree. Every decision (reads, quarantines,
 placeholders, errors) is made here, before the upstream call, so before the first response byte.
 ``build`` is shared with replay, so a replayed call is rebuilt by the very code that built it.
 """
@@ -18,18 +19,28 @@ from projectionist.policy.errors import InvalidRequest
 from projectionist.policy.model import ImageRef
 from projectionist.policy.projection import Projection
 from projectionist.proxy.stores.cache import inline
+from projectionist.proxy.upstream.describe import (
+    UPSTREAM,
+    Described,
+    of_decoded,
+    of_raw,
+    of_tree,
+    ref_records,
+    site_paths,
+)
 
 _decoder: Final = msgspec.json.Decoder()
-_encoder: Final = msgspec.json.Encoder()
 
 Projector = Callable[[list[ImageRef]], Awaitable[Projection]]
 
 
 class Built(NamedTuple):
-    """An upstream body and what produced it (``projection`` is None when nothing was decoded)."""
+    """An upstream body and what produced it (``projection`` is None when nothing was decoded);
+    ``described`` is the record's view of it, when asked for."""
 
     body: bytes
     projection: Projection | None
+    described: Described | None = None
 
 
 def may_hold_refs(raw: bytes) -> bool:
@@ -47,14 +58,19 @@ def decode_json(raw: bytes) -> Any:
         raise InvalidRequest("request body is not valid JSON", code="INVALID_JSON") from None
 
 
-async def build(fmt: WireFormat, raw: bytes, run: Projector) -> Built:
-    """The upstream body for ``raw``: the original bytes without references, else projected."""
+async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False) -> Built:
+    """The upstream body for ``raw``: the original bytes without references, else projected.
+
+    The body is decoded at most once; with ``describe`` the record's view (digest, reference
+    paths and outcomes, shape) comes from that same tree."""
     if not may_hold_refs(raw):
-        return Built(raw, None)
+        return Built(raw, None, of_raw(raw) if describe else None)
     decoded = decode_json(raw)
     sites = fmt.find_refs(decoded)
     if not sites:
-        return Built(raw, None)
+        return Built(raw, None, of_decoded(raw, decoded) if describe else None)
+    paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
     projection = await run([site.ref for site in sites])
     fmt.render(sites, projection.outcomes, inline)
-    return Built(_encoder.encode(decoded), projection)
+    described = of_tree(decoded, ref_records(sites, paths, projection.outcomes)) if describe else None
+    return Built(UPSTREAM.encode(decoded), projection, described)

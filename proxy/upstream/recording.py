@@ -9,124 +9,33 @@ For a request with a session and ``record.mode`` other than ``off``:
 - after the response, a ``response/recorded`` event: status, latency, usage; in ``full`` mode the
   response body (for SSE the concatenated stream) as a blob.
 
-The projected digest is a Merkle form of the upstream bytes: the body with every inlined image
-value replaced by the sha256 of that value's exact JSON bytes, then hashed. It changes whenever
-any upstream byte would, without hashing megabytes of base64 per request. Records are appended
-non-durably (ordered in the log, flushed with the next durable append) and never hold headers,
-keys, tokens or attachment base64.
+What a request record says of the body (its projected digest, reference paths, shape) comes
+from ``upstream.describe``, computed on the very tree that became the upstream body. Records are
+appended non-durably (ordered in the log, flushed with the next durable append) and never hold
+headers, keys, tokens or attachment base64.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import msgspec
 
-from projectionist.adapters.base import Json, WireFormat
 from projectionist.policy.errors import ProjectionistError
-from projectionist.policy.events import RefRecord, RequestRecorded, ResponseRecorded
-from projectionist.policy.model import Outcome, Resolved, StoredImage
+from projectionist.policy.events import RequestRecorded, ResponseRecorded
 from projectionist.policy.projection import Projection
 from projectionist.policy.ports import SessionLog
 from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.stores.base import Store
-from projectionist.proxy.stores.cache import Encoded, inline
+from projectionist.proxy.upstream.describe import Described, sha256_id
 
 _decoder: Final = msgspec.json.Decoder()
-_encoder: Final = msgspec.json.Encoder()
 #: Metadata mode keeps this much of a response, to find its usage.
 USAGE_SCAN_BYTES: Final = 1024 * 1024
-
-
-def sha256_id(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-class _Digested:
-    """An ``Inline`` that renders each image as the digest of the value it would splice."""
-
-    __slots__ = ("media_type", "_encoded")
-
-    def __init__(self, encoded: Encoded) -> None:
-        self.media_type = encoded.media_type
-        self._encoded = encoded
-
-    def data_url(self) -> str:
-        return "<" + self._encoded.digest("data_url") + ">"
-
-    def base64(self) -> str:
-        return "<" + self._encoded.digest("base64") + ">"
-
-
-def _digested(image: StoredImage) -> _Digested:
-    return _Digested(inline(image))
-
-
-def _escape(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
-
-
-def container_paths(root: Json) -> dict[int, str]:
-    """JSON pointer of every list and dict in ``root``, by object id."""
-    paths: dict[int, str] = {}
-    stack: list[tuple[Json, str]] = [(root, "")]
-    while stack:
-        node, path = stack.pop()
-        if isinstance(node, dict):
-            paths[id(node)] = path
-            stack += [(v, f"{path}/{_escape(str(k))}") for k, v in node.items() if isinstance(v, (dict, list))]
-        elif isinstance(node, list):
-            paths[id(node)] = path
-            stack += [(v, f"{path}/{i}") for i, v in enumerate(node) if isinstance(v, (dict, list))]
-    return paths
-
-
-def shape(body: Json) -> tuple[tuple[str, str], ...]:
-    """Short digests of each top-level member, and of each item of a top-level list."""
-    if not isinstance(body, dict):
-        return (("", hashlib.sha256(_encoder.encode(body)).hexdigest()[:16]),)
-    out: list[tuple[str, str]] = []
-    for key, value in body.items():
-        path = "/" + _escape(str(key))
-        items = enumerate(value) if isinstance(value, list) else ()
-        out.append((path, hashlib.sha256(_encoder.encode(value)).hexdigest()[:16]))
-        out += [(f"{path}/{i}", hashlib.sha256(_encoder.encode(item)).hexdigest()[:16]) for i, item in items]
-    return tuple(out)
-
-
-class Described(msgspec.Struct, frozen=True):
-    projected_digest: str
-    refs: tuple[RefRecord, ...]
-    shape: tuple[tuple[str, str], ...]
-
-
-def describe(fmt: WireFormat, raw: bytes, body: bytes, outcomes: tuple[Outcome, ...] | None) -> Described:
-    """Digest, reference outcomes and shape of one projected call, from its inbound bytes, its
-    upstream bytes and the outcomes the policy gave (None when nothing was decoded)."""
-    try:
-        skeleton = _decoder.decode(raw)
-    except msgspec.DecodeError:
-        return Described(sha256_id(body), (), (("", hashlib.sha256(raw).hexdigest()[:16]),))
-    refs: tuple[RefRecord, ...] = ()
-    digest = None
-    if outcomes:
-        paths = container_paths(skeleton)
-        sites = fmt.find_refs(skeleton)
-        refs = tuple(
-            RefRecord(f"{paths.get(id(site.parent), '?')}/{_escape(str(site.index))}", site.ref.id,
-                      "inlined" if isinstance(outcome, Resolved) else "placeholder",
-                      None if isinstance(outcome, Resolved) else outcome.failure)
-            for site, outcome in zip(sites, outcomes)
-        )
-        fmt.render(sites, outcomes, _digested)
-        if any(isinstance(o, Resolved) for o in outcomes):  # never hash the megabytes of base64
-            digest = sha256_id(_encoder.encode(skeleton))
-    return Described(digest or sha256_id(body), refs, shape(skeleton))
 
 
 def response_documents(body: bytes, content_type: str) -> Any:
@@ -183,10 +92,10 @@ class Recording:
     def on(self) -> bool:
         return self.mode != "off"
 
-    async def start(self, call: CallInfo, raw: bytes, body: bytes, projection: Projection | None) -> Recorder | None:
+    async def start(self, call: CallInfo, raw: bytes, described: Described, projection: Projection | None
+                    ) -> Recorder | None:
         """Append the ``request/recorded`` event of this call (before the upstream call); the
         ``Recorder`` then watches the response. None when the record could not be written."""
-        described = describe(call.fmt, raw, body, projection.outcomes if projection is not None else None)
         try:
             blob = await self.store.put_blob(raw) if self.mode == "full" else None
             data = RequestRecorded(

@@ -27,7 +27,8 @@ from projectionist.policy.ports import SessionLog
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.config import Config
 from projectionist.proxy.upstream.prepare import build
-from projectionist.proxy.upstream.recording import Described, describe, response_documents, sha256_id
+from projectionist.proxy.upstream.describe import Described, sha256_id
+from projectionist.proxy.upstream.recording import response_documents
 from projectionist.adapters.redact import shorten
 from projectionist.proxy.stores.base import Store
 from projectionist.proxy.upstream.urls import Base
@@ -128,12 +129,13 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
 
     base = Rebuilt(session, event.seq, record, source, matches=False, response=response)
     try:
-        built = await build(fmt, inbound, run)
+        built = await build(fmt, inbound, run, describe=True)
     except AttachmentError as error:
         path = next((r.path for r in record.refs if r.attachment_id == error.attachment_id), "")
         return msgspec.structs.replace(base, first_difference=path,
                                        reason=f"{error.code}: the store no longer holds a recorded image")
-    described = describe(fmt, inbound, built.body, built.projection.outcomes if built.projection else None)
+    described = built.described
+    assert described is not None
     matches = described.projected_digest == record.projected_digest
     return msgspec.structs.replace(
         base, matches=matches, projected_digest=described.projected_digest, body=built.body,

@@ -1,0 +1,116 @@
+"""The record's view of an upstream body: its digest, each reference's path and outcome, its shape (proxy layer).
+
+The projected digest is a Merkle form of the upstream bytes: the body with every inlined image
+value replaced by the sha256 of that value's exact JSON bytes, then hashed. It changes whenever
+any upstream byte would, without hashing megabytes of base64 per request. Both encodings come
+from the one decoded and rendered tree: images sit in it as ``Splice`` markers, which the
+upstream encoder turns into their base64 and the record encoder into their digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+import msgspec
+
+from projectionist.adapters.base import Json, Site
+from projectionist.policy.events import RefRecord
+from projectionist.policy.model import Outcome, Resolved
+
+
+class Splice(Protocol):
+    """An inlined image's JSON value in a rendered tree (see ``stores.cache.Encoded``)."""
+
+    def raw(self) -> msgspec.Raw: ...
+    def digest(self) -> str: ...
+
+
+def _as_raw(value: Splice) -> msgspec.Raw:
+    return value.raw()
+
+
+def _as_digest(value: Splice) -> str:
+    return "<" + value.digest() + ">"
+
+
+#: The upstream bytes of a rendered tree, and the record's view of them.
+UPSTREAM: Final = msgspec.json.Encoder(enc_hook=_as_raw)
+RECORD: Final = msgspec.json.Encoder(enc_hook=_as_digest)
+_decoder: Final = msgspec.json.Decoder()
+
+
+def sha256_id(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def container_paths(root: Json) -> dict[int, str]:
+    """JSON pointer of every list and dict in ``root``, by object id."""
+    paths: dict[int, str] = {}
+    stack: list[tuple[Json, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            paths[id(node)] = path
+            stack += [(v, f"{path}/{_escape(str(k))}") for k, v in node.items() if isinstance(v, (dict, list))]
+        elif isinstance(node, list):
+            paths[id(node)] = path
+            stack += [(v, f"{path}/{i}") for i, v in enumerate(node) if isinstance(v, (dict, list))]
+    return paths
+
+
+def site_paths(root: Json, sites: Sequence[Site]) -> list[str]:
+    """The JSON pointer of each site, in the tree as the client sent it (before rendering)."""
+    paths = container_paths(root)
+    return [f"{paths.get(id(site.parent), '?')}/{_escape(str(site.index))}" for site in sites]
+
+
+def ref_records(sites: Sequence[Site], paths: Sequence[str], outcomes: Sequence[Outcome]) -> tuple[RefRecord, ...]:
+    return tuple(
+        RefRecord(path, site.ref.id, "inlined" if isinstance(outcome, Resolved) else "placeholder",
+                  None if isinstance(outcome, Resolved) else outcome.failure)
+        for site, path, outcome in zip(sites, paths, outcomes)
+    )
+
+
+def shape(body: Json) -> tuple[tuple[str, str], ...]:
+    """Short digests of each top-level member, and of each item of a top-level list."""
+    if not isinstance(body, dict):
+        return (("", hashlib.sha256(RECORD.encode(body)).hexdigest()[:16]),)
+    out: list[tuple[str, str]] = []
+    for key, value in body.items():
+        path = "/" + _escape(str(key))
+        items = enumerate(value) if isinstance(value, list) else ()
+        out.append((path, hashlib.sha256(RECORD.encode(value)).hexdigest()[:16]))
+        out += [(f"{path}/{i}", hashlib.sha256(RECORD.encode(item)).hexdigest()[:16]) for i, item in items]
+    return tuple(out)
+
+
+class Described(msgspec.Struct, frozen=True):
+    projected_digest: str
+    refs: tuple[RefRecord, ...]
+    shape: tuple[tuple[str, str], ...]
+
+
+def of_tree(rendered: Json, refs: tuple[RefRecord, ...]) -> Described:
+    """A projected call, from its rendered tree (no second decode, no base64 hashed)."""
+    return Described(sha256_id(RECORD.encode(rendered)), refs, shape(rendered))
+
+
+def of_raw(raw: bytes) -> Described:
+    """A call sent as the client's own bytes, never decoded so far (nothing to project)."""
+    try:
+        tree = _decoder.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return Described(sha256_id(raw), (), (("", hashlib.sha256(raw).hexdigest()[:16]),))
+    return of_decoded(raw, tree)
+
+
+def of_decoded(raw: bytes, tree: Json) -> Described:
+    """A call sent as the client's own bytes, already decoded (it held no reference)."""
+    return Described(sha256_id(raw), (), shape(tree))
