@@ -6,7 +6,8 @@ rendered exactly as in ``anthropic_messages``, in every request of the batch.
 
 from __future__ import annotations
 
-from typing import Final
+import re
+from typing import Any, Final
 
 from projectionist.adapters import anthropic_messages
 from projectionist.adapters.base import Json, Site
@@ -18,6 +19,14 @@ AUTH_QUERY: Final = anthropic_messages.AUTH_QUERY
 render = anthropic_messages.render
 error_body = anthropic_messages.error_body
 upstream_auth = anthropic_messages.upstream_auth
+PATHS: Final = re.compile(r"(?:/v1)?/messages/batches")
+VOLATILE: Final = frozenset({"id", "created_at", "expires_at", "ended_at", "cancel_initiated_at",
+                             "archived_at", "results_url"})
+
+
+def usage(doc: Json) -> dict[str, Any] | None:
+    """A batch reports no usage of its own (its results do, later)."""
+    return None
 
 
 def find_refs(body: Json) -> list[Site]:

@@ -8,15 +8,20 @@ References sit in ``image`` blocks as ``source: {type: "url", url: "attachment:.
 
 from __future__ import annotations
 
+import re
+import time
 from typing import Any, Final
 
 from projectionist.adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
+from projectionist.adapters.responses import member
 from projectionist.policy.model import ImageRef, Outcome, parse_file_id, parse_url_ref
 
 NAME: Final = "anthropic_messages"
 FORMAT: Final = "anthropic"
 AUTH_HEADERS: Final = ("x-api-key", "authorization")
 AUTH_QUERY: Final[tuple[str, ...]] = ()
+PATHS: Final = re.compile(r"(?:/v1)?/messages(?:/count_tokens)?")
+VOLATILE: Final = frozenset({"id", "request_id"})
 
 _TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
@@ -76,3 +81,19 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
 
 def upstream_auth(api_key: str) -> dict[str, str]:
     return {"x-api-key": api_key}
+
+
+def usage(doc: Json) -> dict[str, Any] | None:
+    """A message's ``usage``; in a stream, ``message_start``'s and then ``message_delta``'s."""
+    return member(doc, "usage") or member(doc, "message", "usage")
+
+
+def file_object(file_id: str, filename: str, media_type: str, size: int, created_at: int) -> dict[str, Any]:
+    """An admitted attachment as the ``anthropic`` SDK's ``FileMetadata``."""
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created_at))
+    return {"id": file_id, "type": "file", "filename": filename, "mime_type": media_type, "size_bytes": size,
+            "created_at": created, "downloadable": True}
+
+
+def file_deleted(file_id: str) -> dict[str, Any]:
+    return {"id": file_id, "type": "file_deleted"}

@@ -10,15 +10,19 @@ with the stable code as an ``ErrorInfo.reason``.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from projectionist.adapters.base import Host, Inline, Inliner, Json, PlainInline, Site, inliner, insert_after
+from projectionist.adapters.responses import member
 from projectionist.policy.model import Outcome, Resolved, parse_url_ref
 
 NAME: Final = "gemini"
 FORMAT: Final = "gemini"
 AUTH_HEADERS: Final = ("x-goog-api-key",)
 AUTH_QUERY: Final = ("key",)
+PATHS: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)")
+VOLATILE: Final = frozenset({"responseId", "createTime"})
 #: Keys of a part that carry or describe its data: dropped when the part becomes placeholder text.
 _DATA_KEYS: Final = frozenset({"file_data", "fileData", "video_metadata", "videoMetadata"})
 
@@ -104,3 +108,8 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
 
 def upstream_auth(api_key: str) -> dict[str, str]:
     return {"x-goog-api-key": api_key}
+
+
+def usage(doc: Json) -> dict[str, Any] | None:
+    """``usageMetadata`` of a response (every chunk of a stream carries the running total)."""
+    return member(doc, "usageMetadata")

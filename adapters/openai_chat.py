@@ -7,15 +7,21 @@ kept); a placeholder becomes a ``text`` part.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from projectionist.adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
+from projectionist.adapters.responses import member
 from projectionist.policy.model import Outcome, parse_url_ref
 
 NAME: Final = "openai_chat"
 FORMAT: Final = "openai"
 AUTH_HEADERS: Final = ("authorization",)
 AUTH_QUERY: Final[tuple[str, ...]] = ()
+#: The paths that take this format's body (projected).
+PATHS: Final = re.compile(r"(?:/v1)?/chat/completions")
+#: Response members that differ on every call by design.
+VOLATILE: Final = frozenset({"id", "created", "system_fingerprint"})
 
 _TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 409: "invalid_request_error", 413: "invalid_request_error",
@@ -58,3 +64,18 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
 
 def upstream_auth(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"}
+
+
+def usage(doc: Json) -> dict[str, Any] | None:
+    """A completion's (or the last stream chunk's) ``usage``."""
+    return member(doc, "usage")
+
+
+def file_object(file_id: str, filename: str, media_type: str, size: int, created_at: int) -> dict[str, Any]:
+    """An admitted attachment as the ``openai`` SDK's ``FileObject``."""
+    return {"id": file_id, "object": "file", "bytes": size, "created_at": created_at, "filename": filename,
+            "purpose": "vision", "status": "processed", "expires_at": None, "status_details": None}
+
+
+def file_deleted(file_id: str) -> dict[str, Any]:
+    return {"id": file_id, "object": "file", "deleted": True}

@@ -11,9 +11,11 @@ Errors and auth are OpenAI's, shared with the Chat Completions adapter.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from projectionist.adapters import openai_chat
+from projectionist.adapters.responses import member
 from projectionist.adapters.base import Host, Inliner, Json, PlainInline, Site, inliner, insert_after
 from projectionist.policy.model import ImageRef, Outcome, Resolved, parse_file_id, parse_url_ref
 
@@ -23,6 +25,14 @@ AUTH_HEADERS: Final = openai_chat.AUTH_HEADERS
 AUTH_QUERY: Final[tuple[str, ...]] = ()
 error_body = openai_chat.error_body
 upstream_auth = openai_chat.upstream_auth
+PATHS: Final = re.compile(r"(?:/v1)?/responses(?:/compact|/input_tokens)?")
+VOLATILE: Final = frozenset({"id", "created_at", "item_id", "response_id", "sequence_number"})
+
+
+def usage(doc: Json) -> dict[str, Any] | None:
+    """A response's ``usage``; in a stream, the one its ``response.completed`` event carries."""
+    return member(doc, "usage") or member(doc, "response", "usage")
+
 
 #: A 1x1 white PNG: what a screenshot slot holds when its image is unavailable.
 BLANK_PNG: Final = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4"

@@ -1,7 +1,8 @@
 """The one closed error hierarchy of projectionist (policy layer, pure).
 
 Every error a client can see carries a stable ``code`` (never match on message text), an HTTP
-``status`` and a ``retryable`` flag. Foreign exceptions are translated into these at one boundary
+``status`` and a ``retryable`` flag; ``CODES`` registers each code once, with its status and
+whether its message may reach a client. Foreign exceptions are translated into these at one boundary
 in ``proxy/``; adapters only shape them into each provider's wire format.
 
     ProjectionistError
@@ -10,26 +11,73 @@ in ``proxy/``; adapters only shape them into each provider's wire format.
     │                                         ATTACHMENT_CORRUPT, ATTACHMENT_READ_FAILED
     ├── ImageRejected           400/413  INVALID_IMAGE, MEDIA_TYPE_MISMATCH, IMAGE_TOO_LARGE
     ├── PayloadTooLarge         413  PAYLOAD_TOO_LARGE
-    ├── Unauthorized            401  ADMIN_UNAUTHORIZED
-    ├── NotFound                404  NOT_FOUND
-    ├── Conflict                409  RECOVERY_REFUSED(+failure code), SESSION_EXISTS, ...
+    ├── Unauthorized            401  ADMIN_UNAUTHORIZED, CLIENT_UNAUTHORIZED
+    ├── Forbidden (proxy.http)  403  ADMIN_REQUIRED
+    ├── NotFound                404  ROUTE_NOT_FOUND, UNKNOWN_UPSTREAM, FILE_NOT_FOUND, ...
+    ├── Conflict                409  SESSION_EXISTS, a refused recovery (its failure code), ...
     ├── UpstreamError           502/504  UPSTREAM_UNAVAILABLE, UPSTREAM_TIMEOUT
-    ├── Unavailable             503  LOG_UNAVAILABLE, SESSION_CONTENDED
+    ├── Unavailable             503  LOG_UNAVAILABLE, STORE_UNAVAILABLE, SESSION_CONTENDED, ...
     └── InternalError           500  UNCLASSIFIED_ERROR (a bug, never a client or store fault)
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Final
+from typing import ClassVar, Final, NamedTuple
 
 NOT_FOUND: Final = "ATTACHMENT_NOT_FOUND"
 CORRUPT: Final = "ATTACHMENT_CORRUPT"
 READ_FAILED: Final = "ATTACHMENT_READ_FAILED"
 INVALID_REF: Final = "INVALID_ATTACHMENT_REF"
 
-#: Default HTTP status per attachment code when the error reaches a client directly
-#: (sessionless request): unreadable content is 422, a transient fault is 503.
-_ATTACHMENT_STATUS: Final = {NOT_FOUND: 422, CORRUPT: 422, READ_FAILED: 503, INVALID_REF: 400}
+
+class Code(NamedTuple):
+    """One stable error code: its HTTP status, and whether its message may reach a client.
+
+    A code whose message is not ``public`` answers with ``says`` instead (its own message can
+    hold a path, a driver's text or an internal name; it goes to the proxy's log). ``also`` lists
+    the other statuses the code answers with in a particular context."""
+
+    status: int
+    says: str = ""
+    also: tuple[int, ...] = ()
+
+    @property
+    def public(self) -> bool:
+        return not self.says
+
+
+#: Every code a client can see, by status. ``tests/test_errors.py`` holds the README's table to it.
+CODES: Final[dict[str, Code]] = {
+    # the client's request
+    "INVALID_REQUEST": Code(400), "INVALID_JSON": Code(400), "INVALID_BODY": Code(400),
+    "INVALID_QUERY": Code(400), "INVALID_SESSION_ID": Code(400), INVALID_REF: Code(400),
+    "INVALID_IMAGE": Code(400), "MEDIA_TYPE_MISMATCH": Code(400), "EMPTY_UPLOAD": Code(400),
+    "MISSING_FILE": Code(400), "INVALID_NAME": Code(400), "INVALID_MULTIPART": Code(400),
+    "INVALID_CONTENT_TYPE": Code(400), "INVALID_PATH": Code(400), "INVALID_UPSTREAM_NAME": Code(400),
+    "INVALID_FORK_SEQ": Code(400), "INBOUND_MISMATCH": Code(400), "UNKNOWN_ADAPTER": Code(400),
+    "CLIENT_UNAUTHORIZED": Code(401), "ADMIN_UNAUTHORIZED": Code(401), "ADMIN_REQUIRED": Code(403),
+    "UNKNOWN_UPSTREAM": Code(404), "FILE_NOT_FOUND": Code(404), "ROUTE_NOT_FOUND": Code(404),
+    "NOT_RECORDED": Code(404), "BLOB_NOT_FOUND": Code(404),
+    "METHOD_NOT_ALLOWED": Code(405),
+    "SESSION_EXISTS": Code(409), "REPLAY_NEEDS_BODY": Code(409), "REPLAY_NOT_REBUILT": Code(409),
+    "PAYLOAD_TOO_LARGE": Code(413), "IMAGE_TOO_LARGE": Code(413),
+    # an unreadable attachment without a session (409: a recovery whose verification failed)
+    NOT_FOUND: Code(422, also=(409,)), CORRUPT: Code(422, also=(409,)), READ_FAILED: Code(503, also=(409,)),
+    # the upstream, the proxy's own storage, contention
+    "UPSTREAM_UNAVAILABLE": Code(502), "UPSTREAM_TIMEOUT": Code(504),
+    "LOG_UNAVAILABLE": Code(503, "the session log is unavailable; retry"),
+    "STORE_UNAVAILABLE": Code(503, "the attachment store is unavailable; retry"),
+    "ATTACHMENT_WRITE_FAILED": Code(503, "the attachment store could not write; retry"),
+    "SESSION_CONTENDED": Code(503),
+    "UNCLASSIFIED_ERROR": Code(500, "internal error; see the proxy log"),
+}
+#: Codes of mistakes in how projectionist was started: never an HTTP answer; the CLI prints one
+#: line and exits 2.
+STARTUP_CODES: Final = frozenset({"INVALID_CONFIG", "EMPTY_DATA_DIR", "STARTUP_FAILED", "LISTEN_FAILED",
+                                  "OPEN_PROXY_REFUSED"})
+
+
+ATTACHMENT_CODES: Final = frozenset({NOT_FOUND, CORRUPT, READ_FAILED, INVALID_REF})
 
 
 class ProjectionistError(Exception):
@@ -49,8 +97,15 @@ class ProjectionistError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code or self.default_code
-        self.status = status if status is not None else self.default_status
+        known = CODES.get(self.code)
+        self.status = status if status is not None else known.status if known else self.default_status
         self.retryable = retryable if retryable is not None else self.status >= 500
+
+    @property
+    def public_message(self) -> str:
+        """What a client may read: the message, unless its code keeps it in the proxy's log."""
+        known = CODES.get(self.code)
+        return known.says if known is not None and not known.public else self.message
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code!r}, status={self.status})"
@@ -66,9 +121,9 @@ class AttachmentError(ProjectionistError):
 
 
     def __init__(self, code: str, message: str = "", *, attachment_id: str | None = None) -> None:
-        if code not in _ATTACHMENT_STATUS:
+        if code not in ATTACHMENT_CODES:
             raise ValueError(f"not an attachment code: {code}")
-        super().__init__(message or code.lower(), code=code, status=_ATTACHMENT_STATUS[code])
+        super().__init__(message or code.lower(), code=code)
         self.attachment_id = attachment_id
 
 
@@ -90,12 +145,12 @@ class Unauthorized(ProjectionistError):
 
 
 class NotFound(ProjectionistError):
-    default_code = "NOT_FOUND"
+    default_code = "ROUTE_NOT_FOUND"
     default_status = 404
 
 
 class Conflict(ProjectionistError):
-    default_code = "CONFLICT"
+    default_code = "SESSION_EXISTS"
     default_status = 409
 
 
@@ -105,7 +160,7 @@ class UpstreamError(ProjectionistError):
 
 
 class Unavailable(ProjectionistError):
-    default_code = "SERVICE_UNAVAILABLE"
+    default_code = "LOG_UNAVAILABLE"
     default_status = 503
 
 

@@ -1,7 +1,7 @@
 """Value types of the projection domain: references, stored images, outcomes (policy layer, pure).
 
 A reference's lifecycle is a type: an ``ImageRef`` found in a request becomes either ``Resolved``
-(verified bytes to inline) or ``Unavailable`` (placeholder text derived from the log).
+(verified bytes to inline) or ``Placeholder`` (text derived from the log).
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ class Resolved(msgspec.Struct, frozen=True, tag="resolved"):
     image: StoredImage
 
 
-class Unavailable(msgspec.Struct, frozen=True, tag="unavailable"):
+class Placeholder(msgspec.Struct, frozen=True, tag="placeholder"):
     failure: Failure
     text: str
 
 
-Outcome = Resolved | Unavailable
+Outcome = Resolved | Placeholder
 
 
 def is_valid_id(attachment_id: str) -> bool:

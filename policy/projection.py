@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 import msgspec
@@ -30,7 +30,7 @@ from projectionist.policy.errors import (
 )
 from projectionist.policy.events import Quarantine, Recovered, RecoveredEvent
 from projectionist.policy.fold import EMPTY, SessionState, fold, placeholder
-from projectionist.policy.model import Failure, ImageRef, Outcome, Resolved, StoredImage, Unavailable as Placeholder, check_id
+from projectionist.policy.model import Failure, ImageRef, Outcome, Resolved, StoredImage, Placeholder, check_id
 from projectionist.policy.ports import AttachmentStore, SessionLog
 
 Sessionless = Literal["fail", "placeholder"]
@@ -121,6 +121,81 @@ async def _record(
     raise Unavailable("session log kept changing while recording", code="SESSION_CONTENDED")
 
 
+class Read(msgspec.Struct, frozen=True):
+    """Next: read these ids (none of them quarantined, none read yet)."""
+
+    ids: tuple[str, ...]
+
+
+class Record(msgspec.Struct, frozen=True):
+    """Next: append these quarantines (the session's log decides them, once)."""
+
+    quarantines: tuple[Quarantine, ...]
+
+
+class Fail(msgspec.Struct, frozen=True):
+    """Next: fail the request with this error (a bad reference, or a sessionless failure)."""
+
+    error: Any
+
+
+class Done(msgspec.Struct, frozen=True):
+    """The outcome of every reference, aligned with the request's references."""
+
+    outcomes: tuple[Outcome, ...]
+
+
+Step = Read | Record | Fail | Done
+
+
+def decide(
+    refs: Sequence[ImageRef],
+    state: SessionState,
+    results: Mapping[str, StoredImage | AttachmentError],
+    *,
+    recording: bool,
+    sessionless: Sessionless = "fail",
+) -> Step:
+    """The next step of a projection, from what is known so far (pure; see ``project``).
+
+    ``results`` holds the verified read (or its failure) of each id read so far; ``recording``
+    says whether there is a session log to record quarantines in."""
+    names = _names(refs)
+    pending = tuple(aid for aid in names if aid not in state.quarantined and aid not in results)
+    if pending:
+        return Read(pending)
+    failures = {aid: result for aid in names
+                if aid not in state.quarantined and isinstance(result := results[aid], AttachmentError)}
+    for error in failures.values():
+        if error.code == INVALID_REF:
+            return Fail(error)
+    wanted = tuple(_quarantine_for(error, aid, names[aid]) for aid, error in failures.items())
+    if wanted and recording:
+        return Record(wanted)
+    if wanted and sessionless == "fail":
+        return Fail(next(iter(failures.values())))
+    unrecorded = {q.attachment_id: q for q in wanted}
+    outcomes: list[Outcome] = []
+    for ref in refs:
+        quarantine = state.quarantined.get(ref.id) or unrecorded.get(ref.id)
+        if quarantine is not None:
+            outcomes.append(Placeholder(quarantine.failure, placeholder(ref, quarantine)))
+        else:
+            image = results[ref.id]
+            assert isinstance(image, StoredImage)
+            outcomes.append(Resolved(image))
+    return Done(tuple(outcomes))
+
+
+def _names(refs: Sequence[ImageRef]) -> dict[str, str | None]:
+    """Each referenced id once, in order, with the first display name any reference gave it."""
+    names: dict[str, str | None] = {}
+    for ref in refs:
+        if names.get(ref.id) is None:
+            names[ref.id] = ref.name
+    return names
+
+
 async def project(
     refs: Sequence[ImageRef],
     *,
@@ -142,60 +217,38 @@ async def project(
     - without a session nothing is recorded: ``sessionless="fail"`` raises the first failure,
       ``"placeholder"`` projects the placeholder for it;
     - every occurrence of one id gets the same treatment; outcomes are a pure function of the
-      final folded state, the references and the verified bytes.
+      final folded state, the references and the verified bytes (``decide``).
     ``state`` is an optional cached fold for the session; it is refreshed from the log first.
     """
     if not refs:
         return Projection((), state or EMPTY)
     if session_id is not None and log is None:
         raise ValueError("a session needs a log")
-    names: dict[str, str | None] = {}
-    for ref in refs:
-        if names.get(ref.id) is None:
-            names[ref.id] = ref.name
+    recording = log is not None and session_id is not None
     state = await refresh(log, session_id, state or EMPTY) if log and session_id else (state or EMPTY)
     results: dict[str, StoredImage | AttachmentError] = {}
-    unrecorded: dict[str, Quarantine] = {}
     recorded: tuple[Quarantine, ...] = ()
-    reads = retries = 0
-    for _ in range(MAX_ROUNDS):
-        pending = [aid for aid in names if aid not in state.quarantined and aid not in results]
-        for aid, (result, count) in (await _read_many(store, pending)).items():
-            results[aid] = result
-            reads += count
-            retries += count - 1
-        failures = {
-            aid: result
-            for aid in names
-            if aid not in state.quarantined and isinstance(result := results[aid], AttachmentError)
-        }
-        if not failures:
-            break
-        for error in failures.values():
-            if error.code == INVALID_REF:
-                raise error
-        wanted = [_quarantine_for(error, aid, names[aid]) for aid, error in failures.items()]
-        if log is None or session_id is None:
-            if sessionless == "fail":
-                raise next(iter(failures.values()))
-            unrecorded = {q.attachment_id: q for q in wanted}
-            break
-        state, new = await _record(log, session_id, state, wanted, lock or contextlib.nullcontext())
+    reads = retries = rounds = 0
+    while True:
+        step = decide(refs, state, results, recording=recording, sessionless=sessionless)
+        if isinstance(step, Done):
+            return Projection(step.outcomes, state, reads, recorded, retries)
+        if isinstance(step, Fail):
+            raise step.error
+        if isinstance(step, Read):
+            for aid, (result, count) in (await _read_many(store, step.ids)).items():
+                results[aid] = result
+                reads += count
+                retries += count - 1
+            continue
+        rounds += 1
+        if rounds > MAX_ROUNDS:
+            raise Unavailable("session log kept changing while projecting", code="SESSION_CONTENDED")
+        assert log is not None and session_id is not None
+        state, new = await _record(log, session_id, state, step.quarantines, lock or contextlib.nullcontext())
         recorded += new
-        for aid in failures:  # a failure someone recovered meanwhile is read afresh next round
-            del results[aid]
-    else:
-        raise Unavailable("session log kept changing while projecting", code="SESSION_CONTENDED")
-    outcomes: list[Outcome] = []
-    for ref in refs:
-        quarantine = state.quarantined.get(ref.id) or unrecorded.get(ref.id)
-        if quarantine is not None:
-            outcomes.append(Placeholder(quarantine.failure, placeholder(ref, quarantine)))
-        else:
-            image = results[ref.id]
-            assert isinstance(image, StoredImage)
-            outcomes.append(Resolved(image))
-    return Projection(tuple(outcomes), state, reads, recorded, retries)
+        for quarantine in step.quarantines:  # one someone recovered meanwhile is read afresh
+            del results[quarantine.attachment_id]
 
 
 async def recover(
@@ -220,7 +273,7 @@ async def recover(
         return Recovery(None, state)
     result = await _read_once(store, attachment_id)
     if isinstance(result, AttachmentError):
-        raise Conflict(f"verification failed: {result.code}", code=result.code)
+        raise Conflict(f"verification failed: {result.code}", code=result.code, status=409)
     data = Recovered(result.id, result.bytes, result.media_type, result.width, result.height)
     async with lock or contextlib.nullcontext():
         for _ in range(MAX_ROUNDS):

@@ -21,7 +21,7 @@ from projectionist.adapters import gemini
 from projectionist.policy.errors import NOT_FOUND, READ_FAILED
 from projectionist.policy.events import Quarantine
 from projectionist.policy.fold import placeholder
-from projectionist.policy.model import ImageRef, Outcome, Resolved, StoredImage, Unavailable
+from projectionist.policy.model import ImageRef, Outcome, Resolved, StoredImage, Placeholder
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import ADMIN, Harness
 from tests.fake_gemini import GEMINI_TEXT
@@ -120,7 +120,7 @@ def test_golden_adapter_renders_the_exact_projected_body() -> None:
     def outcome(ref: ImageRef) -> Outcome:
         if ref.id in images:
             return Resolved(images[ref.id])
-        return Unavailable("not_found", placeholder(ref, quarantined[ref.id]))
+        return Placeholder("not_found", placeholder(ref, quarantined[ref.id]))
 
     gemini.render(sites, tuple(outcome(s.ref) for s in sites))
     assert msgspec.json.encode(body) == golden("gemini.projected.json")
@@ -403,7 +403,7 @@ async def test_count_tokens_projects_references_like_generate_content(gharness: 
 
 def test_function_response_left_without_images_loses_its_empty_parts_list() -> None:
     from projectionist.adapters import gemini as adapter
-    from projectionist.policy.model import ImageRef, Unavailable as Missing
+    from projectionist.policy.model import ImageRef, Placeholder as Missing
 
     body = {"contents": [{"role": "user", "parts": [
         {"functionResponse": {"name": "shot", "response": {"ok": True},
@@ -418,7 +418,7 @@ def test_function_response_left_without_images_loses_its_empty_parts_list() -> N
 
 def test_placeholder_part_keeps_its_non_data_fields() -> None:
     from projectionist.adapters import gemini as adapter
-    from projectionist.policy.model import Unavailable as Missing
+    from projectionist.policy.model import Placeholder as Missing
 
     body = {"contents": [{"parts": [{"thoughtSignature": "sig", "fileData": {"fileUri": f"attachment:{GONE_ID}"}}]}]}
     sites = adapter.find_refs(body)

@@ -28,7 +28,7 @@ from projectionist.adapters.base import Site
 from projectionist.policy.errors import READ_FAILED, AttachmentError
 from projectionist.policy.events import Quarantine
 from projectionist.policy.fold import placeholder
-from projectionist.policy.model import Failure, Outcome, Resolved, StoredImage, Unavailable
+from projectionist.policy.model import Failure, Outcome, Resolved, StoredImage, Placeholder
 from tests.conftest import Harness
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -109,7 +109,7 @@ def outcomes_for(sites: list[Site]) -> tuple[Outcome, ...]:
         else:
             failure, retryable = FAILING[aid]
             quarantine = Quarantine(aid, failure, retryable=retryable, name=names[aid])
-            outcomes.append(Unavailable(failure, placeholder(site.ref, quarantine)))
+            outcomes.append(Placeholder(failure, placeholder(site.ref, quarantine)))
     return tuple(outcomes)
 
 

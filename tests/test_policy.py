@@ -16,7 +16,7 @@ from hypothesis import given, strategies as st
 from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError, Conflict, InternalError
 from projectionist.policy.events import Event, Quarantine, QuarantineEvent, Recovered, RecoveredEvent, envelope
 from projectionist.policy.fold import EMPTY, fold, placeholder
-from projectionist.policy.model import ImageRef, Resolved, StoredImage, Unavailable, parse_file_id, parse_url_ref
+from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder, parse_file_id, parse_url_ref
 from projectionist.policy.ports import SessionLog
 from projectionist.policy.projection import project, recover
 from projectionist.proxy.http.app import open_log, open_store
@@ -96,7 +96,7 @@ async def test_failure_is_quarantined_once_with_the_right_class(
     assert result.recorded == (Quarantine(GOOD, failure, retryable),)  # type: ignore[arg-type]
     [event] = await env.events()
     assert isinstance(event, QuarantineEvent) and event.data.failure == failure and event.data.retryable is retryable
-    assert result.outcomes == (Unavailable(failure, f"[image unavailable: {failure} ({GOOD[:15]})]"),)  # type: ignore[arg-type]
+    assert result.outcomes == (Placeholder(failure, f"[image unavailable: {failure} ({GOOD[:15]})]"),)  # type: ignore[arg-type]
 
 
 async def test_a_real_missing_object_is_not_found(env: Env) -> None:
@@ -182,7 +182,7 @@ async def test_repeated_references_are_all_replaced_and_read_once(env: Env) -> N
     refs = [ImageRef(MISSING, "a.png"), ImageRef(GOOD), ImageRef(MISSING), ImageRef(GOOD), ImageRef(MISSING, "b.png")]
     result = await project(refs, store=env.store, log=env.log, session_id=SID)
     assert env.store.reads == {MISSING: 1, GOOD: 1}
-    texts = [o.text for o in result.outcomes if isinstance(o, Unavailable)]
+    texts = [o.text for o in result.outcomes if isinstance(o, Placeholder)]
     short = MISSING[:15]
     # the reference's own name wins; the recorded name (first seen) fills in otherwise
     assert texts == [f'[image unavailable: not_found; "a.png" ({short})]',
@@ -203,7 +203,7 @@ async def test_sessionless_fail_raises_the_attachment_error(env: Env, code: str,
 
 async def test_sessionless_placeholder_mode_projects_without_recording(env: Env) -> None:
     result = await run(env, MISSING, session=None, sessionless="placeholder")
-    assert isinstance(result.outcomes[0], Unavailable) and result.recorded == ()
+    assert isinstance(result.outcomes[0], Placeholder) and result.recorded == ()
     assert await env.events() == []
 
 

@@ -176,3 +176,21 @@ async def test_the_configured_key_goes_only_to_the_configured_upstream(make_harn
                                      headers=ADMIN)
     assert resp.status == 200 and (await resp.json())["sent"]["status"] == 200
     assert "Authorization" not in harness.upstream.last.headers
+
+
+@pytest.mark.parametrize(("spec", "status", "code"), [
+    ({"upstream": "http://[::1"}, 400, "INVALID_REQUEST"),
+    ({"upstream": "http://127.0.0.1:99999"}, 400, "INVALID_REQUEST"),
+    ({"upstream": "ftp://127.0.0.1/x"}, 400, "INVALID_REQUEST"),
+    ({"upstream": "http://127.0.0.1:1"}, 502, "UPSTREAM_UNAVAILABLE"),
+    ({"headers": {"X-Bad": "a\r\nInjected: 1"}}, 400, "INVALID_REQUEST"),
+    ({"headers": {"Bad Name": "x"}}, 400, "INVALID_REQUEST"),
+    ({"headers": {"Content-Length": "abc"}}, 400, "INVALID_REQUEST"),
+])
+async def test_a_replay_send_that_cannot_be_made_is_a_clean_error(
+        make_harness: MakeHarness, spec: dict[str, Any], status: int, code: str) -> None:
+    harness = await make_harness(**{"record.mode": "full"})
+    await call(harness, chat_body(ref_id(make_image(color=230))))
+    resp = await harness.client.post("/admin/sessions/r/replay", json={"send": True, **spec}, headers=ADMIN)
+    assert resp.status == status, await resp.text()
+    assert resp.headers["x-projectionist-error-code"] == code

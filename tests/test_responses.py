@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 
 from projectionist.adapters import openai_responses
 from projectionist.policy.errors import NOT_FOUND, READ_FAILED
-from projectionist.policy.model import ImageRef, Resolved, StoredImage, Unavailable
+from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder
 from projectionist.policy.projection import project
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
@@ -144,7 +144,7 @@ async def test_golden_find_refs_and_render_through_the_policy() -> None:
     projection = await project([s.ref for s in sites], store=store, log=log, session_id="golden")
     assert store.reads == {A: 1, B: 1, GONE: 1}  # repeated references are read once
     assert [type(o).__name__ for o in projection.outcomes] == [
-        "Resolved", "Resolved", "Unavailable", "Resolved", "Unavailable", "Resolved"]
+        "Resolved", "Resolved", "Placeholder", "Resolved", "Placeholder", "Resolved"]
     openai_responses.render(sites, projection.outcomes)
 
     if os.environ.get("UPDATE_GOLDEN"):
@@ -177,7 +177,7 @@ async def test_golden_find_refs_and_render_through_the_policy() -> None:
 async def test_golden_render_with_hand_built_outcomes_matches_the_pinned_body() -> None:
     body = golden_request()
     sites = openai_responses.find_refs(body)
-    gone = Unavailable("not_found", not_found_text(GONE, "gone shot.png"))
+    gone = Placeholder("not_found", not_found_text(GONE, "gone shot.png"))
     outcomes = (Resolved(stored(PNG_A)), Resolved(stored(PNG_B)), gone, Resolved(stored(PNG_A)), gone,
                 Resolved(stored(PNG_B)))
     openai_responses.render(sites, outcomes)

@@ -22,7 +22,7 @@ from PIL import Image
 from projectionist.policy.errors import AttachmentError, ImageRejected, Unavailable
 from projectionist.policy.events import Quarantine, QuarantineEvent
 from projectionist.policy.model import ImageRef, StoredImage
-from projectionist.policy.model import Unavailable as Placeholder
+from projectionist.policy.model import Placeholder
 from projectionist.policy.projection import project
 from projectionist.proxy.stores import s3 as s3store
 from projectionist.proxy.config import ImageLimits

@@ -21,13 +21,13 @@ import email.parser
 import email.policy
 import mimetypes
 import re
-import time
 from typing import Any, Final
 
 import msgspec
 from aiohttp import web
 
-from projectionist.adapters.base import WireFormat
+from projectionist.adapters import anthropic_messages, openai_chat
+from projectionist.adapters.base import FilesFormat, WireFormat
 from projectionist.policy.errors import NOT_FOUND, AttachmentError, ImageRejected, InvalidRequest, NotFound
 from projectionist.policy.model import ID_PREFIX, check_id
 from projectionist.proxy.stores.admission import IMAGE_TOO_LARGE, header_info
@@ -89,13 +89,13 @@ def _filename(meta: AttachmentMeta) -> str:
 
 
 def file_object(upstream_format: str, meta: AttachmentMeta) -> dict[str, Any]:
-    if upstream_format == "anthropic":
-        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(meta.created_at))
-        return {"id": meta.id, "type": "file", "filename": _filename(meta), "mime_type": meta.media_type,
-                "size_bytes": meta.bytes, "created_at": created, "downloadable": True}
-    return {"id": meta.id, "object": "file", "bytes": meta.bytes, "created_at": meta.created_at,
-            "filename": _filename(meta), "purpose": "vision", "status": "processed", "expires_at": None,
-            "status_details": None}
+    """An attachment as the upstream format's SDK expects a file (its adapter owns the shape)."""
+    return _files(upstream_format).file_object(meta.id, _filename(meta), meta.media_type, meta.bytes,
+                                               meta.created_at)
+
+
+def _files(upstream_format: str) -> FilesFormat:
+    return anthropic_messages if upstream_format == "anthropic" else openai_chat
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
@@ -117,9 +117,7 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
         request.app[SERVICES].guard.require_admin(request.headers, request.query, "deleting an attachment")
         if not await store.delete(file_id):
             raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
-        if upstream.format == "anthropic":
-            return _json({"id": file_id, "type": "file_deleted"})
-        return _json({"id": file_id, "object": "file", "deleted": True})
+        return _json(_files(upstream.format).file_deleted(file_id))
     if match["content"]:
         try:
             image = await store.read_image(file_id)

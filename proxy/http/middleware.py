@@ -62,7 +62,7 @@ def error_response(fmt: WireFormat, error: ProjectionistError) -> web.Response:
     headers = {ERROR_CODE_HEADER: error.code}
     if error.retryable and error.status == 503:
         headers["Retry-After"] = "1"
-    body = msgspec.json.encode(fmt.error_body(error.code, error.message, error.status))
+    body = msgspec.json.encode(fmt.error_body(error.code, error.public_message, error.status))
     return web.Response(status=error.status, body=body, content_type="application/json", headers=headers)
 
 
@@ -117,6 +117,8 @@ def context_middleware(metrics: Metrics, quiet: frozenset[str]) -> Any:
 
 def _failed(request: web.Request, ctx: Context, metrics: Metrics, error: ProjectionistError) -> web.StreamResponse:
     ctx.fields["error_code"] = error.code
+    if error.public_message != error.message:  # the client gets the code's own words; the detail stays here
+        get_logger().warning("error_detail", code=error.code, detail=error.message, request_id=ctx.request_id)
     started = ctx.response
     if started is not None and started.prepared:
         metrics.errors_after_start += 1

@@ -16,7 +16,7 @@ from multidict import CIMultiDict, MultiMapping
 
 from projectionist.adapters.base import WireFormat
 from projectionist.policy.errors import ProjectionistError
-from projectionist.policy.model import ImageRef, Unavailable, check_session_id
+from projectionist.policy.model import ImageRef, Placeholder, check_session_id
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.http.middleware import context
 from projectionist.proxy.http.services import SERVICES, Services
@@ -119,7 +119,7 @@ def _account(request: web.Request, services: Services, projection: Projection, s
         refs=len(projection.outcomes),
         reads=projection.reads,
         quarantined=[q.failure for q in projection.recorded],
-        placeholders=sum(isinstance(o, Unavailable) for o in projection.outcomes),
+        placeholders=sum(isinstance(o, Placeholder) for o in projection.outcomes),
     )
     metrics = services.metrics
     metrics.projection.observe(seconds)

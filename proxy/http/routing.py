@@ -26,8 +26,7 @@ from urllib.parse import unquote
 from aiohttp import web
 from multidict import MultiMapping
 
-from projectionist.adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
-from projectionist.adapters.base import WireFormat
+from projectionist.adapters.registry import SPEAKS, projecting
 from projectionist.policy.errors import NotFound, ProjectionistError
 from projectionist.proxy.http import files
 from projectionist.proxy.http.auth import client_unauthorized
@@ -37,32 +36,13 @@ from projectionist.proxy.http.services import SERVICES
 from projectionist.proxy.upstream.urls import check_name, check_path
 
 _GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")
-PROJECTING: Final[dict[str, tuple[tuple[re.Pattern[str], WireFormat], ...]]] = {
-    "openai": ((re.compile(r"(?:/v1)?/chat/completions"), openai_chat),
-               (re.compile(r"(?:/v1)?/responses(?:/compact|/input_tokens)?"), openai_responses)),
-    "anthropic": ((re.compile(r"(?:/v1)?/messages(?:/count_tokens)?"), anthropic_messages),
-                  (re.compile(r"(?:/v1)?/messages/batches"), anthropic_batches)),
-    "gemini": ((re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)"),
-                gemini),),
-}
 #: Busy un-prefixed paths, registered as plain routes so aiohttp resolves them without a pattern scan.
 HOT_PATHS: Final = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
-#: The wire shape of errors the proxy produces for a request bound to an upstream of each format.
-ERROR_FORMATS: Final[dict[str, WireFormat]] = {"openai": openai_chat, "anthropic": anthropic_messages, "gemini": gemini}
 #: Methods that may go upstream (TRACE and CONNECT never do: an echo of the headers would hand
 #: a server-held key back to the client).
 METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 #: Paths the proxy owns (lowercase, as segments), under any spelling.
 OWNED: Final = (("admin",), ("healthz",), ("metrics",), ("v1", "attachments"))
-
-
-def projecting_adapter(upstream_format: str, method: str, path: str) -> WireFormat | None:
-    if method != "POST":
-        return None
-    for pattern, adapter in PROJECTING.get(upstream_format, ()):
-        if pattern.fullmatch(path):
-            return adapter
-    return None
 
 
 def format_spoken(path: str, headers: MultiMapping[str], query: MultiMapping[str]) -> str:
@@ -101,7 +81,7 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
     ctx = context(request)
     # until the client is known, errors take the shape the request itself speaks: a stranger
     # learns nothing about which named upstreams exist or what format they are
-    ctx.fmt = ERROR_FORMATS[format_spoken(unquote(raw_path), request.headers, request.query)]
+    ctx.fmt = SPEAKS[format_spoken(unquote(raw_path), request.headers, request.query)]
     if not services.guard.is_client(request.headers, request.query):
         ctx.route = "unauthenticated"
         raise client_unauthorized()
@@ -116,8 +96,8 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
         raise ProjectionistError(f"{request.method} is not forwarded", code="METHOD_NOT_ALLOWED", status=405)
     check_path(raw_path)
     path = unquote(raw_path) if "%" in raw_path else raw_path
-    adapter = projecting_adapter(upstream.format, request.method, path)
-    fmt = ctx.fmt = adapter if adapter is not None else ERROR_FORMATS[upstream.format]
+    adapter = projecting(upstream.format, request.method, path)
+    fmt = ctx.fmt = adapter if adapter is not None else SPEAKS[upstream.format]
     handler: Callable[[], Awaitable[web.StreamResponse]]
     if adapter is not None:
         ctx.route, handler = fmt.NAME, lambda: relay_projected(request, fmt, upstream, raw_path)

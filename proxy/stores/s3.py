@@ -103,8 +103,10 @@ class S3Store:
         try:
             async with asyncio.timeout(self.read_timeout):
                 head = await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
-        except (botocore.exceptions.ClientError, *_FAULTS):
-            return None
+        except Exception as exc:
+            if _fault(exc) is None:
+                raise
+            return None  # a failed check is a miss: the full read classifies the fault
         return _stamp(head)
 
     async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]:
@@ -116,16 +118,14 @@ class S3Store:
                 return await self._read(hex_digest)
         except AttachmentError:
             raise
-        except botocore.exceptions.ClientError as exc:
-            code = _error_code(exc)
-            if code in _MISSING:
+        except Exception as exc:
+            kind = _fault(exc)
+            if kind is None:
+                raise
+            if kind == "missing":
                 raise AttachmentError(NOT_FOUND, f"{NOT_FOUND}: {short} is not in the bucket",
                                       attachment_id=attachment_id) from None
-            raise AttachmentError(READ_FAILED, f"{READ_FAILED}: {short} ({code or 'error'})",
-                                  attachment_id=attachment_id) from None
-        except _FAULTS as exc:
-            raise AttachmentError(READ_FAILED, f"{READ_FAILED}: {short} ({type(exc).__name__})",
-                                  attachment_id=attachment_id) from None
+            raise AttachmentError(READ_FAILED, f"{READ_FAILED}: {short} ({kind})", attachment_id=attachment_id) from None
 
     async def _read(self, hex_digest: str) -> tuple[StoredImage, str]:
         attachment_id = ID_PREFIX + hex_digest
@@ -190,8 +190,8 @@ class S3Store:
         try:
             await (await self.client()).put_object(Bucket=self.bucket, Key=self.key(hex_digest), Body=data,
                                                    ContentType=info.media_type, Metadata=metadata)
-        except (botocore.exceptions.ClientError, *_FAULTS) as exc:
-            raise Unavailable(f"{WRITE_FAILED}: could not store ({type(exc).__name__})", code=WRITE_FAILED) from None
+        except Exception as exc:
+            raise _write_failed(exc, "could not store") from None
         return StoredImage(ID_PREFIX + hex_digest, info.media_type, len(data), info.width, info.height, data)
 
     def blob_key(self, hex_digest: str) -> str:
@@ -202,9 +202,8 @@ class S3Store:
         hex_digest: str = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
         try:
             await (await self.client()).put_object(Bucket=self.bucket, Key=self.blob_key(hex_digest), Body=data)
-        except (botocore.exceptions.ClientError, *_FAULTS) as exc:
-            raise Unavailable(f"{WRITE_FAILED}: blob could not be stored ({type(exc).__name__})",
-                              code=WRITE_FAILED) from None
+        except Exception as exc:
+            raise _write_failed(exc, "blob could not be stored") from None
         return ID_PREFIX + hex_digest
 
     async def get_blob(self, blob_id: str) -> bytes | None:
@@ -225,18 +224,34 @@ class S3Store:
             client = await self.client()
             try:
                 await client.head_object(Bucket=self.bucket, Key=key)
-            except botocore.exceptions.ClientError as exc:
-                if _error_code(exc) in _MISSING:
+            except Exception as exc:
+                if _fault(exc) == "missing":
                     return False
                 raise
             await client.delete_object(Bucket=self.bucket, Key=key)
-        except (botocore.exceptions.ClientError, *_FAULTS) as exc:
-            raise Unavailable(f"{WRITE_FAILED}: could not delete ({type(exc).__name__})", code=WRITE_FAILED) from None
+        except Exception as exc:
+            raise _write_failed(exc, "could not delete") from None
         return True
 
 
-def _error_code(exc: botocore.exceptions.ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
+def _fault(exc: BaseException) -> str | None:
+    """The one translation of botocore's and aiobotocore's errors: ``"missing"`` (no such key),
+    a short name of any other fault of the store or the network (its S3 error code, or the
+    exception's class), or None for anything that is not the store's (re-raised as it is)."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        return "missing" if code in _MISSING else (code or "error")
+    if isinstance(exc, _FAULTS):
+        return type(exc).__name__
+    return None
+
+
+def _write_failed(exc: BaseException, what: str) -> BaseException:
+    """A write's fault as ``ATTACHMENT_WRITE_FAILED``; anything that is not the store's as itself."""
+    kind = _fault(exc)
+    if kind is None:
+        return exc
+    return Unavailable(f"{WRITE_FAILED}: {what} ({kind})", code=WRITE_FAILED)
 
 
 async def _unless_missing(call: Awaitable[_T]) -> _T | None:
@@ -244,12 +259,13 @@ async def _unless_missing(call: Awaitable[_T]) -> _T | None:
     retryable ``STORE_UNAVAILABLE``."""
     try:
         return await call
-    except botocore.exceptions.ClientError as exc:
-        if _error_code(exc) in _MISSING:
+    except Exception as exc:
+        kind = _fault(exc)
+        if kind is None:
+            raise
+        if kind == "missing":
             return None
-        raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
-    except _FAULTS:
-        raise Unavailable("attachment store unavailable", code="STORE_UNAVAILABLE") from None
+        raise Unavailable(f"attachment store unavailable ({kind})", code="STORE_UNAVAILABLE") from None
 
 
 def _stamp(response: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import msgspec
 
+from projectionist.adapters.responses import usage_of
 from projectionist.policy.errors import ProjectionistError
 from projectionist.policy.events import RequestRecorded, ResponseRecorded
 from projectionist.policy.projection import Projection
@@ -36,39 +37,6 @@ from projectionist.proxy.upstream.describe import Described, sha256_id
 _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.
 USAGE_SCAN_BYTES: Final = 1024 * 1024
-
-
-def response_documents(body: bytes, content_type: str) -> Any:
-    """A response body as JSON: the list of SSE ``data:`` documents, or the one document (text
-    where it is not JSON)."""
-    if "event-stream" in content_type:
-        docs: list[Any] = []
-        for line in body.splitlines():
-            if line.startswith(b"data:"):
-                try:
-                    docs.append(_decoder.decode(line[5:].strip()))
-                except msgspec.DecodeError:
-                    docs.append(line[5:].strip().decode("utf-8", "replace"))
-        return docs
-    try:
-        return _decoder.decode(body)
-    except msgspec.DecodeError:
-        return body.decode("utf-8", "replace")
-
-
-def usage_of(body: bytes, content_type: str) -> dict[str, Any] | None:
-    """The token usage a response reports (OpenAI, Anthropic, Gemini; JSON or SSE), if any."""
-    documents = response_documents(body, content_type)
-    found: dict[str, Any] | None = None
-    for doc in documents if "event-stream" in content_type else [documents]:
-        if not isinstance(doc, dict):
-            continue
-        for holder in (doc, doc.get("message"), doc.get("response")):
-            if isinstance(holder, dict):
-                usage = holder.get("usage") or holder.get("usageMetadata")
-                if isinstance(usage, dict):
-                    found = {**(found or {}), **usage}
-    return found
 
 
 class Recording:
@@ -180,7 +148,8 @@ class Recorder:
             latency = round((time.perf_counter() - self.call.started) * 1000, 3)
             blob = await self.recording.store.put_blob(body) if self.full and status is not None else None
             data = ResponseRecorded(self.call.request_id, self.request_seq, status, latency,
-                                    usage_of(body, self.capture.content_type) if status is not None else None,
+                                    usage_of(self.call.fmt.usage, body, self.capture.content_type)
+                                    if status is not None else None,
                                     error_code, blob, self.capture.truncated)
             await self.recording.log.append(self.call.session_id, None, [data], durable=False)
         except Exception as exc:

@@ -128,14 +128,25 @@ async def relay(
         answer.release()
 
 
+def client_error(exc: BaseException) -> UpstreamError | None:
+    """The one translation of aiohttp's client errors (connect, timeout, refused, bad URL) into
+    the proxy's; None for anything that is not one."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return UpstreamError("upstream timed out before responding", code="UPSTREAM_TIMEOUT")
+    if isinstance(exc, aiohttp.ClientError):
+        return UpstreamError(f"upstream unreachable: {type(exc).__name__}")
+    return None
+
+
 async def _send(session: aiohttp.ClientSession, method: str, url: URL, body: Body,
                 headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
     try:
         return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
-    except asyncio.TimeoutError:
-        raise UpstreamError("upstream timed out before responding", code="UPSTREAM_TIMEOUT", status=504) from None
-    except aiohttp.ClientError as exc:
-        raise UpstreamError(f"upstream unreachable: {type(exc).__name__}") from None
+    except Exception as exc:
+        translated = client_error(exc)
+        if translated is None:
+            raise
+        raise translated from None
 
 
 def _response_head(answer: aiohttp.ClientResponse, request_id: str, timing: Timing) -> web.StreamResponse:

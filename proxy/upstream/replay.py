@@ -11,14 +11,15 @@ Replay never appends to the log and never quarantines.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 import aiohttp
 import msgspec
 from multidict import CIMultiDict
 
-from projectionist.adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
-from projectionist.adapters.base import WireFormat
+from projectionist.adapters.registry import ADAPTERS
+from projectionist.adapters.responses import documents
 from projectionist.policy.errors import AttachmentError, Conflict, InvalidRequest, NotFound
 from projectionist.policy.events import Event, RequestEvent, RequestRecorded, ResponseEvent, ResponseRecorded
 from projectionist.policy.fold import fold
@@ -28,16 +29,11 @@ from projectionist.policy.projection import Projection, project
 from projectionist.proxy.config import Config
 from projectionist.proxy.upstream.prepare import build
 from projectionist.proxy.upstream.describe import Described, sha256_id
-from projectionist.proxy.upstream.recording import response_documents
 from projectionist.adapters.redact import shorten
 from projectionist.proxy.stores.base import Store
+from projectionist.proxy.upstream.relay import HOP_BY_HOP, client_error
 from projectionist.proxy.upstream.urls import Base
 
-ADAPTERS: Final[dict[str, WireFormat]] = {
-    m.NAME: m for m in (openai_chat, openai_responses, anthropic_messages, anthropic_batches, gemini)}
-#: Response members that differ on every call by design (ids, clocks); --diff ignores them.
-VOLATILE: Final = frozenset({"id", "created", "created_at", "system_fingerprint", "request_id", "responseId",
-                             "createTime", "item_id", "response_id", "sequence_number"})
 _decoder: Final = msgspec.json.Decoder()
 
 
@@ -155,11 +151,14 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
     configured = upstream.url if upstream else ""
     if not (upstream_url or configured):
         raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code="UNKNOWN_UPSTREAM")
-    base = Base(upstream_url or configured)
+    try:
+        base = Base(upstream_url or configured)
+    except InvalidRequest as error:
+        raise InvalidRequest(f"upstream URL: {error.message}", code="INVALID_REQUEST") from None
     path, _, query = record.path.partition("?")
     url = base.join(path, query)
     fmt = ADAPTERS[record.adapter]
-    outgoing: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", **(headers or {})})
+    outgoing: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", **check_headers(headers or {})})
     # The configured key goes only to the configured upstream: an override URL gets no key.
     own = upstream is not None and (not upstream_url or upstream_url.rstrip("/") == configured.rstrip("/"))
     key = config.upstream_key(record.upstream) if own else ""
@@ -167,37 +166,60 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
         for name, value in fmt.upstream_auth(key).items():
             outgoing[name] = value
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
-        async with http.request(record.method, url, data=rebuilt.body, headers=outgoing) as resp:
-            return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            async with http.request(record.method, url, data=rebuilt.body, headers=outgoing,
+                                    allow_redirects=False) as resp:
+                return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+    except Exception as exc:
+        translated = client_error(exc)
+        if translated is None:
+            raise
+        raise translated from None
 
 
-def first_difference(old: Any, new: Any, path: str = "") -> str | None:
-    """The first JSON path where ``old`` and ``new`` differ, ignoring volatile members."""
+_TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_UNSAFE_VALUE: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def check_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Headers a user asked replay to send: names are HTTP tokens, values hold no line breaks or
+    control characters, and the ones the client computes (length, framing) are not theirs to set."""
+    for name, value in headers.items():
+        if _TOKEN.fullmatch(name) is None or _UNSAFE_VALUE.search(value):
+            raise InvalidRequest(f"header {name[:40]!r} is not a valid HTTP header", code="INVALID_REQUEST")
+        if name.lower() in HOP_BY_HOP:
+            raise InvalidRequest(f"header {name!r} is set by the connection, not by replay", code="INVALID_REQUEST")
+    return headers
+
+
+def first_difference(old: Any, new: Any, volatile: frozenset[str], path: str = "") -> str | None:
+    """The first JSON path where ``old`` and ``new`` differ, ignoring ``volatile`` members."""
     if isinstance(old, dict) and isinstance(new, dict):
         for key in [*old, *(k for k in new if k not in old)]:
-            if key in VOLATILE:
+            if key in volatile:
                 continue
             if key not in old or key not in new:
                 return f"{path}/{key}"
-            found = first_difference(old[key], new[key], f"{path}/{key}")
+            found = first_difference(old[key], new[key], volatile, f"{path}/{key}")
             if found is not None:
                 return found
         return None
     if isinstance(old, list) and isinstance(new, list):
         for i, (a, b) in enumerate(zip(old, new)):
-            found = first_difference(a, b, f"{path}/{i}")
+            found = first_difference(a, b, volatile, f"{path}/{i}")
             if found is not None:
                 return found
         return None if len(old) == len(new) else f"{path}/{min(len(old), len(new))}"
     return None if old == new else (path or "/")
 
 
-def diff(recorded: bytes | None, new: bytes, content_type: str) -> dict[str, Any]:
-    """Compare a recorded response body with a new one (JSON paths; volatile ids ignored)."""
+def diff(recorded: bytes | None, new: bytes, content_type: str, volatile: frozenset[str]) -> dict[str, Any]:
+    """Compare a recorded response body with a new one (JSON paths; the format's ids and clocks
+    ignored)."""
     if recorded is None:
         return {"compared": False, "reason": "no recorded response body (record.mode = 'full' keeps it)"}
-    where = first_difference(response_documents(recorded, content_type), response_documents(new, content_type))
+    where = first_difference(documents(recorded, content_type), documents(new, content_type), volatile)
     return {"compared": True, "identical": where is None, "first_difference": where,
             "recorded_digest": sha256_id(recorded), "new_digest": sha256_id(new)}
 
@@ -216,5 +238,6 @@ async def send_and_compare(rebuilt: Rebuilt, config: Config, store: Store, *, up
     out: dict[str, Any] = {"sent": {"status": status, "content_type": content_type, "bytes": len(answer),
                                     "body": answer.decode("utf-8", "replace")[:4000]}}
     if compare:
-        out["diff"] = diff(await recorded_response(store, rebuilt), answer, content_type)
+        out["diff"] = diff(await recorded_response(store, rebuilt), answer, content_type,
+                           ADAPTERS[rebuilt.request.adapter].VOLATILE)
     return out

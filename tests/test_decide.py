@@ -1,0 +1,75 @@
+"""``decide``: the projection's next step from what is known, as a table (pure: no store, no log)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError
+from projectionist.policy.events import Quarantine
+from projectionist.policy.fold import EMPTY, SessionState
+from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder
+from projectionist.policy.projection import Done, Fail, Read, Record, decide
+
+A, B, C = ("sha256:" + c * 64 for c in "abc")
+
+
+def image(aid: str) -> StoredImage:
+    return StoredImage(aid, "image/png", 1, 1, 1, b"x")
+
+
+def quarantined(*quarantines: Quarantine) -> SessionState:
+    return SessionState(len(quarantines), MappingProxyType({q.attachment_id: q for q in quarantines}))
+
+
+GONE_A = Quarantine(A, "not_found", retryable=False, name="a.png")
+
+
+def test_nothing_read_yet_reads_each_unquarantined_id_once_in_order() -> None:
+    refs = [ImageRef(B), ImageRef(A), ImageRef(B), ImageRef(C)]
+    assert decide(refs, quarantined(Quarantine(C, "corrupt", retryable=False)), {}, recording=True) == Read((B, A))
+
+
+def test_every_read_verified_is_done_with_the_images() -> None:
+    step = decide([ImageRef(A), ImageRef(A)], EMPTY, {A: image(A)}, recording=True)
+    assert step == Done((Resolved(image(A)), Resolved(image(A))))
+
+
+@pytest.mark.parametrize(("code", "failure", "retryable"), [(NOT_FOUND, "not_found", False),
+                                                            (CORRUPT, "corrupt", False),
+                                                            (READ_FAILED, "read_failed", True)])
+def test_a_failed_read_with_a_session_is_recorded_with_the_first_name_given(
+        code: str, failure: str, retryable: bool) -> None:
+    refs = [ImageRef(A), ImageRef(A, "shot.png"), ImageRef(A, "other.png")]
+    step = decide(refs, EMPTY, {A: AttachmentError(code)}, recording=True)
+    assert step == Record((Quarantine(A, failure, retryable=retryable, name="shot.png"),))  # type: ignore[arg-type]
+
+
+def test_without_a_session_a_failure_fails_the_request_by_default() -> None:
+    error = AttachmentError(NOT_FOUND)
+    assert decide([ImageRef(A)], EMPTY, {A: error}, recording=False) == Fail(error)
+
+
+def test_without_a_session_the_placeholder_policy_projects_without_recording() -> None:
+    step = decide([ImageRef(A, "a.png"), ImageRef(B)], EMPTY, {A: AttachmentError(NOT_FOUND), B: image(B)},
+                  recording=False, sessionless="placeholder")
+    assert step == Done((Placeholder("not_found", '[image unavailable: not_found; "a.png" (sha256:aaaaaaaa)]'),
+                         Resolved(image(B))))
+
+
+def test_a_bad_reference_fails_even_with_a_session() -> None:
+    error = AttachmentError(INVALID_REF)
+    assert decide([ImageRef(A), ImageRef(B)], EMPTY, {A: image(A), B: error}, recording=True) == Fail(error)
+
+
+def test_a_quarantined_reference_is_a_placeholder_and_never_read() -> None:
+    step = decide([ImageRef(A), ImageRef(B)], quarantined(GONE_A), {B: image(B)}, recording=True)
+    assert step == Done((Placeholder("not_found", '[image unavailable: not_found; "a.png" (sha256:aaaaaaaa)]'),
+                         Resolved(image(B))))
+
+
+def test_a_failure_someone_else_already_recorded_is_not_recorded_again() -> None:
+    # the log now holds A's quarantine: the stale read result no longer matters
+    step = decide([ImageRef(A)], quarantined(GONE_A), {A: AttachmentError(NOT_FOUND)}, recording=True)
+    assert isinstance(step, Done) and isinstance(step.outcomes[0], Placeholder)
