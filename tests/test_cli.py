@@ -172,7 +172,7 @@ def test_secrets_come_from_the_environment_first() -> None:
 def test_event_loop_choice() -> None:
     import uvloop
 
-    from projectionist.proxy.ops.cli import event_loop
+    from projectionist.proxy.ops.serve import event_loop
 
     for choice, kind in (("asyncio", asyncio.AbstractEventLoop), ("auto", uvloop.Loop), ("uvloop", uvloop.Loop)):
         loop = event_loop(choice)
@@ -185,7 +185,7 @@ def test_event_loop_choice() -> None:
 
 def test_serving_process_freezes_startup_objects_and_raises_the_young_gc_threshold() -> None:
     """``tune_gc`` runs in a child process (it changes process-wide GC state)."""
-    code = ("import gc; from projectionist.proxy.ops.cli import tune_gc, GC_YOUNG_THRESHOLD; before = gc.get_threshold(); "
+    code = ("import gc; from projectionist.proxy.ops.serve import tune_gc, GC_YOUNG_THRESHOLD; before = gc.get_threshold(); "
             "tune_gc(); after = gc.get_threshold(); "
             "print(after[0] == GC_YOUNG_THRESHOLD > before[0], after[1:] == before[1:], gc.get_freeze_count() > 0)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

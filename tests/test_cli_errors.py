@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from projectionist.proxy.ops.cli import is_loopback, open_proxy_refusal
+from projectionist.proxy.ops.serve import is_loopback, open_proxy_refusal
 from projectionist.proxy.config import load_config
 from tests.test_cli import ROOT, cli, free_port
 

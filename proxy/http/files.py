@@ -32,7 +32,7 @@ from projectionist.policy.errors import NOT_FOUND, AttachmentError, ImageRejecte
 from projectionist.policy.model import ID_PREFIX, check_id
 from projectionist.proxy.stores.admission import IMAGE_TOO_LARGE, header_info
 from projectionist.proxy.http.middleware import context
-from projectionist.proxy.http.proxying import relay_unchanged, send
+from projectionist.proxy.http.proxying import relay_body, relay_unchanged
 from projectionist.proxy.http.services import SERVICES
 from projectionist.proxy.stores.base import AttachmentMeta
 from projectionist.proxy.upstream.target import Upstream
@@ -143,7 +143,7 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
     wanted = upstream.format == "anthropic" or fields.get("purpose") == "vision"
     if not wanted or upload is None or not _is_image(upload[0]):
         context(request).fields.update(files="forwarded")
-        return await send(request, fmt, upstream, raw_path, raw)
+        return await relay_body(request, fmt, upstream, raw_path, raw)
     data, declared, filename = upload
     filename = clean_name(filename)
     image = await app.store.admit(data, declared, name=filename)

@@ -64,19 +64,19 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
         recorder = await services.recording.start(call, raw, built.described, built.projection)
         if recorder is not None:
             ctx.fields["recorded_seq"] = recorder.request_seq
-    return await send(request, fmt, upstream, raw_path, built.body, recorder=recorder)
+    return await relay_body(request, fmt, upstream, raw_path, built.body, recorder=recorder)
 
 
 async def relay_unchanged(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
     headers = outgoing_headers(request.headers, fmt, upstream, request.app[SERVICES].guard)
     if not request.body_exists:
-        return await send(request, fmt, upstream, raw_path, None, headers)
+        return await relay_body(request, fmt, upstream, raw_path, None, headers)
     if request.content_length is not None:
         headers["Content-Length"] = str(request.content_length)
-    return await send(request, fmt, upstream, raw_path, request.content.iter_chunked(CHUNK), headers)
+    return await relay_body(request, fmt, upstream, raw_path, request.content.iter_chunked(CHUNK), headers)
 
 
-async def send(
+async def relay_body(
     request: web.Request,
     fmt: WireFormat,
     upstream: Upstream,

@@ -1,0 +1,168 @@
+"""``projectionist serve``: the process around the app, from start-up checks to shutdown (proxy layer).
+
+Refuses to be an open proxy for a server-held key, picks the event loop, tunes malloc and the GC
+for a long-lived server, and turns anything that stops the start (a data dir it cannot use, a log
+it cannot open, a port it cannot bind) into one ``StartupError`` the CLI prints as one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import ipaddress
+import os
+from collections.abc import AsyncIterator, Mapping
+
+from aiohttp import web
+
+from projectionist.policy.errors import InvalidRequest, ProjectionistError
+from projectionist.proxy.config import Config
+from projectionist.proxy.http.app import create_app
+from projectionist.proxy.observe.logger import get_logger, redact_url, setup_logging
+
+
+def event_loop(choice: str) -> asyncio.AbstractEventLoop:
+    """uvloop when asked for, or when installed and the choice is ``auto``; else asyncio's."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise InvalidRequest("server.event_loop = 'uvloop' but uvloop is not installed",
+                                     code="INVALID_CONFIG") from None
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas (unless ``MALLOC_ARENA_MAX`` says otherwise).
+
+    glibc gives each thread that allocates its own arena and keeps freed memory in it; the store's
+    and log's worker threads would otherwise each hold on to buffers of image-sized reads. Measured
+    by ``bench --only rss``: RSS after 10,000 mixed requests went from 1.53x to 1.43x idle.
+    A no-op off glibc."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # -8 is M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
+async def _trim_memory(app: web.Application) -> AsyncIterator[None]:
+    """Hand freed heap pages back to the OS every few seconds (glibc ``malloc_trim``).
+
+    Megabyte-sized image bodies come and go; without this the process keeps their pages, and
+    RSS after a burst depends on fragmentation luck. A no-op off glibc."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        yield
+        return
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            trim(0)
+
+    task = asyncio.get_running_loop().create_task(loop())
+    yield
+    task.cancel()
+
+
+#: Young-generation threshold of the cyclic GC while serving (CPython's default is 700).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Freeze the objects made at startup, and collect the young generation less often.
+
+    A request leaves no cyclic garbage behind (its objects die by reference counting), but the
+    objects of requests in flight still trip the default threshold of 700 allocations: at c=16
+    that was a young collection every ~19 requests, 3.6% of the process's CPU. Measured with the
+    1 KB text load pinned to one core: CPU per request 0.197 ms at 700, 0.189 at 7,000 and 0.188
+    at 50,000 (the bare proxy: 0.159). Error paths that do make cycles are still collected, just
+    in batches of 10,000 objects instead of 700."""
+    gc.freeze()  # startup objects never die: keep them out of every later full collection
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name (or "", all interfaces): assume it is reachable from elsewhere
+
+
+def open_proxy_refusal(config: Config, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why ``serve`` must not start as configured, or None: a non-loopback address, an upstream
+    with a server-held key, and no client tokens would let anyone spend that key."""
+    host = config.server.host
+    if is_loopback(host) or config.client_tokens(environ):
+        return None
+    keyed = [name for name in config.upstreams if config.upstream_key(name, environ)]
+    if not keyed:
+        return None
+    where = f"${config.server.client_tokens_env}" if config.server.client_tokens_env else \
+        "server.client_tokens_env is empty"
+    return (f"refusing to serve {host or 'all interfaces'}:{config.server.port}: upstream(s) {', '.join(keyed)} "
+            f"use a server-held key and no client tokens are set ({where}); "
+            "set them, listen on loopback, or pass --insecure-open-proxy")
+
+
+class StartupError(ProjectionistError):
+    """``serve`` cannot start: one line, exit status 2."""
+
+    default_code = "STARTUP_FAILED"
+
+
+def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
+    """Run the proxy until SIGTERM/SIGINT. Anything that stops it from starting (a data dir it
+    cannot use, a log it cannot open, a port it cannot bind) is one ``StartupError``."""
+    refusal = open_proxy_refusal(config)
+    if refusal and not insecure_open_proxy:
+        raise StartupError(refusal, code="OPEN_PROXY_REFUSED")
+    limit_malloc_arenas()
+    setup_logging(config.logging.level, config.logging.json)
+    loop = event_loop(config.server.event_loop)
+    asyncio.set_event_loop(loop)
+    phase = "starting"
+
+    def listening(_: str) -> None:  # run_app calls this once every socket is bound
+        nonlocal phase
+        phase = "serving"
+        get_logger().info("listening", host=config.server.host, port=config.server.port,
+                          loop=type(loop).__module__, data_dir=str(config.data_dir),
+                          upstreams={n: redact_url(u.url) for n, u in config.upstreams.items()},
+                          client_tokens=bool(config.client_tokens()), open_proxy=bool(refusal))
+
+    async def binding(_: web.Application) -> None:  # after the store and log opened, before the bind
+        nonlocal phase
+        phase = "binding"
+
+    try:
+        app = create_app(config)
+        app.cleanup_ctx.append(_trim_memory)
+        app.on_startup.append(binding)
+        tune_gc()
+        web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
+                    access_log=None, print=listening, loop=loop)
+    except (ProjectionistError, OSError) as exc:
+        if phase == "serving":
+            raise
+        raise _startup_error(exc, phase, config) from None
+
+
+def _startup_error(exc: ProjectionistError | OSError, phase: str, config: Config) -> StartupError:
+    if isinstance(exc, ProjectionistError):
+        return StartupError(exc.message, code=exc.code)
+    if phase == "binding":
+        return StartupError(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}",
+                            code="LISTEN_FAILED")
+    where = f": {exc.filename}" if exc.filename else ""
+    return StartupError(f"cannot start: {exc.strerror or type(exc).__name__}{where}", code="STARTUP_FAILED")
