@@ -7,15 +7,22 @@ importing ``tests.backends.backend_on_both`` (every test that runs the proxy; pu
 ``embedded`` is the filesystem store + SQLite log, ``replicated`` a real SeaweedFS S3 bucket +
 PostgreSQL schema (on ``PROJECTIONIST_TEST_PG_DSN``, or on a throwaway server that
 ``tests.backends.pg_dsn()`` starts on first use and ``pytest_unconfigure`` stops).
+
+The fast loop: ``pytest tests/policy tests/adapters`` (or ``-m pure``; ``-m "not pure"`` is the
+rest) runs the pure tests only. It stays pure by rule: an item there that uses a fixture starting a
+backend or a server (``IMPURE_FIXTURES``, also through other fixtures or ``getfixturevalue``) fails
+before that fixture runs, and while it runs no socket may connect or listen and no process may start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import asyncpg
 import pytest
@@ -32,6 +39,103 @@ from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image
 
 ADMIN = {"Authorization": "Bearer admintok"}
+
+TESTS = Path(__file__).resolve().parent
+#: The folders of the fast loop: pure tests, no store, log or server of any kind.
+PURE_FOLDERS = ("policy", "adapters")
+#: Fixtures that start a backend (SeaweedFS, PostgreSQL) or a server, directly or through others.
+IMPURE_FIXTURES = frozenset({
+    "seaweed", "backend", "backend_overrides", "upstream", "make_config", "make_harness", "harness",
+    "aiohttp_server", "aiohttp_raw_server", "aiohttp_client", "unused_tcp_port", "unused_tcp_port_factory",
+})
+
+
+class ImpureTest(Exception):
+    """A test of the fast loop reached for a backend, a server, a socket or a process."""
+
+
+def is_pure(path: Path) -> bool:
+    """Whether a test module belongs to the fast loop (``tests/policy``, ``tests/adapters``)."""
+    try:
+        parts = Path(path).resolve().relative_to(TESTS).parts
+    except ValueError:
+        return False
+    return len(parts) > 1 and parts[0] in PURE_FOLDERS
+
+
+def refuse_impure_fixtures(nodeid: str, path: Path, fixturenames: Any) -> None:
+    """Fail a pure test whose fixtures (their whole closure) include one that starts a backend or a server."""
+    impure = sorted(IMPURE_FIXTURES.intersection(fixturenames)) if is_pure(path) else []
+    if impure:
+        pytest.fail(f"{nodeid} is in the fast loop ({'/'.join(PURE_FOLDERS)}) but uses {', '.join(impure)}; "
+                    "move it to tests/proxy or tests/system", pytrace=False)
+
+
+@contextlib.contextmanager
+def nothing_impure() -> Iterator[None]:
+    """No socket connects or listens and no process starts inside the block."""
+
+    def refuse(what: str) -> Callable[..., NoReturn]:
+        def refused(*args: object, **kwargs: object) -> NoReturn:
+            raise ImpureTest(f"a test of the fast loop tried to {what}")
+        return refused
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(socket.socket, "connect", refuse("connect a socket"))
+        m.setattr(socket.socket, "connect_ex", refuse("connect a socket"))
+        m.setattr(socket.socket, "listen", refuse("listen on a socket"))
+        m.setattr(subprocess.Popen, "__init__", refuse("start a process"))
+        yield
+
+
+_running: list[pytest.Item] = []  # the test being set up, run or torn down
+
+
+def refuse_on_the_fly(argname: str) -> None:
+    """Refuse a fixture that the running pure test requests late (``request.getfixturevalue``)."""
+    if _running and argname in IMPURE_FIXTURES:
+        item = _running[0]
+        refuse_impure_fixtures(item.nodeid, item.path, [argname])
+
+
+class _OnTheFlyGuard:
+    """``pytest_fixture_setup`` as a plugin of its own: a conftest's hooks only see nodes under its
+    folder, and a session-scoped fixture (``seaweed``) is set up for the session node."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> None:
+        refuse_on_the_fly(fixturedef.argname)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "pure: in the fast loop (tests/policy, tests/adapters): no backend, no server")
+    if not config.pluginmanager.has_plugin("tests-pure-loop-guard"):
+        config.pluginmanager.register(_OnTheFlyGuard(), "tests-pure-loop-guard")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_pure(item.path):
+            item.add_marker(pytest.mark.pure)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running[:] = [item]
+    refuse_impure_fixtures(item.nodeid, item.path, getattr(item, "fixturenames", ()))
+
+
+def pytest_runtest_logfinish() -> None:
+    _running.clear()
+
+
+@pytest.fixture(autouse=True)
+def _pure_tests_stay_pure(request: pytest.FixtureRequest) -> Iterator[None]:
+    if not is_pure(request.node.path):
+        yield
+        return
+    with nothing_impure():
+        yield
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -10,25 +10,12 @@ import pytest
 
 from projectionist.adapters import openai_chat
 from tests import fakes
+from tests.calls import call, chat_body
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 
 pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 MakeHarness = Callable[..., Awaitable[Harness]]
-
-
-def chat_body(*ids: str) -> bytes:
-    parts: list[dict[str, Any]] = [{"type": "text", "text": "look"}]
-    parts += [{"type": "image_url", "image_url": {"url": f"attachment:{i}"}} for i in ids]
-    return msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": parts}]})
-
-
-async def call(harness: Harness, body: bytes, session: str = "r", path: str = "/v1/chat/completions") -> bytes:
-    resp = await harness.client.post(path, data=body, headers={"X-Session-Id": session,
-                                                                "Content-Type": "application/json"})
-    assert resp.status == 200
-    await resp.read()
-    return harness.upstream.last.body
 
 
 async def replay(harness: Harness, session: str = "r", **params: Any) -> Any:

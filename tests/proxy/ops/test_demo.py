@@ -9,8 +9,9 @@ from pathlib import Path
 import msgspec
 
 from projectionist.proxy.ops.demo import run_demo, write_snapshot
+from tests.paths import SNAPSHOTS
 
-SNAPSHOT = Path(__file__).parent / "snapshots" / "demo.json"
+SNAPSHOT = SNAPSHOTS / "demo.json"
 
 
 async def test_demo_snapshot_matches_the_pinned_one(tmp_path: Path) -> None:

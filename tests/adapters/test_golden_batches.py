@@ -6,29 +6,24 @@ named in one request and unnamed in another), a flaky one (``read_failed``) nest
 references that are not ours (https URL, provider file id, a reference inside plain text), and
 unknown fields at the top level, inside a request item, inside ``params``, on messages and on content
 blocks. ``find_refs`` + ``render`` with outcomes built from the real policy text must give exactly
-``tests/golden/anthropic_batches.projected.json``; the same batch through the proxy must reach the
-upstream as the same body.
+``tests/golden/anthropic_batches.projected.json``. (The same batch through the proxy:
+``tests/proxy/http/test_golden_batches.py``.)
 
-The images, ids and helpers are those of ``tests/test_golden_chat.py``. Regenerate the golden file
-(then review its diff by hand) with ``PROJECTIONIST_UPDATE_GOLDEN=1``.
+The images, ids and helpers are those of the chat golden tests, in ``tests/golden_chat.py``.
+Regenerate the golden file (then review its diff by hand) with ``PROJECTIONIST_UPDATE_GOLDEN=1``.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any
-
-import msgspec
 
 from projectionist.adapters import anthropic_batches
-from tests.conftest import Harness
-from tests.test_golden_chat import (
-    BLUE, GOLDEN, GREEN, RED, UPDATE, A, B, C, F, M, Path_, assert_resent_identically_without_reads, at,
-    differing_paths, dump, load, project, send_golden,
+from tests.golden_chat import (
+    BLUE, GREEN, RED, UPDATE, A, B, C, F, M, Path_, at, differing_paths, dump, load, project,
 )
+from tests.paths import GOLDEN
 
 NAME = "anthropic_batches"
-SID = "golden-batch"
 
 # Expected sites in document order: (path of the block, id, name as written).
 SITES: list[tuple[Path_, str, str | None]] = [
@@ -123,22 +118,3 @@ def test_render_is_deterministic() -> None:
     one, _ = project(anthropic_batches, load(NAME, "request"))
     two, _ = project(anthropic_batches, load(NAME, "request"))
     assert dump(one) == dump(two)
-
-
-# --- the same batch through the proxy --------------------------------------------------------------
-
-async def test_the_proxy_sends_the_golden_body_upstream(harness: Harness) -> None:
-    raw = await send_golden(harness, NAME, "/v1/messages/batches", SID)
-    sent = harness.upstream.last
-    assert (sent.method, sent.path_qs) == ("POST", "/v1/messages/batches")
-    assert sent.json() == load(NAME, "projected")
-    # The proxy's compact encoding of the golden body, key order kept.
-    expected: Any = msgspec.json.encode(msgspec.json.decode((GOLDEN / f"{NAME}.projected.json").read_bytes()))
-    assert sent.body == expected
-    events = await harness.events(SID)
-    assert [e["data"] for e in events] == [
-        {"attachment_id": M, "failure": "not_found", "retryable": False, "name": "gone \N{FRAME WITH PICTURE}.png"},
-        {"attachment_id": F, "failure": "read_failed", "retryable": True}]  # never named: no name
-    assert harness.store.reads[M] == 1
-    assert harness.store.reads[F] == 2  # one read + one immediate retry
-    await assert_resent_identically_without_reads(harness, "/v1/messages/batches", raw, SID, 2)

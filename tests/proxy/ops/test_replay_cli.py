@@ -5,17 +5,16 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from tests.calls import call, chat_body
 from tests.conftest import Harness
 from tests.imaging import make_image
-from tests.test_replay import call, chat_body
+from tests.paths import ROOT
 
 MakeHarness = Callable[..., Awaitable[Harness]]
-ROOT = Path(__file__).resolve().parent.parent
 
 
 async def test_the_command_line_replays_shows_sends_and_diffs(

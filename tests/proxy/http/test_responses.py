@@ -1,14 +1,10 @@
-"""OpenAI Responses API (``POST /v1/responses``) and the OpenAI Files API, through the adapter, the
-proxy and the official ``openai`` SDK, unmodified."""
+"""OpenAI Responses API (``POST /v1/responses``) and the OpenAI Files API, through the proxy and the
+official ``openai`` SDK, unmodified. The adapter alone on the golden request:
+``tests/adapters/test_responses.py``."""
 
 from __future__ import annotations
 
-import base64
-import copy
 import hashlib
-import json
-import os
-from pathlib import Path
 from typing import Any, Final
 
 import openai
@@ -17,44 +13,15 @@ from pydantic import TypeAdapter
 
 from projectionist.adapters import openai_responses
 from projectionist.policy.errors import NOT_FOUND, READ_FAILED
-from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder
-from projectionist.policy.projection import project
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fake_responses import FILE_ID, TEXT, file_object, multipart_fields, response_object, stream_events
-from tests.fakes import CountingStore, Received, fail_with
-from tests.memory import MemoryLog, MemoryStore
+from tests.fakes import Received, fail_with
+from tests.golden_responses import (
+    A, GOLDEN_REQUEST, GONE, PNG_A, PNG_B, data_url, golden_projected, not_found_text, sha,
+)
 
 
-GOLDEN: Final = Path(__file__).parent / "golden"
-GOLDEN_REQUEST: Final = GOLDEN / "openai_responses.request.json"
-GOLDEN_PROJECTED: Final = GOLDEN / "openai_responses.projected.json"
-
-#: Three 1x1 PNGs, pinned as bytes so the golden files never depend on the local zlib/Pillow.
-PNG_A: Final = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
-PNG_B: Final = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNgYPgPAAEDAQAIicLsAAAAAElFTkSuQmCC")
-PNG_GONE: Final = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNg+M8AAAICAQB7CYF4AAAAAElFTkSuQmCC")
-
-
-def sha(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def data_url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
-
-
-def not_found_text(attachment_id: str, name: str | None = None) -> str:
-    quoted = f"; {json.dumps(name)}" if name is not None else ""
-    return f"[image unavailable: not_found{quoted} ({attachment_id[:15]})]"
-
-
-A: Final = sha(PNG_A)
-B: Final = sha(PNG_B)
-GONE: Final = sha(PNG_GONE)
 SID: Final = "resp-sess"
 
 
@@ -113,77 +80,7 @@ def test_fake_upstream_answers_validate_against_the_sdk_types() -> None:
     assert multipart_fields(body) == {"purpose": (None, b"batch"), "file": ("x.jsonl", b"{}\n")}
 
 
-# -- golden: the adapter on one realistic request ------------------------------------------------------
-
-def golden_request() -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(GOLDEN_REQUEST.read_text())
-    return body
-
-
-def golden_projected() -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(GOLDEN_PROJECTED.read_text())
-    return body
-
-
-def stored(data: bytes) -> StoredImage:
-    return StoredImage(sha(data), "image/png", len(data), 1, 1, data)
-
-
-async def test_golden_find_refs_and_render_through_the_policy() -> None:
-    original = golden_request()
-    body = copy.deepcopy(original)
-    sites = openai_responses.find_refs(body)
-    # document order: message content (A named, B file_id, GONE named), the function_call_output's
-    # output list (A again, GONE again by file_id), the last message (B again); nothing else.
-    assert [s.ref for s in sites] == [
-        ImageRef(A, "diagram.png"), ImageRef(B), ImageRef(GONE, "gone shot.png"),
-        ImageRef(A), ImageRef(GONE), ImageRef(B)]
-    assert sites[3].parent is body["input"][3]["output"]
-
-    store, log = CountingStore(MemoryStore(stored(PNG_A), stored(PNG_B))), MemoryLog()  # type: ignore[arg-type]
-    projection = await project([s.ref for s in sites], store=store, log=log, session_id="golden")
-    assert store.reads == {A: 1, B: 1, GONE: 1}  # repeated references are read once
-    assert [type(o).__name__ for o in projection.outcomes] == [
-        "Resolved", "Resolved", "Placeholder", "Resolved", "Placeholder", "Resolved"]
-    openai_responses.render(sites, projection.outcomes)
-
-    if os.environ.get("UPDATE_GOLDEN"):
-        GOLDEN_PROJECTED.write_text(json.dumps(body, indent=2) + "\n")
-    assert body == golden_projected()
-
-    # Spot checks of what the golden file pins, so a wrong golden cannot pass silently.
-    content = body["input"][1]["content"]
-    assert content[1] == {"type": "input_image", "detail": "low", "x_client_tag": {"keep": [1, "two", None]},
-                          "image_url": data_url(PNG_A)}
-    assert content[2] == {"type": "input_image", "detail": "auto", "image_url": data_url(PNG_B)}
-    assert content[3] == {"type": "input_text", "text": not_found_text(GONE, "gone shot.png")}
-    assert content[4:] == original["input"][1]["content"][4:]  # https, provider file id, data: untouched
-    nested = body["input"][3]["output"]
-    assert nested == [{"type": "input_text", "text": "screenshot attached"},
-                      {"type": "input_image", "detail": "auto", "image_url": data_url(PNG_A)},
-                      {"type": "input_text", "text": not_found_text(GONE, "gone shot.png")}]
-    assert body["input"][6]["content"][0] == {"type": "input_image", "detail": "low", "image_url": data_url(PNG_B)}
-    # Everything but the six image slots is the request as written, unknown fields included.
-    for key in original.keys() - {"input"}:
-        assert body[key] == original[key], key
-    for index in (0, 2, 4, 5):
-        assert body["input"][index] == original["input"][index]
-    for index, item in enumerate(original["input"]):
-        assert body["input"][index].keys() == item.keys()
-        for key in item.keys() - {"content", "output"}:
-            assert body["input"][index][key] == item[key]
-
-
-async def test_golden_render_with_hand_built_outcomes_matches_the_pinned_body() -> None:
-    body = golden_request()
-    sites = openai_responses.find_refs(body)
-    gone = Placeholder("not_found", not_found_text(GONE, "gone shot.png"))
-    outcomes = (Resolved(stored(PNG_A)), Resolved(stored(PNG_B)), gone, Resolved(stored(PNG_A)), gone,
-                Resolved(stored(PNG_B)))
-    openai_responses.render(sites, outcomes)
-    assert body == golden_projected()
-    assert openai_responses.find_refs(body) == []  # a projected body holds no reference any more
-
+# -- golden: the same request through the proxy ------------------------------------------------------
 
 async def test_golden_request_through_the_proxy_is_deterministic(harness: Harness) -> None:
     await admit_all(harness, PNG_A, PNG_B)

@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,26 +17,11 @@ import pytest
 
 from projectionist.policy.errors import InvalidRequest
 from projectionist.proxy.config import Config, load_config
+from tests.backends import free_port
+from tests.commands import cli
 from tests.fakes import FakeUpstream
 from tests.imaging import make_image, ref_id
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "projectionist.proxy.ops.cli", *args, cwd=ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+from tests.paths import ROOT
 
 
 @pytest.fixture

@@ -1,31 +1,27 @@
-"""Policy semantics (DESIGN.md §1), table-driven, on every backend: in-memory doubles, the
-embedded filesystem store + SQLite log, and the replicated S3 bucket + PostgreSQL log."""
+"""The policy semantics table (DESIGN.md §1), written once: every test here takes an ``env`` fixture
+(a counting, scriptable store and a log on one backend) that the module importing the tests supplies.
+
+``tests/policy/test_policy.py`` runs the table on the in-memory doubles (pure, in the fast loop);
+``tests/system/test_policy_backends.py`` runs the same tests on the embedded filesystem store +
+SQLite log and on the replicated S3 bucket + PostgreSQL log.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, strategies as st
 
 from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError, Conflict, InternalError
-from projectionist.policy.events import Event, Quarantine, QuarantineEvent, Recovered, RecoveredEvent, envelope
-from projectionist.policy.fold import EMPTY, fold, placeholder
-from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder, parse_file_id, parse_url_ref
+from projectionist.policy.events import Event, Quarantine, QuarantineEvent, Recovered, RecoveredEvent
+from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder
 from projectionist.policy.ports import SessionLog
 from projectionist.policy.projection import project, recover
-from projectionist.proxy.http.app import open_log, open_store
-from projectionist.proxy.config import load_config
 from projectionist.proxy.sessionlog.base import Log
-from tests.conftest import replicated_backend
 from tests.fakes import CountingStore
 from tests.imaging import make_image, ref_id
-from tests.memory import MemoryLog, MemoryStore
 
 GOOD_BYTES = make_image(color=1)
 OTHER_BYTES = make_image(5, 2, color=2)
@@ -47,28 +43,6 @@ class Env:
 
     async def events(self, session: str = SID) -> list[Event]:
         return await self.log.read(session)
-
-
-@pytest.fixture(params=["memory", "embedded", "replicated"])
-async def env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Env]:
-    if request.param == "memory":
-        memory_log = MemoryLog()
-        yield Env(CountingStore(MemoryStore()), memory_log, lambda: memory_log)
-        return
-    async with contextlib.AsyncExitStack() as stack:
-        overrides: dict[str, Any] = {"server.data_dir": str(tmp_path)}
-        if request.param == "replicated":
-            overrides |= await stack.enter_async_context(replicated_backend(request.getfixturevalue("seaweed")))
-        config = load_config(None, **overrides)
-        store = CountingStore(open_store(config))
-        stack.push_async_callback(store.close)
-
-        def reopen() -> Log:
-            log = open_log(config)
-            stack.push_async_callback(log.close)
-            return log
-
-        yield Env(store, reopen(), reopen)
 
 
 def fails(code: str, times: int = 99) -> Any:
@@ -286,59 +260,3 @@ async def test_fork_keeps_the_quarantine_state(env: Env) -> None:
     await env.log.fork(SID, "child")
     child = await run(env, GOOD, MISSING, session="child")
     assert child.outcomes == parent.outcomes and child.recorded == ()
-
-
-def test_placeholder_text_is_pinned() -> None:
-    q = Quarantine("sha256:1a2b3c4d" + "0" * 56, "not_found", False, "shot.png")
-    assert placeholder(ImageRef(q.attachment_id), q) == '[image unavailable: not_found; "shot.png" (sha256:1a2b3c4d)]'
-    nameless = Quarantine(q.attachment_id, "read_failed", True)
-    assert placeholder(ImageRef(q.attachment_id), nameless) == "[image unavailable: read_failed (sha256:1a2b3c4d)]"
-    quoted = placeholder(ImageRef(q.attachment_id, 'a "b"\n.png'), nameless)
-    assert quoted == '[image unavailable: read_failed; "a \\"b\\"\\n.png" (sha256:1a2b3c4d)]'
-
-
-@pytest.mark.parametrize(
-    "url",
-    ["attachment:sha256:" + "A" * 64, "attachment:sha256:" + "a" * 63, "attachment:md5:" + "a" * 32,
-     "attachment:sha256:" + "a" * 64 + "?other=1", "attachment:sha256:" + "a" * 64 + "?name=a&name=b",
-     "attachment:sha256:../../etc/passwd", "attachment:"],
-)
-def test_malformed_reference_is_invalid_ref(url: str) -> None:
-    with pytest.raises(AttachmentError) as info:
-        parse_url_ref(url)
-    assert info.value.code == INVALID_REF and info.value.status == 400
-
-
-def test_references_parse_and_foreign_urls_pass() -> None:
-    hexd = "0f" * 32
-    assert parse_url_ref(f"attachment:sha256:{hexd}?name=a%20b.png") == ImageRef(f"sha256:{hexd}", "a b.png")
-    assert parse_url_ref("https://example.com/x.png") is None
-    assert parse_url_ref("data:image/png;base64,AAAA") is None
-    assert parse_file_id("file-abc") is None
-    assert parse_file_id(f"sha256:{hexd}") == ImageRef(f"sha256:{hexd}")
-
-
-events_strategy = st.lists(
-    st.tuples(st.sampled_from(["q", "r"]), st.integers(0, 3), st.sampled_from(["not_found", "corrupt", "read_failed"])),
-    max_size=30,
-)
-
-
-@given(events_strategy, st.integers(0, 30))
-def test_fold_in_chunks_equals_fold_in_one_go(spec: list[tuple[str, int, str]], cut: int) -> None:
-    ids = ["sha256:" + f"{i:02x}" * 32 for i in range(4)]
-    events = [
-        envelope(n + 1, "t", Quarantine(ids[i], f, f == "read_failed") if kind == "q" else Recovered(ids[i], 1, "image/png", 1, 1))  # type: ignore[arg-type]
-        for n, (kind, i, f) in enumerate(spec)
-    ]
-    whole = fold(events)
-    assert fold(events[cut:], fold(events[:cut])) == whole
-    assert whole.last_seq == len(events)
-    for aid in ids:
-        last = [e for e in events if e.data.attachment_id == aid]  # type: ignore[union-attr]
-        assert (aid in whole.quarantined) == bool(last and isinstance(last[-1], QuarantineEvent))
-
-
-def test_fold_rejects_a_gap() -> None:
-    with pytest.raises(ValueError):
-        fold([envelope(2, "t", Quarantine(MISSING, "corrupt", False))], EMPTY)

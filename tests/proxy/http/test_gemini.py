@@ -1,54 +1,37 @@
-"""Gemini ``generateContent`` / ``streamGenerateContent``: the adapter against golden files, the
-official ``google-genai`` SDK (unmodified, async client) pointed at the proxy, auth substitution
-and un-prefixed routing. The fake Gemini upstream lives in ``tests/fake_gemini.py``."""
+"""Gemini ``generateContent`` / ``streamGenerateContent`` through the proxy: the golden request
+projected, recorded and replayed, the official ``google-genai`` SDK (unmodified, async client)
+pointed at the proxy, auth substitution and un-prefixed routing. The fake Gemini upstream lives in
+``tests/fake_gemini.py``; the adapter alone against the golden files is ``tests/adapters/test_gemini.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from google import genai
 from google.genai import errors, types
 from structlog.testing import capture_logs
 
-from projectionist.adapters import gemini
 from projectionist.policy.errors import NOT_FOUND, READ_FAILED
-from projectionist.policy.events import Quarantine
-from projectionist.policy.fold import placeholder
-from projectionist.policy.model import ImageRef, Outcome, Resolved, StoredImage, Placeholder
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import ADMIN, Harness
 from tests.fake_gemini import GEMINI_TEXT
 from tests.fakes import FakeUpstream, fail_with
+from tests.golden_gemini import BLUE, BLUE_ID, GONE2_ID, GONE_ID, RED, RED_ID, golden
 from tests.imaging import make_image, ref_id
+from tests.paths import GOLDEN
 
 # google-genai subclasses aiohttp.ClientSession, which aiohttp deprecates (not our concern).
 pytestmark = pytest.mark.filterwarnings("ignore:Inheritance class AiohttpClientSession:DeprecationWarning")
 
 
 MakeHarness = Callable[..., Awaitable[Harness]]
-GOLDEN = Path(__file__).parent / "golden"
 SID = "gemini-sess"
 MODEL = "gemini-2.0-flash"
 DEAD = "http://127.0.0.1:9"  # nothing listens: a request routed there would be a 502
-
-# The two tiny images of the golden files (1x1 PNGs, red and blue) and the two missing ids.
-RED = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
-BLUE = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNgYPgPAAEDAQAIicLsAAAAAElFTkSuQmCC")
-RED_ID, BLUE_ID = ref_id(RED), ref_id(BLUE)
-GONE_ID = "sha256:" + hashlib.sha256(b"gone").hexdigest()
-GONE2_ID = "sha256:" + hashlib.sha256(b"gone-too").hexdigest()
-
-
-def golden(name: str) -> bytes:
-    """A golden file re-encoded compactly, key order kept (the proxy's own encoding)."""
-    return msgspec.json.encode(msgspec.json.decode((GOLDEN / name).read_bytes()))
 
 
 def b64(data: bytes) -> str:
@@ -104,28 +87,6 @@ def lower(headers: dict[str, str]) -> dict[str, str]:
 
 # --- golden -----------------------------------------------------------------------------------
 
-def test_golden_adapter_renders_the_exact_projected_body() -> None:
-    body = msgspec.json.decode((GOLDEN / "gemini.request.json").read_bytes())
-    sites = gemini.find_refs(body)
-    assert [(s.ref.id, s.ref.name, s.host is not None) for s in sites] == [
-        (RED_ID, "before.png", False), (BLUE_ID, None, False), (GONE_ID, "gone.png", False),
-        (RED_ID, None, True), (GONE2_ID, "crop.png", True),
-        (BLUE_ID, None, False), (GONE_ID, None, False)]
-    images = {RED_ID: StoredImage(RED_ID, "image/png", len(RED), 1, 1, RED),
-              BLUE_ID: StoredImage(BLUE_ID, "image/png", len(BLUE), 1, 1, BLUE)}
-    # What the policy records for the two missing ids (the first occurrence's name is kept).
-    quarantined = {GONE_ID: Quarantine(GONE_ID, "not_found", False, "gone.png"),
-                   GONE2_ID: Quarantine(GONE2_ID, "not_found", False, "crop.png")}
-
-    def outcome(ref: ImageRef) -> Outcome:
-        if ref.id in images:
-            return Resolved(images[ref.id])
-        return Placeholder("not_found", placeholder(ref, quarantined[ref.id]))
-
-    gemini.render(sites, tuple(outcome(s.ref) for s in sites))
-    assert msgspec.json.encode(body) == golden("gemini.projected.json")
-
-
 async def test_golden_request_through_the_proxy_is_projected_recorded_and_replayed(gharness: Harness) -> None:
     assert await gharness.admit(RED) == RED_ID and await gharness.admit(BLUE) == BLUE_ID
     raw = (GOLDEN / "gemini.request.json").read_bytes()
@@ -143,14 +104,6 @@ async def test_golden_request_through_the_proxy_is_projected_recorded_and_replay
     assert [(e["type"], e["data"]["attachment_id"], e["data"]["failure"], e["data"].get("name")) for e in events] == [
         ("attachment/quarantine", GONE_ID, "not_found", "gone.png"),
         ("attachment/quarantine", GONE2_ID, "not_found", "crop.png")]
-
-
-def test_adapter_error_body_is_googles_shape() -> None:
-    body = gemini.error_body(NOT_FOUND, "gone", 422)
-    assert body == {"error": {"code": 422, "message": "gone", "status": "FAILED_PRECONDITION", "details": [
-        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": NOT_FOUND, "domain": "projectionist"}]}}
-    assert gemini.error_body(READ_FAILED, "x", 503)["error"]["status"] == "UNAVAILABLE"
-    assert gemini.upstream_auth("k") == {"x-goog-api-key": "k"}
 
 
 # --- the official SDK -------------------------------------------------------------------------
@@ -399,28 +352,3 @@ async def test_count_tokens_projects_references_like_generate_content(gharness: 
     assert part == {"inlineData": {"mimeType": "image/png", "data": b64(data)}}, (
         "PRODUCT GAP proxy/routing.py PROJECTING['gemini']: POST /v1beta/models/{m}:countTokens carries the "
         f"same contents as :generateContent but is passed through unprojected: {part}")
-
-
-def test_function_response_left_without_images_loses_its_empty_parts_list() -> None:
-    from projectionist.adapters import gemini as adapter
-    from projectionist.policy.model import ImageRef, Placeholder as Missing
-
-    body = {"contents": [{"role": "user", "parts": [
-        {"functionResponse": {"name": "shot", "response": {"ok": True},
-                              "parts": [{"fileData": {"fileUri": f"attachment:{GONE_ID}", "mimeType": "image/png"}}]}},
-        {"text": "after"}]}]}
-    sites = adapter.find_refs(body)
-    assert [s.ref for s in sites] == [ImageRef(GONE_ID)]
-    adapter.render(sites, (Missing("not_found", "[gone]"),))
-    assert body["contents"][0]["parts"] == [
-        {"functionResponse": {"name": "shot", "response": {"ok": True}}}, {"text": "[gone]"}, {"text": "after"}]
-
-
-def test_placeholder_part_keeps_its_non_data_fields() -> None:
-    from projectionist.adapters import gemini as adapter
-    from projectionist.policy.model import Placeholder as Missing
-
-    body = {"contents": [{"parts": [{"thoughtSignature": "sig", "fileData": {"fileUri": f"attachment:{GONE_ID}"}}]}]}
-    sites = adapter.find_refs(body)
-    adapter.render(sites, (Missing("not_found", "[gone]"),))
-    assert body["contents"][0]["parts"] == [{"thoughtSignature": "sig", "text": "[gone]"}]

@@ -16,7 +16,9 @@ import pytest
 
 from projectionist.proxy.ops.serve import is_loopback, open_proxy_refusal
 from projectionist.proxy.config import load_config
-from tests.test_cli import ROOT, cli, free_port
+from tests.backends import free_port
+from tests.commands import cli
+from tests.paths import ROOT
 
 
 def one_line_error(rc: int, err: str, *needles: str) -> None:

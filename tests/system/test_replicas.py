@@ -20,8 +20,8 @@ from tests.backends import Seaweed, free_port
 from tests.conftest import replicated_backend
 from tests.fakes import FakeUpstream
 from tests.imaging import make_image, ref_id
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "replica-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 

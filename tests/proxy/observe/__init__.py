@@ -1,0 +1,1 @@
+"""The observe layer: metrics and the overhead header."""

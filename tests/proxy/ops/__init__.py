@@ -1,0 +1,1 @@
+"""The ops layer: the command line, the demo, replay from the command line."""

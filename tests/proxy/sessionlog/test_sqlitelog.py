@@ -1,0 +1,223 @@
+"""Tests for projectionist.proxy.sessionlog.sqlite: the embedded SQLite SessionLog backend (its schema,
+pragmas, durability and locking). What every log must do is in the contract suite,
+``test_log_contract.py``, which runs on this backend too."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from projectionist.policy.errors import AppendConflict, Unavailable
+from projectionist.policy.events import (
+    Quarantine,
+    Recovered,
+)
+from projectionist.proxy.sessionlog.sqlite import SqliteLog
+
+ID_A = "sha256:" + "a" * 64
+ID_B = "sha256:" + "b" * 64
+
+
+def q(attachment_id: str = ID_A, name: str | None = None) -> Quarantine:
+    return Quarantine(attachment_id=attachment_id, failure="not_found", retryable=False, name=name)
+
+
+def rec(attachment_id: str = ID_A) -> Recovered:
+    return Recovered(attachment_id=attachment_id, bytes=10, media_type="image/png", width=1, height=1)
+
+
+def ticking_clock() -> Callable[[], str]:
+    counter = itertools.count()
+    return lambda: f"2024-01-01T00:00:{next(counter):02d}.000Z"
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "nested" / "dir" / "log.db"
+
+
+@pytest.fixture
+async def log(db: Path) -> AsyncIterator[SqliteLog]:
+    sl = SqliteLog(db, clock=ticking_clock())
+    yield sl
+    await sl.close()
+
+
+async def test_schema_created_idempotently(db: Path) -> None:
+    first = SqliteLog(db)
+    assert await first.read("s") == []
+    await first.close()
+    second = SqliteLog(db)  # a second open must not fail on the existing schema
+    await second.append("s", 0, [q()])
+    await second.close()
+    assert db.parent.is_dir()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
+    assert "WITHOUT ROWID" in sql.upper()
+    assert "PRIMARY KEY (session, seq)" in sql
+
+
+async def test_newer_schema_version_is_refused(db: Path) -> None:
+    db.parent.mkdir(parents=True)
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA user_version = 7")
+    sl = SqliteLog(db)
+    with pytest.raises(Unavailable) as info:
+        await sl.read("s")
+    assert info.value.code == "LOG_UNAVAILABLE"
+    assert "7" in info.value.message
+    await sl.close()
+
+
+async def test_empty_or_invalid_append_rejected(log: SqliteLog) -> None:
+    with pytest.raises(ValueError):
+        await log.append("s", 0, [])
+    with pytest.raises(ValueError):
+        await log.append("s", -1, [q()])
+    assert await log.read("s") == []
+
+
+async def test_durable_across_close_and_reopen(db: Path) -> None:
+    first = SqliteLog(db)
+    written = await first.append("s", 0, [q(), rec()])
+    await first.close()
+    with pytest.raises(RuntimeError):
+        await first.read("s")
+    await first.close()  # idempotent
+
+    second = SqliteLog(db)
+    assert await second.read("s") == written
+    assert [e.seq for e in await second.append("s", 2, [q(ID_B)])] == [3]
+    await second.close()
+
+
+def _instrument(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[str], list[str], list[tuple[int, str | None]]]:
+    """Wrap sqlite3.connect so every statement records its text and thread, and every
+    authorization request its action and table."""
+    statements: list[str] = []
+    threads: list[str] = []
+    actions: list[tuple[int, str | None]] = []
+    real_connect = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn: sqlite3.Connection = real_connect(*args, **kwargs)
+
+        def trace(sql: str) -> None:
+            statements.append(sql)
+            threads.append(threading.current_thread().name)
+
+        conn.set_trace_callback(trace)
+
+        def authorizer(action: int, arg1: str | None, *_: Any) -> int:
+            actions.append((action, arg1))
+            return sqlite3.SQLITE_OK
+
+        conn.set_authorizer(authorizer)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    return statements, threads, actions
+
+
+async def test_sqlite_runs_off_the_event_loop_and_never_updates(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    statements, threads, actions = _instrument(monkeypatch)
+    sl = SqliteLog(db)
+    await sl.append("s", 0, [q()])
+    with pytest.raises(AppendConflict):
+        await sl.append("s", 0, [q()])
+    await sl.read("s")
+    await sl.fork("s", "t")
+    await sl.sessions()
+    await sl.close()
+    assert "PRAGMA synchronous = FULL" in statements  # durable before acknowledging
+    assert "PRAGMA journal_mode = WAL" in statements
+    assert statements.count("BEGIN IMMEDIATE") >= 3  # append, conflicting append, fork
+    main = threading.main_thread().name
+    assert threads, "the trace callback saw no statements"
+    assert main not in threads
+    assert len(set(threads)) == 1  # one dedicated worker thread
+    inserts = [a for a in actions if a == (sqlite3.SQLITE_INSERT, "events")]
+    assert inserts  # the authorizer sees writes (at prepare time; cached statements only once)
+    rewrites = [a for a in actions if a[0] in (sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE)]
+    assert all(table != "events" for _, table in rewrites), rewrites  # append-only
+
+
+async def test_event_loop_keeps_running_while_append_waits_for_lock(db: Path) -> None:
+    sl = SqliteLog(db)
+    await sl.read("s")  # schema exists
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # hold the write lock
+    try:
+        task = asyncio.create_task(sl.append("s", 0, [q()]))
+        ticks = 0
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not task.done()  # waiting on the busy timeout, in the worker thread
+        assert ticks >= 10  # the loop kept turning meanwhile
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    assert [e.seq for e in await task] == [1]
+    await sl.close()
+
+
+async def test_busy_timeout_surfaces_as_unavailable(db: Path) -> None:
+    sl = SqliteLog(db, busy_timeout=0.1)
+    await sl.read("s")
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(Unavailable) as info:
+            await sl.append("s", 0, [q()])
+        assert info.value.code == "LOG_UNAVAILABLE"
+        assert info.value.retryable
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    assert [e.seq for e in await sl.append("s", 0, [q()])] == [1]
+    await sl.close()
+
+
+async def test_cancelled_append_leaves_no_open_transaction(db: Path) -> None:
+    sl = SqliteLog(db)
+    await sl.read("s")
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        task = asyncio.create_task(sl.append("s", 0, [q(), rec()]))
+        await asyncio.sleep(0.2)  # the job is now inside BEGIN IMMEDIATE, waiting for the lock
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    # The job ran to completion as one transaction: all of it or none of it, never a part.
+    seqs = [e.seq for e in await sl.read("s")]
+    assert seqs in ([], [1, 2])
+    # And the write lock was released: another connection can write straight away.
+    other = sqlite3.connect(db, isolation_level=None, timeout=0)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    nxt = await sl.append("s", len(seqs), [q(ID_B)])
+    assert nxt[0].seq == len(seqs) + 1
+    await sl.close()

@@ -1,0 +1,1 @@
+"""The upstream layer: pass-through, outgoing URLs and credentials, relay, recording, replay."""
