@@ -55,6 +55,7 @@ CODES: Final[dict[str, Code]] = {
     "MISSING_FILE": Code(400), "INVALID_NAME": Code(400), "INVALID_MULTIPART": Code(400),
     "INVALID_CONTENT_TYPE": Code(400), "INVALID_PATH": Code(400), "INVALID_UPSTREAM_NAME": Code(400),
     "INVALID_FORK_SEQ": Code(400), "INBOUND_MISMATCH": Code(400), "UNKNOWN_ADAPTER": Code(400),
+    "TOO_MANY_REFERENCES": Code(400),
     "CLIENT_UNAUTHORIZED": Code(401), "ADMIN_UNAUTHORIZED": Code(401), "ADMIN_REQUIRED": Code(403),
     "UNKNOWN_UPSTREAM": Code(404), "FILE_NOT_FOUND": Code(404), "ROUTE_NOT_FOUND": Code(404),
     "NOT_RECORDED": Code(404), "BLOB_NOT_FOUND": Code(404),
@@ -68,7 +69,7 @@ CODES: Final[dict[str, Code]] = {
     "LOG_UNAVAILABLE": Code(503, "the session log is unavailable; retry"),
     "STORE_UNAVAILABLE": Code(503, "the attachment store is unavailable; retry"),
     "ATTACHMENT_WRITE_FAILED": Code(503, "the attachment store could not write; retry"),
-    "SESSION_CONTENDED": Code(503),
+    "SESSION_CONTENDED": Code(503), "STORE_BUSY": Code(503),
     "UNCLASSIFIED_ERROR": Code(500, "internal error; see the proxy log"),
 }
 #: Codes of mistakes in how projectionist was started: never an HTTP answer; the CLI prints one

@@ -83,16 +83,25 @@ async def _read(store: AttachmentStore, attachment_id: str) -> tuple[StoredImage
 
 
 async def _read_many(
-    store: AttachmentStore, ids: Sequence[str]
+    store: AttachmentStore, ids: Sequence[str], parallel: int
 ) -> dict[str, tuple[StoredImage | AttachmentError, int]]:
+    """Read ``ids`` with at most ``parallel`` reads of this request in flight at once."""
     if len(ids) <= 1:
         return {aid: await _read(store, aid) for aid in ids}
+    results: dict[str, tuple[StoredImage | AttachmentError, int]] = {}
+    queue = iter(ids)
+
+    async def worker() -> None:
+        for aid in queue:
+            results[aid] = await _read(store, aid)
+
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = {aid: group.create_task(_read(store, aid)) for aid in ids}
+            for _ in range(min(parallel, len(ids))):
+                group.create_task(worker())
     except BaseExceptionGroup as failed:
         raise failed.exceptions[0] from None
-    return {aid: task.result() for aid, task in tasks.items()}
+    return {aid: results[aid] for aid in ids}
 
 
 def _quarantine_for(error: AttachmentError, attachment_id: str, name: str | None) -> Quarantine:
@@ -205,6 +214,7 @@ async def project(
     lock: Lock | None = None,
     sessionless: Sessionless = "fail",
     state: SessionState | None = None,
+    parallel: int = 8,
 ) -> Projection:
     """Resolve every reference of one request to a verified image or a placeholder.
 
@@ -218,7 +228,8 @@ async def project(
       ``"placeholder"`` projects the placeholder for it;
     - every occurrence of one id gets the same treatment; outcomes are a pure function of the
       final folded state, the references and the verified bytes (``decide``).
-    ``state`` is an optional cached fold for the session; it is refreshed from the log first.
+    ``state`` is an optional cached fold for the session; it is refreshed from the log first;
+    ``parallel`` bounds this request's reads in flight at once.
     """
     if not refs:
         return Projection((), state or EMPTY)
@@ -236,7 +247,7 @@ async def project(
         if isinstance(step, Fail):
             raise step.error
         if isinstance(step, Read):
-            for aid, (result, count) in (await _read_many(store, step.ids)).items():
+            for aid, (result, count) in (await _read_many(store, step.ids, parallel)).items():
                 results[aid] = result
                 reads += count
                 retries += count - 1

@@ -82,11 +82,23 @@ class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     connect_timeout: Seconds = 5.0
 
 
+class LanesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Separate, bounded capacity for each kind of store work (see ``stores.lanes``)."""
+
+    reads: Size = 8
+    stamps: Size = 4
+    writes: Size = 4
+    queue_timeout: Seconds = 2.0
+    stamp_timeout: Seconds = 5.0
+    write_timeout: Seconds = 30.0
+
+
 class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kind: Literal["filesystem", "s3"] = "filesystem"
     path: str = ""
     read_timeout: Seconds = 30.0
     limits: ImageLimits = ImageLimits()
+    lanes: LanesConfig = LanesConfig()
     s3: S3Config = S3Config()
 
 
@@ -124,6 +136,13 @@ class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_response_bytes: Count = 16 * MiB
 
 
+class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Bounds on what one request may ask of the policy."""
+
+    max_references: Size = 1000
+    parallel_reads: Size = 8
+
+
 class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json: bool = True
@@ -145,6 +164,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     logging: LoggingConfig = LoggingConfig()
     cache: CacheConfig = CacheConfig()
     record: RecordConfig = RecordConfig()
+    policy: PolicyConfig = PolicyConfig()
 
     @property
     def data_dir(self) -> Path:

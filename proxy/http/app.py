@@ -43,8 +43,10 @@ def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store
         access_key, secret_key = config.s3_credentials(environ)
         return S3Store(endpoint=s3.endpoint, bucket=s3.bucket, region=s3.region, prefix=s3.prefix,
                        access_key=access_key, secret_key=secret_key, limits=config.store.limits,
-                       read_timeout=config.store.read_timeout, connect_timeout=s3.connect_timeout)
-    return FilesystemStore(config.store_path, config.store.limits, read_timeout=config.store.read_timeout)
+                       read_timeout=config.store.read_timeout, connect_timeout=s3.connect_timeout,
+                       lanes=config.store.lanes)
+    return FilesystemStore(config.store_path, config.store.limits, read_timeout=config.store.read_timeout,
+                           lanes=config.store.lanes)
 
 
 def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
@@ -160,5 +162,6 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             if upstream.client is not None:
                 await upstream.client.close()
                 upstream.client = None
+        await services.reader.close()
         await services.store.close()
         await services.log.close()

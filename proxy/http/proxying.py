@@ -51,10 +51,11 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
             lock=services.log.lock(session_id) if session_id else None,
             sessionless=services.config.server.sessionless,
             state=services.log.state(session_id) if session_id else None,
+            parallel=services.config.policy.parallel_reads,
         )
 
     recording = bool(session_id) and services.recording.on
-    built = await build(fmt, raw, run, describe=recording)
+    built = await build(fmt, raw, run, describe=recording, max_references=services.config.policy.max_references)
     if built.projection is not None:
         _account(request, services, built.projection, time.perf_counter() - started)
     recorder = None

@@ -13,12 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
-from projectionist.policy.ports import AttachmentStore
 from projectionist.proxy.config import Config
 from projectionist.proxy.http.auth import Guard
 from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.stores.base import Store
+from projectionist.proxy.stores.cache import CachedStore
 from projectionist.proxy.upstream.recording import Recording
 from projectionist.proxy.upstream.target import Upstream
 
@@ -31,7 +31,7 @@ class Services:
 
     config: Config
     store: Store
-    reader: AttachmentStore
+    reader: CachedStore
     log: CachedLog
     upstreams: dict[str, Upstream]
     guard: Guard

@@ -50,6 +50,7 @@ class Metrics:
         self.store_retries = 0
         self.cache_hits = 0
         self.cache_misses = 0
+        self.shared_reads = 0
         self.records_dropped: Counter[str] = Counter()
         self.errors_after_start = 0
         self.projection = Histogram()
@@ -78,6 +79,9 @@ class Metrics:
         yield CounterMetricFamily("projectionist_cache_misses",
                                   "Images not in the verified-object cache, or whose stamp changed",
                                   value=self.cache_misses)
+        yield CounterMetricFamily("projectionist_store_shared_reads",
+                                  "Reads that joined a read of the same object already in flight",
+                                  value=self.shared_reads)
         yield _by("projectionist_records_dropped", "Request and response records that could not be written "
                   "(the calls went on unrecorded)", "kind", self.records_dropped)
         yield CounterMetricFamily("projectionist_errors_after_response_started",

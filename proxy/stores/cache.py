@@ -189,14 +189,19 @@ class VerifiedCache:
 
 class CachedStore:
     """The ``AttachmentStore`` the policy reads through: stamp-checked cache hits, verified reads
-    on misses. Everything else (admission, stat, delete, blobs, recovery's fresh reads) uses the
-    store itself; a deleted object fails its stamp check on the next hit."""
+    on misses, and one read in flight per object however many requests want it. A request that
+    leaves does not cancel the read the others wait for; the last one to leave does. Everything
+    else (admission, stat, delete, blobs, recovery's fresh reads) uses the store itself; a
+    deleted object fails its stamp check on the next hit."""
 
     def __init__(self, inner: StampedStore, cache: VerifiedCache, metrics: Metrics | None = None) -> None:
         self.inner = inner
         self.cache = cache
         self.metrics = metrics or Metrics()
         self._pending: list[tuple[str, asyncio.Future[str | None]]] = []
+        self._flights: dict[str, asyncio.Task[StoredImage]] = {}
+        self._waiting: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def _stamp(self, attachment_id: str) -> str | None:
         """The object's stamp; checks asked for in the same loop iteration (the concurrent reads
@@ -210,12 +215,14 @@ class CachedStore:
 
     def _send_stamps(self) -> None:
         batch, self._pending = self._pending, []
-        asyncio.get_running_loop().create_task(self._stamp_batch(batch))
+        task = asyncio.get_running_loop().create_task(self._stamp_batch(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _stamp_batch(self, batch: list[tuple[str, asyncio.Future[str | None]]]) -> None:
         try:
             found = await self.inner.stamps([aid for aid, _ in batch])
-        except Exception:  # a failed check is a miss: the full read classifies the fault
+        except Exception:  # a failed, timed-out or refused check is a miss: the full read decides
             found = [None] * len(batch)
         for (_, future), stamp in zip(batch, found):
             if not future.done():
@@ -229,6 +236,25 @@ class CachedStore:
                 return entry.image
             self.cache.evict(attachment_id)
         self.metrics.cache_misses += 1
+        flight = self._flights.get(attachment_id)
+        if flight is None:
+            flight = self._flights[attachment_id] = asyncio.get_running_loop().create_task(self._read(attachment_id))
+            flight.add_done_callback(lambda done: self._landed(attachment_id, done))
+        else:
+            self.metrics.shared_reads += 1
+        self._waiting[attachment_id] = self._waiting.get(attachment_id, 0) + 1
+        try:
+            return await asyncio.shield(flight)
+        finally:
+            left = self._waiting[attachment_id] = self._waiting[attachment_id] - 1
+            if not left:
+                del self._waiting[attachment_id]
+                if not flight.done():
+                    flight.cancel()  # nobody wants it any more: a departed client stops its read
+
+    async def _read(self, attachment_id: str) -> StoredImage:
+        """The one verified read of an object in flight; its result enters the cache even if
+        every request that wanted it has left."""
         try:
             image, stamp = await self.inner.read_stamped(attachment_id)
         except AttachmentError as error:
@@ -236,6 +262,18 @@ class CachedStore:
             raise
         self.metrics.store_reads["ok"] += 1
         return self.cache.put(image, stamp)
+
+    def _landed(self, attachment_id: str, flight: asyncio.Task[StoredImage]) -> None:
+        if self._flights.get(attachment_id) is flight:
+            del self._flights[attachment_id]
+        if not flight.cancelled():
+            flight.exception()  # seen here, so an outcome nobody waited for is never "unretrieved"
+
+    async def close(self) -> None:
+        """Stop reads nobody waits for any more (the app is shutting down)."""
+        for task in [*self._flights.values(), *self._tasks]:
+            task.cancel()
+        await asyncio.gather(*self._flights.values(), *self._tasks, return_exceptions=True)
 
 
 def inline(image: StoredImage) -> Any:

@@ -7,14 +7,12 @@ every read verifies digest, record and header. All blocking work runs on a dedic
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import hashlib
 import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from functools import partial
 from pathlib import Path
@@ -25,7 +23,8 @@ import msgspec
 from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
 from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
-from projectionist.proxy.config import ImageLimits
+from projectionist.proxy.config import ImageLimits, LanesConfig
+from projectionist.proxy.stores.lanes import Lane
 from projectionist.proxy.stores.base import AttachmentMeta
 
 #: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.
@@ -102,8 +101,9 @@ class FilesystemStore:
     """Content-addressed image store on a local filesystem.
 
     ``read_image`` implements the policy ``AttachmentStore`` Protocol; ``admit`` and ``delete`` are
-    the admission and admin side. ``read_timeout`` (seconds, None for none) bounds a verified
-    read; a timed-out read leaves its worker thread running until the OS call returns.
+    the admission and admin side. Verified reads, stamp checks and writes each run in their own
+    ``Lane``: ``read_timeout`` (seconds, None for none) bounds a verified read from the moment its
+    thread starts it; a read that finds its lane full raises ``Busy``, never a read failure.
     """
 
     def __init__(
@@ -112,14 +112,16 @@ class FilesystemStore:
         limits: ImageLimits = ImageLimits(),
         *,
         read_timeout: float | None = 30.0,
-        max_workers: int = 8,
+        lanes: LanesConfig = LanesConfig(),
     ) -> None:
         self.root = Path(root)
         self.limits = limits
         self.read_timeout = read_timeout
         self._objects = self.root / "objects"
         _ensure_dir(self._objects)
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="fsstore")
+        self.reads = Lane("reads", lanes.reads, read_timeout, lanes.queue_timeout)
+        self.stamp_lane = Lane("stamps", lanes.stamps, lanes.stamp_timeout, lanes.queue_timeout)
+        self.writes = Lane("writes", lanes.writes, lanes.write_timeout, lanes.queue_timeout)
 
     # -- paths -----------------------------------------------------------------------------------
 
@@ -130,9 +132,6 @@ class FilesystemStore:
 
     # -- async API -------------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[], _T]) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
-
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
         """Validate ``data`` and store it under its digest; return the stored image.
 
@@ -141,7 +140,10 @@ class FilesystemStore:
         Raises ``ImageRejected`` for refused bytes, ``Unavailable(ATTACHMENT_WRITE_FAILED)`` when the
         filesystem fails while publishing.
         """
-        return await self._run(partial(self._admit_sync, data, declared_type, name))
+        try:
+            return await self.writes.run(partial(self._admit_sync, data, declared_type, name))
+        except TimeoutError:
+            raise Unavailable(f"{WRITE_FAILED}: admission timed out", code=WRITE_FAILED) from None
 
     async def read_image(self, attachment_id: str) -> StoredImage:
         """Return the verified image or raise ``AttachmentError`` (see ``policy.ports``)."""
@@ -158,17 +160,14 @@ class FilesystemStore:
         removed (inode, size, mtime of both files; no bytes read); None when absent. One
         worker-thread hop for the whole batch."""
         hexes = [check_id(aid)[len(ID_PREFIX):] for aid in attachment_ids]
-        return await self._run(lambda: [self._stamp_sync(h) for h in hexes])
+        return await self.stamp_lane.run(lambda: [self._stamp_sync(h) for h in hexes])
 
     async def _timed(self, fn: Callable[[], _T], attachment_id: str) -> _T:
-        future = self._run(fn)
-        if self.read_timeout is None:
-            return await future
         hex_digest = attachment_id[len(ID_PREFIX):]
         try:
-            return await asyncio.wait_for(future, self.read_timeout)
+            return await self.reads.run(fn)
         except TimeoutError:
-            # Only wait_for raises TimeoutError here: _load converts every OSError itself.
+            # Only the lane raises TimeoutError here: _load converts every OSError itself.
             raise AttachmentError(
                 READ_FAILED,
                 f"{READ_FAILED}: {_short(hex_digest)} read timed out after {self.read_timeout}s",
@@ -178,29 +177,41 @@ class FilesystemStore:
     async def stat(self, attachment_id: str) -> AttachmentMeta | None:
         """The admission record of a present object, without reading or verifying its bytes."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        return await self._run(partial(self._stat_sync, hex_digest))
+        return await self.stamp_lane.run(partial(self._stat_sync, hex_digest))
 
     async def put_blob(self, data: bytes) -> str:
         """Store opaque bytes (recorded request and response bodies) content-addressed under
         ``blobs/``; idempotent; returns ``sha256:<hex>``."""
-        return await self._run(partial(self._put_blob_sync, data))
+        try:
+            return await self.writes.run(partial(self._put_blob_sync, data))
+        except TimeoutError:
+            raise Unavailable(f"{WRITE_FAILED}: blob write timed out", code=WRITE_FAILED) from None
 
     async def get_blob(self, blob_id: str) -> bytes | None:
         hex_digest = check_id(blob_id)[len(ID_PREFIX):]
         path = self.root / "blobs" / hex_digest[:2] / hex_digest
         try:
-            return await self._run(partial(_read_file, path))
+            return await self.reads.run(partial(_read_file, path))
         except FileNotFoundError:
             return None
 
     async def delete(self, attachment_id: str) -> bool:
         """Remove the object and its record; True if anything was removed."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        return await self._run(partial(self._delete_sync, hex_digest))
+        try:
+            return await self.writes.run(partial(self._delete_sync, hex_digest))
+        except TimeoutError:
+            raise Unavailable(f"{WRITE_FAILED}: {_short(hex_digest)} delete timed out", code=WRITE_FAILED) from None
+
+    @property
+    def lanes(self) -> tuple[Lane, ...]:
+        return (self.reads, self.stamp_lane, self.writes)
 
     async def close(self) -> None:
-        """Stop accepting work. Queued work is cancelled; running calls finish in the background."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop the lanes' idle threads; a thread still blocked in the OS is a daemon and lets the
+        process exit."""
+        for lane in self.lanes:
+            lane.close()
 
     # -- blocking work (executor threads only) ---------------------------------------------------
 

@@ -27,7 +27,8 @@ from aiobotocore.session import get_session
 from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
 from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
-from projectionist.proxy.config import ImageLimits
+from projectionist.proxy.config import ImageLimits, LanesConfig
+from projectionist.proxy.stores.lanes import AsyncLane, Busy
 from projectionist.proxy.stores.base import AttachmentMeta
 
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
@@ -54,17 +55,24 @@ class S3Store:
         limits: ImageLimits = ImageLimits(),
         read_timeout: float = 30.0,
         connect_timeout: float = 5.0,
+        lanes: LanesConfig = LanesConfig(),
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix
         self.limits = limits
         self.read_timeout = read_timeout
+        self.reads = AsyncLane("reads", lanes.reads, read_timeout, lanes.queue_timeout)
+        self.stamp_lane = AsyncLane("stamps", lanes.stamps, lanes.stamp_timeout, lanes.queue_timeout)
+        self.writes = AsyncLane("writes", lanes.writes, lanes.write_timeout, lanes.queue_timeout)
         self._client_args: dict[str, Any] = {
             "endpoint_url": endpoint or None,
             "region_name": region,
             "aws_access_key_id": access_key or None,
             "aws_secret_access_key": secret_key or None,
+            # a connection for every place in every lane: a call that has its place never queues
+            # for a connection behind calls that hang
             "config": AioConfig(connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                max_pool_connections=lanes.reads + lanes.stamps + lanes.writes,
                                 retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
         }
         self._stack = contextlib.AsyncExitStack()
@@ -100,11 +108,13 @@ class S3Store:
         """A cheap token (ETag, Last-Modified, metadata from a HEAD) that changes whenever the
         object is replaced or removed; None when absent or unreadable."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        async def fetch_head() -> Any:
+            return await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
+
         try:
-            async with asyncio.timeout(self.read_timeout):
-                head = await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
+            head = await self.stamp_lane.run(fetch_head)
         except Exception as exc:
-            if _fault(exc) is None:
+            if _fault(exc) is None and not isinstance(exc, Busy):
                 raise
             return None  # a failed check is a miss: the full read classifies the fault
         return _stamp(head)
@@ -114,8 +124,7 @@ class S3Store:
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
         short = attachment_id[:15]
         try:
-            async with asyncio.timeout(self.read_timeout):
-                return await self._read(hex_digest)
+            return await self.reads.run(lambda: self._read(hex_digest))
         except AttachmentError:
             raise
         except Exception as exc:
@@ -166,7 +175,7 @@ class S3Store:
         async def fetch() -> Any:
             return await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
 
-        head = await _unless_missing(fetch())
+        head = await _unless_missing(self.stamp_lane.run(fetch))
         if head is None:
             return None
         record = _record(head.get("Metadata") or {})
@@ -187,9 +196,12 @@ class S3Store:
                     "height": str(info.height), "created-at": str(int(time.time()))}
         if name:
             metadata["name"] = quote(name, safe="")
+        async def put() -> Any:
+            return await (await self.client()).put_object(Bucket=self.bucket, Key=self.key(hex_digest), Body=data,
+                                                          ContentType=info.media_type, Metadata=metadata)
+
         try:
-            await (await self.client()).put_object(Bucket=self.bucket, Key=self.key(hex_digest), Body=data,
-                                                   ContentType=info.media_type, Metadata=metadata)
+            await self.writes.run(put)
         except Exception as exc:
             raise _write_failed(exc, "could not store") from None
         return StoredImage(ID_PREFIX + hex_digest, info.media_type, len(data), info.width, info.height, data)
@@ -200,8 +212,11 @@ class S3Store:
     async def put_blob(self, data: bytes) -> str:
         """Store opaque bytes (recorded bodies) content-addressed; returns ``sha256:<hex>``."""
         hex_digest: str = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
+        async def put() -> Any:
+            return await (await self.client()).put_object(Bucket=self.bucket, Key=self.blob_key(hex_digest), Body=data)
+
         try:
-            await (await self.client()).put_object(Bucket=self.bucket, Key=self.blob_key(hex_digest), Body=data)
+            await self.writes.run(put)
         except Exception as exc:
             raise _write_failed(exc, "blob could not be stored") from None
         return ID_PREFIX + hex_digest
@@ -215,12 +230,13 @@ class S3Store:
                 data: bytes = await body.read()
             return data
 
-        return await _unless_missing(fetch())
+        return await _unless_missing(self.reads.run(fetch))
 
     async def delete(self, attachment_id: str) -> bool:
         """Remove the object; True if one was there (whatever state its record was in)."""
         key = self.key(check_id(attachment_id)[len(ID_PREFIX):])
-        try:
+
+        async def remove() -> bool:
             client = await self.client()
             try:
                 await client.head_object(Bucket=self.bucket, Key=key)
@@ -229,9 +245,12 @@ class S3Store:
                     return False
                 raise
             await client.delete_object(Bucket=self.bucket, Key=key)
+            return True
+
+        try:
+            return await self.writes.run(remove)
         except Exception as exc:
             raise _write_failed(exc, "could not delete") from None
-        return True
 
 
 def _fault(exc: BaseException) -> str | None:

@@ -58,17 +58,22 @@ def decode_json(raw: bytes) -> Any:
         raise InvalidRequest("request body is not valid JSON", code="INVALID_JSON") from None
 
 
-async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False) -> Built:
+async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False,
+                max_references: int | None = None) -> Built:
     """The upstream body for ``raw``: the original bytes without references, else projected.
 
     The body is decoded at most once; with ``describe`` the record's view (digest, reference
-    paths and outcomes, shape) comes from that same tree."""
+    paths and outcomes, shape) comes from that same tree. More than ``max_references`` distinct
+    references is the client's error, refused before anything is read."""
     if not may_hold_refs(raw):
         return Built(raw, None, of_raw(raw) if describe else None)
     decoded = decode_json(raw)
     sites = fmt.find_refs(decoded)
     if not sites:
         return Built(raw, None, of_decoded(raw, decoded) if describe else None)
+    if max_references is not None and len({site.ref.id for site in sites}) > max_references:
+        raise InvalidRequest(f"more than {max_references} distinct attachment references in one request",
+                             code="TOO_MANY_REFERENCES")
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
     projection = await run([site.ref for site in sites])
     fmt.render(sites, projection.outcomes, inline)

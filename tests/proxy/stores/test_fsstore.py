@@ -257,7 +257,8 @@ async def test_invalid_ids_are_refused_before_any_filesystem_access(
             m.setattr(builtins, "open", forbidden("open"))
             for name in ("open", "stat", "lstat", "unlink", "listdir", "scandir", "mkdir"):
                 m.setattr(os, name, forbidden(f"os.{name}"))
-            m.setattr(store._executor, "submit", forbidden("executor.submit"))
+            for lane in store.lanes:
+                m.setattr(lane, "run", forbidden(f"lane {lane.name}"))
             with pytest.raises(AttachmentError) as info:
                 await getattr(store, op)(bad_id)
         assert info.value.code == INVALID_REF
@@ -292,7 +293,7 @@ async def test_whole_verified_read_runs_in_one_worker_thread(
     (worker,) = workers
     assert worker is not threading.main_thread()
     assert worker is not threading.current_thread()
-    assert worker.name.startswith("fsstore")
+    assert worker.name.startswith("store-reads")
 
 
 class Gate:

@@ -1,0 +1,171 @@
+"""Lanes: bounded, isolated capacity for one kind of blocking store work (proxy layer).
+
+A disk or a network file system that hangs instead of failing must cost one kind of work its
+capacity and nothing else. Each ``Lane`` (verified reads, stamp checks, writes) has its own
+daemon threads, at most ``size`` calls in it at once, and these rules:
+
+- a call waits at most ``queue_timeout`` for room; if none frees up it raises ``Busy``
+  (``STORE_BUSY``, 503): it never started, so it is no fact about the object it was for;
+- a call that started gets its ``timeout``, counted from the moment its thread picked it up
+  (never from when it was queued), then the caller gets ``TimeoutError``;
+- a timed-out or abandoned call keeps its thread, still blocked in the OS, and its place: such
+  stuck threads are counted (``stuck``) and can never be more than ``size``;
+- the threads are daemons: a process asked to stop never waits for a blocked ``open``/``read``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+from projectionist.policy.errors import Unavailable
+
+_T = TypeVar("_T")
+
+
+class Busy(Unavailable):
+    """No room in a lane within its queue timeout: retry later; nothing was read or decided."""
+
+    default_code = "STORE_BUSY"
+
+
+class _Job(Generic[_T]):
+    __slots__ = ("fn", "loop", "started", "done", "abandoned")
+
+    def __init__(self, fn: Callable[[], _T], loop: asyncio.AbstractEventLoop) -> None:
+        self.fn = fn
+        self.loop = loop
+        self.started: asyncio.Future[None] = loop.create_future()
+        self.done: asyncio.Future[_T] = loop.create_future()
+        self.abandoned = False
+
+
+class Lane:
+    """``size`` daemon threads for one kind of blocking work (see the module docstring)."""
+
+    def __init__(self, name: str, size: int, timeout: float | None, queue_timeout: float) -> None:
+        if size < 1:
+            raise ValueError("a lane needs at least one thread")
+        self.name = name
+        self.size = size
+        self.timeout = timeout
+        self.queue_timeout = queue_timeout
+        self.stuck = 0
+        self.busy = 0
+        self._room = asyncio.Semaphore(size)
+        self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    @property
+    def in_use(self) -> int:
+        return self.size - self._room._value  # noqa: SLF001 (asyncio exposes no public reading)
+
+    async def run(self, fn: Callable[[], _T], *, timeout: float | None = None) -> _T:
+        """Run ``fn`` on one of the lane's threads; see the module docstring for the rules."""
+        if self._closed:
+            raise RuntimeError(f"lane {self.name!r} is closed")
+        try:
+            await asyncio.wait_for(self._room.acquire(), self.queue_timeout)
+        except TimeoutError:
+            self.busy += 1
+            raise Busy(f"the store's {self.name} lane is full ({self.size} calls in it, {self.stuck} stuck)",
+                       code="STORE_BUSY") from None
+        loop = asyncio.get_running_loop()
+        job: _Job[_T] = _Job(fn, loop)
+        self._start_threads()
+        self._jobs.put(job)
+        try:
+            await asyncio.shield(job.started)  # immediate: there is a thread for every place
+            limit = self.timeout if timeout is None else timeout
+            if limit is None:
+                return await asyncio.shield(job.done)
+            async with asyncio.timeout_at(loop.time() + limit):  # counted from the start of the I/O
+                return await asyncio.shield(job.done)
+        except BaseException:
+            if not job.done.done():  # timed out or cancelled: the thread keeps its place until it returns
+                job.abandoned = True
+                self.stuck += 1
+            raise
+
+    def _start_threads(self) -> None:
+        """One thread per place, started on first use (so no call ever waits for a thread)."""
+        while len(self._threads) < self.size:
+            thread = threading.Thread(target=self._work, name=f"store-{self.name}-{len(self._threads)}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if job.abandoned:  # its caller left before it started: nothing to do
+                _tell(job.loop, self._finish, job, None, None)
+                continue
+            _tell(job.loop, _set, job.started)
+            try:
+                result: Any = job.fn()
+            except BaseException as exc:  # delivered to the caller, whatever it is
+                _tell(job.loop, self._finish, job, None, exc)
+            else:
+                _tell(job.loop, self._finish, job, result, None)
+
+    def _finish(self, job: _Job[Any], result: Any, error: BaseException | None) -> None:
+        if job.abandoned:
+            self.stuck -= 1
+        if not job.done.done():
+            if error is not None:
+                job.done.set_exception(error)
+            else:
+                job.done.set_result(result)
+        elif error is not None:
+            job.done.exception()  # retrieved: nobody is waiting for it any more
+        self._room.release()
+
+    def close(self) -> None:
+        """Stop the idle threads; a thread blocked in the OS is a daemon and does not hold the process."""
+        self._closed = True
+        for _ in self._threads:
+            self._jobs.put(None)
+
+
+def _tell(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    """Hand a result back to the loop; a thread that comes back after its loop closed (it was
+    stuck past the end of the process's serving) just drops it."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass
+
+
+def _set(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class AsyncLane:
+    """The same rules for a store whose I/O is async (S3): at most ``size`` calls at once (its
+    connection pool holds that many, so a started call never waits for a connection), room waited
+    for at most ``queue_timeout`` (else ``Busy``), ``timeout`` counted once the call has its place."""
+
+    def __init__(self, name: str, size: int, timeout: float | None, queue_timeout: float) -> None:
+        self.name = name
+        self.size = size
+        self.timeout = timeout
+        self.queue_timeout = queue_timeout
+        self.busy = 0
+        self.stuck = 0  # an async call cannot block a thread: cancelling it frees its place
+        self._room = asyncio.Semaphore(size)
+
+    async def run(self, call: Callable[[], Awaitable[_T]], *, timeout: float | None = None) -> _T:
+        try:
+            await asyncio.wait_for(self._room.acquire(), self.queue_timeout)
+        except TimeoutError:
+            self.busy += 1
+            raise Busy(f"the store's {self.name} lane is full ({self.size} calls in it)", code="STORE_BUSY") from None
+        try:
+            async with asyncio.timeout(self.timeout if timeout is None else timeout):
+                return await call()
+        finally:
+            self._room.release()
