@@ -70,6 +70,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     admin_token: str = ""
     client_tokens_env: str = "PROJECTIONIST_CLIENT_TOKENS"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    shutdown_grace: Seconds = 10.0
 
 
 class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

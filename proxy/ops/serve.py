@@ -151,7 +151,7 @@ def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
         app.on_startup.append(binding)
         tune_gc()
         web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
-                    access_log=None, print=listening, loop=loop)
+                    shutdown_timeout=config.server.shutdown_grace, access_log=None, print=listening, loop=loop)
     except (ProjectionistError, OSError) as exc:
         if phase == "serving":
             raise

@@ -1,0 +1,145 @@
+"""Lanes: bounded, isolated capacity for blocking store work, with timeouts that count from the
+start of the I/O and stuck threads that are counted and capped (``proxy/stores/lanes.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from projectionist.policy.errors import AttachmentError
+from projectionist.proxy.config import LanesConfig
+from projectionist.proxy.stores.filesystem import FilesystemStore
+from projectionist.proxy.stores.lanes import Busy, Lane
+from tests.imaging import make_image
+
+
+class Blocker:
+    """A blocking call that holds its thread until released (a hung ``read``)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        self.entered.release()
+        self.release.wait(30)
+        return "late"
+
+    async def wait_entered(self, n: int = 1) -> None:
+        for _ in range(n):
+            assert await asyncio.to_thread(self.entered.acquire, True, 10), "the call never started"
+
+
+async def test_a_full_lane_refuses_with_busy_not_a_timeout() -> None:
+    lane = Lane("reads", 2, timeout=0.2, queue_timeout=0.2)
+    hung = Blocker()
+    try:
+        calls = [asyncio.create_task(lane.run(hung)) for _ in range(2)]
+        await hung.wait_entered(2)
+        with pytest.raises(Busy) as refused:
+            await lane.run(lambda: "never runs")
+        assert refused.value.code == "STORE_BUSY" and refused.value.status == 503 and refused.value.retryable
+        for call in calls:  # the hung calls themselves time out: their I/O started
+            with pytest.raises(TimeoutError):
+                await call
+        assert lane.stuck == 2 and lane.busy == 1
+        with pytest.raises(Busy):  # stuck threads keep their places: capacity stays taken
+            await lane.run(lambda: "never runs")
+    finally:
+        hung.release.set()
+    for _ in range(100):  # the threads come back: their places are free again
+        if lane.stuck == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert lane.stuck == 0 and await lane.run(lambda: "ok") == "ok"
+    lane.close()
+
+
+async def test_the_timeout_counts_from_the_start_of_the_io_not_from_the_queue() -> None:
+    lane = Lane("reads", 1, timeout=0.4, queue_timeout=5.0)
+    first = Blocker()
+    ahead = asyncio.create_task(lane.run(first, timeout=10.0))
+    await first.wait_entered()
+    queued = asyncio.create_task(lane.run(lambda: "read"))
+    await asyncio.sleep(0.6)  # longer than the timeout, spent waiting for room
+    assert not queued.done()
+    first.release.set()
+    assert await ahead == "late"
+    assert await queued == "read"  # it had its full 0.4 s once it started
+    lane.close()
+
+
+async def test_a_call_whose_caller_left_before_it_started_never_runs() -> None:
+    lane = Lane("reads", 1, timeout=None, queue_timeout=5.0)
+    first = Blocker()
+    ahead = asyncio.create_task(lane.run(first))
+    await first.wait_entered()
+    ran: list[str] = []
+    queued = asyncio.create_task(lane.run(lambda: ran.append("ran") or "x"))
+    await asyncio.sleep(0.05)
+    queued.cancel()
+    first.release.set()
+    await ahead
+    await asyncio.sleep(0.1)
+    assert ran == [] and lane.stuck == 0 and await lane.run(lambda: "free") == "free"
+    lane.close()
+
+
+def test_lane_threads_never_hold_the_process() -> None:
+    lane = Lane("reads", 3, timeout=None, queue_timeout=1.0)
+    lane._start_threads()
+    assert len(lane._threads) == 3 and all(t.daemon for t in lane._threads)
+    lane.close()
+
+
+def hang_with_a_fifo(store: FilesystemStore, attachment_id: str) -> Path:
+    """Replace an object's bytes by a FIFO: opening it for reading blocks until a writer comes."""
+    data_path = store._paths(attachment_id[len("sha256:"):])[0]
+    data_path.unlink()
+    os.mkfifo(data_path)
+    return data_path
+
+
+def unhang(fifo: Path) -> None:
+    """Let a reader blocked on ``fifo`` go (it reads end-of-file)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+async def test_hung_reads_take_nothing_from_stamp_checks_and_writes(tmp_path: Path) -> None:
+    """Every read place hung on a FIFO: a healthy object's read is refused (Busy, never
+    READ_FAILED), while stamp checks, stats and admission go on in their own lanes."""
+    store = FilesystemStore(tmp_path, read_timeout=30.0,
+                            lanes=LanesConfig(reads=2, stamps=2, writes=2, queue_timeout=0.2))
+    healthy = await store.admit(make_image(color=1))
+    stuck = [await store.admit(make_image(color=c)) for c in (2, 3)]
+    fifos = [hang_with_a_fifo(store, image.id) for image in stuck]
+    readers = [asyncio.create_task(store.read_image(image.id)) for image in stuck]
+    try:
+        for _ in range(200):
+            if store.reads.in_use == 2:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert not any(r.done() for r in readers)
+        with pytest.raises(Busy):
+            await store.read_image(healthy.id)
+        assert await store.stamps([healthy.id]) != [None]
+        assert await store.stat(healthy.id) is not None
+        assert (await store.admit(make_image(color=4))).width == 4
+        assert not any(r.done() for r in readers)
+    finally:
+        for fifo in fifos:
+            unhang(fifo)
+    for reader in readers:  # the FIFO gave end-of-file: bytes that do not match the digest
+        with pytest.raises(AttachmentError) as failed:
+            await reader
+        assert failed.value.code == "ATTACHMENT_CORRUPT"
+    await store.close()
