@@ -70,6 +70,7 @@ CODES: Final[dict[str, Code]] = {
     "STORE_UNAVAILABLE": Code(503, "the attachment store is unavailable; retry"),
     "ATTACHMENT_WRITE_FAILED": Code(503, "the attachment store could not write; retry"),
     "SESSION_CONTENDED": Code(503), "STORE_BUSY": Code(503),
+    "LOG_CORRUPT": Code(503, "the session log holds a damaged event; see the proxy log"),
     "UNCLASSIFIED_ERROR": Code(500, "internal error; see the proxy log"),
 }
 #: Codes of mistakes in how projectionist was started: never an HTTP answer; the CLI prints one
@@ -163,6 +164,18 @@ class UpstreamError(ProjectionistError):
 class Unavailable(ProjectionistError):
     default_code = "LOG_UNAVAILABLE"
     default_status = 503
+
+
+class LogCorrupt(Unavailable):
+    """The session log holds an event that does not decode, or a gap in its seqs: that session
+    cannot be decided on until an operator mends it; other sessions go on."""
+
+    default_code = "LOG_CORRUPT"
+
+    def __init__(self, session_id: str, seq: int, why: str) -> None:
+        super().__init__(f"session {session_id!r} seq {seq}: {why}", retryable=False)
+        self.session_id = session_id
+        self.seq = seq
 
 
 class InternalError(ProjectionistError):

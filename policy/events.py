@@ -124,6 +124,10 @@ KnownEvent = QuarantineEvent | RecoveredEvent | ForkedEvent | RequestEvent | Res
 Event = KnownEvent | UnknownEvent
 EventData = Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded
 
+#: Evidence, not state: these types never change a decision, so they never make a conditional
+#: append conflict (``ports.SessionLog.append``).
+RECORD_TYPES: Final = frozenset({REQUEST, RESPONSE})
+
 _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     Quarantine: QuarantineEvent,
     Recovered: RecoveredEvent,

@@ -31,11 +31,14 @@ class SessionLog(Protocol):
     async def append(
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
     ) -> list[Event]:
-        """Append ``data`` as seqs ``expected_seq + 1 ...`` atomically, only if the session's last
-        seq is still ``expected_seq``; otherwise raise ``AppendConflict``. ``expected_seq=None``
-        appends after whatever is there (for request records, which no decision depends on).
-        ``durable`` appends are on disk before this returns; others keep their place in the log's
-        order but may be flushed by the next durable append."""
+        """Append ``data`` after the session's last event, atomically, only if no *state* event
+        (anything but a request/response record, see ``events.RECORD_TYPES``) came after
+        ``expected_seq``; otherwise raise ``AppendConflict``. Records others appended meanwhile
+        never conflict: they decide nothing. ``expected_seq=None`` appends unconditionally (for
+        records). The returned events carry the seqs they got, which may leave a gap after
+        ``expected_seq`` (the records in between). ``durable`` appends are on disk before this
+        returns; others keep their place in the log's order but may be flushed by the next
+        durable append."""
         ...
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:

@@ -28,7 +28,7 @@ from projectionist.policy.errors import (
     ProjectionistError,
     Unavailable,
 )
-from projectionist.policy.events import Quarantine, Recovered, RecoveredEvent
+from projectionist.policy.events import Event, Quarantine, Recovered, RecoveredEvent
 from projectionist.policy.fold import EMPTY, SessionState, fold, placeholder
 from projectionist.policy.model import Failure, ImageRef, Outcome, Resolved, StoredImage, Placeholder, check_id
 from projectionist.policy.ports import AttachmentStore, SessionLog
@@ -126,8 +126,16 @@ async def _record(
                 events = await log.append(session_id, state.last_seq, new)
             except AppendConflict:
                 continue
-            return fold(events, state), tuple(new)
+            return await _settle(log, session_id, state, events), tuple(new)
     raise Unavailable("session log kept changing while recording", code="SESSION_CONTENDED")
+
+
+async def _settle(log: SessionLog, session_id: str, state: SessionState, appended: list[Event]) -> SessionState:
+    """``state`` after our own append: folded on directly, or, when records others appended lie
+    between (they never conflict), refreshed from the log."""
+    if appended and appended[0].seq == state.last_seq + 1:
+        return fold(appended, state)
+    return await refresh(log, session_id, state)
 
 
 class Read(msgspec.Struct, frozen=True):
@@ -297,5 +305,5 @@ async def recover(
                 continue
             event = events[0]
             assert isinstance(event, RecoveredEvent)
-            return Recovery(event, fold(events, state))
+            return Recovery(event, await _settle(log, session_id, state, events))
     raise Unavailable("session log kept changing while recovering", code="SESSION_CONTENDED")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Protocol
 
+import msgspec
+
+from projectionist.policy.errors import LogCorrupt
+from projectionist.policy.events import Event, decode_event
 from projectionist.policy.ports import SessionLog
 
 
@@ -18,3 +23,22 @@ class Log(SessionLog, Protocol):
 def utc_now() -> str:
     """The default clock of every backend: UTC ISO-8601 with milliseconds and a ``Z`` suffix."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def decode_rows(session_id: str, after_seq: int, rows: Iterable[tuple[int, bytes]]) -> list[Event]:
+    """The events of ``rows`` (seq, body) read after ``after_seq``: each must decode and the seqs
+    must follow on without a gap, else ``LogCorrupt`` names the session and the seq."""
+    events: list[Event] = []
+    expected = after_seq + 1
+    for seq, body in rows:
+        if seq != expected:
+            raise LogCorrupt(session_id, expected, f"missing (the next event found is seq {seq})")
+        try:
+            event = decode_event(bytes(body))
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            raise LogCorrupt(session_id, seq, "does not decode") from None
+        if event.seq != seq:
+            raise LogCorrupt(session_id, seq, f"its body says seq {event.seq}")
+        events.append(event)
+        expected += 1
+    return events

@@ -16,13 +16,26 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 
 import asyncpg
+import msgspec
 
 from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
-from projectionist.policy.events import FORKED, Event, EventData, Forked, ForkedEvent, decode_event, encode_event, envelope, event_type
+from projectionist.policy.events import (
+    FORKED,
+    RECORD_TYPES,
+    Event,
+    EventData,
+    Forked,
+    ForkedEvent,
+    encode_event,
+    envelope,
+    event_type,
+)
 from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.sessionlog.base import utc_now
+from projectionist.proxy.sessionlog.base import decode_rows, utc_now
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+#: Event data as the body's ``data`` member (the server wraps it in the envelope).
+_DATA: Final = msgspec.json.Encoder()
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _T = TypeVar("_T")
 
@@ -56,12 +69,9 @@ class PostgresLog:
         self._opening = asyncio.Lock()
         table = f'"{schema}".projectionist_events'
         self._sql = {
-            "read": f"SELECT body FROM {table} WHERE session = $1 AND seq > $2 ORDER BY seq",
+            "read": f"SELECT seq, body FROM {table} WHERE session = $1 AND seq > $2 ORDER BY seq",
             "last": f"SELECT coalesce(max(seq), 0) FROM {table} WHERE session = $1",
-            # one autocommitted statement: inserts only if the session's last seq is still $6
-            "append": f"INSERT INTO {table} (session, seq, type, time, body)"
-                      f" SELECT $1, s, t, $4, b FROM unnest($2::bigint[], $3::text[], $5::bytea[]) AS u(s, t, b)"
-                      f" WHERE (SELECT coalesce(max(seq), 0) FROM {table} WHERE session = $1) = $6",
+            "append": f'SELECT "{schema}".projectionist_append($1, $2, $3, $4, $5, $6)',
             "exists": f"SELECT 1 FROM {table} WHERE session = $1 LIMIT 1",
             "copy": f"INSERT INTO {table} (session, seq, type, time, body)"
                     f" SELECT $1, seq, type, time, body FROM {table} WHERE session = $2 AND seq <= $3",
@@ -73,60 +83,35 @@ class PostgresLog:
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         rows = await self._run(lambda conn: conn.fetch(self._sql["read"], session_id, after_seq))
-        return [decode_event(row[0]) for row in rows]
+        return decode_rows(session_id, after_seq, ((row[0], row[1]) for row in rows))
 
     async def append(
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
     ) -> list[Event]:
+        """One round trip: ``projectionist_append`` takes the session's advisory lock, checks that
+        no state event came after ``expected_seq``, and inserts after the last event, so records
+        and decisions never race on a seq and records never make a decision conflict."""
         if not data:
             raise ValueError("append needs at least one event")
-        if expected_seq is None:
-            return await self._append_at_end(session_id, data, durable)
-        if expected_seq < 0:
+        if expected_seq is not None and expected_seq < 0:
             raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
         now = self._clock()
-        events: list[Event] = [envelope(expected_seq + i, now, item) for i, item in enumerate(data, 1)]
-        args = ([e.seq for e in events], [event_type(d) for d in data], now, [encode_event(e) for e in events])
-
-        async def insert(conn: Any) -> str:
-            if durable:
-                status: str = await conn.execute(self._sql["append"], session_id, *args, expected_seq)
-                return status
-            async with conn.transaction():  # committed in order, without waiting for the WAL flush
-                await conn.execute("SET LOCAL synchronous_commit TO off")
-                status = await conn.execute(self._sql["append"], session_id, *args, expected_seq)
-                return status
-
+        types = [event_type(d) for d in data]
+        bodies = [_DATA.encode(d) for d in data]
         try:
-            status = await self._run(insert)
-        except asyncpg.UniqueViolationError:
-            status = "INSERT 0 0"  # another replica wrote one of these seqs first
-        if status != f"INSERT 0 {len(events)}":
-            actual = await self._run(lambda conn: conn.fetchval(self._sql["last"], session_id))
-            raise AppendConflict(session_id, expected_seq, int(actual))
-        return events
-
-    async def _append_at_end(self, session_id: str, data: Sequence[EventData], durable: bool) -> list[Event]:
-        """Append after whatever the session holds: serialized per session across replicas by a
-        transaction-scoped advisory lock, so it never conflicts (for records, whose meaning does
-        not depend on the state)."""
-        async def tx(conn: Any) -> list[Event]:
-            async with conn.transaction():
-                if not durable:
-                    await conn.execute("SET LOCAL synchronous_commit TO off")
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", session_id)
-                last = int(await conn.fetchval(self._sql["last"], session_id))
-                now = self._clock()
-                events: list[Event] = [envelope(last + i, now, item) for i, item in enumerate(data, 1)]
-                await conn.executemany(self._sql["insert"], [
-                    (session_id, e.seq, event_type(d), now, encode_event(e)) for e, d in zip(events, data)])
-                return events
-
-        return await self._run(tx)
+            first = int(await self._run(lambda conn: conn.fetchval(
+                self._sql["append"], session_id, expected_seq, types, now, bodies, durable)))
+        except asyncpg.UniqueViolationError:  # a writer that does not take the session's lock
+            first = -int(await self._run(lambda conn: conn.fetchval(self._sql["last"], session_id))) - 1
+        if first < 0:
+            raise AppendConflict(session_id, expected_seq or 0, -first - 1)
+        return [envelope(first + i, now, item) for i, item in enumerate(data)]
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
         async def tx(conn: Any) -> ForkedEvent:
             async with conn.transaction():
+                # the child's append lock: a fork and an append to the new session never interleave
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", child)
                 if child == parent or await conn.fetchval(self._sql["exists"], child):
                     raise Conflict(f"session {child!r} already exists", code="SESSION_EXISTS")
                 last = int(await conn.fetchval(self._sql["last"], parent))
@@ -215,6 +200,45 @@ class PostgresLog:
             await conn.execute(f"INSERT INTO {schema}.projectionist_meta VALUES ('schema_version', $1)"
                                " ON CONFLICT (key) DO NOTHING", str(SCHEMA_VERSION))
             version = await conn.fetchval(f"SELECT value FROM {schema}.projectionist_meta WHERE key = 'schema_version'")
+            if int(version) <= SCHEMA_VERSION:  # 1 -> 2: the append function; the rows stay as they are
+                await conn.execute(_APPEND_FUNCTION.format(schema=schema, records=", ".join(
+                    f"'{t}'" for t in sorted(RECORD_TYPES))))
+                await conn.execute(f"UPDATE {schema}.projectionist_meta SET value = $1 WHERE key = 'schema_version'",
+                                   str(SCHEMA_VERSION))
+                version = SCHEMA_VERSION
         if int(version) != SCHEMA_VERSION:
             raise Unavailable(f"session log schema version {version} is not supported (expected {SCHEMA_VERSION})",
                               code="LOG_UNAVAILABLE", retryable=False)
+
+
+#: The append, server side, in one round trip. Under the session's transaction-scoped advisory
+#: lock (so appends of every kind to one session are serialised across replicas and never race on
+#: a seq): the conditional check (no state event after the expected seq; records never conflict),
+#: then the insert after the last event, each body the envelope around the event's data. Returns
+#: the first new seq, or on a conflict -(last seq + 1).
+_APPEND_FUNCTION: Final = """
+CREATE OR REPLACE FUNCTION {schema}.projectionist_append(
+    p_session text, p_expected bigint, p_types text[], p_time text, p_datas bytea[], p_durable boolean)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    last_seq bigint;
+BEGIN
+    IF NOT p_durable THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_session, 7));
+    SELECT coalesce(max(seq), 0) INTO last_seq FROM {schema}.projectionist_events WHERE session = p_session;
+    IF p_expected IS NOT NULL AND (p_expected > last_seq OR last_seq <> p_expected AND EXISTS (
+        SELECT 1 FROM {schema}.projectionist_events
+        WHERE session = p_session AND seq > p_expected AND type NOT IN ({records}))) THEN
+        RETURN -last_seq - 1;
+    END IF;
+    INSERT INTO {schema}.projectionist_events (session, seq, type, time, body)
+    SELECT p_session, last_seq + u.ord, u.type, p_time,
+           convert_to('{{"type":' || to_json(u.type)::text || ',"seq":' || (last_seq + u.ord)::text
+                      || ',"time":' || to_json(p_time)::text || ',"data":', 'UTF8') || u.data || '\\x7d'::bytea
+    FROM unnest(p_types, p_datas) WITH ORDINALITY AS u(type, data, ord);
+    RETURN last_seq + 1;
+END
+$fn$
+"""

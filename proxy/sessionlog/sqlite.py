@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
-from projectionist.proxy.sessionlog.base import utc_now
+from projectionist.proxy.sessionlog.base import decode_rows, utc_now
 from projectionist.policy.events import (
     FORKED,
+    RECORD_TYPES,
     Event,
     EventData,
     Forked,
     ForkedEvent,
-    decode_event,
     encode_event,
     envelope,
     event_type,
@@ -49,7 +49,10 @@ _COPY_PREFIX: Final = (
     " SELECT ?, seq, type, time, body FROM events WHERE session = ? AND seq <= ? ORDER BY seq"
 )
 _LAST_SEQ: Final = "SELECT coalesce(max(seq), 0) FROM events WHERE session = ?"
-_READ: Final = "SELECT body FROM events WHERE session = ? AND seq > ? ORDER BY seq"
+#: A state event (anything but a record) after the expected seq: the conditional append's conflict.
+_STATE_AFTER: Final = ("SELECT seq FROM events WHERE session = ? AND seq > ? AND type NOT IN ("
+                       + ", ".join(f"'{t}'" for t in sorted(RECORD_TYPES)) + ") LIMIT 1")
+_READ: Final = "SELECT seq, body FROM events WHERE session = ? AND seq > ? ORDER BY seq"
 _EXISTS: Final = "SELECT 1 FROM events WHERE session = ? LIMIT 1"
 _SESSIONS: Final = "SELECT DISTINCT session FROM events"
 
@@ -179,16 +182,25 @@ class SqliteLog:
     # -- event-loop side -------------------------------------------------------------------------
 
     async def _run(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``job`` on the worker thread. Its whole wait, in the queue behind other jobs and for
+        another process's write lock, is bounded by ``busy_timeout``: the k-th of k waiting calls
+        never waits k times as long."""
         if self._closed:
             raise RuntimeError("SqliteLog is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, job)
+        deadline = time.monotonic() + self._busy_timeout
+        return await loop.run_in_executor(self._executor, self._call, job, deadline)
 
     # -- worker thread only ----------------------------------------------------------------------
 
-    def _call(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+    def _call(self, job: Callable[[sqlite3.Connection], _T], deadline: float) -> _T:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Unavailable("session log busy: its write lock was held too long", code="LOG_UNAVAILABLE")
         try:
-            return job(self._connection())
+            conn = self._connection()
+            conn.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
+            return job(conn)
         except (sqlite3.Error, OSError) as exc:
             raise Unavailable(f"session log unavailable: {exc}", code="LOG_UNAVAILABLE") from exc
 
@@ -280,8 +292,7 @@ class SqliteLog:
 
     @staticmethod
     def _read_job(session_id: str, after_seq: int, conn: sqlite3.Connection) -> list[Event]:
-        rows = conn.execute(_READ, (session_id, after_seq)).fetchall()
-        return [decode_event(body) for (body,) in rows]
+        return decode_rows(session_id, after_seq, conn.execute(_READ, (session_id, after_seq)).fetchall())
 
     @staticmethod
     def _sessions_job(conn: sqlite3.Connection) -> list[str]:
@@ -300,12 +311,9 @@ class SqliteLog:
             with _synchronous(conn, durable):
                 return self._transaction(partial(self._append_tx, session_id, expected_seq, items, types), conn)
         except sqlite3.IntegrityError as exc:
-            # The PRIMARY KEY backs up the conditional check: a duplicate (session, seq) means
-            # another writer got there first, whatever the max(seq) read said.
-            actual = self._last_seq(conn, session_id)
-            if expected_seq is not None and actual != expected_seq:
-                raise AppendConflict(session_id, expected_seq, actual) from exc
-            raise
+            # BEGIN IMMEDIATE holds the only write lock: a duplicate (session, seq) cannot be a
+            # race, so the PRIMARY KEY refusing one means another writer broke the rules
+            raise sqlite3.DatabaseError("event seq already taken") from exc
 
     def _append_tx(
         self,
@@ -316,7 +324,8 @@ class SqliteLog:
         conn: sqlite3.Connection,
     ) -> list[Event]:
         actual = self._last_seq(conn, session_id)
-        if expected_seq is not None and actual != expected_seq:
+        if expected_seq is not None and (expected_seq > actual or actual != expected_seq and
+                                         conn.execute(_STATE_AFTER, (session_id, expected_seq)).fetchone()):
             raise AppendConflict(session_id, expected_seq, actual)
         now = self._clock()
         events: list[Event] = [envelope(actual + i, now, item) for i, item in enumerate(items, 1)]

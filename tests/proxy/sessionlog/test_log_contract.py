@@ -29,8 +29,9 @@ import asyncpg
 import msgspec
 import pytest
 
-from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from projectionist.policy.errors import LogCorrupt, AppendConflict, Conflict, InvalidRequest, Unavailable
 from projectionist.policy.events import (
+    ResponseRecorded,
     FORKED,
     QUARANTINE,
     Forked,
@@ -58,6 +59,11 @@ Row = tuple[int, str, str, bytes]  # seq, type, time, body bytes, as stored
 
 def q(attachment_id: str = ID_A, name: str | None = None) -> Quarantine:
     return Quarantine(attachment_id=attachment_id, failure="not_found", retryable=False, name=name)
+
+
+def record() -> ResponseRecorded:
+    """A response record: evidence, not state."""
+    return ResponseRecorded(request_id="r1", request_seq=1, status=200, latency_ms=1.0)
 
 
 def rec(attachment_id: str = ID_A) -> Recovered:
@@ -305,6 +311,19 @@ async def test_conditional_append_conflict_writes_nothing(log: SessionLog, log_b
     assert await log_backend.raw_rows("new") == []
 
 
+async def test_records_never_make_a_conditional_append_conflict(log: SessionLog) -> None:
+    """Evidence decides nothing: a decision made at seq 1 still holds after records came in; a
+    state event after it (a quarantine, a recovery, a fork marker) is a conflict."""
+    await log.append("s", 0, [q()])
+    await log.append("s", None, [record(), record()])  # records appended by other requests
+    landed = await log.append("s", 1, [q(ID_B)])
+    assert [e.seq for e in landed] == [4]  # after the records, never over them
+    with pytest.raises(AppendConflict) as info:
+        await log.append("s", 1, [q("sha256:" + "c" * 64)])  # seq 4 is a state event after 1
+    assert info.value.actual == 4
+    assert [e.seq for e in await log.read("s")] == [1, 2, 3, 4]
+
+
 async def test_multi_event_append_is_atomic(log: SessionLog, log_backend: LogBackend) -> None:
     await log.append("s", 0, [q()])
     # Make the third row of the next batch fail inside the transaction, after two rows went in.
@@ -540,6 +559,18 @@ async def test_unknown_event_type_reads_back_and_forks_verbatim(log: SessionLog,
 async def test_known_type_with_bad_body_is_not_masked(log: SessionLog, log_backend: LogBackend) -> None:
     await log.read("s")  # create the schema
     await log_backend.insert_raw("s", 1, QUARANTINE, "t", b'{"type":"attachment/quarantine","seq":1,"time":"t","data":{}}')
-    with pytest.raises(msgspec.ValidationError) as info:
+    with pytest.raises(LogCorrupt) as info:
         await log.read("s")  # a known type with a bad body is corruption, never an UnknownEvent
-    assert "attachment_id" in str(info.value)
+    assert (info.value.code, info.value.status, info.value.session_id, info.value.seq) == ("LOG_CORRUPT", 503, "s", 1)
+    assert isinstance(info.value.__context__, msgspec.ValidationError) and "attachment_id" in str(info.value.__context__)
+
+
+async def test_a_gap_in_the_seqs_is_corruption_named_by_session_and_seq(log: SessionLog, log_backend: LogBackend) -> None:
+    await log.append("s", 0, [q(), q(ID_B)])
+    await log_backend.insert_raw("s", 4, QUARANTINE, "t", b'{"type":"attachment/quarantine","seq":4,"time":"t",'
+                                 b'"data":{"attachment_id":"' + ID_A.encode() + b'","failure":"corrupt","retryable":false}}')
+    with pytest.raises(LogCorrupt) as info:
+        await log.read("s")
+    assert (info.value.session_id, info.value.seq) == ("s", 3) and "missing" in info.value.message
+    await log.append("t", 0, [q()])
+    assert [e.seq for e in await log.read("t")] == [1]  # other sessions are untouched

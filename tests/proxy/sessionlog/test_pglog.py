@@ -303,7 +303,7 @@ async def test_schema_created_idempotently_with_version(make_log: Callable[..., 
     assert [e.seq for e in await second.read("s")] == [1]
     await second.append("s", 1, [rec()])
     meta = await sql_fetch(f'SELECT key, value FROM "{schema}".projectionist_meta')
-    assert [tuple(row) for row in meta] == [("schema_version", "1")]
+    assert [tuple(row) for row in meta] == [("schema_version", "2")]
     tables = await sql_fetch(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY table_name", schema
     )
@@ -327,11 +327,28 @@ async def test_concurrent_migration_of_fresh_schema(make_log: Callable[..., Post
     results = await asyncio.gather(*(lg.read("s") for lg in logs), return_exceptions=True)
     assert results == [[], [], [], []]
     meta = await sql_fetch(f'SELECT key, value FROM "{schema}".projectionist_meta')
-    assert [tuple(row) for row in meta] == [("schema_version", "1")]
+    assert [tuple(row) for row in meta] == [("schema_version", "2")]
     # Every instance can write afterwards, and they see one log.
     await logs[0].append("s", 0, [q()])
     await logs[3].append("s", 1, [rec()])
     assert [e.seq for e in await logs[1].read("s")] == [1, 2]
+
+
+async def test_a_version_1_log_is_migrated_in_place_and_its_rows_read_back(
+        make_log: Callable[..., PostgresLog], schema: str) -> None:
+    """Version 1 had the same tables and rows; version 2 adds the server-side append. A log
+    written by version 1 reads back unchanged and takes appends after its last seq."""
+    first = make_log()
+    written = await first.append("s", 0, [q(), rec()])
+    await first.close()
+    await sql_execute(f'DROP FUNCTION "{schema}".projectionist_append')
+    await sql_execute(f"UPDATE \"{schema}\".projectionist_meta SET value = '1'")
+    second = make_log()
+    assert await second.read("s") == written
+    assert [e.seq for e in await second.append("s", 2, [q(ID_B)])] == [3]
+    meta = await sql_fetch(f'SELECT key, value FROM "{schema}".projectionist_meta')
+    assert [tuple(row) for row in meta] == [("schema_version", "2")]
+    await second.close()
 
 
 async def test_unsupported_schema_version_is_refused(make_log: Callable[..., PostgresLog], schema: str) -> None:

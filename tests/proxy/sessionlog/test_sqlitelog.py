@@ -194,6 +194,27 @@ async def test_busy_timeout_surfaces_as_unavailable(db: Path) -> None:
     await sl.close()
 
 
+async def test_calls_waiting_for_a_held_lock_share_one_bound_not_one_each(db: Path) -> None:
+    """Another process holds the write lock: eight queued appends all give up within about one
+    busy_timeout, not one after another (the last one would have waited eight times as long)."""
+    sl = SqliteLog(db, busy_timeout=0.3)
+    await sl.read("s")
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        results = await asyncio.gather(*(sl.append(f"s{i}", 0, [q()]) for i in range(8)), return_exceptions=True)
+        waited = loop.time() - started
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    assert all(isinstance(r, Unavailable) and r.code == "LOG_UNAVAILABLE" and r.retryable for r in results)
+    assert waited < 4 * 0.3, f"waited {waited:.2f} s: the calls queued up one busy_timeout each"
+    assert [e.seq for e in await sl.append("s", 0, [q()])] == [1]
+    await sl.close()
+
+
 async def test_cancelled_append_leaves_no_open_transaction(db: Path) -> None:
     sl = SqliteLog(db)
     await sl.read("s")
