@@ -28,12 +28,16 @@ class Quarantine(msgspec.Struct, frozen=True, omit_defaults=True):
     name: str | None = None
 
 
-class Recovered(msgspec.Struct, frozen=True):
+class Recovered(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A lifted quarantine, with what the verified read found; ``automatic`` when a retryable
+    quarantine was lifted by a probe rather than by an operator."""
+
     attachment_id: str
     bytes: int
     media_type: str
     width: int
     height: int
+    automatic: bool = False
 
 
 class Forked(msgspec.Struct, frozen=True):

@@ -18,10 +18,12 @@ from projectionist.policy.model import ImageRef
 
 
 class SessionState(msgspec.Struct, frozen=True):
-    """Folded view of one session's log up to ``last_seq``."""
+    """Folded view of one session's log up to ``last_seq``; ``since`` holds the time of the event
+    behind each quarantine (what a retryable quarantine's probe waits on)."""
 
     last_seq: int = 0
     quarantined: Mapping[str, Quarantine] = MappingProxyType({})
+    since: Mapping[str, str] = MappingProxyType({})
 
 
 EMPTY = SessionState()
@@ -34,6 +36,7 @@ def fold(events: Iterable[Event], state: SessionState = EMPTY) -> SessionState:
     event types the fold does not know only advance ``last_seq``.
     """
     quarantined = dict(state.quarantined)
+    since = dict(state.since)
     last = state.last_seq
     for event in events:
         if event.seq != last + 1:
@@ -41,9 +44,11 @@ def fold(events: Iterable[Event], state: SessionState = EMPTY) -> SessionState:
         last = event.seq
         if isinstance(event, QuarantineEvent):
             quarantined[event.data.attachment_id] = event.data
+            since[event.data.attachment_id] = event.time
         elif isinstance(event, RecoveredEvent):
             quarantined.pop(event.data.attachment_id, None)
-    return SessionState(last, MappingProxyType(quarantined))
+            since.pop(event.data.attachment_id, None)
+    return SessionState(last, MappingProxyType(quarantined), MappingProxyType(since))
 
 
 def placeholder(ref: ImageRef, quarantine: Quarantine) -> str:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 import msgspec
@@ -49,6 +52,7 @@ class Projection(msgspec.Struct, frozen=True):
     reads: int = 0
     recorded: tuple[Quarantine, ...] = ()
     retries: int = 0
+    lifted: tuple[str, ...] = ()
 
 
 class Recovery(msgspec.Struct, frozen=True):
@@ -150,6 +154,13 @@ class Record(msgspec.Struct, frozen=True):
     quarantines: tuple[Quarantine, ...]
 
 
+class Lift(msgspec.Struct, frozen=True):
+    """Next: lift these retryable quarantines, whose probe read verified (``attachment/recovered``,
+    ``automatic``)."""
+
+    images: tuple[StoredImage, ...]
+
+
 class Fail(msgspec.Struct, frozen=True):
     """Next: fail the request with this error (a bad reference, or a sessionless failure)."""
 
@@ -162,7 +173,7 @@ class Done(msgspec.Struct, frozen=True):
     outcomes: tuple[Outcome, ...]
 
 
-Step = Read | Record | Fail | Done
+Step = Read | Record | Lift | Fail | Done
 
 
 def decide(
@@ -172,15 +183,22 @@ def decide(
     *,
     recording: bool,
     sessionless: Sessionless = "fail",
+    due: frozenset[str] = frozenset(),
 ) -> Step:
     """The next step of a projection, from what is known so far (pure; see ``project``).
 
     ``results`` holds the verified read (or its failure) of each id read so far; ``recording``
-    says whether there is a session log to record quarantines in."""
+    says whether there is a session log to record quarantines in; ``due`` names the retryable
+    quarantines whose probe is due (``Prober``): they are read, and lifted if the read verifies."""
     names = _names(refs)
-    pending = tuple(aid for aid in names if aid not in state.quarantined and aid not in results)
+    pending = tuple(aid for aid in names
+                    if (aid not in state.quarantined or aid in due) and aid not in results)
     if pending:
         return Read(pending)
+    lifts = tuple(image for aid in names if aid in due and aid in state.quarantined
+                  and isinstance(image := results[aid], StoredImage))
+    if lifts and recording:
+        return Lift(lifts)
     failures = {aid: result for aid in names
                 if aid not in state.quarantined and isinstance(result := results[aid], AttachmentError)}
     for error in failures.values():
@@ -223,6 +241,7 @@ async def project(
     sessionless: Sessionless = "fail",
     state: SessionState | None = None,
     parallel: int = 8,
+    prober: Prober | None = None,
 ) -> Projection:
     """Resolve every reference of one request to a verified image or a placeholder.
 
@@ -237,7 +256,9 @@ async def project(
     - every occurrence of one id gets the same treatment; outcomes are a pure function of the
       final folded state, the references and the verified bytes (``decide``).
     ``state`` is an optional cached fold for the session; it is refreshed from the log first;
-    ``parallel`` bounds this request's reads in flight at once.
+    ``parallel`` bounds this request's reads in flight at once; with a ``prober``, a retryable
+    quarantine whose probe is due is read once more and, if the read verifies, lifted
+    (``attachment/recovered``, ``automatic``) before the projection, in the same request.
     """
     if not refs:
         return Projection((), state or EMPTY)
@@ -245,13 +266,15 @@ async def project(
         raise ValueError("a session needs a log")
     recording = log is not None and session_id is not None
     state = await refresh(log, session_id, state or EMPTY) if log and session_id else (state or EMPTY)
+    due = prober.due(state, _names(refs)) if prober is not None and recording else frozenset()
     results: dict[str, StoredImage | AttachmentError] = {}
     recorded: tuple[Quarantine, ...] = ()
+    lifted: tuple[str, ...] = ()
     reads = retries = rounds = 0
     while True:
-        step = decide(refs, state, results, recording=recording, sessionless=sessionless)
+        step = decide(refs, state, results, recording=recording, sessionless=sessionless, due=due)
         if isinstance(step, Done):
-            return Projection(step.outcomes, state, reads, recorded, retries)
+            return Projection(step.outcomes, state, reads, recorded, retries, lifted)
         if isinstance(step, Fail):
             raise step.error
         if isinstance(step, Read):
@@ -259,15 +282,91 @@ async def project(
                 results[aid] = result
                 reads += count
                 retries += count - 1
+                if aid in due and isinstance(result, AttachmentError):
+                    assert prober is not None
+                    prober.failed(aid)  # still unreadable: the next probe waits another period
+                    due -= {aid}
             continue
         rounds += 1
         if rounds > MAX_ROUNDS:
             raise Unavailable("session log kept changing while projecting", code="SESSION_CONTENDED")
         assert log is not None and session_id is not None
+        if isinstance(step, Lift):
+            state, done = await _lift(log, session_id, state, step.images, lock or contextlib.nullcontext())
+            lifted += done
+            due -= {image.id for image in step.images}
+            continue
         state, new = await _record(log, session_id, state, step.quarantines, lock or contextlib.nullcontext())
         recorded += new
         for quarantine in step.quarantines:  # one someone recovered meanwhile is read afresh
             del results[quarantine.attachment_id]
+
+
+async def _lift(
+    log: SessionLog, session_id: str, state: SessionState, images: Sequence[StoredImage], lock: Lock
+) -> tuple[SessionState, tuple[str, ...]]:
+    """Append ``attachment/recovered`` (``automatic``) for the images whose retryable quarantine
+    still stands; the loser of a race re-folds and finds it lifted already (one transition)."""
+    async with lock:
+        for _ in range(MAX_ROUNDS):
+            state = await refresh(log, session_id, state)
+            todo = [image for image in images
+                    if (quarantine := state.quarantined.get(image.id)) is not None and quarantine.retryable]
+            if not todo:
+                return state, ()
+            data = [Recovered(i.id, i.bytes, i.media_type, i.width, i.height, automatic=True) for i in todo]
+            try:
+                events = await log.append(session_id, state.last_seq, data)
+            except AppendConflict:
+                continue
+            return await _settle(log, session_id, state, events), tuple(i.id for i in todo)
+    raise Unavailable("session log kept changing while lifting quarantines", code="SESSION_CONTENDED")
+
+
+class Prober:
+    """When a retryable quarantine gets its probe: ``after`` seconds after the quarantine's event,
+    and after a failed probe, another full ``after`` later (this process remembers, for up to
+    ``capacity`` objects). ``after`` of 0 turns probing off. ``not_found`` and ``corrupt``
+    quarantines are never probed: only an operator's verified recovery lifts those."""
+
+    def __init__(self, after: float, *, now: Callable[[], datetime] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic, capacity: int = 10_000) -> None:
+        self.after = after
+        self._now = now or (lambda: datetime.now(UTC))
+        self._monotonic = monotonic
+        self._capacity = capacity
+        self._failed: OrderedDict[str, float] = OrderedDict()
+
+    def due(self, state: SessionState, ids: Iterable[str]) -> frozenset[str]:
+        if self.after <= 0:
+            return frozenset()
+        now, clock = self._now(), self._monotonic()
+        found = set()
+        for aid in ids:
+            quarantine = state.quarantined.get(aid)
+            if quarantine is None or not quarantine.retryable:
+                continue
+            failed = self._failed.get(aid)
+            if failed is not None and clock - failed < self.after:
+                continue
+            since = _parse_time(state.since.get(aid, ""))
+            if since is not None and (now - since).total_seconds() >= self.after:
+                found.add(aid)
+        return frozenset(found)
+
+    def failed(self, attachment_id: str) -> None:
+        self._failed[attachment_id] = self._monotonic()
+        self._failed.move_to_end(attachment_id)
+        while len(self._failed) > self._capacity:
+            self._failed.popitem(last=False)
+
+
+def _parse_time(value: str) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 async def recover(

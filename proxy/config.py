@@ -142,6 +142,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     max_references: Size = 1000
     parallel_reads: Size = 8
+    retryable_probe_after: Annotated[float, msgspec.Meta(ge=0)] = 300.0
 
 
 class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

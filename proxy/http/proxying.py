@@ -52,6 +52,7 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
             sessionless=services.config.server.sessionless,
             state=services.log.state(session_id) if session_id else None,
             parallel=services.config.policy.parallel_reads,
+            prober=services.prober,
         )
 
     recording = bool(session_id) and services.recording.on
@@ -120,10 +121,12 @@ def _account(request: web.Request, services: Services, projection: Projection, s
         refs=len(projection.outcomes),
         reads=projection.reads,
         quarantined=[q.failure for q in projection.recorded],
+        lifted=len(projection.lifted),
         placeholders=sum(isinstance(o, Placeholder) for o in projection.outcomes),
     )
     metrics = services.metrics
     metrics.projection.observe(seconds)
     for quarantine in projection.recorded:
         metrics.quarantines[quarantine.failure] += 1
+    metrics.automatic_recoveries += len(projection.lifted)
     metrics.store_retries += projection.retries

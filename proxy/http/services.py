@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from projectionist.policy.projection import Prober
 from projectionist.proxy.config import Config
 from projectionist.proxy.http.auth import Guard
 from projectionist.proxy.observe.metrics import Metrics
@@ -40,6 +41,7 @@ class Services:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        self.prober = Prober(self.config.policy.retryable_probe_after)
         server = self.config.server
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
         record = self.config.record

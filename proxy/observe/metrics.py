@@ -51,6 +51,7 @@ class Metrics:
         self.cache_hits = 0
         self.cache_misses = 0
         self.shared_reads = 0
+        self.automatic_recoveries = 0
         self.records_dropped: Counter[str] = Counter()
         self.errors_after_start = 0
         self.projection = Histogram()
@@ -79,6 +80,9 @@ class Metrics:
         yield CounterMetricFamily("projectionist_cache_misses",
                                   "Images not in the verified-object cache, or whose stamp changed",
                                   value=self.cache_misses)
+        yield CounterMetricFamily("projectionist_automatic_recoveries",
+                                  "Retryable quarantines lifted by a probe read that verified",
+                                  value=self.automatic_recoveries)
         yield CounterMetricFamily("projectionist_store_shared_reads",
                                   "Reads that joined a read of the same object already in flight",
                                   value=self.shared_reads)

@@ -10,7 +10,7 @@ from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FA
 from projectionist.policy.events import Quarantine
 from projectionist.policy.fold import EMPTY, SessionState
 from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder
-from projectionist.policy.projection import Done, Fail, Read, Record, decide
+from projectionist.policy.projection import Done, Fail, Lift, Read, Record, decide
 
 A, B, C = ("sha256:" + c * 64 for c in "abc")
 
@@ -73,3 +73,36 @@ def test_a_failure_someone_else_already_recorded_is_not_recorded_again() -> None
     # the log now holds A's quarantine: the stale read result no longer matters
     step = decide([ImageRef(A)], quarantined(GONE_A), {A: AttachmentError(NOT_FOUND)}, recording=True)
     assert isinstance(step, Done) and isinstance(step.outcomes[0], Placeholder)
+
+
+def test_a_due_probe_of_a_retryable_quarantine_is_read_then_lifted_if_it_verifies() -> None:
+    flaky = Quarantine(A, "read_failed", retryable=True)
+    state = quarantined(flaky)
+    assert decide([ImageRef(A)], state, {}, recording=True, due=frozenset({A})) == Read((A,))
+    assert decide([ImageRef(A)], state, {A: image(A)}, recording=True, due=frozenset({A})) == Lift((image(A),))
+    failed = decide([ImageRef(A)], state, {A: AttachmentError(READ_FAILED)}, recording=True, due=frozenset({A}))
+    assert isinstance(failed, Done) and isinstance(failed.outcomes[0], Placeholder)  # nothing new recorded
+    # not due: never read
+    assert isinstance(decide([ImageRef(A)], state, {}, recording=True), Done)
+
+
+def test_the_prober_waits_its_period_and_never_probes_what_cannot_come_back() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from projectionist.policy.projection import Prober
+
+    clock = [datetime(2026, 1, 1, tzinfo=UTC)]
+    ticks = [0.0]
+    prober = Prober(300, now=lambda: clock[0], monotonic=lambda: ticks[0])
+    flaky, gone = Quarantine(A, "read_failed", retryable=True), Quarantine(B, "not_found", retryable=False)
+    state = SessionState(2, MappingProxyType({A: flaky, B: gone}),
+                         MappingProxyType({A: "2026-01-01T00:00:00.000Z", B: "2026-01-01T00:00:00.000Z"}))
+    assert prober.due(state, [A, B]) == frozenset()
+    clock[0] += timedelta(seconds=300)
+    assert prober.due(state, [A, B]) == {A}  # not_found is never probed
+    prober.failed(A)
+    ticks[0] += 299
+    assert prober.due(state, [A]) == frozenset()  # another full period after a failed probe
+    ticks[0] += 1
+    assert prober.due(state, [A]) == {A}
+    assert Prober(0).due(state, [A]) == frozenset()  # 0 turns probing off
