@@ -59,7 +59,8 @@ class FakeUpstream:
         from tests.fake_gemini import install_gemini
         from tests.fake_responses import install_responses
 
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        # it keeps what it received as it came (a compressed body stays compressed)
+        app = web.Application(client_max_size=256 * 1024 * 1024, handler_args={"auto_decompress": False})
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/messages", self.messages)
         install_responses(app, self)

@@ -16,6 +16,7 @@ from projectionist.policy.events import Event
 from projectionist.policy.fold import SessionState
 from projectionist.policy.model import check_id, check_session_id
 from projectionist.policy.projection import recover, refresh
+from projectionist.proxy.http.bodies import read_body
 from projectionist.proxy.http.middleware import Handler, context
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.upstream.replay import rebuild, send_and_compare
@@ -88,7 +89,7 @@ async def post_fork(request: web.Request) -> web.StreamResponse:
     app = request.app[SERVICES]
     sid = request.match_info["sid"]
     try:
-        spec = msgspec.json.decode(await request.read(), type=ForkRequest)
+        spec = msgspec.json.decode(await read_body(request), type=ForkRequest)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"fork body: {exc}", code="INVALID_REQUEST") from None
     child = check_session_id(spec.new_session_id)
@@ -121,7 +122,7 @@ async def post_replay(request: web.Request) -> web.StreamResponse:
     """Rebuild, and optionally send and diff, a recorded call (body: ``ReplayRequest``)."""
     app = request.app[SERVICES]
     try:
-        spec = msgspec.json.decode(await request.read() or b"{}", type=ReplayRequest)
+        spec = msgspec.json.decode(await read_body(request) or b"{}", type=ReplayRequest)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"replay body: {exc}", code="INVALID_REQUEST") from None
     inbound = spec.inbound.encode() if spec.inbound is not None else None

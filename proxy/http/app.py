@@ -128,7 +128,8 @@ def create_app(
         metrics=counters,
     )
     app = web.Application(client_max_size=server.client_max_size,
-                          middlewares=[context_middleware(counters, QUIET)])
+                          middlewares=[context_middleware(counters, QUIET)],
+                          handler_args={"auto_decompress": False})  # pass-through keeps the client's bytes
     app[SERVICES] = services
     app.on_response_prepare.append(note_started)
     app.cleanup_ctx.append(_lifecycle)

@@ -17,8 +17,6 @@ and ``GET .../content`` on a ``sha256:`` id are answered from the store; other i
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
 import mimetypes
 import re
 from typing import Any, Final
@@ -28,9 +26,10 @@ from aiohttp import web
 
 from projectionist.adapters import anthropic_messages, openai_chat
 from projectionist.adapters.base import FilesFormat, WireFormat
-from projectionist.policy.errors import NOT_FOUND, AttachmentError, ImageRejected, InvalidRequest, NotFound
+from projectionist.policy.errors import NOT_FOUND, AttachmentError, ImageRejected, NotFound
 from projectionist.policy.model import ID_PREFIX, check_id
 from projectionist.proxy.stores.admission import IMAGE_TOO_LARGE, header_info
+from projectionist.proxy.http.bodies import encoding_of, inflate, parse_form
 from projectionist.proxy.http.middleware import context
 from projectionist.proxy.http.proxying import relay_body, relay_unchanged
 from projectionist.proxy.http.services import SERVICES
@@ -57,29 +56,6 @@ def _is_image(data: bytes) -> bool:
     except ImageRejected as rejected:
         return rejected.code == IMAGE_TOO_LARGE  # an image, refused by admission with a clear 413
     return True
-
-
-def _parse_form(content_type: str, raw: bytes) -> tuple[dict[str, str], tuple[bytes, str | None, str | None] | None]:
-    """Form fields and the first file part (bytes, declared type, file name) of a multipart body."""
-    try:
-        header = content_type.encode("ascii")
-    except UnicodeEncodeError:
-        raise InvalidRequest("Content-Type must be ASCII", code="INVALID_CONTENT_TYPE") from None
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + header + b"\r\n\r\n" + raw)
-    fields: dict[str, str] = {}
-    upload: tuple[bytes, str | None, str | None] | None = None
-    for part in message.iter_parts() if message.is_multipart() else ():
-        payload = part.get_payload(decode=True)
-        data = payload if isinstance(payload, bytes) else b""
-        name = part.get_param("name", header="content-disposition")
-        filename = part.get_filename()
-        if filename is not None or name == "file":
-            if upload is None:
-                upload = (data, part.get("Content-Type"), filename)
-        elif isinstance(name, str):
-            fields[name] = data.decode("utf-8", "replace")
-    return fields, upload
 
 
 def _filename(meta: AttachmentMeta) -> str:
@@ -138,8 +114,10 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
     length = request.content_length
     if not request.content_type.startswith("multipart/") or length is None or length > limit:
         return await relay_unchanged(request, fmt, upstream, raw_path)
-    raw = await request.read()
-    fields, upload = _parse_form(request.headers["Content-Type"], raw)
+    raw = await request.read()  # forwarded as it came, if it is not an image to admit
+    encoding = encoding_of(request)
+    form = inflate(raw, encoding, app.config.server.client_max_size) if encoding else raw
+    fields, upload = await parse_form(request.headers["Content-Type"], form, limit)
     wanted = upstream.format == "anthropic" or fields.get("purpose") == "vision"
     if not wanted or upload is None or not _is_image(upload[0]):
         context(request).fields.update(files="forwarded")

@@ -18,6 +18,7 @@ from projectionist.adapters.base import WireFormat
 from projectionist.policy.errors import ProjectionistError
 from projectionist.policy.model import ImageRef, Placeholder, check_session_id
 from projectionist.policy.projection import Projection, project
+from projectionist.proxy.http.bodies import read_body
 from projectionist.proxy.http.middleware import context
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.upstream.outgoing import outgoing_headers, recorded_path, target_url
@@ -40,7 +41,7 @@ def session_of(headers: MultiMapping[str], names: tuple[str, ...]) -> str | None
 async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
     services = request.app[SERVICES]
     ctx = context(request)
-    raw = await request.read()
+    raw = await read_body(request)
     session_id = session_of(request.headers, services.session_headers)
     ctx.fields.update(adapter=fmt.NAME, session=session_id)
     started = time.perf_counter()
@@ -66,7 +67,9 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
         recorder = await services.recording.start(call, raw, built.described, built.projection)
         if recorder is not None:
             ctx.fields["recorded_seq"] = recorder.request_seq
-    return await relay_body(request, fmt, upstream, raw_path, built.body, recorder=recorder)
+    headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
+    headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
+    return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder)
 
 
 async def relay_unchanged(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:

@@ -11,11 +11,12 @@ from typing import Any
 from urllib.parse import quote
 
 import msgspec
-from aiohttp import BodyPartReader, web
+from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from projectionist.policy.errors import ImageRejected, InvalidRequest
+from projectionist.policy.errors import InvalidRequest
 from projectionist.policy.model import StoredImage
+from projectionist.proxy.http.bodies import encoding_of, form_parts, parse_form, read_body
 from projectionist.proxy.http.middleware import context
 from projectionist.proxy.http.services import SERVICES
 
@@ -48,31 +49,21 @@ def describe(image: StoredImage, name: str | None) -> dict[str, Any]:
     return out
 
 
-async def read_part(part: BodyPartReader, limit: int) -> bytes:
-    """Read one multipart part, refusing more than ``limit`` bytes without buffering them all."""
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await part.read_chunk():
-        size += len(chunk)
-        if size > limit:
-            raise ImageRejected(f"image exceeds max_bytes={limit}", code="IMAGE_TOO_LARGE", status=413)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def read_upload(request: web.Request, limit: int, field: str = "file") -> tuple[bytes, str | None, str | None]:
     """(bytes, declared media type, file name) from a raw or multipart upload."""
     if request.content_type.startswith("multipart/"):
-        try:
-            reader = await request.multipart()
-            async for part in reader:
-                if isinstance(part, BodyPartReader) and (part.name == field or part.filename):
-                    data = await read_part(part, limit)
-                    return data, part.headers.get("Content-Type"), part.filename
-        except (BadHttpMessage, ValueError):  # aiohttp's word for a malformed part or boundary
-            raise InvalidRequest("malformed multipart body", code="INVALID_MULTIPART") from None
-        raise InvalidRequest(f"multipart upload needs a {field!r} file part", code="MISSING_FILE")
-    return await request.read(), request.headers.get("Content-Type"), None
+        if encoding_of(request):  # a compressed form: decode it whole, then parse it
+            _, upload = await parse_form(request.headers["Content-Type"], await read_body(request), limit, field)
+        else:
+            try:
+                reader = await request.multipart()
+            except (BadHttpMessage, ValueError, AssertionError):
+                raise InvalidRequest("malformed multipart body", code="INVALID_MULTIPART") from None
+            _, upload = await form_parts(reader, limit, field)
+        if upload is None:
+            raise InvalidRequest(f"multipart upload needs a {field!r} file part", code="MISSING_FILE")
+        return upload
+    return await read_body(request), request.headers.get("Content-Type"), None
 
 
 async def upload(request: web.Request) -> web.StreamResponse:
