@@ -99,6 +99,7 @@ async def post_fork(request: web.Request) -> web.StreamResponse:
 
 class ReplayRequest(msgspec.Struct, forbid_unknown_fields=True):
     seq: int | None = None
+    request_id: str | None = None
     inbound: str | None = None
     show: bool = False
     send: bool = False
@@ -114,7 +115,8 @@ async def get_replay(request: web.Request) -> web.StreamResponse:
         seq = int(request.query["seq"]) if "seq" in request.query else None
     except ValueError:
         raise InvalidRequest("'seq' must be an integer", code="INVALID_QUERY") from None
-    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], seq)
+    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], seq,
+                            request_id=request.query.get("request_id"))
     return _json(rebuilt.summary(show=request.query.get("show") in ("1", "true")))
 
 
@@ -126,7 +128,7 @@ async def post_replay(request: web.Request) -> web.StreamResponse:
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"replay body: {exc}", code="INVALID_REQUEST") from None
     inbound = spec.inbound.encode() if spec.inbound is not None else None
-    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], spec.seq, inbound)
+    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], spec.seq, inbound, request_id=spec.request_id)
     report = rebuilt.summary(show=spec.show)
     if spec.send or spec.diff:
         report.update(await send_and_compare(rebuilt, app.config, app.store, upstream_url=spec.upstream,

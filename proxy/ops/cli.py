@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(replay)
     replay.add_argument("--session", required=True)
     replay.add_argument("--seq", type=int, help="seq of the request/recorded event (default: the last call)")
+    replay.add_argument("--request-id", help="the call whose x-projectionist-request-id this was")
     action = replay.add_mutually_exclusive_group()
     action.add_argument("--show", action="store_true", help="print the rebuilt upstream body (base64 shortened)")
     action.add_argument("--send", action="store_true", help="send it to its upstream and print the answer")
@@ -161,7 +162,7 @@ async def replay_verb(args: argparse.Namespace, config: Config, store: Store, lo
     """``projectionist replay``: exit 0 when the rebuilt body matches its record (and, with
     --diff, the new answer matches the recorded one), 3 when it does not."""
     inbound = Path(args.body).read_bytes() if args.body else None
-    rebuilt = await rebuild(log, store, args.session, args.seq, inbound)
+    rebuilt = await rebuild(log, store, args.session, args.seq, inbound, request_id=args.request_id)
     report: dict[str, Any] = rebuilt.summary(show=args.show)
     headers = {name.strip(): value.strip() for name, _, value in (h.partition(":") for h in args.header)}
     if args.send or args.diff:

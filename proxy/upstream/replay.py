@@ -66,10 +66,17 @@ class Rebuilt(msgspec.Struct, omit_defaults=True):
         return out
 
 
-def _pick(events: list[Event], seq: int | None) -> tuple[RequestEvent, ResponseRecorded | None]:
+def _pick(events: list[Event], seq: int | None, request_id: str | None = None
+          ) -> tuple[RequestEvent, ResponseRecorded | None]:
     requests = [e for e in events if isinstance(e, RequestEvent)]
     if seq is not None:
         requests = [e for e in requests if e.seq == seq]
+    if request_id is not None:
+        requests = [e for e in requests if e.data.request_id == request_id]
+        if not requests:  # records are evidence: one the log could not take is dropped, and said so
+            raise NotFound(f"request {request_id[:40]!r} was not recorded in this session (recording off, or "
+                           "the log could not take its record: see projectionist_records_dropped_total)",
+                           code="NOT_RECORDED")
     if not requests:
         where = f"at seq {seq}" if seq is not None else "in this session"
         raise NotFound(f"no recorded request {where}", code="NOT_RECORDED")
@@ -98,10 +105,11 @@ def locate(recorded: RequestRecorded, rebuilt: Described) -> str:
 
 
 async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None = None,
-                  inbound: bytes | None = None) -> Rebuilt:
-    """Rebuild the upstream body of the recorded call at ``seq`` (default: the last one)."""
+                  inbound: bytes | None = None, *, request_id: str | None = None) -> Rebuilt:
+    """Rebuild the upstream body of the recorded call at ``seq``, or of the call with
+    ``request_id`` (the ``x-projectionist-request-id`` its client saw); default: the last one."""
     events = await log.read(session)
-    event, response = _pick(events, seq)
+    event, response = _pick(events, seq, request_id)
     record = event.data
     source = "given"
     if inbound is None:

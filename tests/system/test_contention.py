@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from projectionist.proxy.http.services import SERVICES
 from tests.backends import backend_on_both  # noqa: F401  (every test here on both backends)
@@ -70,3 +71,30 @@ async def test_a_damaged_log_row_is_503_log_corrupt_for_its_session_only(harness
     body = await resp.json()
     assert resp.status == 503 and body["error"]["code"] == "LOG_CORRUPT" and "garbled" not in str(body)
     assert (await harness.chat("healthy", other)).status == 200  # other sessions go on
+
+
+async def test_a_call_whose_record_was_dropped_is_named_as_not_recorded_by_replay(
+        make_harness: MakeHarness, monkeypatch: Any) -> None:
+    from projectionist.policy.errors import Unavailable
+    from tests.conftest import ADMIN
+
+    harness = await make_harness(**{"record.mode": "full"})
+    services = harness.app[SERVICES]
+    kept = await harness.chat("rec", ref_id(make_image(color=253)))
+    real = services.log.append
+
+    async def down(session_id: str, expected: Any, data: Any, *, durable: bool = True) -> Any:
+        if expected is None:
+            raise Unavailable("session log unavailable", code="LOG_UNAVAILABLE")
+        return await real(session_id, expected, data, durable=durable)
+
+    monkeypatch.setattr(services.log, "append", down)
+    dropped = await harness.chat("rec", ref_id(make_image(color=253)))
+    assert dropped.status == 200 and services.metrics.records_dropped["request"] == 1
+    for resp, found in ((kept, 200), (dropped, 404)):
+        answer = await harness.client.get("/admin/sessions/rec/replay", headers=ADMIN,
+                                          params={"request_id": resp.headers["x-projectionist-request-id"]})
+        assert answer.status == found
+        if found == 404:
+            body = await answer.json()
+            assert body["error"]["code"] == "NOT_RECORDED" and "was not recorded" in body["error"]["message"]
