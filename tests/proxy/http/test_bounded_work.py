@@ -46,3 +46,19 @@ async def test_a_requests_reads_in_flight_are_capped(make_harness: MakeHarness) 
     assert (await harness.chat("capped", *ids)).status == 200
     assert peak == 3 and sum(harness.store.reads[i] for i in ids) == 10
     assert ref_id(make_image(color=0)) == ids[0]
+
+
+async def test_the_reported_100000_reference_body_is_refused_at_once(harness: Harness) -> None:
+    """The 13 MB body that once took 103 s, 1.7 GB and recorded 100,000 quarantines: refused with
+    the default cap before any read or record (reports its time)."""
+    import time
+
+    parts = [{"type": "image_url", "image_url": {"url": f"attachment:sha256:{i:064x}"}} for i in range(100_000)]
+    body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": parts}]})
+    started = time.perf_counter()
+    resp = await harness.client.post("/v1/chat/completions", data=body,
+                                     headers={"X-Session-Id": "huge", "Content-Type": "application/json"})
+    took = time.perf_counter() - started
+    assert resp.status == 400 and resp.headers["x-projectionist-error-code"] == "TOO_MANY_REFERENCES"
+    assert harness.store.total == 0 and await harness.events("huge") == []
+    print(f"\n100,000-reference body ({len(body) / 1e6:.1f} MB): refused in {took * 1000:.0f} ms")
