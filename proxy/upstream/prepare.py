@@ -10,7 +10,8 @@ placeholders, errors) is made here, before the upstream call, so before the firs
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, NamedTuple
+import re
+from typing import Any, Final, NamedTuple, NoReturn
 
 import msgspec
 
@@ -30,6 +31,8 @@ from projectionist.proxy.upstream.describe import (
 )
 
 _decoder: Final = msgspec.json.Decoder()
+#: A reference's id as it appears unescaped in raw JSON (the cheap count before decoding).
+_RAW_ID: Final = re.compile(rb"sha256:[0-9a-f]{64}")
 
 Projector = Callable[[list[ImageRef]], Awaitable[Projection]]
 
@@ -47,6 +50,10 @@ def may_hold_refs(raw: bytes) -> bool:
     """Cheap pre-check on raw bytes: every reference spells ``sha256:`` unless JSON-escaped,
     and a body with any ``\\u`` escape is decoded to be sure."""
     return b"sha256:" in raw or (b"\\" in raw and b"\\u" in raw)  # memchr first: most bodies have no escape
+
+
+def _too_many(limit: int) -> NoReturn:
+    raise InvalidRequest(f"more than {limit} distinct attachment references in one request", code="TOO_MANY_REFERENCES")
 
 
 def decode_json(raw: bytes) -> Any:
@@ -67,13 +74,15 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     references is the client's error, refused before anything is read."""
     if not may_hold_refs(raw):
         return Built(raw, None, of_raw(raw) if describe else None)
+    if max_references is not None and raw.count(b"sha256:") > max_references \
+            and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
+        _too_many(max_references)
     decoded = decode_json(raw)
     sites = fmt.find_refs(decoded)
     if not sites:
         return Built(raw, None, of_decoded(raw, decoded) if describe else None)
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
-        raise InvalidRequest(f"more than {max_references} distinct attachment references in one request",
-                             code="TOO_MANY_REFERENCES")
+        _too_many(max_references)
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
     projection = await run([site.ref for site in sites])
     fmt.render(sites, projection.outcomes, inline)
