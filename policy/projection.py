@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from collections.abc import Sequence
+from typing import Any, Final
 
 import msgspec
 
 from projectionist.policy.errors import (
-    CORRUPT,
-    INVALID_REF,
-    NOT_FOUND,
     READ_FAILED,
     AppendConflict,
     AttachmentError,
@@ -31,15 +25,15 @@ from projectionist.policy.errors import (
     ProjectionistError,
     Unavailable,
 )
+from projectionist.policy.decide import Done, Fail, Lift, Read, Sessionless, decide, names_of
 from projectionist.policy.events import Event, Quarantine, Recovered, RecoveredEvent
-from projectionist.policy.fold import EMPTY, SessionState, fold, placeholder
-from projectionist.policy.model import Failure, ImageRef, Outcome, Resolved, StoredImage, Placeholder, check_id
+from projectionist.policy.probe import Prober
+from projectionist.policy.fold import EMPTY, SessionState, fold
+from projectionist.policy.model import ImageRef, Outcome, StoredImage, check_id
 from projectionist.policy.ports import AttachmentStore, SessionLog
 
-Sessionless = Literal["fail", "placeholder"]
 Lock = contextlib.AbstractAsyncContextManager[Any]
 
-FAILURE: Final[dict[str, Failure]] = {NOT_FOUND: "not_found", CORRUPT: "corrupt", READ_FAILED: "read_failed"}
 #: Bound on re-fold rounds when other writers keep changing the session under us.
 MAX_ROUNDS: Final = 8
 
@@ -108,10 +102,6 @@ async def _read_many(
     return {aid: results[aid] for aid in ids}
 
 
-def _quarantine_for(error: AttachmentError, attachment_id: str, name: str | None) -> Quarantine:
-    return Quarantine(attachment_id, FAILURE[error.code], retryable=error.code == READ_FAILED, name=name)
-
-
 async def _record(
     log: SessionLog,
     session_id: str,
@@ -140,95 +130,6 @@ async def _settle(log: SessionLog, session_id: str, state: SessionState, appende
     if appended and appended[0].seq == state.last_seq + 1:
         return fold(appended, state)
     return await refresh(log, session_id, state)
-
-
-class Read(msgspec.Struct, frozen=True):
-    """Next: read these ids (none of them quarantined, none read yet)."""
-
-    ids: tuple[str, ...]
-
-
-class Record(msgspec.Struct, frozen=True):
-    """Next: append these quarantines (the session's log decides them, once)."""
-
-    quarantines: tuple[Quarantine, ...]
-
-
-class Lift(msgspec.Struct, frozen=True):
-    """Next: lift these retryable quarantines, whose probe read verified (``attachment/recovered``,
-    ``automatic``)."""
-
-    images: tuple[StoredImage, ...]
-
-
-class Fail(msgspec.Struct, frozen=True):
-    """Next: fail the request with this error (a bad reference, or a sessionless failure)."""
-
-    error: Any
-
-
-class Done(msgspec.Struct, frozen=True):
-    """The outcome of every reference, aligned with the request's references."""
-
-    outcomes: tuple[Outcome, ...]
-
-
-Step = Read | Record | Lift | Fail | Done
-
-
-def decide(
-    refs: Sequence[ImageRef],
-    state: SessionState,
-    results: Mapping[str, StoredImage | AttachmentError],
-    *,
-    recording: bool,
-    sessionless: Sessionless = "fail",
-    due: frozenset[str] = frozenset(),
-) -> Step:
-    """The next step of a projection, from what is known so far (pure; see ``project``).
-
-    ``results`` holds the verified read (or its failure) of each id read so far; ``recording``
-    says whether there is a session log to record quarantines in; ``due`` names the retryable
-    quarantines whose probe is due (``Prober``): they are read, and lifted if the read verifies."""
-    names = _names(refs)
-    pending = tuple(aid for aid in names
-                    if (aid not in state.quarantined or aid in due) and aid not in results)
-    if pending:
-        return Read(pending)
-    lifts = tuple(image for aid in names if aid in due and aid in state.quarantined
-                  and isinstance(image := results[aid], StoredImage))
-    if lifts and recording:
-        return Lift(lifts)
-    failures = {aid: result for aid in names
-                if aid not in state.quarantined and isinstance(result := results[aid], AttachmentError)}
-    for error in failures.values():
-        if error.code == INVALID_REF:
-            return Fail(error)
-    wanted = tuple(_quarantine_for(error, aid, names[aid]) for aid, error in failures.items())
-    if wanted and recording:
-        return Record(wanted)
-    if wanted and sessionless == "fail":
-        return Fail(next(iter(failures.values())))
-    unrecorded = {q.attachment_id: q for q in wanted}
-    outcomes: list[Outcome] = []
-    for ref in refs:
-        quarantine = state.quarantined.get(ref.id) or unrecorded.get(ref.id)
-        if quarantine is not None:
-            outcomes.append(Placeholder(quarantine.failure, placeholder(ref, quarantine)))
-        else:
-            image = results[ref.id]
-            assert isinstance(image, StoredImage)
-            outcomes.append(Resolved(image))
-    return Done(tuple(outcomes))
-
-
-def _names(refs: Sequence[ImageRef]) -> dict[str, str | None]:
-    """Each referenced id once, in order, with the first display name any reference gave it."""
-    names: dict[str, str | None] = {}
-    for ref in refs:
-        if names.get(ref.id) is None:
-            names[ref.id] = ref.name
-    return names
 
 
 async def project(
@@ -266,7 +167,7 @@ async def project(
         raise ValueError("a session needs a log")
     recording = log is not None and session_id is not None
     state = await refresh(log, session_id, state or EMPTY) if log and session_id else (state or EMPTY)
-    due = prober.due(state, _names(refs)) if prober is not None and recording else frozenset()
+    due = prober.due(state, names_of(refs)) if prober is not None and recording else frozenset()
     results: dict[str, StoredImage | AttachmentError] = {}
     recorded: tuple[Quarantine, ...] = ()
     lifted: tuple[str, ...] = ()
@@ -321,52 +222,6 @@ async def _lift(
                 continue
             return await _settle(log, session_id, state, events), tuple(i.id for i in todo)
     raise Unavailable("session log kept changing while lifting quarantines", code="SESSION_CONTENDED")
-
-
-class Prober:
-    """When a retryable quarantine gets its probe: ``after`` seconds after the quarantine's event,
-    and after a failed probe, another full ``after`` later (this process remembers, for up to
-    ``capacity`` objects). ``after`` of 0 turns probing off. ``not_found`` and ``corrupt``
-    quarantines are never probed: only an operator's verified recovery lifts those."""
-
-    def __init__(self, after: float, *, now: Callable[[], datetime] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic, capacity: int = 10_000) -> None:
-        self.after = after
-        self._now = now or (lambda: datetime.now(UTC))
-        self._monotonic = monotonic
-        self._capacity = capacity
-        self._failed: OrderedDict[str, float] = OrderedDict()
-
-    def due(self, state: SessionState, ids: Iterable[str]) -> frozenset[str]:
-        if self.after <= 0:
-            return frozenset()
-        now, clock = self._now(), self._monotonic()
-        found = set()
-        for aid in ids:
-            quarantine = state.quarantined.get(aid)
-            if quarantine is None or not quarantine.retryable:
-                continue
-            failed = self._failed.get(aid)
-            if failed is not None and clock - failed < self.after:
-                continue
-            since = _parse_time(state.since.get(aid, ""))
-            if since is not None and (now - since).total_seconds() >= self.after:
-                found.add(aid)
-        return frozenset(found)
-
-    def failed(self, attachment_id: str) -> None:
-        self._failed[attachment_id] = self._monotonic()
-        self._failed.move_to_end(attachment_id)
-        while len(self._failed) > self._capacity:
-            self._failed.popitem(last=False)
-
-
-def _parse_time(value: str) -> datetime | None:
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 async def recover(

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from projectionist.policy.projection import Prober
+from projectionist.policy.probe import Prober
 from projectionist.proxy.config import Config
 from projectionist.proxy.http.auth import Guard
 from projectionist.proxy.observe.metrics import Metrics

@@ -1,4 +1,4 @@
-"""``decide``: the projection's next step from what is known, as a table (pure: no store, no log)."""
+"""``decide``: the projection's next step from what is known, as a table, and the probe's clock (pure: no store, no log)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FA
 from projectionist.policy.events import Quarantine
 from projectionist.policy.fold import EMPTY, SessionState
 from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder
-from projectionist.policy.projection import Done, Fail, Lift, Read, Record, decide
+from projectionist.policy.decide import Done, Fail, Lift, Read, Record, decide
 
 A, B, C = ("sha256:" + c * 64 for c in "abc")
 
@@ -89,7 +89,7 @@ def test_a_due_probe_of_a_retryable_quarantine_is_read_then_lifted_if_it_verifie
 def test_the_prober_waits_its_period_and_never_probes_what_cannot_come_back() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from projectionist.policy.projection import Prober
+    from projectionist.policy.probe import Prober
 
     clock = [datetime(2026, 1, 1, tzinfo=UTC)]
     ticks = [0.0]
