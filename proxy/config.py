@@ -135,6 +135,7 @@ class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     mode: Literal["off", "metadata", "full"] = "metadata"
     max_response_bytes: Count = 16 * MiB
+    queue_size: Size = 10_000
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

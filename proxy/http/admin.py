@@ -50,6 +50,7 @@ def _authorize(request: web.Request, app: Services) -> None:
 def _admin(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
         _authorize(request, request.app[SERVICES])
+        await request.app[SERVICES].recording.drain()  # the records of calls that already finished
         session_id = check_session_id(request.match_info["sid"])
         context(request).fields.update(session=session_id)
         return await handler(request)

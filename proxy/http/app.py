@@ -7,7 +7,6 @@ and keeps one ``ClientSession`` per upstream for the app's life (``cleanup_ctx``
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping
 
@@ -157,12 +156,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        if services.tasks:
-            await asyncio.gather(*services.tasks, return_exceptions=True)
         for upstream in services.upstreams.values():
             if upstream.client is not None:
                 await upstream.client.close()
                 upstream.client = None
+        await services.recording.close()  # what is queued is written before the log closes
         await services.reader.close()
         await services.store.close()
         await services.log.close()

@@ -64,9 +64,7 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     if session_id and built.described is not None:
         call = CallInfo(session_id, ctx.request_id, ctx.started, ctx.route, fmt, upstream.name, request.method,
                         recorded_path(raw_path, request.rel_url.raw_query_string))
-        recorder = await services.recording.start(call, raw, built.described, built.projection)
-        if recorder is not None:
-            ctx.fields["recorded_seq"] = recorder.request_seq
+        recorder = services.recording.start(call, raw, built.described, built.projection)
     headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
     headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
     return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder)

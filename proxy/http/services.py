@@ -6,10 +6,7 @@ this hub; the layers below it get what they need as arguments.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
@@ -38,7 +35,6 @@ class Services:
     guard: Guard
     metrics: Metrics
     recording: Recording = field(init=False)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.prober = Prober(self.config.policy.retryable_probe_after)
@@ -46,15 +42,7 @@ class Services:
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
         record = self.config.record
         self.recording = Recording(self.log, self.store, record.mode, record.max_response_bytes, self.metrics,
-                                   self.background)
-
-    def background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run ``work`` to completion even if the request that started it is cancelled; the app
-        waits for such tasks when it shuts down."""
-        task = asyncio.get_running_loop().create_task(work)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
+                                   record.queue_size)
 
 
 SERVICES = web.AppKey("projectionist", Services)

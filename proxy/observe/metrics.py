@@ -53,6 +53,7 @@ class Metrics:
         self.shared_reads = 0
         self.automatic_recoveries = 0
         self.records_dropped: Counter[str] = Counter()
+        self.records_queued = 0
         self.errors_after_start = 0
         self.projection = Histogram()
         self.upstream = Histogram()
@@ -88,6 +89,8 @@ class Metrics:
                                   value=self.shared_reads)
         yield _by("projectionist_records_dropped", "Request and response records that could not be written "
                   "(the calls went on unrecorded)", "kind", self.records_dropped)
+        yield GaugeMetricFamily("projectionist_records_queued", "Records waiting for the writer",
+                                value=self.records_queued)
         yield CounterMetricFamily("projectionist_errors_after_response_started",
                                   "Errors after a response had started: logged, the connection closed",
                                   value=self.errors_after_start)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections import OrderedDict, deque
 from typing import Any, Final
 
 import msgspec
@@ -40,49 +40,158 @@ USAGE_SCAN_BYTES: Final = 1024 * 1024
 
 
 class Recording:
-    """Where this app's records go: the session log (and, in ``full`` mode, the store's blob area).
+    """Where this app's records go, off the request path: a bounded queue that one writer drains
+    into the session log in batches (and, in ``full`` mode, bodies into the store's blob area).
 
-    Records are evidence, not state: a record that cannot be written is logged and counted
-    (``projectionist_records_dropped_total``), and the call goes on as if recording were off.
-    ``background`` runs a write to completion even if the request that started it is cancelled.
+    Records are evidence, not state: a request never waits for one. A full queue, a log that is
+    down or a blob that cannot be stored drops the record, logs it and counts it
+    (``projectionist_records_dropped_total``); the call went on. ``drain`` waits until what is
+    queued is written (the admin API calls it before reading, so an operator sees every record
+    of the calls that finished before they asked).
     """
 
     def __init__(self, log: SessionLog, store: Store, mode: str, max_response_bytes: int, metrics: Metrics,
-                 background: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+                 queue_size: int = 10_000, batch: int = 256) -> None:
         self.log = log
         self.store = store
         self.mode = mode
         self.max_response_bytes = max_response_bytes
         self.metrics = metrics
-        self.background = background
+        self.queue_size = queue_size
+        self.batch = batch
+        self._queue: deque[_Pending] = deque()
+        self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        #: Seqs of request records written lately, by request id (for the response records).
+        self._seqs: OrderedDict[str, int] = OrderedDict()
 
     @property
     def on(self) -> bool:
         return self.mode != "off"
 
-    async def start(self, call: CallInfo, raw: bytes, described: Described, projection: Projection | None
-                    ) -> Recorder | None:
-        """Append the ``request/recorded`` event of this call (before the upstream call); the
-        ``Recorder`` then watches the response. None when the record could not be written."""
-        try:
-            blob = await self.store.put_blob(raw) if self.mode == "full" else None
-            data = RequestRecorded(
-                request_id=call.request_id, route=call.route, adapter=call.fmt.NAME, upstream=call.upstream,
-                method=call.method, path=call.path,
-                log_seq=projection.state.last_seq if projection is not None else 0,
-                inbound_digest=sha256_id(raw), projected_digest=described.projected_digest,
-                refs=described.refs, shape=described.shape, inbound_blob=blob,
-            )
-            [event] = await self.log.append(call.session_id, None, [data], durable=False)
-        except Exception as exc:  # evidence only: the call goes on unrecorded
-            self._dropped("request", exc, call.request_id)
-            return None
-        return Recorder(self, call, event.seq)
+    def start(self, call: CallInfo, raw: bytes, described: Described, projection: Projection | None) -> Recorder:
+        """Queue the ``request/recorded`` event of this call (written before its response
+        record, never in the request's own wait); the ``Recorder`` then watches the response."""
+        data = RequestRecorded(
+            request_id=call.request_id, route=call.route, adapter=call.fmt.NAME, upstream=call.upstream,
+            method=call.method, path=call.path,
+            log_seq=projection.state.last_seq if projection is not None else 0,
+            inbound_digest=sha256_id(raw), projected_digest=described.projected_digest,
+            refs=described.refs, shape=described.shape,
+            inbound_blob=sha256_id(raw) if self.mode == "full" else None,  # content-addressed: known now
+        )
+        self._put(_Pending(call.session_id, call.request_id, data, raw if self.mode == "full" else None))
+        return Recorder(self, call)
 
-    def _dropped(self, kind: str, exc: BaseException, request_id: str) -> None:
+    def _put(self, pending: _Pending) -> None:
+        if len(self._queue) >= self.queue_size:
+            self._dropped("request" if isinstance(pending.data, RequestRecorded) else "response",
+                          "QUEUE_FULL", pending.request_id)
+            return
+        self._queue.append(pending)
+        self.metrics.records_queued = len(self._queue)
+        if self._writer is None or self._writer.done():
+            self._wake, self._idle = asyncio.Event(), asyncio.Event()
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+        assert self._wake is not None and self._idle is not None
+        self._idle.clear()
+        self._wake.set()
+
+    async def drain(self) -> None:
+        """Wait until every record queued so far is written (or dropped)."""
+        while self._queue or (self._writer is not None and not self._writer.done()
+                              and self._idle is not None and not self._idle.is_set()):
+            assert self._idle is not None
+            await self._idle.wait()
+
+    async def close(self) -> None:
+        """Write what is queued, then stop the writer (the app is shutting down)."""
+        await self.drain()
+        if self._writer is not None:
+            self._writer.cancel()
+            await asyncio.gather(self._writer, return_exceptions=True)
+
+    async def _write(self) -> None:
+        assert self._wake is not None and self._idle is not None
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
+            self.metrics.records_queued = len(self._queue)
+            sessions: dict[str, list[_Pending]] = {}
+            for pending in batch:
+                sessions.setdefault(pending.session_id, []).append(pending)
+            await asyncio.gather(*(self._write_session(sid, items) for sid, items in sessions.items()))
+
+    async def _write_session(self, session_id: str, items: list[_Pending]) -> None:
+        """A session's queued records, in order, their blobs stored first: one append, or two
+        when a call's response waits for the seq its request record gets in the same batch."""
+        ready: list[_Pending] = []
+        for pending in items:
+            if pending.blob is not None:
+                try:
+                    await self.store.put_blob(pending.blob)
+                except Exception as exc:
+                    self._dropped(_kind(pending.data), exc, pending.request_id)
+                    continue
+            ready.append(pending)
+        in_batch = {p.request_id for p in ready if isinstance(p.data, RequestRecorded)}
+        first = [p for p in ready if not (isinstance(p.data, ResponseRecorded) and p.request_id in in_batch)]
+        later = [p for p in ready if isinstance(p.data, ResponseRecorded) and p.request_id in in_batch]
+        for group in (first, later):
+            await self._append(session_id, group)
+
+    async def _append(self, session_id: str, group: list[_Pending]) -> None:
+        written: list[_Pending] = []
+        data: list[RequestRecorded | ResponseRecorded] = []
+        for pending in group:
+            record = pending.data
+            if isinstance(record, ResponseRecorded):
+                seq = self._seqs.get(pending.request_id)
+                if seq is None:  # its request record was dropped: so is this one
+                    self._dropped("response", "REQUEST_NOT_RECORDED", pending.request_id)
+                    continue
+                record = msgspec.structs.replace(record, request_seq=seq)
+            written.append(pending)
+            data.append(record)
+        if not data:
+            return
+        try:
+            events = await self.log.append(session_id, None, data, durable=False)
+        except Exception as exc:
+            for pending, record in zip(written, data):
+                self._dropped(_kind(record), exc, pending.request_id)
+            return
+        self._remember(written, events)
+
+    def _remember(self, written: list[_Pending], events: list[Any]) -> None:
+        for pending, event in zip(written, events):
+            if isinstance(pending.data, RequestRecorded):
+                self._seqs[pending.request_id] = event.seq
+                while len(self._seqs) > 4 * self.queue_size:
+                    self._seqs.popitem(last=False)
+
+    def _dropped(self, kind: str, exc: BaseException | str, request_id: str) -> None:
         self.metrics.records_dropped[kind] += 1
-        code = exc.code if isinstance(exc, ProjectionistError) else type(exc).__name__
+        code = exc if isinstance(exc, str) else exc.code if isinstance(exc, ProjectionistError) else type(exc).__name__
         get_logger().warning("record_dropped", kind=kind, error=code, request_id=request_id)
+
+
+def _kind(record: RequestRecorded | ResponseRecorded) -> str:
+    return "request" if isinstance(record, RequestRecorded) else "response"
+
+
+class _Pending(msgspec.Struct):
+    """One record waiting for the writer (and the body its blob holds, in ``full`` mode)."""
+
+    session_id: str
+    request_id: str
+    data: RequestRecorded | ResponseRecorded
+    blob: bytes | None = None
 
 
 class CallInfo(msgspec.Struct, frozen=True):
@@ -99,17 +208,17 @@ class CallInfo(msgspec.Struct, frozen=True):
 
 
 class Recorder:
-    """Watches one recorded call's response (a relay ``Observer``) and appends its
-    ``response/recorded`` event: before the last byte reaches the client when the whole body came
-    through, else once the call ended (``finished``, ``failed``, ``cancelled``)."""
+    """Watches one recorded call's response (a relay ``Observer``) and queues its
+    ``response/recorded`` event once the call ended (``finished``, ``failed``, ``cancelled``):
+    never in the request's wait."""
 
-    def __init__(self, recording: Recording, call: CallInfo, request_seq: int) -> None:
+    def __init__(self, recording: Recording, call: CallInfo) -> None:
         self.recording = recording
         self.call = call
-        self.request_seq = request_seq
         full = recording.mode == "full"
         self.capture = Capture(recording.max_response_bytes if full else USAGE_SCAN_BYTES)
         self.full = full
+        self.complete = False
         self.recorded = False
 
     def chunk(self, data: bytes) -> None:
@@ -119,41 +228,32 @@ class Recorder:
         self.capture.content_type = content_type
 
     async def body_complete(self, status: int) -> None:
-        self.recorded = True
-        # shielded: a client that already has the whole answer may hang up while this runs
-        await asyncio.shield(self.recording.background(self._record(status, None)))
+        self.complete = True
 
     async def finished(self, status: int) -> None:
-        """The relay returned: record it unless the complete body already was."""
-        if not self.recorded:
-            self.recorded = True
-            await self._record(status, "INCOMPLETE")
+        """The relay returned; a body that did not come through whole is ``INCOMPLETE``."""
+        self._record(status, None if self.complete else "INCOMPLETE")
 
     async def failed(self, code: str) -> None:
         """The call failed before its response started (the error went to the client)."""
-        if not self.recorded:
-            self.recorded = True
-            await self._record(None, code)
+        self._record(None, code)
 
     def cancelled(self) -> None:
-        """The client left: record that in the background."""
-        if not self.recorded:
-            self.recorded = True
-            self.recording.background(self._record(None, "CLIENT_DISCONNECTED"))
+        """The client left."""
+        self._record(None, "CLIENT_DISCONNECTED")
 
-    async def _record(self, status: int | None, error_code: str | None) -> None:
-        """Never raises: a response record that cannot be written is dropped and counted."""
-        try:
-            body = self.capture.body()
-            latency = round((time.perf_counter() - self.call.started) * 1000, 3)
-            blob = await self.recording.store.put_blob(body) if self.full and status is not None else None
-            data = ResponseRecorded(self.call.request_id, self.request_seq, status, latency,
-                                    usage_of(self.call.fmt.usage, body, self.capture.content_type)
-                                    if status is not None else None,
-                                    error_code, blob, self.capture.truncated)
-            await self.recording.log.append(self.call.session_id, None, [data], durable=False)
-        except Exception as exc:
-            self.recording._dropped("response", exc, self.call.request_id)
+    def _record(self, status: int | None, error_code: str | None) -> None:
+        if self.recorded:
+            return
+        self.recorded = True
+        body = self.capture.body()
+        latency = round((time.perf_counter() - self.call.started) * 1000, 3)
+        keep = self.full and status is not None
+        data = ResponseRecorded(self.call.request_id, 0, status, latency,
+                                usage_of(self.call.fmt.usage, body, self.capture.content_type)
+                                if status is not None else None,
+                                error_code, sha256_id(body) if keep else None, self.capture.truncated)
+        self.recording._put(_Pending(self.call.session_id, self.call.request_id, data, body if keep else None))
 
 
 class Capture:

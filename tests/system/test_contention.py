@@ -81,6 +81,7 @@ async def test_a_call_whose_record_was_dropped_is_named_as_not_recorded_by_repla
     harness = await make_harness(**{"record.mode": "full"})
     services = harness.app[SERVICES]
     kept = await harness.chat("rec", ref_id(make_image(color=253)))
+    await services.recording.drain()  # its records are written before the log goes down
     real = services.log.append
 
     async def down(session_id: str, expected: Any, data: Any, *, durable: bool = True) -> Any:
@@ -90,6 +91,7 @@ async def test_a_call_whose_record_was_dropped_is_named_as_not_recorded_by_repla
 
     monkeypatch.setattr(services.log, "append", down)
     dropped = await harness.chat("rec", ref_id(make_image(color=253)))
+    await services.recording.drain()
     assert dropped.status == 200 and services.metrics.records_dropped["request"] == 1
     for resp, found in ((kept, 200), (dropped, 404)):
         answer = await harness.client.get("/admin/sessions/rec/replay", headers=ADMIN,

@@ -198,6 +198,7 @@ async def check_send(world: World, primary: TestClient[Any, Any], second: TestCl
     world.faults.injected = 0
 
     state = primary.server.app[SERVICES]  # type: ignore[union-attr]
+    await state.recording.drain()  # records are written off the request path
     rebuilt = await rebuild(state.log, state.store, session)
     assert rebuilt.matches and rebuilt.body == original, f"replay differs at {rebuilt.first_difference}"
 

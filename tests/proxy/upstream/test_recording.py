@@ -118,6 +118,7 @@ async def test_records_never_change_what_is_projected(make_harness: MakeHarness)
         await post(harness, chat_body(ok, gone))
         bodies.append(harness.upstream.last.body)
     assert len(set(bodies)) == 1
+    await harness.app[SERVICES].recording.drain()  # records are written off the request path
     events = await harness.app[SERVICES].log.read("rec")
     assert [e.seq for e in events] == list(range(1, 8))  # 1 quarantine + 3 x (request, response)
     assert list(fold(events).quarantined) == [gone]

@@ -91,6 +91,7 @@ async def test_a_recording_that_fails_mid_stream_never_splices_an_error(
         assert payload.count(b"data: ") == harness.upstream.chunks + 1 and payload.endswith(b"data: [DONE]\n\n")
     else:
         assert msgspec.json.decode(payload) == COMPLETION
+    await services.recording.drain()  # records are written off the request path
     assert failures[-1] in ("blob", "append"), "the fault was never hit: the test proves nothing"
     assert services.metrics.records_dropped["response"] >= 1
     assert services.metrics.errors_after_start == 0
@@ -108,6 +109,7 @@ async def test_a_request_record_that_cannot_be_written_does_not_stop_the_call(
     monkeypatch.setattr(services.log, "append", down)
     body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     assert msgspec.json.decode(one_whole_response(await raw_exchange(harness, body))) == COMPLETION
+    await services.recording.drain()
     assert services.metrics.records_dropped["request"] == 1
 
 
