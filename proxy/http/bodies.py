@@ -3,7 +3,7 @@
 The server never decompresses on its own (``auto_decompress`` is off), so a pass-through
 forwards the client's bytes exactly, encoding and length included. A body the proxy itself must
 read (a projected call, an upload, an admin request) is decoded here: ``gzip`` and ``deflate``,
-bounded by ``client_max_size`` (a decompression bomb is a 413), off the event loop when large;
+bounded by ``client_max_size`` (a decompression bomb is a 413), always off the event loop;
 a body that is not in its declared encoding is 400 ``INVALID_BODY``; an encoding the proxy does
 not read is 415 ``UNSUPPORTED_ENCODING``. Multipart bodies are parsed by aiohttp's
 ``MultipartReader`` with a yield between chunks, so a 20 MB upload never stalls other requests.
@@ -12,6 +12,7 @@ not read is 415 ``UNSUPPORTED_ENCODING``. Multipart bodies are parsed by aiohttp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import zlib
 from typing import Final
 
@@ -23,8 +24,6 @@ from multidict import CIMultiDict
 
 from projectionist.policy.errors import InvalidRequest, PayloadTooLarge, ProjectionistError
 
-#: Bodies larger than this are inflated on a worker thread.
-OFF_LOOP: Final = 256 * 1024
 _WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 Upload = tuple[bytes, str | None, str | None]
@@ -37,34 +36,49 @@ def encoding_of(request: web.Request) -> str:
 
 
 def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
-    """``raw`` decoded from ``encoding`` (blocking); at most ``limit`` bytes come out."""
+    """``raw`` decoded from ``encoding`` (blocking); at most ``limit`` bytes come out. A gzip body
+    may hold several members (all are decoded); anything after the last member is an error."""
     if encoding not in _WBITS:
         raise ProjectionistError(f"Content-Encoding {encoding[:40]!r} is not read here: send gzip, deflate or none",
                                  code="UNSUPPORTED_ENCODING", status=415)
-    attempts = [_WBITS[encoding]] + ([-zlib.MAX_WBITS] if encoding == "deflate" else [])  # zlib-wrapped or raw
-    for wbits in attempts:
-        inflater = zlib.decompressobj(wbits)
+    if encoding == "deflate":  # zlib-wrapped, or raw deflate as some clients send
+        for wbits in (zlib.MAX_WBITS, -zlib.MAX_WBITS):
+            with contextlib.suppress(zlib.error):
+                out, rest = _one_member(raw, wbits, limit)
+                if not rest:
+                    return out
+        raise InvalidRequest("request body is not valid deflate", code="INVALID_BODY")
+    parts: list[bytes] = []
+    size, rest = 0, raw
+    while rest:
         try:
-            out = inflater.decompress(raw, limit + 1)
+            out, rest = _one_member(rest, _WBITS[encoding], limit - size)
         except zlib.error:
-            continue
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise PayloadTooLarge(f"the decoded request body exceeds client_max_size ({limit} bytes)")
-        if not inflater.eof:
-            continue
-        return out
-    raise InvalidRequest(f"request body is not valid {encoding}", code="INVALID_BODY")
+            raise InvalidRequest(f"request body is not valid {encoding}", code="INVALID_BODY") from None
+        parts.append(out)
+        size += len(out)
+    return b"".join(parts)
+
+
+def _one_member(data: bytes, wbits: int, limit: int) -> tuple[bytes, bytes]:
+    """One compressed stream of ``data``: what it decodes to and what follows it."""
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(data, limit + 1)
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLarge("the decoded request body exceeds client_max_size")
+    if not inflater.eof:
+        raise zlib.error("truncated")
+    return out, inflater.unused_data
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The whole request body, decoded from its ``Content-Encoding``."""
+    """The whole request body, decoded from its ``Content-Encoding`` on a worker thread (a small
+    body can decode to megabytes: the loop never pays for it)."""
     raw = await request.read()
     encoding = encoding_of(request)
     if not encoding:
         return raw
     limit = request.app._client_max_size  # noqa: SLF001 (aiohttp keeps it private; it is ours)
-    if len(raw) <= OFF_LOOP:
-        return inflate(raw, encoding, limit)
     return await asyncio.to_thread(inflate, raw, encoding, limit)
 
 

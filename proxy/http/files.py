@@ -17,6 +17,7 @@ and ``GET .../content`` on a ``sha256:`` id are answered from the store; other i
 
 from __future__ import annotations
 
+import asyncio
 import mimetypes
 import re
 from typing import Any, Final
@@ -116,7 +117,7 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
         return await relay_unchanged(request, fmt, upstream, raw_path)
     raw = await request.read()  # forwarded as it came, if it is not an image to admit
     encoding = encoding_of(request)
-    form = inflate(raw, encoding, app.config.server.client_max_size) if encoding else raw
+    form = await asyncio.to_thread(inflate, raw, encoding, app.config.server.client_max_size) if encoding else raw
     fields, upload = await parse_form(request.headers["Content-Type"], form, limit)
     wanted = upstream.format == "anthropic" or fields.get("purpose") == "vision"
     if not wanted or upload is None or not _is_image(upload[0]):

@@ -25,17 +25,19 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def decode_rows(session_id: str, after_seq: int, rows: Iterable[tuple[int, bytes]]) -> list[Event]:
+def decode_rows(session_id: str, after_seq: int, rows: Iterable[tuple[int, object]]) -> list[Event]:
     """The events of ``rows`` (seq, body) read after ``after_seq``: each must decode and the seqs
     must follow on without a gap, else ``LogCorrupt`` names the session and the seq."""
     events: list[Event] = []
     expected = after_seq + 1
     for seq, body in rows:
-        if seq != expected:
+        if not isinstance(seq, int) or seq != expected:
             raise LogCorrupt(session_id, expected, f"missing (the next event found is seq {seq})")
         try:
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                raise TypeError(f"stored as {type(body).__name__}")  # a row someone edited by hand
             event = decode_event(bytes(body))
-        except (msgspec.DecodeError, UnicodeDecodeError):
+        except (msgspec.DecodeError, UnicodeDecodeError, TypeError, ValueError):
             raise LogCorrupt(session_id, seq, "does not decode") from None
         if event.seq != seq:
             raise LogCorrupt(session_id, seq, f"its body says seq {event.seq}")

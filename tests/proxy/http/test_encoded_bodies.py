@@ -119,3 +119,38 @@ async def test_the_loop_keeps_answering_during_a_20_mb_files_upload(harness: Har
     assert resp.status == 200 and len(harness.upstream.last.body) == len(body)  # forwarded whole
     print(f"\nevent-loop stall during a 20 MB Files upload: longest /healthz {max(stalls) * 1000:.1f} ms "
           f"over {len(stalls)} probes; the upload took {took * 1000:.0f} ms")
+
+
+async def test_every_gzip_member_is_decoded_and_anything_after_them_is_refused(harness: Harness) -> None:
+    body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "two members"}]})
+    half = len(body) // 2
+    resp = await harness.client.post("/v1/chat/completions", data=gzip.compress(body[:half]) + gzip.compress(body[half:]),
+                                     headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert resp.status == 200 and harness.upstream.last.body == body  # not cut after the first member
+    resp = await harness.client.post("/v1/chat/completions", data=gzip.compress(body) + b"trailing junk",
+                                     headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert resp.status == 400 and resp.headers["x-projectionist-error-code"] == "INVALID_BODY"
+
+
+async def test_small_bombs_never_stall_other_requests(make_harness: MakeHarness) -> None:
+    """A 65 KB body that inflates to 64 MiB is refused (413) off the loop: /healthz answers
+    between them (reports the longest /healthz, asserts only that it answered each time)."""
+    harness = await make_harness(**{"server.client_max_size": 8 * 1024 * 1024})
+    bomb = gzip.compress(b" " * (64 * 1024 * 1024))
+    stalls: list[float] = []
+
+    async def bombard() -> None:
+        for _ in range(5):
+            resp = await harness.client.post("/v1/chat/completions", data=bomb, headers={
+                "Content-Encoding": "gzip", "Content-Type": "application/json"})
+            assert resp.status == 413
+
+    async def probe() -> None:
+        for _ in range(20):
+            started = time.perf_counter()
+            assert (await harness.client.get("/healthz")).status == 200
+            stalls.append(time.perf_counter() - started)
+            await asyncio.sleep(0.01)
+
+    await asyncio.gather(*(bombard() for _ in range(4)), probe())
+    print(f"\nlongest /healthz among 20 bombs: {max(stalls) * 1000:.1f} ms")

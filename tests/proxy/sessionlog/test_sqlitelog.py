@@ -242,3 +242,20 @@ async def test_cancelled_append_leaves_no_open_transaction(db: Path) -> None:
     nxt = await sl.append("s", len(seqs), [q(ID_B)])
     assert nxt[0].seq == len(seqs) + 1
     await sl.close()
+
+
+async def test_a_row_edited_by_hand_into_text_or_a_number_is_log_corrupt(db: Path) -> None:
+    from projectionist.policy.errors import LogCorrupt
+
+    sl = SqliteLog(db)
+    await sl.append("s", 0, [q()])
+    editor = sqlite3.connect(db, isolation_level=None)
+    editor.execute("INSERT INTO events (session, seq, type, time, body) VALUES ('s', 2, 'attachment/quarantine', 't', 3.5)")
+    editor.execute("INSERT INTO events (session, seq, type, time, body) VALUES ('t', 1, 'attachment/quarantine', 't', "
+                   "'{\"type\": \"x\"}')")
+    editor.close()
+    for session, seq in (("s", 2), ("t", 1)):
+        with pytest.raises(LogCorrupt) as info:
+            await sl.read(session)
+        assert (info.value.session_id, info.value.seq, info.value.status) == (session, seq, 503)
+    await sl.close()
