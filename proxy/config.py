@@ -144,6 +144,8 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_references: Size = 1000
     parallel_reads: Size = 8
     retryable_probe_after: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    probe_wait: Seconds = 2.0
+    max_projected_bytes: Size = 64 * MiB
 
 
 class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

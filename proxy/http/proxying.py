@@ -57,7 +57,9 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
         )
 
     recording = bool(session_id) and services.recording.on
-    built = await build(fmt, raw, run, describe=recording, max_references=services.config.policy.max_references)
+    policy = services.config.policy
+    built = await build(fmt, raw, run, describe=recording, max_references=policy.max_references,
+                        max_projected_bytes=policy.max_projected_bytes)
     if built.projection is not None:
         _account(request, services, built.projection, time.perf_counter() - started)
     recorder = None

@@ -16,8 +16,8 @@ from typing import Any, Final, NamedTuple, NoReturn
 import msgspec
 
 from projectionist.adapters.base import WireFormat
-from projectionist.policy.errors import InvalidRequest
-from projectionist.policy.model import ImageRef
+from projectionist.policy.errors import InvalidRequest, PayloadTooLarge
+from projectionist.policy.model import ImageRef, Resolved
 from projectionist.policy.projection import Projection
 from projectionist.proxy.stores.cache import inline
 from projectionist.proxy.upstream.describe import (
@@ -66,12 +66,14 @@ def decode_json(raw: bytes) -> Any:
 
 
 async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False,
-                max_references: int | None = None) -> Built:
+                max_references: int | None = None, max_projected_bytes: int | None = None) -> Built:
     """The upstream body for ``raw``: the original bytes without references, else projected.
 
     The body is decoded at most once; with ``describe`` the record's view (digest, reference
     paths and outcomes, shape) comes from that same tree. More than ``max_references`` distinct
-    references is the client's error, refused before anything is read."""
+    references is the client's error, refused before anything is read; so is a body whose inlined
+    images would pass ``max_projected_bytes`` (one image referenced a thousand times is a
+    thousand copies), refused before it is built."""
     if not may_hold_refs(raw):
         return Built(raw, None, of_raw(raw) if describe else None)
     if max_references is not None and raw.count(b"sha256:") > max_references \
@@ -85,6 +87,11 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
         _too_many(max_references)
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
     projection = await run([site.ref for site in sites])
+    if max_projected_bytes is not None:
+        inlined = sum(4 * -(-o.image.bytes // 3) for o in projection.outcomes if isinstance(o, Resolved))
+        if inlined > max_projected_bytes:
+            raise PayloadTooLarge(f"the images this request references would inline {inlined} bytes of base64, "
+                                  f"over max_projected_bytes ({max_projected_bytes})", code="PROJECTED_TOO_LARGE")
     fmt.render(sites, projection.outcomes, inline)
     described = of_tree(decoded, ref_records(sites, paths, projection.outcomes)) if describe else None
     return Built(UPSTREAM.encode(decoded), projection, described)

@@ -62,3 +62,23 @@ async def test_the_reported_100000_reference_body_is_refused_at_once(harness: Ha
     assert resp.status == 400 and resp.headers["x-projectionist-error-code"] == "TOO_MANY_REFERENCES"
     assert harness.store.total == 0 and await harness.events("huge") == []
     print(f"\n100,000-reference body ({len(body) / 1e6:.1f} MB): refused in {took * 1000:.0f} ms")
+
+
+async def test_one_image_referenced_many_times_cannot_amplify_the_upstream_body(make_harness: MakeHarness) -> None:
+    import io
+    import random
+
+    from PIL import Image
+
+    harness = await make_harness(**{"policy.max_projected_bytes": 200_000})
+    noise = io.BytesIO()
+    Image.frombytes("RGB", (200, 200), random.Random(5).randbytes(200 * 200 * 3)).save(noise, format="PNG")
+    aid = await harness.admit(noise.getvalue())  # ~120 KB: one copy fits, 150 do not
+    one = {"type": "image_url", "image_url": {"url": f"attachment:{aid}"}}
+    ok = await harness.client.post("/v1/chat/completions", json={"model": "m", "messages": [
+        {"role": "user", "content": [one]}]}, headers={"X-Session-Id": "amp"})
+    assert ok.status == 200
+    resp = await harness.client.post("/v1/chat/completions", json={"model": "m", "messages": [
+        {"role": "user", "content": [one] * 150}]}, headers={"X-Session-Id": "amp"})
+    assert resp.status == 413 and resp.headers["x-projectionist-error-code"] == "PROJECTED_TOO_LARGE"
+    assert len(harness.upstream.received) == 1
