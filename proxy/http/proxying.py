@@ -54,6 +54,7 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
             state=services.log.state(session_id) if session_id else None,
             parallel=services.config.policy.parallel_reads,
             prober=services.prober,
+            probe_wait=services.config.policy.probe_wait,
         )
 
     recording = bool(session_id) and services.recording.on

@@ -151,7 +151,8 @@ def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
         app.on_startup.append(binding)
         tune_gc()
         web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
-                    shutdown_timeout=config.server.shutdown_grace, access_log=None, print=listening, loop=loop)
+                    # aiohttp waits this long twice (for handlers, then for them once cancelled)
+                    shutdown_timeout=config.server.shutdown_grace / 2, access_log=None, print=listening, loop=loop)
     except (ProjectionistError, OSError) as exc:
         if phase == "serving":
             raise

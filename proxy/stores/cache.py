@@ -189,10 +189,12 @@ class VerifiedCache:
 
 class CachedStore:
     """The ``AttachmentStore`` the policy reads through: stamp-checked cache hits, verified reads
-    on misses, and one read in flight per object however many requests want it. A request that
-    leaves does not cancel the read the others wait for; the last one to leave does. Everything
-    else (admission, stat, delete, blobs, recovery's fresh reads) uses the store itself; a
-    deleted object fails its stamp check on the next hit."""
+    on misses, and one read in flight per object however many requests want it. A read runs to
+    its end (its own timeout bounds it) even when every request that wanted it has left: a
+    blocked read cannot be stopped anyway, so a client that gives up and comes back joins the
+    read it started instead of starting another. Everything else (admission, stat, delete,
+    blobs, recovery's fresh reads) uses the store itself; a deleted object fails its stamp
+    check on the next hit."""
 
     def __init__(self, inner: StampedStore, cache: VerifiedCache, metrics: Metrics | None = None) -> None:
         self.inner = inner
@@ -200,7 +202,6 @@ class CachedStore:
         self.metrics = metrics or Metrics()
         self._pending: list[tuple[str, asyncio.Future[str | None]]] = []
         self._flights: dict[str, asyncio.Task[StoredImage]] = {}
-        self._waiting: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def _stamp(self, attachment_id: str) -> str | None:
@@ -242,15 +243,7 @@ class CachedStore:
             flight.add_done_callback(lambda done: self._landed(attachment_id, done))
         else:
             self.metrics.shared_reads += 1
-        self._waiting[attachment_id] = self._waiting.get(attachment_id, 0) + 1
-        try:
-            return await asyncio.shield(flight)
-        finally:
-            left = self._waiting[attachment_id] = self._waiting[attachment_id] - 1
-            if not left:
-                del self._waiting[attachment_id]
-                if not flight.done():
-                    flight.cancel()  # nobody wants it any more: a departed client stops its read
+        return await asyncio.shield(flight)
 
     async def _read(self, attachment_id: str) -> StoredImage:
         """The one verified read of an object in flight; its result enters the cache even if

@@ -55,7 +55,7 @@ async def quarantined(harness: Harness, session: str) -> set[str]:
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(500):
+    for _ in range(1000):
         if condition():
             return
         await asyncio.sleep(0.01)
@@ -174,7 +174,8 @@ async def hanging_s3(seaweed: Any) -> AsyncIterator[HangingS3]:
 async def test_an_s3_endpoint_that_never_answers_never_spreads(
         make_harness: MakeHarness, backend_overrides: dict[str, Any], hanging_s3: HangingS3) -> None:
     s3 = {**backend_overrides["store.s3"], "endpoint": hanging_s3.url}
-    harness = await make_harness(**{"store.s3": s3, "store.read_timeout": 60.0, "store.lanes": LANES})
+    harness = await make_harness(**{"store.s3": s3, "store.read_timeout": 4.0, "store.lanes": LANES})
+    reads = harness.store.inner.reads  # type: ignore[attr-defined]
     cached, uncached, spare = [await harness.admit(make_image(color=c)) for c in (31, 32, 33)]
     hung = [await harness.admit(make_image(color=40 + i)) for i in range(4)]
     assert (await send(harness, "warm", cached))[0] == 200
@@ -195,10 +196,12 @@ async def test_an_s3_endpoint_that_never_answers_never_spreads(
     for session in ("warm", "fresh", "saturated", "hung-0", "hung-1", "hung-2", "hung-3"):
         assert await quarantined(harness, session) == set()  # cancelled reads record nothing
 
+    # the hung reads nobody waits for any more run to their own timeout, then free their places
+    await until(lambda: reads._room._value == reads.size, "the abandoned reads time out")
     # the whole endpoint stops answering: each read that starts times out as READ_FAILED (its own
     # read was attempted); the proxy itself keeps answering
     hanging_s3.all_hang = True
-    harness.store.inner.reads.timeout = 0.3  # type: ignore[attr-defined]
+    reads.timeout = 0.3
     status, body, _ = await send(harness, "outage", spare)
     assert status == 200 and body["choices"]
     assert await quarantined(harness, "outage") == {spare}
@@ -208,7 +211,7 @@ async def test_an_s3_endpoint_that_never_answers_never_spreads(
 async def test_sigterm_ends_the_process_within_its_grace_even_with_hung_reads(tmp_path: Path) -> None:
     port, data = free_port(), tmp_path / "data"
     config = tmp_path / "c.toml"
-    config.write_text('[server]\nshutdown_grace = 1.0\n[store]\nread_timeout = 600.0\n')
+    config.write_text('[server]\nshutdown_grace = 2.0\n[store]\nread_timeout = 600.0\n')
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(config), "--port", str(port),
         "--data-dir", str(data), "--upstream", "openai=http://127.0.0.1:9", cwd=ROOT,
@@ -234,8 +237,11 @@ async def test_sigterm_ends_the_process_within_its_grace_even_with_hung_reads(tm
                                                   headers={"X-Session-Id": f"s{i}"})) for i, aid in enumerate(ids)]
             await asyncio.sleep(0.5)
             assert not any(h.done() for h in hung)
+            signalled = asyncio.get_running_loop().time()
             proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(proc.wait(), 15)  # the grace is 1 s; the blocked threads hold nothing
+            await asyncio.wait_for(proc.wait(), 15)
+            # within its 2 s grace (and a margin for a busy machine); the blocked threads hold nothing
+            assert asyncio.get_running_loop().time() - signalled < 3.5
             for h in hung:
                 h.cancel()
             await asyncio.gather(*hung, return_exceptions=True)
@@ -246,3 +252,45 @@ async def test_sigterm_ends_the_process_within_its_grace_even_with_hung_reads(tm
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_a_client_that_gives_up_and_comes_back_never_fills_the_read_lane(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**{"store.read_timeout": 60.0, "store.lanes": LANES})
+    reads = harness.store.inner.reads  # type: ignore[attr-defined]
+    stuck, healthy = [await harness.admit(make_image(color=c)) for c in (60, 61)]
+    fifo = hang_with_a_fifo(harness, stuck)
+    try:
+        for _ in range(6):  # impatient: gives up after 0.3 s and tries again
+            attempt = asyncio.create_task(send(harness, "impatient", stuck))
+            await asyncio.sleep(0.3)
+            attempt.cancel()
+            await asyncio.gather(attempt, return_exceptions=True)
+        assert reads.in_use == 1  # every attempt joined the one read still blocked
+        assert (await send(harness, "other", healthy))[0] == 200
+        assert await harness.events("impatient") == []
+    finally:
+        unhang(fifo)
+
+
+async def test_a_due_probe_of_a_still_hung_image_keeps_the_placeholder_and_answers(make_harness: MakeHarness) -> None:
+    from projectionist.policy.errors import READ_FAILED
+    from tests.fakes import fail_with
+
+    harness = await make_harness(**{"store.read_timeout": 60.0, "store.lanes": LANES,
+                                    "policy.retryable_probe_after": 0.2, "policy.probe_wait": 0.3})
+    reads = harness.store.inner.reads  # type: ignore[attr-defined]
+    flaky = await harness.admit(make_image(color=62))
+    harness.store.script = fail_with(READ_FAILED, times=2)
+    assert (await send(harness, "probe", flaky))[0] == 200  # a retryable quarantine
+    harness.store.script = None
+    fifo = hang_with_a_fifo(harness, flaky)
+    try:
+        for _ in range(4):  # four periods: each probe finds the read still hung
+            await asyncio.sleep(0.25)
+            status, body, _ = await send(harness, "probe", flaky)
+            assert status == 200
+            assert harness.upstream.last.json()["messages"][0]["content"][1]["type"] == "text"
+        assert reads.in_use == 1  # one shared read, not one more stuck thread per probe
+        assert [e["type"] for e in await harness.events("probe")] == ["attachment/quarantine"]
+    finally:
+        unhang(fifo)

@@ -66,7 +66,7 @@ async def test_a_probe_that_fails_appends_nothing_and_the_next_waits_a_full_peri
     harness.store.script = fail_with(READ_FAILED)
     assert (await harness.chat("p", aid)).status == 200 and image_parts(harness) == ["text"]
     probed = harness.store.reads[aid]
-    assert probed == 4  # the probe: one read and its retry
+    assert probed == 3  # the probe: one read, no retry
     assert (await harness.chat("p", aid)).status == 200
     assert harness.store.reads[aid] == probed  # within the period after a failed probe: no read
     assert [e["type"] for e in await harness.events("p")] == ["attachment/quarantine"]

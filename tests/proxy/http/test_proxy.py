@@ -129,33 +129,31 @@ def _chat_body(*ids: str) -> bytes:
 
 
 @pytest.mark.parametrize("during", ["first read", "retry"])
-async def test_client_disconnect_cancels_reads_and_records_nothing(harness: Harness, during: str) -> None:
+async def test_client_disconnect_stops_the_request_records_nothing_and_shares_its_read(
+        harness: Harness, during: str) -> None:
+    """The handler stops: no quarantine, no upstream call. The read it started (it cannot be
+    stopped once in the OS) runs to its own end, shared: a client that comes back joins it."""
     aid = ref_id(make_image(color=7))  # never admitted: the read would end in NOT_FOUND
     started = asyncio.Event()
-    cancelled = asyncio.Event()
+    reads_started = 0
 
     def slow(attachment_id: str, n: int) -> float | None:
+        nonlocal reads_started
         if during == "retry" and n == 1:
             raise AttachmentError(READ_FAILED)
+        reads_started += 1
         started.set()
         return 0.5
 
     harness.store.script = slow
-    original = harness.store.read_stamped  # what projection reads through (behind the cache)
-
-    async def watch(attachment_id: str) -> Any:
-        try:
-            return await original(attachment_id)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    harness.store.read_stamped = watch  # type: ignore[method-assign]
     await _open_and_abandon(harness, started, _chat_body(aid))
-    await asyncio.wait_for(cancelled.wait(), 5)  # the disconnect cancelled the in-flight read
+    again = asyncio.create_task(harness.chat("back", aid))  # the client, back at once, in another session
     await asyncio.sleep(0.8)  # longer than the slow read: an uncancelled handler would have recorded
     assert await harness.events(SID) == []
-    assert harness.upstream.received == []
+    assert (await again).status == 200
+    assert reads_started == 1  # the returning client joined the read still in flight
+    assert [e["type"] for e in await harness.events("back")] == ["attachment/quarantine"]
+    assert len(harness.upstream.received) == 1  # only the returning client's call went upstream
 
 
 @pytest.mark.parametrize("apps", [1, 2], ids=["one-app", "two-apps-one-data-dir"])
