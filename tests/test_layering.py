@@ -7,7 +7,7 @@
       http         app, middleware, handlers    -> upstream, stores, sessionlog, observe, config
       upstream     prepare, relay, record, URLs -> stores, sessionlog, observe, config
       stores, sessionlog   backends             -> observe, config     (never each other; no aiohttp.web)
-      observe, config      leaves               -> nothing of proxy/
+      observe, config, lanes   leaves           -> nothing of proxy/
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "policy": IO_LIBRARIES | {"projectionist.adapters", P},
     "adapters": IO_LIBRARIES | {P},
     "proxy/config.py": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores", "sessionlog", "observe")},
+    "proxy/lanes.py": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores", "sessionlog", "observe")},
     "proxy/observe": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores", "sessionlog", "config")} | {"aiohttp"},
     "proxy/stores": {f"{P}.{part}" for part in ("ops", "http", "upstream", "sessionlog")} | {"aiohttp.web"},
     "proxy/sessionlog": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores")} | {"aiohttp"},

@@ -4,6 +4,7 @@ or be clobbered by another distribution), and every module of the source tree sh
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """site-packages of a fresh venv with only the projectionist wheel in it (no dependencies)."""
     work = tmp_path_factory.mktemp("wheel")
+    shutil.rmtree(ROOT / "build", ignore_errors=True)  # setuptools keeps stale copies of moved modules there
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(work / "dist")],
                    check=True, timeout=300)
     [wheel] = (work / "dist").glob("projectionist-*.whl")

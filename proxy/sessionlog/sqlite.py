@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
 from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from projectionist.proxy.lanes import Lane
 from projectionist.proxy.sessionlog.base import decode_rows, utc_now
 from projectionist.policy.events import (
     FORKED,
@@ -59,6 +60,10 @@ _SESSIONS: Final = "SELECT DISTINCT session FROM events"
 _T = TypeVar("_T")
 
 
+def _log_busy(message: str) -> Exception:
+    return Unavailable(f"session log busy: {message}", code="LOG_UNAVAILABLE")
+
+
 @contextlib.contextmanager
 def _synchronous(conn: sqlite3.Connection, durable: bool) -> Iterator[None]:
     """Commits in the block wait for the disk only if ``durable``; otherwise they are ordered in
@@ -76,9 +81,12 @@ def _synchronous(conn: sqlite3.Connection, durable: bool) -> Iterator[None]:
 class SqliteLog:
     """``policy.ports.SessionLog`` on one SQLite file, safe to share between processes.
 
-    The connection belongs to a single worker thread; each job is one complete transaction
-    (committed or rolled back before the job ends), so a cancelled caller never leaves a
-    transaction open. sqlite3 and OS faults surface as ``Unavailable(code="LOG_UNAVAILABLE")``.
+    Reads and writes run in separate lanes (``proxy.lanes``) of daemon threads, each thread with
+    its own connection: WAL lets reads go on while a write waits for another process's lock or
+    a slow disk, a write that hangs (a stuck ``fsync``) times out as ``LOG_UNAVAILABLE`` and never
+    holds the process at exit. Each job is one complete transaction (committed or rolled back
+    before it ends), so a cancelled caller never leaves one open. sqlite3 and OS faults surface as
+    ``Unavailable(code="LOG_UNAVAILABLE")``.
     """
 
     def __init__(
@@ -91,8 +99,11 @@ class SqliteLog:
         self._path = Path(path)
         self._busy_timeout = busy_timeout
         self._clock: Callable[[], str] = clock if clock is not None else utc_now
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlitelog")
-        self._conn: sqlite3.Connection | None = None  # touched only by the worker thread
+        limit = 2 * busy_timeout  # the lock wait, then as long again for the write (a stuck fsync ends here)
+        self._writes = Lane("log writes", 1, limit, busy_timeout, busy=_log_busy)
+        self._reads = Lane("log reads", 2, limit, busy_timeout, busy=_log_busy)
+        self._local = threading.local()  # each lane thread's own connection
+        self._migrated = threading.Lock()
         self._closed = False
         #: Group commit of records: appends "at the end" queue here; one flusher writes each
         #: batch in a single transaction (see ``_append_at_end``).
@@ -106,7 +117,7 @@ class SqliteLog:
     # -- SessionLog ------------------------------------------------------------------------------
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
-        return await self._run(partial(self._read_job, session_id, after_seq))
+        return await self._run(partial(self._read_job, session_id, after_seq), self._reads)
 
     async def append(
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
@@ -160,36 +171,39 @@ class SqliteLog:
 
     async def sessions(self) -> list[str]:
         """All session ids that have at least one event, sorted."""
-        return await self._run(self._sessions_job)
+        return await self._run(self._sessions_job, self._reads)
 
     async def start(self) -> None:
         """Open the file and create its schema now rather than on the first request."""
         await self._run(lambda conn: None)
 
     async def close(self) -> None:
-        """Let queued jobs finish, close the connection and stop the worker. Idempotent."""
+        """Let queued jobs finish, close the connections and stop the lanes. Idempotent."""
         if self._closed:
             return
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
         self._closed = True
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._executor, self._close_connection)
-        finally:
-            self._executor.shutdown(wait=False)
+        for lane in (self._writes, self._reads):
+            for _ in range(lane.size):  # each thread closes its own connection (a hung one is left)
+                with contextlib.suppress(Exception):
+                    await lane.run(self._close_connection, timeout=1.0)
+            lane.close()
 
     # -- event-loop side -------------------------------------------------------------------------
 
-    async def _run(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``job`` on the worker thread. Its whole wait, in the queue behind other jobs and for
-        another process's write lock, is bounded by ``busy_timeout``: the k-th of k waiting calls
-        never waits k times as long."""
+    async def _run(self, job: Callable[[sqlite3.Connection], _T], lane: Lane | None = None) -> _T:
+        """Run ``job`` in a lane (writes unless told). Its whole wait, in the queue behind other
+        jobs and for another process's write lock, is bounded by ``busy_timeout``: the k-th of k
+        waiting calls never waits k times as long; a job that hangs past that and its own write
+        is ``LOG_UNAVAILABLE``."""
         if self._closed:
             raise RuntimeError("SqliteLog is closed")
-        loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self._busy_timeout
-        return await loop.run_in_executor(self._executor, self._call, job, deadline)
+        try:
+            return await (lane or self._writes).run(partial(self._call, job, deadline))
+        except TimeoutError:
+            raise Unavailable("session log unavailable: a call hung past its timeout", code="LOG_UNAVAILABLE") from None
 
     # -- worker thread only ----------------------------------------------------------------------
 
@@ -205,9 +219,11 @@ class SqliteLog:
             raise Unavailable(f"session log unavailable: {exc}", code="LOG_UNAVAILABLE") from exc
 
     def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self._conn = self._open()
-        return self._conn
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            with self._migrated:  # the first connection sets up WAL and the schema, one at a time
+                conn = self._local.conn = self._open()
+        return conn
 
     def _open(self) -> sqlite3.Connection:
         self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -281,7 +297,8 @@ class SqliteLog:
             self._close_connection()
 
     def _close_connection(self) -> None:
-        conn, self._conn = self._conn, None
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        self._local.conn = None
         if conn is not None:
             conn.close()
 

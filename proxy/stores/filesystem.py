@@ -24,7 +24,7 @@ from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, Attachm
 from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits, LanesConfig
-from projectionist.proxy.stores.lanes import Lane
+from projectionist.proxy.lanes import Lane
 from projectionist.proxy.stores.base import AttachmentMeta
 
 #: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.

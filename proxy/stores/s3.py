@@ -28,7 +28,7 @@ from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, Attachm
 from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits, LanesConfig
-from projectionist.proxy.stores.lanes import AsyncLane, Busy
+from projectionist.proxy.lanes import AsyncLane, Busy
 from projectionist.proxy.stores.base import AttachmentMeta
 
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"

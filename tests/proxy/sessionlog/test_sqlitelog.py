@@ -149,7 +149,8 @@ async def test_sqlite_runs_off_the_event_loop_and_never_updates(
     main = threading.main_thread().name
     assert threads, "the trace callback saw no statements"
     assert main not in threads
-    assert len(set(threads)) == 1  # one dedicated worker thread
+    assert {name.rsplit("-", 1)[0] for name in threads} <= {"lane-log writes", "lane-log reads"}
+    assert len({name for name in threads if "writes" in name}) == 1  # every write on one thread
     inserts = [a for a in actions if a == (sqlite3.SQLITE_INSERT, "events")]
     assert inserts  # the authorizer sees writes (at prepare time; cached statements only once)
     rewrites = [a for a in actions if a[0] in (sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE)]
@@ -229,6 +230,10 @@ async def test_cancelled_append_leaves_no_open_transaction(db: Path) -> None:
     finally:
         blocker.execute("COMMIT")
         blocker.close()
+    for _ in range(200):  # the cancelled caller left; its job finishes on the write lane
+        if sl._writes.in_use == 0:
+            break
+        await asyncio.sleep(0.01)
     # The job ran to completion as one transaction: all of it or none of it, never a part.
     seqs = [e.seq for e in await sl.read("s")]
     assert seqs in ([], [1, 2])
@@ -258,4 +263,33 @@ async def test_a_row_edited_by_hand_into_text_or_a_number_is_log_corrupt(db: Pat
         with pytest.raises(LogCorrupt) as info:
             await sl.read(session)
         assert (info.value.session_id, info.value.seq, info.value.status) == (session, seq, 503)
+    await sl.close()
+
+
+async def test_a_write_that_hangs_on_the_disk_costs_writes_only_and_times_out(
+        db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write stuck in the OS (a hung fsync): it ends as LOG_UNAVAILABLE after its timeout,
+    later writes are refused promptly while it hangs, and reads go on in their own lane."""
+    sl = SqliteLog(db, busy_timeout=0.3)
+    await sl.append("s", 0, [q()])
+    hung, release = threading.Event(), threading.Event()
+    real = SqliteLog._append_tx
+
+    def stuck(self: SqliteLog, *args: object) -> object:
+        hung.set()
+        release.wait(30)
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SqliteLog, "_append_tx", stuck)
+    try:
+        with pytest.raises(Unavailable) as timed_out:
+            await sl.append("s", 1, [q(ID_B)])
+        assert timed_out.value.code == "LOG_UNAVAILABLE" and hung.is_set()
+        with pytest.raises(Unavailable) as refused:  # the write lane holds the hung write
+            await sl.append("t", 0, [q()])
+        assert refused.value.code == "LOG_UNAVAILABLE"
+        assert [e.seq for e in await sl.read("s")] == [1]  # reads go on
+        assert sl._writes.stuck == 1
+    finally:
+        release.set()
     await sl.close()

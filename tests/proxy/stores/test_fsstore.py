@@ -293,7 +293,7 @@ async def test_whole_verified_read_runs_in_one_worker_thread(
     (worker,) = workers
     assert worker is not threading.main_thread()
     assert worker is not threading.current_thread()
-    assert worker.name.startswith("store-reads")
+    assert worker.name.startswith("lane-reads")
 
 
 class Gate:

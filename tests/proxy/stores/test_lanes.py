@@ -14,7 +14,7 @@ import pytest
 from projectionist.policy.errors import AttachmentError
 from projectionist.proxy.config import LanesConfig
 from projectionist.proxy.stores.filesystem import FilesystemStore
-from projectionist.proxy.stores.lanes import Busy, Lane
+from projectionist.proxy.lanes import Busy, Lane
 from tests.imaging import make_image
 
 

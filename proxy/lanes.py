@@ -1,11 +1,13 @@
-"""Lanes: bounded, isolated capacity for one kind of blocking store work (proxy layer).
+"""Lanes: bounded, isolated capacity for one kind of blocking work (proxy layer).
 
 A disk or a network file system that hangs instead of failing must cost one kind of work its
-capacity and nothing else. Each ``Lane`` (verified reads, stamp checks, writes) has its own
-daemon threads, at most ``size`` calls in it at once, and these rules:
+capacity and nothing else. Each ``Lane`` (the store's verified reads, stamp checks and writes;
+the SQLite log's reads and writes) has its own daemon threads, at most ``size`` calls in it at
+once, and these rules:
 
-- a call waits at most ``queue_timeout`` for room; if none frees up it raises ``Busy``
-  (``STORE_BUSY``, 503): it never started, so it is no fact about the object it was for;
+- a call waits at most ``queue_timeout`` for room; if none frees up it raises its lane's
+  ``busy`` error (``STORE_BUSY`` for the store, 503): it never started, so it is no fact about
+  the object it was for;
 - a call that started gets its ``timeout``, counted from the moment its thread picked it up
   (never from when it was queued), then the caller gets ``TimeoutError``;
 - a timed-out or abandoned call keeps its thread, still blocked in the OS, and its place: such
@@ -46,10 +48,12 @@ class _Job(Generic[_T]):
 class Lane:
     """``size`` daemon threads for one kind of blocking work (see the module docstring)."""
 
-    def __init__(self, name: str, size: int, timeout: float | None, queue_timeout: float) -> None:
+    def __init__(self, name: str, size: int, timeout: float | None, queue_timeout: float,
+                 busy: Callable[[str], Exception] | None = None) -> None:
         if size < 1:
             raise ValueError("a lane needs at least one thread")
         self.name = name
+        self._busy = busy or _store_busy
         self.size = size
         self.timeout = timeout
         self.queue_timeout = queue_timeout
@@ -72,8 +76,7 @@ class Lane:
             await asyncio.wait_for(self._room.acquire(), self.queue_timeout)
         except TimeoutError:
             self.busy += 1
-            raise Busy(f"the store's {self.name} lane is full ({self.size} calls in it, {self.stuck} stuck)",
-                       code="STORE_BUSY") from None
+            raise self._busy(f"the {self.name} lane is full ({self.size} calls in it, {self.stuck} stuck)") from None
         loop = asyncio.get_running_loop()
         job: _Job[_T] = _Job(fn, loop)
         self._start_threads()
@@ -94,7 +97,7 @@ class Lane:
     def _start_threads(self) -> None:
         """One thread per place, started on first use (so no call ever waits for a thread)."""
         while len(self._threads) < self.size:
-            thread = threading.Thread(target=self._work, name=f"store-{self.name}-{len(self._threads)}", daemon=True)
+            thread = threading.Thread(target=self._work, name=f"lane-{self.name}-{len(self._threads)}", daemon=True)
             self._threads.append(thread)
             thread.start()
 
@@ -128,6 +131,10 @@ class Lane:
         self._closed = True
         for _ in self._threads:
             self._jobs.put(None)
+
+
+def _store_busy(message: str) -> Exception:
+    return Busy(message, code="STORE_BUSY")
 
 
 def _tell(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
