@@ -80,18 +80,36 @@ async def _read(store: AttachmentStore, attachment_id: str) -> tuple[StoredImage
     return result, 1
 
 
+async def _probe(store: AttachmentStore, attachment_id: str, wait: float) -> tuple[StoredImage | AttachmentError, int]:
+    """A probe of a retryable quarantine: one read, no retry, waited for at most ``wait``. Any
+    failure (unreadable, a full store, still reading when the wait ends) is a failed probe: the
+    request keeps the placeholder; a read still going on stays shared with whoever wants it next."""
+    try:
+        async with asyncio.timeout(wait):
+            return await store.read_image(attachment_id), 1
+    except AttachmentError as error:
+        return error, 1
+    except (TimeoutError, Unavailable):
+        return AttachmentError(READ_FAILED, "the probe read did not verify in time", attachment_id=attachment_id), 1
+
+
 async def _read_many(
-    store: AttachmentStore, ids: Sequence[str], parallel: int
+    store: AttachmentStore, ids: Sequence[str], parallel: int,
+    probes: frozenset[str] = frozenset(), probe_wait: float = 2.0,
 ) -> dict[str, tuple[StoredImage | AttachmentError, int]]:
-    """Read ``ids`` with at most ``parallel`` reads of this request in flight at once."""
+    """Read ``ids`` with at most ``parallel`` reads of this request in flight at once (the ids in
+    ``probes`` by ``_probe``)."""
+    async def one(aid: str) -> tuple[StoredImage | AttachmentError, int]:
+        return await (_probe(store, aid, probe_wait) if aid in probes else _read(store, aid))
+
     if len(ids) <= 1:
-        return {aid: await _read(store, aid) for aid in ids}
+        return {aid: await one(aid) for aid in ids}
     results: dict[str, tuple[StoredImage | AttachmentError, int]] = {}
     queue = iter(ids)
 
     async def worker() -> None:
         for aid in queue:
-            results[aid] = await _read(store, aid)
+            results[aid] = await one(aid)
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -143,6 +161,7 @@ async def project(
     state: SessionState | None = None,
     parallel: int = 8,
     prober: Prober | None = None,
+    probe_wait: float = 2.0,
 ) -> Projection:
     """Resolve every reference of one request to a verified image or a placeholder.
 
@@ -179,7 +198,7 @@ async def project(
         if isinstance(step, Fail):
             raise step.error
         if isinstance(step, Read):
-            for aid, (result, count) in (await _read_many(store, step.ids, parallel)).items():
+            for aid, (result, count) in (await _read_many(store, step.ids, parallel, due, probe_wait)).items():
                 results[aid] = result
                 reads += count
                 retries += count - 1

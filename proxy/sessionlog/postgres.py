@@ -158,10 +158,13 @@ class PostgresLog:
     # -- plumbing --------------------------------------------------------------------------------
 
     async def _run(self, job: Callable[[Any], Awaitable[_T]]) -> _T:
+        """``job`` on a pooled connection; waiting for the connection and the job together take at
+        most ``timeout`` (they used to take it each)."""
         try:
             pool = await self._open()
-            async with pool.acquire(timeout=self._timeout) as conn:
-                return await job(conn)
+            async with asyncio.timeout(self._timeout):
+                async with pool.acquire() as conn:
+                    return await job(conn)
         except asyncpg.UniqueViolationError:
             raise
         except _UNAVAILABLE as exc:
