@@ -150,7 +150,8 @@ class Bench:
             self.text1k(servers, upstream)
         if "sse" in only:
             sse = self.body("sse", scenarios.text_body(stream=True))
-            self.measure_group("sse", 16, [Target(name, proc, sse) for name, proc in servers.items()])
+            session = {"X-Session-Id": scenarios.TEXT_SESSION}
+            self.measure_group("sse", 16, [Target(name, proc, sse, session) for name, proc in servers.items()])
             self.first_chunk(venv)
         if "images" in only:
             self.images(servers)
@@ -160,15 +161,19 @@ class Bench:
             self.rss(upstream)
 
     def text1k(self, servers: dict[str, Proc], upstream: Proc) -> None:
+        """Every target gets the session header, as agents send it (the others ignore it); a
+        sessionless projectionist row is kept for comparison, never the headline."""
         text = self.body("text1k", scenarios.text_body())
+        session = {"X-Session-Id": scenarios.TEXT_SESSION}
         for concurrency in (1, 16, 64):
-            group = [Target(name, proc, text) for name, proc in servers.items()]
+            group = [Target(name, proc, text, session) for name, proc in servers.items()]
             if concurrency != 16:
                 self.measure_group("text1k", concurrency, group)
                 continue
+            group.append(Target("projectionist-nosession", servers["projectionist"], text))
             logging_on = partial(start_projectionist, self.procs, upstream, "projectionist+log", self.token, "info")
             with self.started(logging_on) as logged:
-                self.measure_group("text1k", 16, [*group, Target("projectionist+log", logged, text)])
+                self.measure_group("text1k", 16, [*group, Target("projectionist+log", logged, text, session)])
 
     def first_chunk(self, litellm_venv: Path | None) -> None:
         """Each proxy in front of an upstream that pauses 20 ms before each of its 20 chunks."""

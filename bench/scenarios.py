@@ -29,6 +29,7 @@ MODEL = "fake-model"
 N_IMAGES = 10
 IMAGE_SIDE = 260  # 260 * 260 * 3 bytes of noise: a ~200 KB PNG that does not compress
 IMAGES_SESSION = "bench-images"
+TEXT_SESSION = "bench-text"
 QUARANTINED_SESSION = "bench-quarantined"
 OVERHEAD_HEADER = "x-projectionist-overhead-ms"
 TIMEOUT = aiohttp.ClientTimeout(total=60)
