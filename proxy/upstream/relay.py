@@ -30,10 +30,14 @@ HOP_BY_HOP = frozenset({
     "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
 })
 OVERHEAD_HEADER = "x-projectionist-overhead-ms"
+#: A response body declared this small (and not an event stream) is read whole before it goes out,
+#: so its status line, headers and body leave in one write (one send instead of two).
+WHOLE_BODY_MAX = 64 * 1024
 REQUEST_ID_HEADER = "x-projectionist-request-id"
 
 Body = bytes | AsyncIterable[bytes] | None
 _A = TypeVar("_A")
+_R = TypeVar("_R", bound=web.StreamResponse)
 
 
 def _connection_tokens(headers: MultiMapping[str]) -> set[str]:
@@ -116,7 +120,10 @@ async def relay(
     try:
         timing.headers_s = time.perf_counter() - started
         timing.status = answer.status
-        response = _response_head(answer, request_id, timing)
+        if request.method != "HEAD" and _small(answer):
+            return await _whole(answer, observer, request_id, timing)
+        response = _response_head(web.StreamResponse(status=answer.status, reason=answer.reason), answer,
+                                  request_id, timing)
         try:
             await response.prepare(request)
         except ConnectionError:
@@ -149,8 +156,30 @@ async def _send(session: aiohttp.ClientSession, method: str, url: URL, body: Bod
         raise translated from None
 
 
-def _response_head(answer: aiohttp.ClientResponse, request_id: str, timing: Timing) -> web.StreamResponse:
-    response = web.StreamResponse(status=answer.status, reason=answer.reason)
+def _small(answer: aiohttp.ClientResponse) -> bool:
+    length = answer.content_length
+    return length is not None and length <= WHOLE_BODY_MAX and answer.content_type != "text/event-stream"
+
+
+async def _whole(answer: aiohttp.ClientResponse, observer: Observer | None, request_id: str,
+                 timing: Timing) -> web.StreamResponse:
+    """A small sized body, read before the response starts: a body that breaks off on the way is
+    still an ``UpstreamError`` the client gets in its own shape, as nothing has been sent yet."""
+    try:
+        data = await answer.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise (client_error(exc) or UpstreamError("upstream response broke off")) from None
+    response = _response_head(web.Response(status=answer.status, reason=answer.reason), answer, request_id, timing)
+    response.body = data
+    if observer is not None:
+        _watch(observer.begin, answer.headers.get("Content-Type", ""), request_id)
+        _watch(observer.chunk, data, request_id)
+        await _complete(observer, answer.status, request_id)
+    return response
+
+
+def _response_head(response: _R, answer: aiohttp.ClientResponse, request_id: str, timing: Timing) -> _R:
+    """``response`` with the upstream's end-to-end headers, the request id and the overhead."""
     skip = _skipped(answer.headers, frozenset())
     out = response.headers
     for key, value in answer.headers.items():
@@ -159,7 +188,7 @@ def _response_head(answer: aiohttp.ClientResponse, request_id: str, timing: Timi
     if request_id:
         out[REQUEST_ID_HEADER] = request_id
     if answer.content_length is not None:
-        response.content_length = answer.content_length
+        out["Content-Length"] = str(answer.content_length)
     overhead = time.perf_counter() - timing.request_started - timing.headers_s
     out[OVERHEAD_HEADER] = f"{overhead * 1000:.3f}"
     return response
