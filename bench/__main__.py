@@ -39,10 +39,13 @@ from bench.targets import (
     TargetFailed,
     cpu_ticks,
     find_litellm,
+    find_portkey,
     memory_mb,
     process_tree,
     start_bare,
+    portkey_headers,
     start_litellm,
+    start_portkey,
     start_projectionist,
     start_upstream,
 )
@@ -78,6 +81,8 @@ class Bench:
         self.results = Results()
         self.bodies = procs.workdir / "bodies"
         self.bodies.mkdir()
+        #: Headers a peer needs to reach the upstream (Portkey is told the host per request).
+        self.peer_headers: dict[str, dict[str, str]] = {}
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -143,15 +148,22 @@ class Bench:
                 servers["litellm"] = start_litellm(self.procs, venv, upstream)
             except TargetFailed as error:
                 self.note(f"litellm skipped: it did not come up: {error}")
+        folder, why = find_portkey(self.args.portkey)
+        if folder is None:
+            self.note(f"portkey skipped: {why}")
+        else:
+            try:
+                servers["portkey"] = start_portkey(self.procs, folder)
+                self.peer_headers["portkey"] = portkey_headers(upstream)
+            except TargetFailed as error:
+                self.note(f"portkey skipped: it did not come up: {error}")
         print(f"targets: {', '.join(f'{n} (pid {p.pid}, port {p.port})' for n, p in servers.items())}", flush=True)
 
         only = set(self.args.only or SCENARIOS)
         if "text1k" in only:
             self.text1k(servers, upstream)
         if "sse" in only:
-            sse = self.body("sse", scenarios.text_body(stream=True))
-            session = {"X-Session-Id": scenarios.TEXT_SESSION}
-            self.measure_group("sse", 16, [Target(name, proc, sse, session) for name, proc in servers.items()])
+            self.sse(servers)
             self.first_chunk(venv)
         if "images" in only:
             self.images(servers)
@@ -160,20 +172,59 @@ class Bench:
         if "rss" in only:
             self.rss(upstream)
 
+    def targets(self, servers: dict[str, Proc], body: Path, session: dict[str, str]) -> list[Target]:
+        """One row per server, each with the session header (the peers ignore it) and what that
+        peer needs to reach the upstream."""
+        return [Target(name, proc, body, {**session, **self.peer_headers.get(name, {})})
+                for name, proc in servers.items()]
+
     def text1k(self, servers: dict[str, Proc], upstream: Proc) -> None:
-        """Every target gets the session header, as agents send it (the others ignore it); a
-        sessionless projectionist row is kept for comparison, never the headline."""
+        """Every target gets the session header, as agents send it; the comparison rows at c=16
+        change one thing each: no session header, logging at warning, two workers, and the
+        bare proxy on uvloop (projectionist's default loop)."""
         text = self.body("text1k", scenarios.text_body())
         session = {"X-Session-Id": scenarios.TEXT_SESSION}
         for concurrency in (1, 16, 64):
-            group = [Target(name, proc, text, session) for name, proc in servers.items()]
+            group = self.targets(servers, text, session)
             if concurrency != 16:
                 self.measure_group("text1k", concurrency, group)
                 continue
             group.append(Target("projectionist-nosession", servers["projectionist"], text))
-            logging_on = partial(start_projectionist, self.procs, upstream, "projectionist+log", self.token, "info")
-            with self.started(logging_on) as logged:
-                self.measure_group("text1k", 16, [*group, Target("projectionist+log", logged, text, session)])
+            rows = {"projectionist-quiet": partial(start_projectionist, self.procs, upstream, "projectionist-quiet",
+                                                   self.token, "warning"),
+                    "projectionist-2w": partial(start_projectionist, self.procs, upstream, "projectionist-2w",
+                                                self.token, workers=2)}
+            if self.peers.dir and self.procs.loop != "uvloop":
+                rows["bare-uvloop"] = partial(start_bare, self.procs, self.peers, upstream, "bare-uvloop", "uvloop")
+            extra: list[Proc] = []
+            try:
+                for name, start in rows.items():
+                    try:
+                        proc = start()
+                    except TargetFailed as error:
+                        self.note(f"{name} skipped: {str(error).splitlines()[0]}")
+                        continue
+                    extra.append(proc)
+                    group.append(Target(name, proc, text, session))
+                self.measure_group("text1k", 16, group)
+            finally:
+                for proc in extra:
+                    self.procs.stop(proc)
+
+    def sse(self, servers: dict[str, Proc]) -> None:
+        """SSE through every target that can stream; a peer whose streaming answer breaks is
+        reported n/a with what it answered, not left out silently."""
+        body = self.body("sse", scenarios.text_body(stream=True))
+        group = []
+        for target in self.targets(servers, body, {"X-Session-Id": scenarios.TEXT_SESSION}):
+            try:
+                asyncio.run(scenarios.probe(target.url, body.read_bytes(), target.headers, count=1))
+            except ScenarioBroken as error:
+                self.results.extras.setdefault("sse_broken", {})[target.name] = str(error)[:300]
+                self.note(f"sse: {target.name} n/a: {str(error)[:300]}")
+                continue
+            group.append(target)
+        self.measure_group("sse", 16, group)
 
     def first_chunk(self, litellm_venv: Path | None) -> None:
         """Each proxy in front of an upstream that pauses 20 ms before each of its 20 chunks."""
@@ -250,8 +301,8 @@ class Bench:
             time.sleep(1.0)
             idle = memory_mb(proc.pid)
             ids = asyncio.run(scenarios.admit(proc.base, scenarios.make_images()))
-            no_headers: dict[str, str] = {}
-            text, sse = (scenarios.text_body(), no_headers), (scenarios.text_body(stream=True), no_headers)
+            session = {"X-Session-Id": "bench-rss-text"}  # every request bears a session, as agents send
+            text, sse = (scenarios.text_body(), session), (scenarios.text_body(stream=True), session)
             images = (scenarios.refs_body(ids), {"X-Session-Id": "bench-rss-images"})
             quarantined = (scenarios.refs_body(scenarios.quarantined_ids()), {"X-Session-Id": "bench-rss-quarantined"})
             plan = [text, sse, images, quarantined, text, text, sse, images, quarantined, text]
@@ -283,6 +334,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
                         help="wrk when installed (auto), else the built-in aiohttp client")
     parser.add_argument("--litellm-venv", help="LiteLLM's virtual environment (or env LITELLM_VENV)")
+    parser.add_argument("--portkey", help="folder holding `npm install @portkey-ai/gateway@1.15.2` (or env PORTKEY_DIR)")
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, metavar="SCENARIO",
                         help=f"run only these scenarios ({', '.join(SCENARIOS)}); default all")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",

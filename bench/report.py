@@ -7,6 +7,7 @@ quotes the median of each figure over the runs. Ratios compare medians measured 
 from __future__ import annotations
 
 import math
+from functools import partial
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,24 +99,30 @@ def _check(label: str, value: float | None, op: str, limit: float, note: str = "
 
 
 def ratios(results: Results) -> list[Ratio]:
+    """Issue 13's targets P1-P6, each a ratio of medians measured in this run (projectionist on
+    its defaults, the session header set), and the comparison rows as ``info``."""
     fig, extras = results.figure, results.extras
+    rps = partial(_rps, fig)
+    cpu = partial(_cpu, fig)
+    peer = {name: "" if results.cell("text1k", name, 16) else f"{name} not measured" for name in ("litellm", "portkey")}
     out = [
-        _check("text1k c=16 throughput projectionist/bare", _ratio(fig("text1k", "projectionist", 16, "rps"),
-                                                                    fig("text1k", "bare", 16, "rps")), "≥", 0.85),
-        _check("text1k c=16 CPU/request projectionist/bare",
-               _ratio(fig("text1k", "projectionist", 16, "cpu_ms_per_req"),
-                      fig("text1k", "bare", 16, "cpu_ms_per_req")),
-               "≤", 1.25),
-        _check("text1k c=16 throughput projectionist/litellm",
-               _ratio(fig("text1k", "projectionist", 16, "rps"), fig("text1k", "litellm", 16, "rps")), "≥", 50,
-               "" if results.cell("text1k", "litellm", 16) else "litellm not measured"),
+        _check("P1 text1k c=16 throughput projectionist/bare", _ratio(rps("projectionist"), rps("bare")), "≥", 0.90),
+        _check("P1 text1k c=16 CPU/request projectionist/bare", _ratio(cpu("projectionist"), cpu("bare")), "≤", 1.20),
+        _check("P1 text1k c=16 throughput projectionist/portkey", _ratio(rps("projectionist"), rps("portkey")), "≥", 2.5,
+               peer["portkey"]),
+        _check("P1 text1k c=16 throughput projectionist/litellm", _ratio(rps("projectionist"), rps("litellm")), "≥", 50,
+               peer["litellm"]),
     ]
     direct, proj, bare = (fig("text1k", t, 1, "p50_ms") for t in ("direct", "projectionist", "bare"))
-    added_bare = f"bare adds {bare - direct:.3f} ms" if bare is not None and direct is not None else ""
-    out.append(_check("text1k c=1 p50 added over direct: projectionist − direct",
-                      proj - direct if proj is not None and direct is not None else None, "≤", 0.8, added_bare, " ms"))
-    out.append(_check("sse c=16 throughput projectionist/bare",
-                      _ratio(fig("sse", "projectionist", 16, "rps"), fig("sse", "bare", 16, "rps")), "≥", 0.85))
+    added = proj - direct if proj is not None and direct is not None else None
+    added_bare = bare - direct if bare is not None and direct is not None else None
+    out.append(_check("P2 text1k c=1 added p50 over direct: projectionist/bare", _ratio(added, added_bare), "≤", 1.3,
+                      f"projectionist adds {added:.3f} ms, bare {added_bare:.3f} ms"
+                      if added is not None and added_bare is not None else ""))
+    out.append(_check("P3 sse c=16 throughput projectionist/bare",
+                      _ratio(fig("sse", "projectionist", 16, "rps"), fig("sse", "bare", 16, "rps")), "≥", 0.90))
+    for name, why in extras.get("sse_broken", {}).items():
+        out.append(Ratio(f"P3 sse c=16 throughput projectionist/{name}", None, "(reported)", "n/a", why))
     for target, figures in extras.get("first_chunk", {}).items():
         if "error" in figures:
             out.append(Ratio(f"sse first chunk early via {target}: TTFB/total", None, "≤ 0.25", "n/a",
@@ -125,27 +132,47 @@ def ratios(results: Results) -> list[Ratio]:
                           _ratio(figures["ttfb_ms"], figures["total_ms"]), "≤", 0.25,
                           f"TTFB {figures['ttfb_ms']:.1f} ms of {figures['total_ms']:.1f} ms"))
     bare_cpu = fig("images", "bare", 16, "cpu_ms_per_req")
-    out.append(_check("images CPU/request projectionist(refs, warm)/bare(inlined)",
-                      _ratio(fig("images", "projectionist", 16, "cpu_ms_per_req"), bare_cpu), "≤", 1.1))
-    cold = _ratio(fig("images", "projectionist-cold", 16, "cpu_ms_per_req"), bare_cpu)
-    out.append(Ratio("images CPU/request projectionist(refs, cache off)/bare(inlined)", cold, "(reported)",
-                     "info" if cold is not None else "n/a", extras.get("images_cold", "")))
+    out.append(_check("P4 images CPU/request projectionist(refs, cache cold)/bare(inlined)",
+                      _ratio(fig("images", "projectionist-cold", 16, "cpu_ms_per_req"), bare_cpu), "≤", 1.5,
+                      extras.get("images_cold", "")))
+    warm = _ratio(fig("images", "projectionist", 16, "cpu_ms_per_req"), bare_cpu)
+    out.append(Ratio("images CPU/request projectionist(refs, cache warm)/bare(inlined)", warm, "(reported)",
+                     "info" if warm is not None else "n/a"))
+    long = extras.get("long_session", {})
+    out.append(_check("P5 first request of a 100,000-event session, cold process / fresh-session p50",
+                      long.get("ratio"), "≤", 2.0, long.get("note", "")))
     reads = extras.get("quarantined_store_reads", {})
     delta = reads.get("delta")
     out.append(Ratio("quarantined: store reads during the measured phase", delta, "= 0",
                      "n/a" if delta is None else "PASS" if delta == 0 else "MISS", reads.get("note", "")))
     rss = extras.get("rss", {})
-    out.append(_check("rss: projectionist idle RSS", rss.get("idle_mb"), "≤", 80, "", " MB"))
+    out.append(_check("P6 rss: projectionist idle RSS", rss.get("idle_mb"), "≤", 80, "", " MB"))
     measured = "settled_mb" in rss
-    out.append(_check(f"rss: after {rss.get('requests', 10_000):,} mixed requests, idle again / idle",
+    out.append(_check(f"P6 rss: after {rss.get('requests', 10_000):,} mixed session requests, idle again / idle",
                       _ratio(rss.get("settled_mb"), rss.get("idle_mb")), "≤", 1.5,
                       f"{_fmt(rss.get('settled_mb'), 1)} MB {rss.get('settle_s', 0):.0f} s after the load; "
                       f"{_fmt(rss.get('after_mb'), 1)} MB right after it, peak {_fmt(rss.get('peak_mb'), 1)} MB"
                       if measured else ""))
-    logged = _ratio(fig("text1k", "projectionist+log", 16, "rps"), fig("text1k", "projectionist", 16, "rps"))
-    out.append(Ratio("text1k c=16 throughput projectionist+log(info)/projectionist", logged, "(reported)",
-                     "info" if logged is not None else "n/a"))
+    for row, label in (("projectionist-nosession", "no session header"), ("projectionist-quiet", "logging at warning"),
+                       ("projectionist-2w", "2 workers")):
+        out.append(Ratio(f"text1k c=16 throughput projectionist({label})/bare", _ratio(rps(row), rps("bare")),
+                         "(reported)", "info" if rps(row) is not None else "n/a",
+                         f"CPU/request {_fmt(_ratio(cpu(row), cpu('bare')), 3)}x bare's"))
+    same_loop = _ratio(rps("projectionist"), rps("bare-uvloop"))
+    out.append(Ratio("text1k c=16 throughput projectionist/bare on uvloop (same loop)", same_loop, "(reported)",
+                     "info" if same_loop is not None else "n/a",
+                     f"CPU/request {_fmt(_ratio(cpu('projectionist'), cpu('bare-uvloop')), 3)}x"))
     return out
+
+
+def _rps(fig: Any, target: str) -> float | None:
+    value: float | None = fig("text1k", target, 16, "rps")
+    return value
+
+
+def _cpu(fig: Any, target: str) -> float | None:
+    value: float | None = fig("text1k", target, 16, "cpu_ms_per_req")
+    return value
 
 
 def ratio_lines(items: list[Ratio]) -> str:

@@ -2,7 +2,8 @@
 
 Every process the bench starts is registered in a ``Processes`` registry whose ``stop_all`` runs
 in a ``finally``: SIGTERM by pid, then SIGKILL after a grace period, descendants included.
-Targets: the fake upstream (``direct``), the peers' bare proxy, projectionist, and LiteLLM.
+Targets: the fake upstream (``direct``), the peers' bare proxy, projectionist (on its defaults unless a
+row says otherwise), LiteLLM and the Portkey gateway.
 """
 
 from __future__ import annotations
@@ -204,32 +205,71 @@ def start_upstream(procs: Processes, peers: Peers, name: str = "upstream", chunk
     return procs.start(name, [sys.executable, *script], env, port)
 
 
-def start_bare(procs: Processes, peers: Peers, upstream: Proc, name: str = "bare") -> Proc:
+def start_bare(procs: Processes, peers: Peers, upstream: Proc, name: str = "bare", loop: str | None = None) -> Proc:
+    """The peers' bare aiohttp proxy, on ``loop`` (default: the run's ``--loop``)."""
     assert peers.bare_proxy is not None
     port = free_port()
+    uvloop = (loop or procs.loop) == "uvloop"
     return procs.start(name, [sys.executable, str(peers.bare_proxy)],
-                       {"PORT": str(port), "UPSTREAM": upstream.base, "UVLOOP": "1" if procs.loop == "uvloop" else "0"},
-                       port)
+                       {"PORT": str(port), "UPSTREAM": upstream.base, "UVLOOP": "1" if uvloop else "0"}, port)
 
 
-def projectionist_config(upstream: Proc, log_level: str, cache_max_bytes: int | None, loop: str) -> str:
-    lines = ["[server]", f'event_loop = "{loop}"', "", "[logging]", f'level = "{log_level}"', "json = true", "",
-             "[upstreams.openai]", 'format = "openai"', f'url = "{upstream.base}"', ""]
+def projectionist_config(upstream: Proc, log_level: str | None, cache_max_bytes: int | None) -> str:
+    """Defaults everywhere (event loop, logging, recording) but the upstream and what a row names."""
+    lines = ["[upstreams.openai]", 'format = "openai"', f'url = "{upstream.base}"', ""]
+    if log_level is not None:
+        lines += ["[logging]", f'level = "{log_level}"', ""]
     if cache_max_bytes is not None:
         lines += ["[cache]", f"max_bytes = {cache_max_bytes}", ""]
     return "\n".join(lines)
 
 
 def start_projectionist(procs: Processes, upstream: Proc, name: str, admin_token: str,
-                        log_level: str = "warning", cache_max_bytes: int | None = None) -> Proc:
+                        log_level: str | None = None, cache_max_bytes: int | None = None, workers: int = 1,
+                        data_dir: Path | None = None) -> Proc:
+    """``projectionist serve`` on its defaults; ``log_level``, ``cache_max_bytes`` and ``workers``
+    change what a row says they change, and nothing else."""
     home = procs.workdir / name
     home.mkdir(exist_ok=True)
     config = home / "projectionist.toml"
-    config.write_text(projectionist_config(upstream, log_level, cache_max_bytes, procs.loop))
+    config.write_text(projectionist_config(upstream, log_level, cache_max_bytes))
     port = free_port()
     argv = [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(config), "--port", str(port),
-            "--data-dir", str(home / "data")]
+            "--data-dir", str(data_dir or home / "data")]
+    if workers != 1:
+        argv += ["--workers", str(workers)]
     return procs.start(name, argv, {"PROJECTIONIST_ADMIN_TOKEN": admin_token}, port, "/healthz", need_200=True)
+
+
+PORTKEY_VERSION = "1.15.2"
+PORTKEY_MAIN = Path("node_modules/@portkey-ai/gateway/build/start-server.js")
+
+
+def find_portkey(explicit: str | None) -> tuple[Path | None, str]:
+    """(dir, '') when ``npm install @portkey-ai/gateway@1.15.2`` was run in a folder found, else (None, why)."""
+    candidates = [Path(explicit)] if explicit else []
+    if os.environ.get("PORTKEY_DIR"):
+        candidates.append(Path(os.environ["PORTKEY_DIR"]))
+    candidates += [ROOT.parent / "portkey", ROOT / "portkey"]
+    for folder in candidates:
+        if (folder / PORTKEY_MAIN).exists():
+            return folder, ""
+    if shutil.which("node") is None:
+        return None, "node is not installed"
+    return None, (f"no Portkey gateway found (no {PORTKEY_MAIN} under --portkey, $PORTKEY_DIR or ../portkey); "
+                  f"to include it: `mkdir DIR && cd DIR && npm install @portkey-ai/gateway@{PORTKEY_VERSION}`, "
+                  "then --portkey DIR")
+
+
+def portkey_headers(upstream: Proc) -> dict[str, str]:
+    """What a client sends Portkey to reach an OpenAI-compatible upstream at a custom host."""
+    return {"x-portkey-provider": "openai", "x-portkey-custom-host": f"{upstream.base}/v1"}
+
+
+def start_portkey(procs: Processes, folder: Path, name: str = "portkey") -> Proc:
+    port = free_port()
+    argv = ["node", str(folder / PORTKEY_MAIN), f"--port={port}", "--headless"]
+    return procs.start(name, argv, {"NODE_ENV": "production"}, port, "/", timeout=60.0)
 
 
 def find_litellm(explicit: str | None, peers: Peers) -> tuple[Path | None, str]:
