@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import load, report, scenarios
+from bench import image_costs, load, report, scenarios
 from bench.report import Cell, Results, Run
 from bench.scenarios import CHAT, ScenarioBroken
 from bench.targets import (
@@ -275,6 +275,10 @@ class Bench:
         finally:
             if cold is not None:
                 self.procs.stop(cold)
+        costs = image_costs.measure(pngs)
+        self.results.extras["image_costs"] = costs
+        print("  images      where a cold image's CPU goes (in-process, medians):", flush=True)
+        print("\n".join(image_costs.lines(costs)), flush=True)
 
     def quarantined(self, projectionist: Proc) -> None:
         body = self.body("quarantined", scenarios.refs_body(scenarios.quarantined_ids()))
