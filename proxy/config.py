@@ -136,6 +136,7 @@ class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     mode: Literal["off", "metadata", "full"] = "metadata"
     max_response_bytes: Count = 16 * MiB
     queue_size: Size = 10_000
+    flush_interval: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

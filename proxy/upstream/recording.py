@@ -18,6 +18,7 @@ headers, keys, tokens or attachment base64.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import OrderedDict, deque
 from typing import Any, Final
@@ -43,7 +44,9 @@ class Recording:
     """Where this app's records go, off the request path: a bounded queue that one writer drains
     into the session log in batches (and, in ``full`` mode, bodies into the store's blob area).
 
-    Records are evidence, not state: a request never waits for one. A full queue, a log that is
+    Records are evidence, not state: a request never waits for one. The writer lets records
+    gather for ``flush_interval`` seconds (less once ``batch`` are queued or someone drains), so
+    light traffic also pays one transaction for many records rather than one per call. A full queue, a log that is
     down or a blob that cannot be stored drops the record, logs it and counts it
     (``projectionist_records_dropped_total``); the call went on. ``drain`` waits until what is
     queued is written (the admin API calls it before reading, so an operator sees every record
@@ -51,7 +54,7 @@ class Recording:
     """
 
     def __init__(self, log: SessionLog, store: Store, mode: str, max_response_bytes: int, metrics: Metrics,
-                 queue_size: int = 10_000, batch: int = 256) -> None:
+                 queue_size: int = 10_000, batch: int = 256, *, flush_interval: float = 0.0) -> None:
         self.log = log
         self.store = store
         self.mode = mode
@@ -59,9 +62,12 @@ class Recording:
         self.metrics = metrics
         self.queue_size = queue_size
         self.batch = batch
+        self.flush_interval = flush_interval
         self._queue: deque[_Pending] = deque()
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
+        #: Set when the writer should stop gathering: a full batch, a drain, shutdown.
+        self._hurry: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
         #: Seqs of request records written lately, by request id (for the response records).
         self._seqs: OrderedDict[str, int] = OrderedDict()
@@ -92,17 +98,20 @@ class Recording:
         self._queue.append(pending)
         self.metrics.records_queued = len(self._queue)
         if self._writer is None or self._writer.done():
-            self._wake, self._idle = asyncio.Event(), asyncio.Event()
+            self._wake, self._idle, self._hurry = asyncio.Event(), asyncio.Event(), asyncio.Event()
             self._writer = asyncio.get_running_loop().create_task(self._write())
-        assert self._wake is not None and self._idle is not None
+        assert self._wake is not None and self._idle is not None and self._hurry is not None
         self._idle.clear()
         self._wake.set()
+        if len(self._queue) >= self.batch:
+            self._hurry.set()
 
     async def drain(self) -> None:
         """Wait until every record queued so far is written (or dropped)."""
         while self._queue or (self._writer is not None and not self._writer.done()
                               and self._idle is not None and not self._idle.is_set()):
-            assert self._idle is not None
+            assert self._idle is not None and self._hurry is not None
+            self._hurry.set()
             await self._idle.wait()
 
     async def close(self) -> None:
@@ -113,13 +122,18 @@ class Recording:
             await asyncio.gather(self._writer, return_exceptions=True)
 
     async def _write(self) -> None:
-        assert self._wake is not None and self._idle is not None
+        assert self._wake is not None and self._idle is not None and self._hurry is not None
         while True:
             if not self._queue:
                 self._idle.set()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self.flush_interval and not self._hurry.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), self.flush_interval)
+            if len(self._queue) <= self.batch:
+                self._hurry.clear()  # this batch takes everything queued: the next one may gather
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
             self.metrics.records_queued = len(self._queue)
             sessions: dict[str, list[_Pending]] = {}
