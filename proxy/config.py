@@ -71,6 +71,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     client_tokens_env: str = "PROJECTIONIST_CLIENT_TOKENS"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     shutdown_grace: Seconds = 10.0
+    workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
 
 
 class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -8,6 +8,7 @@ base64, API keys or tokens: callers pass counts and codes. The logger is created
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -16,8 +17,9 @@ import structlog
 from yarl import URL
 
 
-def setup_logging(level: str = "info", json: bool = True) -> None:
-    """Configure structlog for a process (call once, from the CLI)."""
+def setup_logging(level: str = "info", json: bool = True, *, pid: bool = False) -> None:
+    """Configure structlog for a process (call once, from the CLI); with ``pid``, every line names
+    the process that wrote it (the processes of ``serve --workers`` share one stderr)."""
     global _request_lines
     _request_lines = logging.getLevelNamesMapping()[level.upper()] <= logging.INFO
     renderer: structlog.typing.Processor = (
@@ -27,6 +29,7 @@ def setup_logging(level: str = "info", json: bool = True) -> None:
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *([_with_pid(os.getpid())] if pid else []),
             structlog.processors.format_exc_info,
             renderer,
         ],
@@ -35,6 +38,13 @@ def setup_logging(level: str = "info", json: bool = True) -> None:
         else structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def _with_pid(pid: int) -> structlog.typing.Processor:
+    def add_pid(_: Any, __: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
+        event["pid"] = pid
+        return event
+    return add_pid
 
 
 def _encode(event: Any, **_: Any) -> bytes:

@@ -22,6 +22,7 @@ from projectionist.proxy.http.admin import events_view, quarantine_view
 from projectionist.proxy.http.app import open_log, open_store
 from projectionist.proxy.config import Config, Format, load_config, parse_upstream_spec, with_upstreams
 from projectionist.proxy.ops.serve import StartupError, serve
+from projectionist.proxy.ops.workers import supervise
 from projectionist.proxy.ops.demo import DemoFailed, run_demo, write_snapshot
 from projectionist.proxy.upstream.replay import rebuild, send_and_compare
 from projectionist.proxy.observe.logger import setup_logging
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(serve)
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    serve.add_argument("--workers", metavar="N",
+                       help="server processes sharing the port (1-64, default 1 or [server] workers)")
     serve.add_argument("--admin-token", help="admin bearer token (or PROJECTIONIST_ADMIN_TOKEN)")
     serve.add_argument("--upstream", action="append", type=_parse_upstream, default=[], metavar="NAME=[FORMAT:]URL",
                        help="override an upstream's base URL (openai=http://127.0.0.1:9000) or declare a named "
@@ -100,9 +103,21 @@ def config_from_args(args: argparse.Namespace) -> Config:
             "server.host": getattr(args, "host", None),
             "server.port": getattr(args, "port", None),
             "server.admin_token": getattr(args, "admin_token", None),
+            "server.workers": workers_flag(getattr(args, "workers", None)),
         },
     )
     return with_upstreams(config, getattr(args, "upstream", []))
+
+
+def workers_flag(value: str | None) -> int | None:
+    """``--workers N`` as an int; the config checks its range (1 to 64), all as INVALID_CONFIG."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidRequest(f"--workers {value!r}: expected a whole number from 1 to 64",
+                             code="INVALID_CONFIG") from None
 
 
 def _print_json(payload: Any) -> None:
@@ -221,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         config = config_from_args(args)
         if args.command == "serve":
-            serve(config, insecure_open_proxy=args.insecure_open_proxy)
+            run = supervise if config.server.workers > 1 else serve
+            run(config, insecure_open_proxy=args.insecure_open_proxy)
             return 0
         return _admin_verb(args, config)
     except ProjectionistError as error:

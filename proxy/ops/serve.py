@@ -12,7 +12,7 @@ import ctypes
 import gc
 import ipaddress
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from aiohttp import web
 
@@ -121,14 +121,43 @@ class StartupError(ProjectionistError):
     default_code = "STARTUP_FAILED"
 
 
-def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
-    """Run the proxy until SIGTERM/SIGINT. Anything that stops it from starting (a data dir it
-    cannot use, a log it cannot open, a port it cannot bind) is one ``StartupError``."""
+def admit_open_proxy(config: Config, insecure_open_proxy: bool) -> bool:
+    """Whether ``serve`` runs as an open proxy (only with ``--insecure-open-proxy``): without the
+    flag, where ``open_proxy_refusal`` objects, a ``StartupError`` OPEN_PROXY_REFUSED."""
     refusal = open_proxy_refusal(config)
     if refusal and not insecure_open_proxy:
         raise StartupError(refusal, code="OPEN_PROXY_REFUSED")
+    return bool(refusal)
+
+
+def listening_fields(config: Config, loop: str, open_proxy: bool) -> dict[str, object]:
+    """The fields of the ``listening`` line (also the supervisor's, with ``--workers``)."""
+    return {"host": config.server.host, "port": config.server.port, "loop": loop, "data_dir": str(config.data_dir),
+            "upstreams": {n: redact_url(u.url) for n, u in config.upstreams.items()},
+            "client_tokens": bool(config.client_tokens()), "open_proxy": open_proxy,
+            "workers": config.server.workers}
+
+
+def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
+    """Run the proxy in this process until SIGTERM/SIGINT. Anything that stops it from starting (a
+    data dir it cannot use, a log it cannot open, a port it cannot bind) is one ``StartupError``."""
+    open_proxy = admit_open_proxy(config, insecure_open_proxy)
     limit_malloc_arenas()
     setup_logging(config.logging.level, config.logging.json)
+
+    def listening(loop: str) -> None:
+        get_logger().info("listening", **listening_fields(config, loop, open_proxy))
+
+    run_server(config, listening)
+
+
+CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
+
+
+def run_server(config: Config, on_listening: Callable[[str], None], *, reuse_port: bool = False,
+               contexts: Sequence[CleanupCtx] = ()) -> None:
+    """Build the app and serve it until SIGTERM/SIGINT; ``on_listening(loop module)`` once every
+    socket is bound. A worker of ``--workers`` shares its port (``reuse_port``)."""
     loop = event_loop(config.server.event_loop)
     asyncio.set_event_loop(loop)
     phase = "starting"
@@ -136,10 +165,7 @@ def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
     def listening(_: str) -> None:  # run_app calls this once every socket is bound
         nonlocal phase
         phase = "serving"
-        get_logger().info("listening", host=config.server.host, port=config.server.port,
-                          loop=type(loop).__module__, data_dir=str(config.data_dir),
-                          upstreams={n: redact_url(u.url) for n, u in config.upstreams.items()},
-                          client_tokens=bool(config.client_tokens()), open_proxy=bool(refusal))
+        on_listening(type(loop).__module__)
 
     async def binding(_: web.Application) -> None:  # after the store and log opened, before the bind
         nonlocal phase
@@ -148,11 +174,13 @@ def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
     try:
         app = create_app(config)
         app.cleanup_ctx.append(_trim_memory)
+        app.cleanup_ctx.extend(contexts)
         app.on_startup.append(binding)
         tune_gc()
         web.run_app(app, host=config.server.host, port=config.server.port, handler_cancellation=True,
                     # aiohttp waits this long twice (for handlers, then for them once cancelled)
-                    shutdown_timeout=config.server.shutdown_grace / 2, access_log=None, print=listening, loop=loop)
+                    shutdown_timeout=config.server.shutdown_grace / 2, access_log=None, print=listening, loop=loop,
+                    reuse_port=reuse_port)
     except (ProjectionistError, OSError) as exc:
         if phase == "serving":
             raise
