@@ -212,20 +212,22 @@ def start_bare(procs: Processes, peers: Peers, upstream: Proc, name: str = "bare
                        port)
 
 
-def projectionist_config(upstream: Proc, log_level: str, cache_max_bytes: int | None, loop: str) -> str:
+def projectionist_config(upstream: Proc, log_level: str, cache_max_bytes: int | None, loop: str,
+                         extra_toml: str = "") -> str:
     lines = ["[server]", f'event_loop = "{loop}"', "", "[logging]", f'level = "{log_level}"', "json = true", "",
              "[upstreams.openai]", 'format = "openai"', f'url = "{upstream.base}"', ""]
     if cache_max_bytes is not None:
         lines += ["[cache]", f"max_bytes = {cache_max_bytes}", ""]
-    return "\n".join(lines)
+    return "\n".join(lines) + extra_toml
 
 
 def start_projectionist(procs: Processes, upstream: Proc, name: str, admin_token: str,
-                        log_level: str = "warning", cache_max_bytes: int | None = None) -> Proc:
+                        log_level: str = "warning", cache_max_bytes: int | None = None,
+                        extra_toml: str = "") -> Proc:
     home = procs.workdir / name
     home.mkdir(exist_ok=True)
     config = home / "projectionist.toml"
-    config.write_text(projectionist_config(upstream, log_level, cache_max_bytes, procs.loop))
+    config.write_text(projectionist_config(upstream, log_level, cache_max_bytes, procs.loop, extra_toml))
     port = free_port()
     argv = [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(config), "--port", str(port),
             "--data-dir", str(home / "data")]
