@@ -121,7 +121,8 @@ def create_app(
     services = Services(
         config=config,
         store=store,
-        reader=CachedStore(store, VerifiedCache(config.cache.max_bytes), counters),  # type: ignore[arg-type]
+        reader=CachedStore(store, VerifiedCache(config.cache.max_bytes), counters,  # type: ignore[arg-type]
+                           stamp_ttl=config.store.stamp_ttl),
         log=CachedLog(log, config.cache.sessions),
         upstreams=upstreams,
         guard=Guard(config.client_tokens(environ), config.admin_token(environ),
