@@ -51,7 +51,7 @@ class Recording:
     """
 
     def __init__(self, log: SessionLog, store: Store, mode: str, max_response_bytes: int, metrics: Metrics,
-                 queue_size: int = 10_000, batch: int = 256) -> None:
+                 queue_size: int = 10_000, batch: int = 256, *, batch_wait: float = 0.0) -> None:
         self.log = log
         self.store = store
         self.mode = mode
@@ -59,6 +59,7 @@ class Recording:
         self.metrics = metrics
         self.queue_size = queue_size
         self.batch = batch
+        self.batch_wait = batch_wait
         self._queue: deque[_Pending] = deque()
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -120,6 +121,8 @@ class Recording:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self.batch_wait and len(self._queue) < self.batch:
+                await asyncio.sleep(self.batch_wait)  # one append for the records of many calls
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
             self.metrics.records_queued = len(self._queue)
             sessions: dict[str, list[_Pending]] = {}
@@ -128,8 +131,9 @@ class Recording:
             await asyncio.gather(*(self._write_session(sid, items) for sid, items in sessions.items()))
 
     async def _write_session(self, session_id: str, items: list[_Pending]) -> None:
-        """A session's queued records, in order, their blobs stored first: one append, or two
-        when a call's response waits for the seq its request record gets in the same batch."""
+        """A session's queued records, in order, their blobs stored first, in one append. A call's
+        response whose request record is in the same batch waits for the next batch (it needs the
+        seq the request record gets), at the front of the queue."""
         ready: list[_Pending] = []
         for pending in items:
             if pending.blob is not None:
@@ -142,8 +146,10 @@ class Recording:
         in_batch = {p.request_id for p in ready if isinstance(p.data, RequestRecorded)}
         first = [p for p in ready if not (isinstance(p.data, ResponseRecorded) and p.request_id in in_batch)]
         later = [p for p in ready if isinstance(p.data, ResponseRecorded) and p.request_id in in_batch]
-        for group in (first, later):
-            await self._append(session_id, group)
+        await self._append(session_id, first)
+        for pending in reversed(later):
+            pending.blob = None  # stored already
+            self._queue.appendleft(pending)
 
     async def _append(self, session_id: str, group: list[_Pending]) -> None:
         written: list[_Pending] = []
