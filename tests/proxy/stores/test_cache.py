@@ -248,3 +248,15 @@ async def test_a_read_in_flight_during_a_proxy_delete_is_served_but_not_cached(m
     gate.set()
     assert await deleting is True
     assert reader.cache.get(aid) is None
+
+
+async def test_concurrent_hits_after_the_window_share_one_stamp_check(make_harness: MakeHarness) -> None:
+    import asyncio
+
+    harness, clock = await windowed(make_harness)
+    aid = await harness.admit(make_image(color=175))
+    await harness.chat("herd", aid)
+    clock.now += 11.0
+    responses = await asyncio.gather(*(harness.chat(f"herd-{i}", aid) for i in range(8)))
+    assert all(r.status == 200 for r in responses)
+    assert harness.store.stamp_checks[aid] == 1 and harness.store.reads[aid] == 1
