@@ -198,7 +198,7 @@ class SqliteLog:
 
     # -- event-loop side -------------------------------------------------------------------------
 
-    async def _run(self, job: Callable[[sqlite3.Connection], _T], lane: Lane | None = None, *, op: str) -> _T:
+    async def _run(self, job: Callable[[sqlite3.Connection], _T], lane: Lane | None = None, *, op: str = "other") -> _T:
         """Run ``job`` in a lane (writes unless told). Its whole wait, in the queue behind other
         jobs and for another process's write lock, is bounded by ``busy_timeout``: the k-th of k
         waiting calls never waits k times as long; a job that hangs past that and its own write

@@ -224,23 +224,25 @@ class CachedStore:
         self._flights: dict[str, asyncio.Task[StoredImage]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def _shared_stamp(self, attachment_id: str, now: float) -> tuple[float, str | None]:
-        """The object's stamp and when the check that found it was sent: a check of the same id
-        already in flight is joined (the requests that find a window expired at once send one
-        check, not one each)."""
+    async def _shared_stamp(self, attachment_id: str, entry: _Entry, now: float) -> str | None:
+        """The object's stamp; a check of the same id already in flight is joined (the requests
+        that find a window expired at once send one check, not one each). A check that confirms
+        ``entry`` opens its next window, from when it was sent, before anyone resumes."""
         found = self._checks.get(attachment_id)
         if found is None:
             future = asyncio.ensure_future(self._stamp(attachment_id))
             found = self._checks[attachment_id] = (now, future)
-            future.add_done_callback(lambda done: self._check_done(attachment_id, done))
-        return found[0], await asyncio.shield(found[1])
+            future.add_done_callback(lambda done: self._check_done(attachment_id, entry, now, done))
+        return await asyncio.shield(found[1])
 
-    def _check_done(self, attachment_id: str, done: asyncio.Future[str | None]) -> None:
+    def _check_done(self, attachment_id: str, entry: _Entry, sent: float, done: asyncio.Future[str | None]) -> None:
         current = self._checks.get(attachment_id)
         if current is not None and current[1] is done:
             del self._checks[attachment_id]
-        if not done.cancelled():
-            done.exception()  # seen here: a check nobody waits for any more is never "unretrieved"
+        if done.cancelled() or done.exception() is not None:  # seen here: never "unretrieved"
+            return
+        if done.result() == entry.stamp:
+            entry.checked = max(entry.checked, sent)
 
     async def _stamp(self, attachment_id: str) -> str | None:
         """The object's stamp; checks asked for in the same loop iteration (the concurrent reads
@@ -274,9 +276,7 @@ class CachedStore:
             if now - entry.checked < self.stamp_ttl:  # confirmed within the window: no store op
                 self.metrics.cache_hits += 1
                 return entry.image
-            sent, stamp = await self._shared_stamp(attachment_id, now)
-            if stamp == entry.stamp:
-                entry.checked = max(entry.checked, sent)
+            if await self._shared_stamp(attachment_id, entry, now) == entry.stamp:
                 self.metrics.cache_hits += 1
                 return entry.image
             self.cache.evict(attachment_id)
