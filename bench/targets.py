@@ -214,25 +214,26 @@ def start_bare(procs: Processes, peers: Peers, upstream: Proc, name: str = "bare
                        {"PORT": str(port), "UPSTREAM": upstream.base, "UVLOOP": "1" if uvloop else "0"}, port)
 
 
-def projectionist_config(upstream: Proc, log_level: str | None, cache_max_bytes: int | None) -> str:
+def projectionist_config(upstream: Proc, log_level: str | None, cache_max_bytes: int | None,
+                         extra_toml: str = "") -> str:
     """Defaults everywhere (event loop, logging, recording) but the upstream and what a row names."""
     lines = ["[upstreams.openai]", 'format = "openai"', f'url = "{upstream.base}"', ""]
     if log_level is not None:
         lines += ["[logging]", f'level = "{log_level}"', ""]
     if cache_max_bytes is not None:
         lines += ["[cache]", f"max_bytes = {cache_max_bytes}", ""]
-    return "\n".join(lines)
+    return "\n".join(lines) + extra_toml
 
 
 def start_projectionist(procs: Processes, upstream: Proc, name: str, admin_token: str,
                         log_level: str | None = None, cache_max_bytes: int | None = None, workers: int = 1,
-                        data_dir: Path | None = None) -> Proc:
+                        data_dir: Path | None = None, extra_toml: str = "") -> Proc:
     """``projectionist serve`` on its defaults; ``log_level``, ``cache_max_bytes`` and ``workers``
     change what a row says they change, and nothing else."""
     home = procs.workdir / name
     home.mkdir(exist_ok=True)
     config = home / "projectionist.toml"
-    config.write_text(projectionist_config(upstream, log_level, cache_max_bytes))
+    config.write_text(projectionist_config(upstream, log_level, cache_max_bytes, extra_toml))
     port = free_port()
     argv = [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(config), "--port", str(port),
             "--data-dir", str(data_dir or home / "data")]

@@ -99,6 +99,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kind: Literal["filesystem", "s3"] = "filesystem"
     path: str = ""
     read_timeout: Seconds = 30.0
+    #: Seconds a confirmed stamp of a cached object stays trusted (0: check on every hit).
+    stamp_ttl: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     limits: ImageLimits = ImageLimits()
     lanes: LanesConfig = LanesConfig()
     s3: S3Config = S3Config()
@@ -137,7 +139,8 @@ class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     mode: Literal["off", "metadata", "full"] = "metadata"
     max_response_bytes: Count = 16 * MiB
     queue_size: Size = 10_000
-    flush_interval: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05
+    #: Seconds the record writer lets records gather before it writes a batch (0: write at once).
+    batch_wait: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

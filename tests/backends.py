@@ -87,6 +87,8 @@ class Seaweed:
         self.s3_port = free_port(grpc_offset=True)
         self.endpoint = f"http://127.0.0.1:{self.s3_port}"
         self.process: subprocess.Popen[bytes] | None = None
+        #: More ``weed server`` options (the bench adds ``-metricsPort``).
+        self.extra_args: list[str] = []
 
     def start(self, timeout: float = 60.0) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -94,7 +96,7 @@ class Seaweed:
                 "-s3", f"-s3.port={self.s3_port}", f"-master.port={free_port(True)}",
                 f"-volume.port={free_port(True)}", f"-filer.port={free_port(True)}",
                 # the Iceberg and Lance listeners default to fixed ports: off, so instances can coexist
-                "-s3.port.iceberg=0", "-s3.port.lance=0"]
+                "-s3.port.iceberg=0", "-s3.port.lance=0", *self.extra_args]
         log = open(self.directory / "weed.log", "ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout

@@ -210,8 +210,10 @@ def data_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def make_config(data_dir: Path, upstream: FakeUpstream, backend_overrides: dict[str, Any]) -> Callable[..., Config]:
     def make(**overrides: Any) -> Config:
+        # stamp_ttl 0: tests damage objects behind the proxy's back and expect the very next request
+        # to notice; the staleness window has its own tests (tests/proxy/stores/test_cache.py)
         base = {"server.data_dir": str(data_dir), "server.admin_token": "admintok", "record.mode": "off",
-                **backend_overrides}
+                "store.stamp_ttl": 0, **backend_overrides}
         config = load_config(None, **{**base, **overrides})
         fake = {name: upstream.url for name in ("openai", "anthropic") if f"upstreams.{name}" not in overrides}
         return with_upstream_urls(config, fake)

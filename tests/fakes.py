@@ -141,6 +141,11 @@ class CountingStore:
     def total(self) -> int:
         return sum(self.reads.values())
 
+    @property
+    def ops(self) -> Any:
+        """The wrapped store's own operation counter."""
+        return getattr(self.inner, "ops", None)
+
     async def _before_read(self, attachment_id: str) -> None:
         self.reads[attachment_id] += 1
         if self.script is not None:

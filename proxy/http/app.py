@@ -21,7 +21,7 @@ from projectionist.proxy.http.middleware import context, context_middleware, err
 from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.http.uploads import upload
-from projectionist.proxy.observe.metrics import Metrics
+from projectionist.proxy.observe.metrics import Metrics, OpCounter
 from projectionist.proxy.sessionlog.base import Log
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
@@ -114,13 +114,16 @@ def create_app(
         for name, up in config.upstreams.items()
     }
     store = store if store is not None else open_store(config, environ)
+    log = log if log is not None else open_log(config, environ)
     counters = Metrics()
+    counters.store_ops, counters.log_round_trips = _ops_of(store), _ops_of(log)
     server = config.server
     services = Services(
         config=config,
         store=store,
-        reader=CachedStore(store, VerifiedCache(config.cache.max_bytes), counters),  # type: ignore[arg-type]
-        log=CachedLog(log if log is not None else open_log(config, environ), config.cache.sessions),
+        reader=CachedStore(store, VerifiedCache(config.cache.max_bytes), counters,  # type: ignore[arg-type]
+                           stamp_ttl=config.store.stamp_ttl),
+        log=CachedLog(log, config.cache.sessions),
         upstreams=upstreams,
         guard=Guard(config.client_tokens(environ), config.admin_token(environ),
                     (server.session_header, *server.session_header_aliases)),
@@ -146,6 +149,13 @@ def create_app(
     router.add_route("*", "/u/{tail:" + ANY + "}", dispatch_named)
     router.add_route("*", "/{tail:" + ANY + "}", dispatch_default)
     return app
+
+
+def _ops_of(backend: object) -> OpCounter:
+    """The operations counter a backend keeps of what it sends to its service (a fresh, idle
+    one for a backend that keeps none, such as a test double)."""
+    found = getattr(backend, "ops", None)
+    return found if isinstance(found, OpCounter) else OpCounter()
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -92,7 +92,8 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
     context(request).fields.update(attachment=file_id[:15])
     if request.method == "DELETE":  # removes history for every session that uses it: admin only
         request.app[SERVICES].guard.require_admin(request.headers, request.query, "deleting an attachment")
-        if not await store.delete(file_id):
+        # through the reader: this process's cached copy goes at once, whatever stamp_ttl says
+        if not await request.app[SERVICES].reader.delete(file_id):
             raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
         return _json(_files(upstream.format).file_deleted(file_id))
     if match["content"]:

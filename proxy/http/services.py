@@ -42,7 +42,7 @@ class Services:
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
         record = self.config.record
         self.recording = Recording(self.log, self.store, record.mode, record.max_response_bytes, self.metrics,
-                                   record.queue_size, flush_interval=record.flush_interval)
+                                   record.queue_size, batch_wait=record.batch_wait)
 
 
 SERVICES = web.AppKey("projectionist", Services)

@@ -2,12 +2,14 @@
 
 The hot path only bumps plain ints (the app is one event loop: no locks needed); a collector turns
 them into Prometheus families when scraped. Labels are low-cardinality by construction: route
-names, HTTP statuses, failure classes and read results. Session and attachment ids never become
-labels.
+names, HTTP statuses, failure classes, read results and operation names. Session and attachment
+ids never become labels. ``OpCounter`` is the exception to "no locks": the store and log backends
+count what they send to their service where they send it, some of it on worker threads.
 """
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
@@ -41,6 +43,30 @@ class Histogram:
         return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.total)
 
 
+class OpCounter:
+    """Operations one backend sent to its service (S3 requests, filesystem calls, SQL round
+    trips), by operation name. Bumped by the backend at the one place it talks to the service,
+    from the event loop or a worker thread; read whole when scraped."""
+
+    __slots__ = ("_counts", "_lock")
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, op: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[op] += n
+
+    def snapshot(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self._counts)
+
+    @property
+    def total(self) -> int:
+        return sum(self.snapshot().values())
+
+
 class Metrics:
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, str]] = Counter()
@@ -57,6 +83,9 @@ class Metrics:
         self.errors_after_start = 0
         self.projection = Histogram()
         self.upstream = Histogram()
+        #: The store's and the log's own counts (``create_app`` wires the backends' counters).
+        self.store_ops = OpCounter()
+        self.log_round_trips = OpCounter()
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
@@ -94,6 +123,10 @@ class Metrics:
         yield CounterMetricFamily("projectionist_errors_after_response_started",
                                   "Errors after a response had started: logged, the connection closed",
                                   value=self.errors_after_start)
+        yield _by("projectionist_store_operations", "Operations sent to the attachment store (S3 requests, "
+                  "filesystem calls), by operation, counted by the store itself", "op", self.store_ops.snapshot())
+        yield _by("projectionist_log_round_trips", "Round trips to the session log database (statements and "
+                  "transactions sent), by operation, counted by the log itself", "op", self.log_round_trips.snapshot())
         yield self.projection.family("projectionist_projection_seconds",
                                      "Time to project a request body (reads, log, render, encode)")
         yield self.upstream.family("projectionist_upstream_seconds",

@@ -5,7 +5,8 @@ two replicas can never both write seq N. An append is one autocommitted statemen
 it returns. The schema is created or migrated idempotently under an advisory lock, with its
 version recorded. Connection faults surface as ``Unavailable(LOG_UNAVAILABLE)`` (a retryable
 503), never as anything the policy could mistake for a quarantine; the pool reconnects by itself
-once the database is back.
+once the database is back. Every statement a pooled connection sends is one round trip, counted
+in ``ops`` by the connection's query logger.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from projectionist.policy.events import (
     event_type,
 )
 from projectionist.proxy.observe.logger import get_logger
+from projectionist.proxy.observe.metrics import OpCounter
 from projectionist.proxy.sessionlog.base import decode_rows, utc_now
 
 SCHEMA_VERSION: Final = 2
@@ -67,6 +69,8 @@ class PostgresLog:
         self._pool: asyncpg.Pool | None = None
         self._closed = False
         self._opening = asyncio.Lock()
+        #: Statements sent to the database, by operation (the query logger of every connection).
+        self.ops = OpCounter()
         table = f'"{schema}".projectionist_events'
         self._sql = {
             "read": f"SELECT seq, body FROM {table} WHERE session = $1 AND seq > $2 ORDER BY seq",
@@ -78,6 +82,7 @@ class PostgresLog:
             "insert": f"INSERT INTO {table} (session, seq, type, time, body) VALUES ($1, $2, $3, $4, $5)",
             "sessions": f"SELECT DISTINCT session FROM {table} ORDER BY session",
         }
+        self._ops = {sql: op for op, sql in self._sql.items()}
 
     # -- SessionLog ------------------------------------------------------------------------------
 
@@ -180,7 +185,8 @@ class PostgresLog:
         async with self._opening:
             if self._pool is None:
                 pool = await asyncpg.create_pool(self._dsn, min_size=self._min_size, max_size=self._max_size,
-                                                 timeout=self._timeout, command_timeout=self._timeout)
+                                                 timeout=self._timeout, command_timeout=self._timeout,
+                                                 init=self._init_connection, reset=_keep_session)
                 try:
                     async with pool.acquire() as conn:
                         await self._migrate(conn)
@@ -189,6 +195,19 @@ class PostgresLog:
                     raise
                 self._pool = pool
         return self._pool
+
+    async def _init_connection(self, conn: Any) -> None:
+        conn.add_query_logger(self._sent)
+
+    def _sent(self, query: Any) -> None:
+        """Count one statement a connection sent (asyncpg's query logger, called soon after)."""
+        text = str(query.query)
+        op = self._ops.get(text)
+        if op is None:
+            head = text.lstrip().split(None, 1)[0].upper() if text.strip() else ""
+            op = ("transaction" if head.rstrip(";") in ("BEGIN", "COMMIT", "ROLLBACK") else
+                  "reset" if "pg_advisory_unlock_all" in text else "other")
+        self.ops.add(op)
 
     async def _migrate(self, conn: Any) -> None:
         schema = f'"{self._schema}"'
@@ -212,6 +231,14 @@ class PostgresLog:
         if int(version) != SCHEMA_VERSION:
             raise Unavailable(f"session log schema version {version} is not supported (expected {SCHEMA_VERSION})",
                               code="LOG_UNAVAILABLE", retryable=False)
+
+
+async def _keep_session(conn: Any) -> None:
+    """The pool's reset on release: nothing to send. asyncpg's default sends one more statement
+    (unlock advisory locks, close cursors, unlisten, reset settings) after every job, doubling
+    the round trips; this log leaves no such state behind (its locks are transaction-scoped, its
+    settings ``set_config(..., true)``, no LISTEN, no cursor outside a transaction), and asyncpg
+    still rolls back a transaction left open before calling this."""
 
 
 #: The append, server side, in one round trip. Under the session's transaction-scoped advisory

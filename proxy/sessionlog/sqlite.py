@@ -3,6 +3,7 @@
 One append-only table keyed by ``(session, seq)``. Appends and forks are ``BEGIN IMMEDIATE``
 transactions on a WAL database with ``synchronous=FULL``: several processes may share the file and
 nothing is acknowledged before it is durable. Every sqlite3 call runs on one dedicated worker thread.
+Each job sent to a lane thread (one transaction, or one read) is one round trip, counted in ``ops``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Final, TypeVar
 
 from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
 from projectionist.proxy.lanes import Lane
+from projectionist.proxy.observe.metrics import OpCounter
 from projectionist.proxy.sessionlog.base import decode_rows, utc_now
 from projectionist.policy.events import (
     FORKED,
@@ -102,6 +104,8 @@ class SqliteLog:
         limit = 2 * busy_timeout  # the lock wait, then as long again for the write (a stuck fsync ends here)
         self._writes = Lane("log writes", 1, limit, busy_timeout, busy=_log_busy)
         self._reads = Lane("log reads", 2, limit, busy_timeout, busy=_log_busy)
+        #: Jobs sent to the database (each one transaction or one read), by operation.
+        self.ops = OpCounter()
         self._local = threading.local()  # each lane thread's own connection
         self._migrated = threading.Lock()
         self._closed = False
@@ -117,7 +121,7 @@ class SqliteLog:
     # -- SessionLog ------------------------------------------------------------------------------
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
-        return await self._run(partial(self._read_job, session_id, after_seq), self._reads)
+        return await self._run(partial(self._read_job, session_id, after_seq), self._reads, op="read")
 
     async def append(
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
@@ -133,7 +137,8 @@ class SqliteLog:
             raise TypeError(f"not event data: {exc}") from None
         if expected_seq is None and not durable:
             return await self._append_at_end(session_id, items, types)
-        return await self._run(partial(self._append_job, session_id, expected_seq, items, types, durable))
+        return await self._run(partial(self._append_job, session_id, expected_seq, items, types, durable),
+                               op="append")
 
     async def _append_at_end(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
         """Group commit for records: appends made while a batch is being written wait for the
@@ -152,7 +157,8 @@ class SqliteLog:
         while self._queue:
             batch, self._queue = self._queue, []
             try:
-                written = await self._run(partial(self._batch_job, [(s, i, t) for s, i, t, _ in batch]))
+                written = await self._run(partial(self._batch_job, [(s, i, t) for s, i, t, _ in batch]),
+                                          op="append_records")
             except BaseException as exc:  # every waiter of this batch learns why
                 for *_, future in batch:
                     if not future.done():
@@ -165,17 +171,17 @@ class SqliteLog:
                     future.set_result(events)
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
-        return await self._run(partial(self._transaction, partial(self._fork_tx, parent, child, at_seq)))
+        return await self._run(partial(self._transaction, partial(self._fork_tx, parent, child, at_seq)), op="fork")
 
     # -- extras ----------------------------------------------------------------------------------
 
     async def sessions(self) -> list[str]:
         """All session ids that have at least one event, sorted."""
-        return await self._run(self._sessions_job, self._reads)
+        return await self._run(self._sessions_job, self._reads, op="sessions")
 
     async def start(self) -> None:
         """Open the file and create its schema now rather than on the first request."""
-        await self._run(lambda conn: None)
+        await self._run(lambda conn: None, op="open")
 
     async def close(self) -> None:
         """Let queued jobs finish, close the connections and stop the lanes. Idempotent."""
@@ -192,7 +198,7 @@ class SqliteLog:
 
     # -- event-loop side -------------------------------------------------------------------------
 
-    async def _run(self, job: Callable[[sqlite3.Connection], _T], lane: Lane | None = None) -> _T:
+    async def _run(self, job: Callable[[sqlite3.Connection], _T], lane: Lane | None = None, *, op: str = "other") -> _T:
         """Run ``job`` in a lane (writes unless told). Its whole wait, in the queue behind other
         jobs and for another process's write lock, is bounded by ``busy_timeout``: the k-th of k
         waiting calls never waits k times as long; a job that hangs past that and its own write
@@ -201,16 +207,17 @@ class SqliteLog:
             raise RuntimeError("SqliteLog is closed")
         deadline = time.monotonic() + self._busy_timeout
         try:
-            return await (lane or self._writes).run(partial(self._call, job, deadline))
+            return await (lane or self._writes).run(partial(self._call, job, deadline, op))
         except TimeoutError:
             raise Unavailable("session log unavailable: a call hung past its timeout", code="LOG_UNAVAILABLE") from None
 
     # -- worker thread only ----------------------------------------------------------------------
 
-    def _call(self, job: Callable[[sqlite3.Connection], _T], deadline: float) -> _T:
+    def _call(self, job: Callable[[sqlite3.Connection], _T], deadline: float, op: str) -> _T:
         left = deadline - time.monotonic()
         if left <= 0:
             raise Unavailable("session log busy: its write lock was held too long", code="LOG_UNAVAILABLE")
+        self.ops.add(op)  # the one place a job reaches the database
         try:
             conn = self._connection()
             conn.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")

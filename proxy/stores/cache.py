@@ -6,11 +6,15 @@ what it sends:
 
 - the log still decides: a quarantined reference gets its placeholder (and is never looked up
   here), and a recovery reads and verifies the object again from the store;
-- a storage fault is noticed on the first request after it happens, warm cache or cold: every hit
-  first checks the object's *stamp* (inode/size/mtime on the filesystem, ETag and metadata on S3),
-  which costs a ``stat`` or a ``HEAD`` instead of a read, a hash and a header parse. A deleted,
-  replaced or rewritten object fails the check, drops out of the cache and gets the full verified
-  read, which classifies the fault as usual.
+- a hit checks the object's *stamp* (inode/size/mtime on the filesystem, ETag and metadata on S3),
+  a ``stat`` or a ``HEAD`` instead of a read, a hash and a header parse, unless a check confirmed
+  it less than ``stamp_ttl`` seconds ago. A deleted, replaced or rewritten object fails the check,
+  drops out of the cache and gets the full verified read, which classifies the fault as usual: a
+  storage fault made behind the proxy's back is noticed on the first request after it once the
+  window has passed (``stamp_ttl = 0``: on the very next request). Within the window the cache
+  serves the bytes it verified, which are the right bytes for that id whatever the store holds;
+- a delete through this proxy (``delete``) drops the entry at once, and a read in flight meanwhile
+  is served but not cached, so the next request reads the store and finds the object gone.
 
 Entries hold the JSON values adapters splice (a data URL, or the bare base64 string) as
 ``msgspec.Raw``, so encoding a projected body copies them without re-scanning or re-encoding.
@@ -21,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -126,11 +132,14 @@ class CachedImage(StoredImage, frozen=True):
 
 
 class _Entry:
-    __slots__ = ("image", "stamp")
+    __slots__ = ("image", "stamp", "checked")
 
-    def __init__(self, image: CachedImage, stamp: str) -> None:
+    def __init__(self, image: CachedImage, stamp: str, checked: float) -> None:
         self.image = image
         self.stamp = stamp
+        #: When (the cache's clock) the stamp was last seen in the store: the check or read that
+        #: saw it was sent then.
+        self.checked = checked
 
     @property
     def size(self) -> int:
@@ -154,14 +163,15 @@ class VerifiedCache:
             self._entries.move_to_end(attachment_id)
         return entry
 
-    def put(self, image: StoredImage, stamp: str | None) -> StoredImage:
-        """Remember a freshly verified image; returns what the caller should use."""
+    def put(self, image: StoredImage, stamp: str | None, checked: float = -math.inf) -> StoredImage:
+        """Remember a freshly verified image whose ``stamp`` the store showed at ``checked``;
+        returns what the caller should use."""
         encoded = Encoded.of(image)
         cached = CachedImage(image.id, image.media_type, image.bytes, image.width, image.height, b"", encoded)
         if stamp is None or encoded.size > self.max_bytes:
             return cached
         self.evict(image.id)
-        self._entries[image.id] = _Entry(cached, stamp)
+        self._entries[image.id] = _Entry(cached, stamp, checked)
         self.bytes += encoded.size
         encoded.on_resize = self._resized
         self._shrink()
@@ -188,21 +198,51 @@ class VerifiedCache:
 
 
 class CachedStore:
-    """The ``AttachmentStore`` the policy reads through: stamp-checked cache hits, verified reads
-    on misses, and one read in flight per object however many requests want it. A read runs to
+    """The ``AttachmentStore`` the policy reads through: stamp-checked cache hits (a stamp
+    confirmed less than ``stamp_ttl`` seconds ago is not checked again), verified reads on
+    misses, and one read in flight per object however many requests want it. A read runs to
     its end (its own timeout bounds it) even when every request that wanted it has left: a
     blocked read cannot be stopped anyway, so a client that gives up and comes back joins the
-    read it started instead of starting another. Everything else (admission, stat, delete,
-    blobs, recovery's fresh reads) uses the store itself; a deleted object fails its stamp
-    check on the next hit."""
+    read it started instead of starting another. Deletes go through ``delete``, which drops
+    the entry at once; everything else (admission, stat, blobs, recovery's fresh reads) uses
+    the store itself."""
 
-    def __init__(self, inner: StampedStore, cache: VerifiedCache, metrics: Metrics | None = None) -> None:
+    def __init__(self, inner: StampedStore, cache: VerifiedCache, metrics: Metrics | None = None, *,
+                 stamp_ttl: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.inner = inner
         self.cache = cache
         self.metrics = metrics or Metrics()
+        self.stamp_ttl = stamp_ttl
+        self.clock = clock
+        #: Deletes through this proxy begun or ended so far, and those going on: a read that
+        #: overlaps one is not cached.
+        self._deletions = 0
+        self._deleting = 0
         self._pending: list[tuple[str, asyncio.Future[str | None]]] = []
+        #: Stamp checks in flight by id, and when each was sent: concurrent hits share one.
+        self._checks: dict[str, tuple[float, asyncio.Future[str | None]]] = {}
         self._flights: dict[str, asyncio.Task[StoredImage]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _shared_stamp(self, attachment_id: str, entry: _Entry, now: float) -> str | None:
+        """The object's stamp; a check of the same id already in flight is joined (the requests
+        that find a window expired at once send one check, not one each). A check that confirms
+        ``entry`` opens its next window, from when it was sent, before anyone resumes."""
+        found = self._checks.get(attachment_id)
+        if found is None:
+            future = asyncio.ensure_future(self._stamp(attachment_id))
+            found = self._checks[attachment_id] = (now, future)
+            future.add_done_callback(lambda done: self._check_done(attachment_id, entry, now, done))
+        return await asyncio.shield(found[1])
+
+    def _check_done(self, attachment_id: str, entry: _Entry, sent: float, done: asyncio.Future[str | None]) -> None:
+        current = self._checks.get(attachment_id)
+        if current is not None and current[1] is done:
+            del self._checks[attachment_id]
+        if done.cancelled() or done.exception() is not None:  # seen here: never "unretrieved"
+            return
+        if done.result() == entry.stamp:
+            entry.checked = max(entry.checked, sent)
 
     async def _stamp(self, attachment_id: str) -> str | None:
         """The object's stamp; checks asked for in the same loop iteration (the concurrent reads
@@ -232,7 +272,11 @@ class CachedStore:
     async def read_image(self, attachment_id: str) -> StoredImage:
         entry = self.cache.get(attachment_id)
         if entry is not None:
-            if await self._stamp(attachment_id) == entry.stamp:
+            now = self.clock()
+            if now - entry.checked < self.stamp_ttl:  # confirmed within the window: no store op
+                self.metrics.cache_hits += 1
+                return entry.image
+            if await self._shared_stamp(attachment_id, entry, now) == entry.stamp:
                 self.metrics.cache_hits += 1
                 return entry.image
             self.cache.evict(attachment_id)
@@ -248,13 +292,29 @@ class CachedStore:
     async def _read(self, attachment_id: str) -> StoredImage:
         """The one verified read of an object in flight; its result enters the cache even if
         every request that wanted it has left."""
+        started, deletions = self.clock(), self._deletions
         try:
             image, stamp = await self.inner.read_stamped(attachment_id)
         except AttachmentError as error:
             self.metrics.store_reads[error.code.removeprefix("ATTACHMENT_").lower()] += 1
             raise
         self.metrics.store_reads["ok"] += 1
-        return self.cache.put(image, stamp)
+        if deletions != self._deletions or self._deleting:
+            stamp = None  # a delete overlapped the read: serve what verified, but do not remember it
+        return self.cache.put(image, stamp, started)  # the stamp was taken before the read
+
+    async def delete(self, attachment_id: str) -> bool:
+        """Delete through the store and forget the cached entry at once (before and after, so a
+        hit in between cannot outlive the delete, and a read in flight is not cached)."""
+        self._deletions += 1
+        self._deleting += 1
+        self.cache.evict(attachment_id)
+        try:
+            return await self.inner.delete(attachment_id)
+        finally:
+            self._deletions += 1
+            self._deleting -= 1
+            self.cache.evict(attachment_id)
 
     def _landed(self, attachment_id: str, flight: asyncio.Task[StoredImage]) -> None:
         if self._flights.get(attachment_id) is flight:

@@ -3,6 +3,7 @@
 Content-addressed: ``objects/<hex[:2]>/<hex>`` holds the bytes, ``<hex>.json`` beside it the
 admission record. Publishing is atomic and durable (temp file, fsync, rename, directory fsync);
 every read verifies digest, record and header. All blocking work runs on a dedicated thread pool.
+Every filesystem call the store makes is counted in ``ops`` (``projectionist_store_operations_total``).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import Lane
+from projectionist.proxy.observe.metrics import OpCounter
 from projectionist.proxy.stores.base import AttachmentMeta
 
 #: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
 
 _T = TypeVar("_T")
+#: Told the name of each filesystem call as it is made (``OpCounter.add``).
+Count = Callable[[str], object]
 
 
 class _Record(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -57,7 +61,8 @@ def _read_file(path: Path) -> bytes:
         return f.read()
 
 
-def _fsync_dir(directory: Path) -> None:
+def _fsync_dir(directory: Path, count: Count) -> None:
+    count("fsync")
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
@@ -65,31 +70,35 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _ensure_dir(directory: Path) -> None:
+def _ensure_dir(directory: Path, count: Count) -> None:
     """Create ``directory`` (and parents) durably: a new entry is fsynced into its parent."""
+    count("stat")
     if directory.is_dir():
         return
-    _ensure_dir(directory.parent)
+    _ensure_dir(directory.parent, count)
     try:
+        count("mkdir")
         directory.mkdir()
     except FileExistsError:
         if not directory.is_dir():
             raise
         return
-    _fsync_dir(directory.parent)
+    _fsync_dir(directory.parent, count)
 
 
-def _write_atomic(directory: Path, name: str, content: bytes) -> None:
+def _write_atomic(directory: Path, name: str, content: bytes, count: Count) -> None:
     """Write ``directory/name`` via a temp file in the same directory, fsync, then rename over.
 
     The caller fsyncs the directory. The temp file never survives a failure.
     """
+    count("write")  # create, write and fsync the temp file
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(content)
             f.flush()
             os.fsync(f.fileno())
+        count("rename")
         os.replace(tmp, directory / name)
     except BaseException:
         with suppress(OSError):
@@ -117,8 +126,11 @@ class FilesystemStore:
         self.root = Path(root)
         self.limits = limits
         self.read_timeout = read_timeout
+        #: Every filesystem call this store makes, by kind (read, stat, write, rename, fsync, ...).
+        self.ops = OpCounter()
+        self._count = self.ops.add
         self._objects = self.root / "objects"
-        _ensure_dir(self._objects)
+        _ensure_dir(self._objects, self._count)
         self.reads = Lane("reads", lanes.reads, read_timeout, lanes.queue_timeout)
         self.stamp_lane = Lane("stamps", lanes.stamps, lanes.stamp_timeout, lanes.queue_timeout)
         self.writes = Lane("writes", lanes.writes, lanes.write_timeout, lanes.queue_timeout)
@@ -191,7 +203,7 @@ class FilesystemStore:
         hex_digest = check_id(blob_id)[len(ID_PREFIX):]
         path = self.root / "blobs" / hex_digest[:2] / hex_digest
         try:
-            return await self.reads.run(partial(_read_file, path))
+            return await self.reads.run(partial(self._read_file, path))
         except FileNotFoundError:
             return None
 
@@ -215,6 +227,10 @@ class FilesystemStore:
 
     # -- blocking work (executor threads only) ---------------------------------------------------
 
+    def _read_file(self, path: Path) -> bytes:
+        self._count("read")  # open and read the whole file
+        return _read_file(path)
+
     def _load(self, hex_digest: str) -> StoredImage:
         """The verified read: open, read, hash, parse. Raises only ``AttachmentError``."""
         attachment_id = ID_PREFIX + hex_digest
@@ -225,13 +241,13 @@ class FilesystemStore:
 
         data_path, record_path = self._paths(hex_digest)
         try:
-            data = _read_file(data_path)
+            data = self._read_file(data_path)
         except FileNotFoundError:
             raise fail(NOT_FOUND, "is not in the store") from None
         except OSError as exc:
             raise fail(READ_FAILED, f"could not be read ({_errname(exc)})") from None
         try:
-            raw_record = _read_file(record_path)
+            raw_record = self._read_file(record_path)
         except FileNotFoundError:
             raise fail(CORRUPT, "has no admission record") from None
         except OSError as exc:
@@ -263,8 +279,11 @@ class FilesystemStore:
         )
 
     def _stamp_sync(self, hex_digest: str) -> str | None:
+        stats = []
         try:
-            stats = [os.stat(path) for path in self._paths(hex_digest)]
+            for path in self._paths(hex_digest):
+                self._count("stat")
+                stats.append(os.stat(path))
         except OSError:
             return None
         return "/".join(f"{s.st_ino}:{s.st_size}:{s.st_mtime_ns}" for s in stats)
@@ -285,12 +304,12 @@ class FilesystemStore:
         data_path, record_path = self._paths(hex_digest)
         directory = data_path.parent
         try:
-            _ensure_dir(directory)
+            _ensure_dir(directory, self._count)
             # Record first, data last: the data file is the publish point, so a crash in between
             # leaves an object that reads as not found and that re-admission repairs.
-            _write_atomic(directory, record_path.name, msgspec.json.encode(record))
-            _write_atomic(directory, data_path.name, data)
-            _fsync_dir(directory)
+            _write_atomic(directory, record_path.name, msgspec.json.encode(record), self._count)
+            _write_atomic(directory, data_path.name, data, self._count)
+            _fsync_dir(directory, self._count)
         except OSError as exc:
             raise Unavailable(
                 f"{WRITE_FAILED}: {_short(hex_digest)} could not be stored ({_errname(exc)})",
@@ -308,9 +327,10 @@ class FilesystemStore:
     def _stat_sync(self, hex_digest: str) -> AttachmentMeta | None:
         data_path, record_path = self._paths(hex_digest)
         try:
+            self._count("stat")
             if not data_path.is_file():
                 return None
-            record = _RECORD_DECODER.decode(_read_file(record_path))
+            record = _RECORD_DECODER.decode(self._read_file(record_path))
         except (OSError, msgspec.DecodeError):
             return None
         return AttachmentMeta(ID_PREFIX + hex_digest, record.media_type, record.bytes, record.width, record.height,
@@ -319,11 +339,12 @@ class FilesystemStore:
     def _put_blob_sync(self, data: bytes) -> str:
         hex_digest = hashlib.sha256(data).hexdigest()
         directory = self.root / "blobs" / hex_digest[:2]
+        self._count("stat")
         if not (directory / hex_digest).exists():
             try:
-                _ensure_dir(directory)
-                _write_atomic(directory, hex_digest, data)
-                _fsync_dir(directory)
+                _ensure_dir(directory, self._count)
+                _write_atomic(directory, hex_digest, data, self._count)
+                _fsync_dir(directory, self._count)
             except OSError as exc:
                 raise Unavailable(f"{WRITE_FAILED}: blob could not be stored ({_errname(exc)})",
                                   code=WRITE_FAILED) from None
@@ -336,12 +357,13 @@ class FilesystemStore:
             # Data first: once it is gone the object reads as not found, whatever happens next.
             for path in (data_path, record_path):
                 try:
+                    self._count("unlink")
                     path.unlink()
                     removed = True
                 except FileNotFoundError:
                     pass
             if removed:
-                _fsync_dir(data_path.parent)
+                _fsync_dir(data_path.parent, self._count)
         except OSError as exc:
             raise Unavailable(
                 f"{WRITE_FAILED}: {_short(hex_digest)} could not be deleted ({_errname(exc)})",

@@ -5,7 +5,8 @@ object as user metadata. Verified reads map faults to exactly the policy's codes
 ATTACHMENT_NOT_FOUND; a digest, size, type or dimension mismatch is ATTACHMENT_CORRUPT; any other
 fault or a timeout is ATTACHMENT_READ_FAILED; cancellation propagates. Memory stays bounded: the
 size on record (never more than ``max_bytes``) is checked against ``Content-Length`` before a byte
-is read, and the body is read in chunks up to that size.
+is read, and the body is read in chunks up to that size. Every request the client sends is
+counted in ``ops`` by a ``before-send`` hook on that one client.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import AsyncLane, Busy
+from projectionist.proxy.observe.metrics import OpCounter
 from projectionist.proxy.stores.base import AttachmentMeta
 
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
@@ -38,6 +40,9 @@ INLINE_LIMIT: Final = 256 * 1024
 _MISSING: Final = ("NoSuchKey", "404", "NotFound")
 _FAULTS: Final = (botocore.exceptions.BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
 _T = TypeVar("_T")
+#: S3 operations by their HTTP verb (the rest are counted by their own name, lowercased).
+_VERBS: Final = {"GetObject": "get", "HeadObject": "head", "PutObject": "put", "DeleteObject": "delete",
+                 "ListObjectsV2": "list", "ListObjects": "list"}
 
 
 class S3Store:
@@ -75,6 +80,8 @@ class S3Store:
                                 max_pool_connections=lanes.reads + lanes.stamps + lanes.writes,
                                 retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
         }
+        #: Every request sent to the bucket, by verb (get, head, put, delete, list, ...).
+        self.ops = OpCounter()
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
         self._opening = asyncio.Lock()
@@ -87,9 +94,16 @@ class S3Store:
             async with self._opening:
                 if self._client is None:
                     session = get_session()
-                    self._client = await self._stack.enter_async_context(
-                        session.create_client("s3", **self._client_args))
+                    client = await self._stack.enter_async_context(session.create_client("s3", **self._client_args))
+                    client.meta.events.register("before-send.s3", self._sent)
+                    self._client = client
         return self._client
+
+    def _sent(self, event_name: str = "", **_: Any) -> None:
+        """The one place every request leaves (``before-send``, once per attempt): count it. Returns
+        None, so botocore sends the request itself."""
+        name = event_name.rsplit(".", 1)[-1]
+        self.ops.add(_VERBS.get(name, name.lower()))
 
     async def close(self) -> None:
         self._client = None

@@ -45,7 +45,7 @@ class Recording:
     into the session log in batches (and, in ``full`` mode, bodies into the store's blob area).
 
     Records are evidence, not state: a request never waits for one. The writer lets records
-    gather for ``flush_interval`` seconds (less once ``batch`` are queued or someone drains), so
+    gather for ``batch_wait`` seconds (less once ``batch`` are queued or someone drains), so
     light traffic also pays one transaction for many records rather than one per call. A full queue, a log that is
     down or a blob that cannot be stored drops the record, logs it and counts it
     (``projectionist_records_dropped_total``); the call went on. ``drain`` waits until what is
@@ -54,7 +54,7 @@ class Recording:
     """
 
     def __init__(self, log: SessionLog, store: Store, mode: str, max_response_bytes: int, metrics: Metrics,
-                 queue_size: int = 10_000, batch: int = 256, *, flush_interval: float = 0.0) -> None:
+                 queue_size: int = 10_000, batch: int = 256, *, batch_wait: float = 0.0) -> None:
         self.log = log
         self.store = store
         self.mode = mode
@@ -62,12 +62,13 @@ class Recording:
         self.metrics = metrics
         self.queue_size = queue_size
         self.batch = batch
-        self.flush_interval = flush_interval
+        self.batch_wait = batch_wait
         self._queue: deque[_Pending] = deque()
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         #: Set when the writer should stop gathering: a full batch, a drain, shutdown.
         self._hurry: asyncio.Event | None = None
+        self._draining = 0
         self._writer: asyncio.Task[None] | None = None
         #: Seqs of request records written lately, by request id (for the response records).
         self._seqs: OrderedDict[str, int] = OrderedDict()
@@ -107,12 +108,17 @@ class Recording:
             self._hurry.set()
 
     async def drain(self) -> None:
-        """Wait until every record queued so far is written (or dropped)."""
-        while self._queue or (self._writer is not None and not self._writer.done()
-                              and self._idle is not None and not self._idle.is_set()):
-            assert self._idle is not None and self._hurry is not None
-            self._hurry.set()
-            await self._idle.wait()
+        """Wait until every record queued so far is written (or dropped); the writer stops
+        gathering while anyone drains."""
+        self._draining += 1
+        try:
+            while self._queue or (self._writer is not None and not self._writer.done()
+                                  and self._idle is not None and not self._idle.is_set()):
+                assert self._idle is not None and self._hurry is not None
+                self._hurry.set()
+                await self._idle.wait()
+        finally:
+            self._draining -= 1
 
     async def close(self) -> None:
         """Write what is queued, then stop the writer (the app is shutting down)."""
@@ -129,9 +135,9 @@ class Recording:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self.flush_interval and not self._hurry.is_set():
+            if self.batch_wait and not self._draining and not self._hurry.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._hurry.wait(), self.flush_interval)
+                    await asyncio.wait_for(self._hurry.wait(), self.batch_wait)
             if len(self._queue) <= self.batch:
                 self._hurry.clear()  # this batch takes everything queued: the next one may gather
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
@@ -142,8 +148,9 @@ class Recording:
             await asyncio.gather(*(self._write_session(sid, items) for sid, items in sessions.items()))
 
     async def _write_session(self, session_id: str, items: list[_Pending]) -> None:
-        """A session's queued records, in order, their blobs stored first: one append, or two
-        when a call's response waits for the seq its request record gets in the same batch."""
+        """A session's queued records, in order, their blobs stored first, in one append. A call's
+        response whose request record is in the same batch waits for the next batch (it needs the
+        seq the request record gets), at the front of the queue."""
         ready: list[_Pending] = []
         for pending in items:
             if pending.blob is not None:
@@ -156,8 +163,10 @@ class Recording:
         in_batch = {p.request_id for p in ready if isinstance(p.data, RequestRecorded)}
         first = [p for p in ready if not (isinstance(p.data, ResponseRecorded) and p.request_id in in_batch)]
         later = [p for p in ready if isinstance(p.data, ResponseRecorded) and p.request_id in in_batch]
-        for group in (first, later):
-            await self._append(session_id, group)
+        await self._append(session_id, first)
+        for pending in reversed(later):
+            pending.blob = None  # stored already
+            self._queue.appendleft(pending)
 
     async def _append(self, session_id: str, group: list[_Pending]) -> None:
         written: list[_Pending] = []

@@ -140,3 +140,123 @@ def test_a_second_json_form_counts_against_the_bound(backend: str) -> None:
     cache.evict(images[2].id)
     newest.image.encoded.raw("data_url")  # an evicted entry's holder no longer moves the total
     assert cache.bytes == sum(e.size for e in cache._entries.values())
+
+
+# -- the staleness window ([store] stamp_ttl) -------------------------------------------------------
+
+
+class Clock:
+    """The reader's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def windowed(make_harness: MakeHarness, ttl: float = 10.0) -> tuple[Harness, Clock]:
+    harness = await make_harness(**{"store.stamp_ttl": ttl})
+    clock = Clock()
+    harness.app[SERVICES].reader.clock = clock
+    return harness, clock
+
+
+def store_ops(harness: Harness) -> int:
+    return int(harness.app[SERVICES].metrics.store_ops.total)
+
+
+async def test_within_the_window_a_hit_costs_no_store_operation(make_harness: MakeHarness) -> None:
+    harness, clock = await windowed(make_harness)
+    aid = await harness.admit(make_image(color=170))
+    await harness.chat("t", aid)  # the verified read, stamp taken at 1000
+    cold = harness.upstream.last.body
+    before = store_ops(harness)
+    clock.now += 9.9
+    await harness.chat("t", aid)
+    assert harness.upstream.last.body == cold
+    assert harness.store.stamp_checks[aid] == 0 and harness.store.reads[aid] == 1
+    assert store_ops(harness) == before
+
+
+async def test_after_the_window_a_hit_checks_the_stamp_once_and_opens_a_new_window(make_harness: MakeHarness) -> None:
+    harness, clock = await windowed(make_harness)
+    aid = await harness.admit(make_image(color=171))
+    await harness.chat("t", aid)
+    clock.now += 10.0
+    before = store_ops(harness)
+    await harness.chat("t", aid)
+    assert harness.store.stamp_checks[aid] == 1 and harness.store.reads[aid] == 1
+    assert store_ops(harness) > before  # a stat or a HEAD, counted by the store itself
+    clock.now += 9.0  # within the window the check opened
+    await harness.chat("t", aid)
+    assert harness.store.stamp_checks[aid] == 1
+
+
+@pytest.mark.parametrize("damage", ["delete", "overwrite"])
+async def test_out_of_band_damage_is_quarantined_on_the_first_request_after_the_window(
+        make_harness: MakeHarness, damage: str) -> None:
+    harness, clock = await windowed(make_harness)
+    data = make_image(color=172)
+    aid = await harness.admit(data)
+    await harness.chat("oob", aid)
+    cold = harness.upstream.last.body
+    if damage == "delete":
+        await harness.remove(aid)
+    else:
+        await harness.corrupt(aid, bytes(len(data)))
+    clock.now += 5.0
+    await harness.chat("oob", aid)  # within the window: the verified bytes, nothing recorded yet
+    assert harness.upstream.last.body == cold and await harness.events("oob") == []
+    clock.now += 5.0
+    await harness.chat("oob", aid)  # the first request after it: checked, read, quarantined
+    failure = "not_found" if damage == "delete" else "corrupt"
+    assert [e["data"]["failure"] for e in await harness.events("oob")] == [failure]
+    assert harness.upstream.last.json()["messages"][0]["content"][1]["type"] == "text"
+
+
+async def test_a_delete_through_the_proxy_is_noticed_at_once_within_the_window(make_harness: MakeHarness) -> None:
+    harness, clock = await windowed(make_harness, ttl=3600.0)
+    aid = await harness.admit(make_image(color=173))
+    await harness.chat("del", aid)
+    resp = await harness.client.delete(f"/v1/files/{aid}", headers=ADMIN)
+    assert resp.status == 200, await resp.text()
+    clock.now += 1.0
+    await harness.chat("del", aid)
+    assert [e["data"]["failure"] for e in await harness.events("del")] == ["not_found"]
+    assert harness.store.reads[aid] == 2  # the entry was gone: a full read found the object missing
+
+
+async def test_a_read_in_flight_during_a_proxy_delete_is_served_but_not_cached(make_harness: MakeHarness) -> None:
+    import asyncio
+
+    harness, clock = await windowed(make_harness, ttl=3600.0)
+    aid = await harness.admit(make_image(color=174))
+    reader = harness.app[SERVICES].reader
+    gate = asyncio.Event()
+    delete = harness.store.delete
+
+    async def slow_delete(attachment_id: str) -> bool:
+        await gate.wait()
+        return await delete(attachment_id)
+
+    harness.store.delete = slow_delete  # type: ignore[method-assign]
+    deleting = asyncio.ensure_future(reader.delete(aid))
+    await asyncio.sleep(0.01)  # the delete has begun
+    image = await reader.read_image(aid)  # the object is still there: read and verified
+    assert image.id == aid and reader.cache.get(aid) is None  # served, not remembered
+    gate.set()
+    assert await deleting is True
+    assert reader.cache.get(aid) is None
+
+
+async def test_concurrent_hits_after_the_window_share_one_stamp_check(make_harness: MakeHarness) -> None:
+    import asyncio
+
+    harness, clock = await windowed(make_harness)
+    aid = await harness.admit(make_image(color=175))
+    await harness.chat("herd", aid)
+    clock.now += 11.0
+    responses = await asyncio.gather(*(harness.chat(f"herd-{i}", aid) for i in range(8)))
+    assert all(r.status == 200 for r in responses)
+    assert harness.store.stamp_checks[aid] == 1 and harness.store.reads[aid] == 1

@@ -1,0 +1,64 @@
+"""Store operations and log round trips, counted by the backends themselves, for a known request
+sequence on both backend pairs (filesystem + SQLite, S3 + PostgreSQL), read from ``GET /metrics``."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from projectionist.proxy.http.services import SERVICES
+from tests.conftest import BACKENDS, Harness
+from tests.imaging import make_image
+
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+_SAMPLE = re.compile(r'^(projectionist_\w+)_total\{op="(\w+)"\} ([0-9.e+]+)$', re.M)
+
+
+async def counts(harness: Harness) -> tuple[Counter[str], Counter[str]]:
+    """(store operations, log round trips) by op, as scraped."""
+    resp = await harness.client.get("/metrics")
+    text = await resp.text()
+    store: Counter[str] = Counter()
+    log: Counter[str] = Counter()
+    for name, op, value in _SAMPLE.findall(text):
+        if name == "projectionist_store_operations":
+            store[op] += int(float(value))
+        elif name == "projectionist_log_round_trips":
+            log[op] += int(float(value))
+    return store, log
+
+
+async def test_a_cold_then_a_warm_request_cost_what_the_backends_say(
+        make_harness: Callable[..., Awaitable[Harness]], backend: str) -> None:
+    harness = await make_harness(**{"store.stamp_ttl": 0})
+    aid = await harness.admit(make_image(color=180))
+    store0, log0 = await counts(harness)
+    await harness.chat("n", aid)  # cold: one verified read; the session's log read from the start
+    store1, log1 = await counts(harness)
+    await harness.chat("n", aid)  # warm: one stamp check; the log's tail
+    store2, log2 = await counts(harness)
+    if backend == "embedded":
+        assert store1 - store0 == Counter(stat=2, read=2)  # the stamp (data, record), then both files
+        assert store2 - store1 == Counter(stat=2)
+    else:
+        assert store1 - store0 == Counter(get=1)  # the stamp comes with the GET
+        assert store2 - store1 == Counter(head=1)
+    # one round trip each, the pool's release included (no reset statement after every job)
+    assert log1 - log0 == Counter(read=1) and log2 - log1 == Counter(read=1)
+
+
+async def test_within_the_stamp_window_a_request_costs_one_log_round_trip_and_no_store_op(
+        make_harness: Callable[..., Awaitable[Harness]]) -> None:
+    harness = await make_harness(**{"store.stamp_ttl": 60})
+    ids = [await harness.admit(make_image(color=181 + i)) for i in range(3)]
+    await harness.chat("w", *ids)
+    store0, log0 = await counts(harness)
+    for _ in range(5):
+        await harness.chat("w", *ids)
+    store1, log1 = await counts(harness)
+    assert store1 - store0 == Counter()
+    assert log1 - log0 == Counter(read=5)
+    assert harness.app[SERVICES].metrics.cache_hits == 15
