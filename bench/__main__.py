@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import image_costs, load, report, scenarios
+from bench import image_costs, load, opcount, report, scenarios
 from bench.report import Cell, Results, Run
 from bench.scenarios import CHAT, ScenarioBroken
 from bench.targets import (
@@ -77,6 +77,7 @@ class Bench:
         self.duration: float = 3.0 if args.quick else args.duration
         self.runs: int = 1 if args.quick else args.runs
         self.rss_requests: int = args.rss_requests or (2_000 if args.quick else 10_000)
+        self.ops_requests: int = 200 if args.quick else 1_000
         self.token = secrets.token_hex(16)
         self.results = Results()
         self.bodies = procs.workdir / "bodies"
@@ -171,6 +172,28 @@ class Bench:
             self.quarantined(servers["projectionist"])
         if "rss" in only:
             self.rss(upstream)
+        if "ops" in only:
+            self.ops()
+
+    def ops(self) -> None:
+        """Store operations and log round trips per request of the image scenario at c=16, as the
+        backends counted them, on both pairs (the replicated pair needs a PostgreSQL superuser DSN)."""
+        dsn = self.args.pg_dsn or os.environ.get("PROJECTIONIST_TEST_PG_DSN", "")
+        pairs = opcount.PAIRS if dsn else ("embedded",)
+        if not dsn:
+            self.note("ops: replicated pair skipped: no --pg-dsn or $PROJECTIONIST_TEST_PG_DSN")
+        found = []
+        for pair in pairs:
+            try:
+                figures = opcount.run((pair,), requests=self.ops_requests, concurrency=16, pg_dsn=dsn or None)[0]
+            except (TargetFailed, OSError, RuntimeError) as error:
+                self.note(f"ops: {pair} pair failed: {str(error).splitlines()[0]}")
+                continue
+            found.append(figures)
+            print(f"  ops         {pair:<18} store ops/image/request {figures['store_ops_per_image_per_request']}, "
+                  f"log round trips/request {figures['log_round_trips_per_request']} "
+                  f"({figures['requests']} requests, c=16)", flush=True)
+        self.results.extras["ops"] = found
 
     def targets(self, servers: dict[str, Proc], body: Path, session: dict[str, str]) -> list[Target]:
         """One row per server, each with the session header (the peers ignore it) and what that
@@ -343,6 +366,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"run only these scenarios ({', '.join(SCENARIOS)}); default all")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                         help="event loop of every aiohttp server in the run (the same for all, so ratios stay fair)")
+    parser.add_argument("--pg-dsn", help="PostgreSQL superuser DSN for the ops scenario's replicated pair "
+                        "(default $PROJECTIONIST_TEST_PG_DSN)")
     parser.add_argument("--rss-requests", type=int, help="requests of the rss mix (default 10,000)")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.duration < 1 or (args.rss_requests is not None and args.rss_requests < 1):
@@ -360,7 +385,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-SCENARIOS = ("text1k", "sse", "images", "quarantined", "rss")
+SCENARIOS = ("text1k", "sse", "images", "quarantined", "rss", "ops")
 #: Seconds the rss scenario waits after its load before reading what the process kept.
 SETTLE_S = 6.0
 

@@ -153,6 +153,19 @@ def ratios(results: Results) -> list[Ratio]:
                       f"{_fmt(rss.get('settled_mb'), 1)} MB {rss.get('settle_s', 0):.0f} s after the load; "
                       f"{_fmt(rss.get('after_mb'), 1)} MB right after it, peak {_fmt(rss.get('peak_mb'), 1)} MB"
                       if measured else ""))
+    for figures in extras.get("ops", []):
+        pair = figures["pair"]
+        out.append(_check(f"ops {pair}: store operations per history image per request",
+                          figures["store_ops_per_image_per_request"], "≤", 0.1,
+                          f"{figures['store_ops_per_request']} per request, counted by the store"))
+        cross = figures.get("pg_transactions_per_request") or figures.get("seaweedfs_s3_requests_per_request")
+        trips = figures["log_round_trips_per_request"]
+        if pair == "replicated":
+            out.append(_check("ops replicated: PostgreSQL round trips per request, records included", trips, "≤", 1.0,
+                              f"pg_stat_database: {figures.get('pg_transactions_per_request')} transactions/request"))
+        else:
+            out.append(Ratio(f"ops {pair}: SQLite round trips per request, records included", trips, "(reported)",
+                             "info", f"cross-check {cross}" if cross else ""))
     for row, label in (("projectionist-nosession", "no session header"), ("projectionist-quiet", "logging at warning"),
                        ("projectionist-2w", "2 workers")):
         out.append(Ratio(f"text1k c=16 throughput projectionist({label})/bare", _ratio(rps(row), rps("bare")),

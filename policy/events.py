@@ -78,7 +78,8 @@ class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class ResponseRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
-    """The outcome of one proxied call (whole-value: it names its request by id and seq)."""
+    """The outcome of one proxied call (whole-value: it names its request by id and seq, or by id
+    alone with ``request_seq = 0`` when both records were written in one append, the request first)."""
 
     request_id: str
     request_seq: int

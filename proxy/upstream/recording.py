@@ -148,9 +148,7 @@ class Recording:
             await asyncio.gather(*(self._write_session(sid, items) for sid, items in sessions.items()))
 
     async def _write_session(self, session_id: str, items: list[_Pending]) -> None:
-        """A session's queued records, in order, their blobs stored first, in one append. A call's
-        response whose request record is in the same batch waits for the next batch (it needs the
-        seq the request record gets), at the front of the queue."""
+        """A session's queued records, in order, their blobs stored first, in one append."""
         ready: list[_Pending] = []
         for pending in items:
             if pending.blob is not None:
@@ -160,21 +158,19 @@ class Recording:
                     self._dropped(_kind(pending.data), exc, pending.request_id)
                     continue
             ready.append(pending)
-        in_batch = {p.request_id for p in ready if isinstance(p.data, RequestRecorded)}
-        first = [p for p in ready if not (isinstance(p.data, ResponseRecorded) and p.request_id in in_batch)]
-        later = [p for p in ready if isinstance(p.data, ResponseRecorded) and p.request_id in in_batch]
-        await self._append(session_id, first)
-        for pending in reversed(later):
-            pending.blob = None  # stored already
-            self._queue.appendleft(pending)
+        await self._append(session_id, ready)
 
     async def _append(self, session_id: str, group: list[_Pending]) -> None:
+        """One append for the group. A response names its request by seq when that was written
+        in an earlier append, else by ``request_seq = 0``: its request is in this same append,
+        before it, and ``request_id`` joins the two."""
         written: list[_Pending] = []
         data: list[RequestRecorded | ResponseRecorded] = []
+        in_group = {p.request_id for p in group if isinstance(p.data, RequestRecorded)}
         for pending in group:
             record = pending.data
             if isinstance(record, ResponseRecorded):
-                seq = self._seqs.get(pending.request_id)
+                seq = 0 if pending.request_id in in_group else self._seqs.get(pending.request_id)
                 if seq is None:  # its request record was dropped: so is this one
                     self._dropped("response", "REQUEST_NOT_RECORDED", pending.request_id)
                     continue

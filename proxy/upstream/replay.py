@@ -81,7 +81,8 @@ def _pick(events: list[Event], seq: int | None, request_id: str | None = None
         where = f"at seq {seq}" if seq is not None else "in this session"
         raise NotFound(f"no recorded request {where}", code="NOT_RECORDED")
     event = requests[-1]
-    responses = [e.data for e in events if isinstance(e, ResponseEvent) and e.data.request_seq == event.seq]
+    responses = [e.data for e in events if isinstance(e, ResponseEvent) and (
+        e.data.request_seq == event.seq or e.data.request_seq == 0 and e.data.request_id == event.data.request_id)]
     return event, responses[-1] if responses else None
 
 

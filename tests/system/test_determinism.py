@@ -146,7 +146,11 @@ async def run_history(steps: list[tuple[Any, ...]], stats: Counter[str]) -> None
         await upstream_server.start_server()
         upstream.url = str(upstream_server.make_url("")).rstrip("/")
         config = with_upstreams(
-            load_config(None, **{"server.data_dir": tmp, "server.admin_token": "det", "record.mode": "full"}),
+            # stamp_ttl 0: a damage step is noticed by the very next request, so what each call sent
+            # (and its replay) follows the damage at once; with a window, a call inside it still
+            # inlines the cached verified bytes, and replaying it needs bytes the damage removed
+            load_config(None, **{"server.data_dir": tmp, "server.admin_token": "det", "record.mode": "full",
+                                 "store.stamp_ttl": 0}),
             [(name, None, upstream.url) for name in ("openai", "anthropic", "gemini")])
         world = World(config, upstream, Faults())
         raw = open_store(config)  # the operator's own handle on the store: admission and repairs

@@ -96,7 +96,8 @@ async def test_a_recording_that_fails_mid_stream_never_splices_an_error(
     assert services.metrics.records_dropped["response"] >= 1
     assert services.metrics.errors_after_start == 0
     kinds = [e["type"] for e in await harness.events("spliced")]
-    assert kinds == ["request/recorded"]  # the response record was dropped, nothing else went wrong
+    # the response record was dropped (with its request's, when one append held both), nothing else went wrong
+    assert kinds in ([], ["request/recorded"])
 
 
 async def test_a_request_record_that_cannot_be_written_does_not_stop_the_call(
