@@ -69,6 +69,10 @@ class PostgresLog:
         self._pool: asyncpg.Pool | None = None
         self._closed = False
         self._opening = asyncio.Lock()
+        #: Group commit of records: appends "at the end" (no expected seq, not durable) made while
+        #: one batch is in flight queue here and go out together, every session in one statement.
+        self._queue: list[tuple[str, list[EventData], list[str], asyncio.Future[list[Event]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
         #: Statements sent to the database, by operation (the query logger of every connection).
         self.ops = OpCounter()
         table = f'"{schema}".projectionist_events'
@@ -76,6 +80,7 @@ class PostgresLog:
             "read": f"SELECT seq, body FROM {table} WHERE session = $1 AND seq > $2 ORDER BY seq",
             "last": f"SELECT coalesce(max(seq), 0) FROM {table} WHERE session = $1",
             "append": f'SELECT "{schema}".projectionist_append($1, $2, $3, $4, $5, $6)',
+            "append_records": f'SELECT "{schema}".projectionist_append_records($1, $2, $3, $4)',
             "exists": f"SELECT 1 FROM {table} WHERE session = $1 LIMIT 1",
             "copy": f"INSERT INTO {table} (session, seq, type, time, body)"
                     f" SELECT $1, seq, type, time, body FROM {table} WHERE session = $2 AND seq <= $3",
@@ -100,8 +105,10 @@ class PostgresLog:
             raise ValueError("append needs at least one event")
         if expected_seq is not None and expected_seq < 0:
             raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
-        now = self._clock()
         types = [event_type(d) for d in data]
+        if expected_seq is None and not durable:
+            return await self._append_at_end(session_id, list(data), types)
+        now = self._clock()
         bodies = [_DATA.encode(d) for d in data]
         try:
             first = int(await self._run(lambda conn: conn.fetchval(
@@ -111,6 +118,44 @@ class PostgresLog:
         if first < 0:
             raise AppendConflict(session_id, expected_seq or 0, -first - 1)
         return [envelope(first + i, now, item) for i, item in enumerate(data)]
+
+    async def _append_at_end(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
+        """Records go out in batches: every append made while one batch is in flight joins the
+        next, and a batch is one statement for all its sessions (``projectionist_append_records``),
+        so a replica pays one round trip for the records of many calls in many sessions. The caller
+        still returns only once its records are written."""
+        if self._closed:
+            raise RuntimeError("PostgresLog is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Event]] = loop.create_future()
+        self._queue.append((session_id, items, types, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush())
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            now = self._clock()
+            sessions = [sid for sid, items, _, _ in batch for _ in items]
+            types = [t for _, _, kinds, _ in batch for t in kinds]
+            bodies = [_DATA.encode(item) for _, items, _, _ in batch for item in items]
+            try:
+                seqs = await self._run(lambda conn: conn.fetchval(
+                    self._sql["append_records"], sessions, types, now, bodies))
+            except BaseException as exc:  # every waiter of this batch learns why
+                for *_, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            index = 0
+            for _, items, _, future in batch:
+                events = [envelope(int(seqs[index + i]), now, item) for i, item in enumerate(items)]
+                index += len(items)
+                if not future.done():
+                    future.set_result(events)
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
         async def tx(conn: Any) -> ForkedEvent:
@@ -145,6 +190,8 @@ class PostgresLog:
 
     async def close(self) -> None:
         self._closed = True
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -225,6 +272,7 @@ class PostgresLog:
             if int(version) <= SCHEMA_VERSION:  # 1 -> 2: the append function; the rows stay as they are
                 await conn.execute(_APPEND_FUNCTION.format(schema=schema, records=", ".join(
                     f"'{t}'" for t in sorted(RECORD_TYPES))))
+                await conn.execute(_APPEND_RECORDS_FUNCTION.format(schema=schema))
                 await conn.execute(f"UPDATE {schema}.projectionist_meta SET value = $1 WHERE key = 'schema_version'",
                                    str(SCHEMA_VERSION))
                 version = SCHEMA_VERSION
@@ -269,6 +317,44 @@ BEGIN
                       || ',"time":' || to_json(p_time)::text || ',"data":', 'UTF8') || u.data || '\\x7d'::bytea
     FROM unnest(p_types, p_datas) WITH ORDINALITY AS u(type, data, ord);
     RETURN last_seq + 1;
+END
+$fn$
+"""
+
+
+#: Records of many sessions in one round trip (the group commit of ``_append_at_end``). Under every
+#: session's advisory lock, taken in one sorted order (two batches can never wait on each other),
+#: each item goes after its session's last event, items of one session in the order given.
+#: Records never conflict, so there is no expected seq. Returns each item's seq, in input order.
+_APPEND_RECORDS_FUNCTION: Final = """
+CREATE OR REPLACE FUNCTION {schema}.projectionist_append_records(
+    p_sessions text[], p_types text[], p_time text, p_datas bytea[])
+RETURNS bigint[] LANGUAGE plpgsql AS $fn$
+DECLARE
+    s text;
+    result bigint[];
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    FOR s IN SELECT DISTINCT x COLLATE "C" FROM unnest(p_sessions) AS x ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended(s, 7));
+    END LOOP;
+    WITH items AS (
+        SELECT u.ord, u.session, u.type, u.data,
+               l.last + row_number() OVER (PARTITION BY u.session ORDER BY u.ord) AS seq
+        FROM unnest(p_sessions, p_types, p_datas) WITH ORDINALITY AS u(session, type, data, ord)
+        JOIN (SELECT d.session, (SELECT coalesce(max(e.seq), 0) FROM {schema}.projectionist_events e
+                                 WHERE e.session = d.session) AS last
+              FROM (SELECT DISTINCT x AS session FROM unnest(p_sessions) AS x) d) l ON l.session = u.session
+    ), written AS (
+        INSERT INTO {schema}.projectionist_events (session, seq, type, time, body)
+        SELECT session, seq, type, p_time,
+               convert_to('{{"type":' || to_json(type)::text || ',"seq":' || seq::text
+                          || ',"time":' || to_json(p_time)::text || ',"data":', 'UTF8') || data || '\\x7d'::bytea
+        FROM items
+        RETURNING 1
+    )
+    SELECT array_agg(seq ORDER BY ord) INTO result FROM items;
+    RETURN result;
 END
 $fn$
 """
