@@ -7,8 +7,18 @@ import hashlib
 from collections.abc import Sequence
 
 from projectionist.policy.errors import NOT_FOUND, AppendConflict, AttachmentError, Conflict, InvalidRequest
-from projectionist.policy.events import Event, EventData, Forked, ForkedEvent, envelope
+from projectionist.policy.events import (
+    CheckpointEvent,
+    Event,
+    EventData,
+    Forked,
+    ForkedEvent,
+    RequestEvent,
+    ResponseEvent,
+    envelope,
+)
 from projectionist.policy.model import StoredImage, check_id
+from projectionist.policy.ports import StateRead
 from projectionist.proxy.stores.admission import header_info
 from projectionist.proxy.stores.base import AttachmentMeta
 
@@ -65,6 +75,13 @@ class MemoryLog:
     async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         await asyncio.sleep(0)
         return [e for e in self.sessions.get(session_id, []) if e.seq > after_seq]
+
+    async def read_state(self, session_id: str, after_seq: int = 0) -> StateRead:
+        await asyncio.sleep(0)
+        events = self.sessions.get(session_id, [])
+        states = [e for e in events if e.seq > after_seq and not isinstance(e, (RequestEvent, ResponseEvent))]
+        marks = [i for i, e in enumerate(states) if isinstance(e, CheckpointEvent)]
+        return StateRead(states[marks[-1]:] if marks else states, len(events))
 
     async def append(
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
