@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from projectionist.policy.errors import NOT_FOUND, AppendConflict, AttachmentError, Conflict, InvalidRequest
 from projectionist.policy.events import (
+    PASSIVE_TYPES,
     CheckpointEvent,
     Event,
     EventData,
@@ -15,6 +16,7 @@ from projectionist.policy.events import (
     ForkedEvent,
     RequestEvent,
     ResponseEvent,
+    UnknownEvent,
     envelope,
 )
 from projectionist.policy.model import StoredImage, check_id
@@ -67,7 +69,8 @@ class MemoryStore:
 
 
 class MemoryLog:
-    """Append-only per-session lists with the conditional append of the SessionLog contract."""
+    """Append-only per-session lists with the conditional append of the SessionLog contract
+    (records and checkpoints after the expected seq never conflict)."""
 
     def __init__(self) -> None:
         self.sessions: dict[str, list[Event]] = {}
@@ -88,7 +91,9 @@ class MemoryLog:
     ) -> list[Event]:
         await asyncio.sleep(0)
         events = self.sessions.setdefault(session_id, [])
-        if expected_seq is not None and len(events) != expected_seq:
+        if expected_seq is not None and (expected_seq > len(events) or any(
+                (e.type if isinstance(e, UnknownEvent) else type(e).__struct_config__.tag) not in PASSIVE_TYPES
+                for e in events[expected_seq:])):
             raise AppendConflict(session_id, expected_seq, len(events))
         new: list[Event] = [envelope(len(events) + i + 1, "t", d) for i, d in enumerate(data)]
         events.extend(new)
