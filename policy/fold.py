@@ -44,11 +44,16 @@ class SessionState(msgspec.Struct, frozen=True):
 EMPTY = SessionState()
 
 #: A checkpoint is due once this many state events were folded since the last one (and at least
-#: as many as the quarantines it would hold: see ``checkpoint_due``). A cold fold then reads at
-#: most max(CHECKPOINT_EVERY, standing quarantines) state events after one checkpoint: about
-#: 25 KB and well under a millisecond to decode, against a request's own cost of a few ms; while
-#: the log spends on checkpoints at most about one checkpoint entry per state event.
-CHECKPOINT_EVERY: Final = 128
+#: a quarter as many as the quarantines it would hold: see ``checkpoint_due``). A cold fold then
+#: reads one checkpoint and fewer than max(CHECKPOINT_EVERY, standing quarantines / 4) state
+#: events, each a row of its own among the records (one page read each, cold): 32 keep that
+#: under a millisecond beside a request's few, while a checkpoint every 32 state events costs one
+#: small non-durable append per 32 decisions.
+CHECKPOINT_EVERY: Final = 32
+#: Checkpoints hold every standing quarantine: one is due no sooner than after a quarter as many
+#: state events, so all of a log's checkpoints together hold at most about four entries per state
+#: event (rather than growing with the square of the state events when quarantines pile up).
+CHECKPOINT_SPREAD: Final = 4
 
 
 class _Folding:
@@ -116,9 +121,10 @@ def fold_states(events: Iterable[Event], last_seq: int, state: SessionState = EM
 
 def checkpoint_due(state: SessionState, every: int = CHECKPOINT_EVERY) -> bool:
     """Whether ``state`` should be restated in a checkpoint: ``every`` state events since the last
-    one, and at least as many as the checkpoint would hold, so that checkpoints never cost the log
-    more than about one entry per state event however many quarantines stand."""
-    return state.unsaved >= max(every, len(state.quarantined))
+    one, and at least a quarter as many as the checkpoint would hold (``CHECKPOINT_SPREAD``), so
+    that checkpoints never cost the log more than about four entries per state event however
+    many quarantines stand."""
+    return state.unsaved >= max(every, len(state.quarantined) // CHECKPOINT_SPREAD)
 
 
 def checkpoint_of(state: SessionState) -> Checkpoint:

@@ -128,9 +128,9 @@ def test_a_checkpoint_is_due_every_k_state_events_and_never_more_often_than_its_
     assert not checkpoint_due(SessionState(unsaved=CHECKPOINT_EVERY - 1))
     assert checkpoint_due(SessionState(unsaved=CHECKPOINT_EVERY))
     assert checkpoint_due(SessionState(unsaved=3), every=3)
-    many = {f"sha256:{i:064x}": Quarantine(f"sha256:{i:064x}", "not_found", False) for i in range(5)}
+    many = {f"sha256:{i:064x}": Quarantine(f"sha256:{i:064x}", "not_found", False) for i in range(20)}
     big = SessionState(unsaved=3, quarantined=many)
-    assert not checkpoint_due(big, every=3)  # a checkpoint of 5 entries waits for 5 state events
+    assert not checkpoint_due(big, every=3)  # a checkpoint of 20 entries waits for 20 / 4 state events
     assert checkpoint_due(msgspec.structs.replace(big, unsaved=5), every=3)
 
 

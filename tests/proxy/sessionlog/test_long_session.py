@@ -23,7 +23,14 @@ from projectionist.policy.events import (
     ResponseEvent,
     ResponseRecorded,
 )
-from projectionist.policy.fold import CHECKPOINT_EVERY, SessionState, checkpoint_of, fold, fold_states
+from projectionist.policy.fold import (
+    CHECKPOINT_EVERY,
+    CHECKPOINT_SPREAD,
+    SessionState,
+    checkpoint_of,
+    fold,
+    fold_states,
+)
 from projectionist.policy.ports import StateRead
 from projectionist.policy.projection import refresh
 from projectionist.proxy.sessionlog.cached import CachedLog
@@ -175,7 +182,7 @@ async def build_long_session(log: CachedLog, session: str, total: int = TOTAL) -
 def bound(state: SessionState) -> int:
     """Rows a cold fold may read: one checkpoint and fewer than the state events that make the
     next one due."""
-    return 1 + max(CHECKPOINT_EVERY, len(state.quarantined))
+    return 1 + max(CHECKPOINT_EVERY, len(state.quarantined) // CHECKPOINT_SPREAD)
 
 
 async def test_a_cold_fold_of_a_100k_event_session_reads_a_bounded_number_of_rows(log_backend: LogBackend) -> None:
@@ -184,7 +191,7 @@ async def test_a_cold_fold_of_a_100k_event_session_reads_a_bounded_number_of_row
     full = await log_backend.make().read("long")
     assert len(full) >= TOTAL and states >= 1000
     checkpoints = [e for e in full if isinstance(e, CheckpointEvent)]
-    assert len(checkpoints) >= states // CHECKPOINT_EVERY - 1
+    assert len(checkpoints) >= states // max(CHECKPOINT_EVERY, len(IDS) // CHECKPOINT_SPREAD) - 1
     whole = fold(full)
 
     # A freshly started process: a new backend instance, an empty cache.

@@ -196,7 +196,7 @@ async def test_checkpoints_change_no_replay_no_restart_and_no_fork(make_harness:
     bodies = [chat_body(ok, *gone[:n]) for n in range(1, len(gone) + 1)]
     sent = [await call(first, body) for body in bodies]
     kinds = [e["type"] for e in await first.events("r")]
-    assert kinds.count("session/checkpoint") == 1 and kinds.count("attachment/quarantine") == 5  # then due after 5
+    assert kinds.count("session/checkpoint") == 2 and kinds.count("attachment/quarantine") == 5
     for seq in [e["seq"] for e in await first.events("r") if e["type"] == "request/recorded"]:
         status, report = await replay(first, seq=str(seq))
         assert status == 200 and report["matches"] is True and report["seq"] == seq
