@@ -39,6 +39,7 @@ HISTORY_IDS = 200
 IMAGES = 2  # admitted images each measured request inlines (small ones: the fold is what we time)
 MISSING = 2  # references that are quarantined in the long session (placeholders, no store read)
 SAMPLES = 20
+WARM_UP = 5
 
 
 def _bodies(ids: list[str]) -> bytes:
@@ -112,15 +113,18 @@ async def _measure(proc: Proc, body: bytes, mode: str) -> dict[str, Any]:
 
     ``first_of_process``: the long session's request is the process's very first; ``control``:
     a fresh session's is, so what any first request of a process costs (connections, lazy
-    imports, the first store reads) shows apart from the long session; ``after_warm_up``: one
-    request with the same body in another session first, so only the long session's cold fold
-    remains."""
+    imports, the first store reads) shows apart from the long session; ``after_warm_up``:
+    ``WARM_UP`` requests with the same body in another session first (a process's first few
+    requests all pay for something: connections each worker thread opens, first reads), so only
+    the long session's cold fold remains."""
     url = proc.base + CHAT
     async with aiohttp.ClientSession(timeout=scenarios.TIMEOUT) as http:
         async with http.get(proc.base + "/healthz") as response:  # the client's connection, not the proxy's work
             await response.read()
         if mode == "after_warm_up":
-            await _post(http, url, body, "bench-warm-" + secrets.token_hex(4))
+            warm = "bench-warm-" + secrets.token_hex(4)
+            for _ in range(WARM_UP):
+                await _post(http, url, body, warm)
         session = "bench-control-" + secrets.token_hex(4) if mode == "control" else LONG_SESSION
         before = memory_mb(proc.pid)
         first = await _post(http, url, body, session)
@@ -138,7 +142,8 @@ async def _measure(proc: Proc, body: bytes, mode: str) -> dict[str, Any]:
 MODES = ("first_of_process", "control", "after_warm_up")
 
 
-def long_session(procs: Processes, upstream: Proc, token: str, events: int = EVENTS, rounds: int = 3) -> dict[str, Any]:
+def long_session(procs: Processes, upstream: Proc, token: str, events: int = EVENTS, rounds: int = 3,
+                 modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     """Build the session, then measure ``rounds`` fresh processes in each of ``MODES``. Medians
     per mode, and every round."""
     name = "projectionist-long"
@@ -154,7 +159,7 @@ def long_session(procs: Processes, upstream: Proc, token: str, events: int = EVE
     built["log_mb"] = round(sum(p.stat().st_size for p in data_dir.glob("sessions.sqlite3*")) / 2**20, 1)
     body = _bodies(admitted)
     out: dict[str, Any] = {"session": built}
-    for mode in MODES:
+    for mode in modes:
         runs = []
         for _ in range(rounds):
             proc = start_projectionist(procs, upstream, name, token)
@@ -175,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.long_session", description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=EVENTS)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -182,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     procs = Processes(workdir, args.loop)
     try:
         upstream = start_upstream(procs, Peers(None))
-        result = long_session(procs, upstream, secrets.token_hex(16), args.events, args.rounds)
+        result = long_session(procs, upstream, secrets.token_hex(16), args.events, args.rounds,
+                              tuple(args.modes))
     finally:
         procs.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
