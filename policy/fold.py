@@ -2,9 +2,9 @@
 
 ``fold`` turns a session's events into ``SessionState``: which attachments are quarantined, by
 which event. A later ``attachment/recovered`` lifts a quarantine; a ``session/checkpoint``
-restates the whole state, so ``fold_states`` can start at the latest one and skip the records. The placeholder is a pure
-function of the reference as written and the quarantine event, never of current store state, so
-the same log and the same request always project to the same bytes.
+restates the whole state, so ``fold_states`` can start at the latest one and skip the records.
+The placeholder is a pure function of the reference as written and the quarantine event, never
+of current store state, so the same log and the same request always project to the same bytes.
 """
 
 from __future__ import annotations

@@ -25,7 +25,15 @@ from collections.abc import Sequence
 
 from projectionist.policy.errors import AppendConflict, Unavailable
 from projectionist.policy.events import Event, EventData, ForkedEvent
-from projectionist.policy.fold import EMPTY, SessionState, checkpoint_due, checkpoint_of, fold, fold_states
+from projectionist.policy.fold import (
+    CHECKPOINT_EVERY,
+    EMPTY,
+    SessionState,
+    checkpoint_due,
+    checkpoint_of,
+    fold,
+    fold_states,
+)
 from projectionist.policy.ports import StateRead
 from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.sessionlog.base import Log
@@ -60,11 +68,12 @@ class StateCache:
 class CachedLog:
     """A ``Log`` plus the fold cache and the session locks of this process."""
 
-    def __init__(self, inner: Log, sessions: int = 10_000, checkpoint_every: int | None = None) -> None:
+    def __init__(self, inner: Log, sessions: int = 10_000, checkpoint_every: int = 0) -> None:
         self.inner = inner
         self.states = StateCache(sessions)
         #: state events between checkpoints (``fold.CHECKPOINT_EVERY`` unless a test sets it)
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every = checkpoint_every or CHECKPOINT_EVERY
+        self._checkpointing: set[str] = set()  # sessions with a checkpoint append in flight here
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def state(self, session_id: str) -> SessionState | None:
@@ -111,13 +120,16 @@ class CachedLog:
         first) or an unavailable log skips it; the next state event tries again."""
         if after is None or before is not None and after.unsaved <= before.unsaved:
             return
-        if not checkpoint_due(after, *(() if self.checkpoint_every is None else (self.checkpoint_every,))):
+        if not checkpoint_due(after, self.checkpoint_every) or session_id in self._checkpointing:
             return
+        self._checkpointing.add(session_id)
         try:
             events = await self.inner.append(session_id, after.last_seq, [checkpoint_of(after)], durable=False)
         except (AppendConflict, Unavailable) as error:
             get_logger().info("checkpoint_skipped", session=session_id, reason=type(error).__name__)
             return
+        finally:
+            self._checkpointing.discard(session_id)
         if events:
             self._learn(session_id, events[0].seq - 1, events)
 
