@@ -255,9 +255,11 @@ class PostgresLog:
                 # 1 -> 2: the append function (re-created on every start: its passive types are this version's)
                 await conn.execute(_APPEND_FUNCTION.format(schema=schema, passive=_sql_list(PASSIVE_TYPES)))
                 # 2 -> 3: the state index, so a fold reads state events without the records. Built
-                # inside the migration (it blocks appends to the table while it builds, once).
-                await conn.execute(f"CREATE INDEX IF NOT EXISTS projectionist_events_state"
-                                   f" ON {schema}.projectionist_events (session, seq) WHERE {_NOT_RECORD}")
+                # inside the migration (it blocks appends to the table while it builds, once); looked
+                # up first, since CREATE INDEX IF NOT EXISTS would lock the table on every start.
+                if await conn.fetchval("SELECT to_regclass($1)", f"{schema}.projectionist_events_state") is None:
+                    await conn.execute(f"CREATE INDEX projectionist_events_state"
+                                       f" ON {schema}.projectionist_events (session, seq) WHERE {_NOT_RECORD}")
                 await conn.execute(f"UPDATE {schema}.projectionist_meta SET value = $1 WHERE key = 'schema_version'",
                                    str(SCHEMA_VERSION))
                 version = SCHEMA_VERSION
