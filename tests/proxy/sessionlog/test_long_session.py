@@ -9,6 +9,7 @@ a full fold from scratch.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -226,3 +227,33 @@ async def test_an_old_log_without_checkpoints_gets_one_on_its_first_cold_fold(lo
     second = CountingLog(log_backend.make())
     again = await refresh(CachedLog(second), "old")
     assert second.state_rows == 1 and again.quarantined == state.quarantined and again.since == state.since
+
+
+async def test_replicas_racing_never_write_a_checkpoint_that_differs_from_the_fold_at_its_seq(
+        log_backend: LogBackend) -> None:
+    """Two replicas (two instances, two caches, checkpoints every 2 state events) decide on one
+    session at once, each retrying after a conflict as the policy does: every checkpoint in the
+    log restates exactly the fold of the events before it, and the final folds agree."""
+    replicas = [CachedLog(log_backend.make(**log_backend.pool), checkpoint_every=2) for _ in range(2)]
+
+    async def decide(log: CachedLog, tag: int) -> None:
+        for n in range(40):
+            while True:
+                state = await refresh(log, "race", log.state("race") or SessionState())
+                try:
+                    await log.append("race", state.last_seq, [state_event(n * 2 + tag)], durable=False)
+                    await log.append("race", None, [record()], durable=False)
+                    break
+                except AppendConflict:
+                    continue
+
+    await asyncio.gather(*(decide(log, tag) for tag, log in enumerate(replicas)))
+    events = await log_backend.make().read("race")
+    checkpoints = [e for e in events if isinstance(e, CheckpointEvent)]
+    assert len(checkpoints) >= 10
+    for mark in checkpoints:
+        before = fold(events[:mark.seq - 1])
+        assert checkpoint_of(before).quarantined == mark.data.quarantined, mark.seq
+    whole = fold(events)
+    for log in replicas:
+        assert await refresh(log, "race", log.state("race") or SessionState()) == whole
