@@ -19,6 +19,7 @@ RECOVERED: Final = "attachment/recovered"
 FORKED: Final = "session/forked"
 REQUEST: Final = "request/recorded"
 RESPONSE: Final = "response/recorded"
+CHECKPOINT: Final = "session/checkpoint"
 
 
 class Quarantine(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -43,6 +44,26 @@ class Recovered(msgspec.Struct, frozen=True, omit_defaults=True):
 class Forked(msgspec.Struct, frozen=True):
     parent: str
     at_seq: int
+
+
+class Held(msgspec.Struct, frozen=True):
+    """One standing quarantine of a checkpoint, with the time of the event behind it."""
+
+    quarantine: Quarantine
+    since: str
+
+
+class Checkpoint(msgspec.Struct, frozen=True):
+    """The whole folded state at this event's seq: the standing quarantines in fold order.
+
+    Derived, never a decision: the fold takes it as the state (so a cold fold can start at the
+    latest one), it is appended conditionally on the state it summarises (``state_seq``; only
+    records or other checkpoints may lie between), and it never makes anyone's conditional
+    append conflict (``PASSIVE_TYPES``). Replay and an older version simply skip it.
+    """
+
+    state_seq: int
+    quarantined: tuple[Held, ...] = ()
 
 
 class RefRecord(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -116,6 +137,10 @@ class ResponseEvent(_Envelope, frozen=True, tag=RESPONSE):
     data: ResponseRecorded
 
 
+class CheckpointEvent(_Envelope, frozen=True, tag=CHECKPOINT):
+    data: Checkpoint
+
+
 class UnknownEvent(msgspec.Struct, frozen=True):
     """An event of a type this version does not know; kept verbatim, ignored by the fold."""
 
@@ -125,13 +150,16 @@ class UnknownEvent(msgspec.Struct, frozen=True):
     data: msgspec.Raw
 
 
-KnownEvent = QuarantineEvent | RecoveredEvent | ForkedEvent | RequestEvent | ResponseEvent
+KnownEvent = QuarantineEvent | RecoveredEvent | ForkedEvent | RequestEvent | ResponseEvent | CheckpointEvent
 Event = KnownEvent | UnknownEvent
-EventData = Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded
+EventData = Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded | Checkpoint
 
-#: Evidence, not state: these types never change a decision, so they never make a conditional
-#: append conflict (``ports.SessionLog.append``).
+#: Evidence, not state: these types never change a decision and the fold never needs them, so a
+#: state read (``ports.SessionLog.read_state``) leaves them out.
 RECORD_TYPES: Final = frozenset({REQUEST, RESPONSE})
+#: Types that never make a conditional append conflict (``ports.SessionLog.append``): the
+#: records, and checkpoints, which restate the fold and so cannot change what anyone decided.
+PASSIVE_TYPES: Final = RECORD_TYPES | {CHECKPOINT}
 
 _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     Quarantine: QuarantineEvent,
@@ -139,6 +167,7 @@ _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     Forked: ForkedEvent,
     RequestRecorded: RequestEvent,
     ResponseRecorded: ResponseEvent,
+    Checkpoint: CheckpointEvent,
 }
 _KNOWN_TYPES: Final = frozenset(envelope.__struct_config__.tag for envelope in _ENVELOPES.values())
 _encoder: Final = msgspec.json.Encoder()

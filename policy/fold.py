@@ -1,54 +1,136 @@
 """The quarantine fold and the placeholder text (policy layer, pure).
 
 ``fold`` turns a session's events into ``SessionState``: which attachments are quarantined, by
-which event. A later ``attachment/recovered`` lifts a quarantine. The placeholder is a pure
-function of the reference as written and the quarantine event, never of current store state, so
-the same log and the same request always project to the same bytes.
+which event. A later ``attachment/recovered`` lifts a quarantine; a ``session/checkpoint``
+restates the whole state, so ``fold_states`` can start at the latest one and skip the records.
+The placeholder is a pure function of the reference as written and the quarantine event, never
+of current store state, so the same log and the same request always project to the same bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
+from typing import Final
 
 import msgspec
 
-from projectionist.policy.events import Event, Quarantine, QuarantineEvent, RecoveredEvent
+from projectionist.policy.events import (
+    RECORD_TYPES,
+    Checkpoint,
+    CheckpointEvent,
+    Event,
+    Held,
+    Quarantine,
+    QuarantineEvent,
+    RecoveredEvent,
+    UnknownEvent,
+)
 from projectionist.policy.model import ImageRef
 
 
 class SessionState(msgspec.Struct, frozen=True):
     """Folded view of one session's log up to ``last_seq``; ``since`` holds the time of the event
-    behind each quarantine (what a retryable quarantine's probe waits on)."""
+    behind each quarantine (what a retryable quarantine's probe waits on); ``unsaved`` counts the
+    state events folded since the latest checkpoint (or the start), which decides when the next
+    checkpoint is due."""
 
     last_seq: int = 0
     quarantined: Mapping[str, Quarantine] = MappingProxyType({})
     since: Mapping[str, str] = MappingProxyType({})
+    unsaved: int = 0
 
 
 EMPTY = SessionState()
+
+#: A checkpoint is due once this many state events were folded since the last one (and at least
+#: a quarter as many as the quarantines it would hold: see ``checkpoint_due``). A cold fold then
+#: reads one checkpoint and fewer than max(CHECKPOINT_EVERY, standing quarantines / 4) state
+#: events, each a row of its own among the records (one page read each, cold): 32 keep that
+#: under a millisecond beside a request's few, while a checkpoint every 32 state events costs one
+#: small non-durable append per 32 decisions.
+CHECKPOINT_EVERY: Final = 32
+#: Checkpoints hold every standing quarantine: one is due no sooner than after a quarter as many
+#: state events, so all of a log's checkpoints together hold at most about four entries per state
+#: event (rather than growing with the square of the state events when quarantines pile up).
+CHECKPOINT_SPREAD: Final = 4
+
+
+class _Folding:
+    """The mutable state of one fold run; ``step`` is the one place that says what an event does."""
+
+    def __init__(self, state: SessionState) -> None:
+        self.quarantined = dict(state.quarantined)
+        self.since = dict(state.since)
+        self.unsaved = state.unsaved
+
+    def step(self, event: Event) -> None:
+        if isinstance(event, QuarantineEvent):
+            self.quarantined[event.data.attachment_id] = event.data
+            self.since[event.data.attachment_id] = event.time
+        elif isinstance(event, RecoveredEvent):
+            self.quarantined.pop(event.data.attachment_id, None)
+            self.since.pop(event.data.attachment_id, None)
+        elif isinstance(event, CheckpointEvent):  # the whole state, restated: start again from it
+            self.quarantined = {held.quarantine.attachment_id: held.quarantine for held in event.data.quarantined}
+            self.since = {held.quarantine.attachment_id: held.since for held in event.data.quarantined}
+            self.unsaved = 0
+            return
+        if (event.type if isinstance(event, UnknownEvent) else type(event).__struct_config__.tag) not in RECORD_TYPES:
+            self.unsaved += 1
+
+    def state(self, last_seq: int) -> SessionState:
+        return SessionState(last_seq, MappingProxyType(self.quarantined), MappingProxyType(self.since), self.unsaved)
 
 
 def fold(events: Iterable[Event], state: SessionState = EMPTY) -> SessionState:
     """Apply ``events`` (in seq order, all after ``state.last_seq``) to ``state``.
 
     Promises: folding a log in one go or in any split of consecutive chunks gives equal states;
-    event types the fold does not know only advance ``last_seq``.
+    event types the fold does not know only advance ``last_seq``; a checkpoint replaces the state
+    with the one it restates.
     """
-    quarantined = dict(state.quarantined)
-    since = dict(state.since)
+    folding = _Folding(state)
     last = state.last_seq
     for event in events:
         if event.seq != last + 1:
             raise ValueError(f"event seq {event.seq} does not follow {last}")
         last = event.seq
-        if isinstance(event, QuarantineEvent):
-            quarantined[event.data.attachment_id] = event.data
-            since[event.data.attachment_id] = event.time
-        elif isinstance(event, RecoveredEvent):
-            quarantined.pop(event.data.attachment_id, None)
-            since.pop(event.data.attachment_id, None)
-    return SessionState(last, MappingProxyType(quarantined), MappingProxyType(since))
+        folding.step(event)
+    return folding.state(last)
+
+
+def fold_states(events: Iterable[Event], last_seq: int, state: SessionState = EMPTY) -> SessionState:
+    """Apply the *state* events of a log up to ``last_seq`` (records left out, so seqs may skip)
+    to ``state``: what ``SessionLog.read_state`` returns.
+
+    Promises: equal to ``fold`` of every event after ``state.last_seq`` up to ``last_seq`` when
+    ``events`` are exactly its non-record events, or the latest checkpoint among them and the
+    non-record events after it (the records and the skipped prefix change nothing that the
+    checkpoint does not restate). A ``last_seq`` behind ``state`` keeps ``state.last_seq``.
+    """
+    folding = _Folding(state)
+    last = state.last_seq
+    for event in events:
+        if not last < event.seq <= last_seq:
+            raise ValueError(f"state event seq {event.seq} is not in ({last}, {last_seq}]")
+        last = event.seq
+        folding.step(event)
+    return folding.state(max(last_seq, state.last_seq))
+
+
+def checkpoint_due(state: SessionState, every: int = CHECKPOINT_EVERY) -> bool:
+    """Whether ``state`` should be restated in a checkpoint: ``every`` state events since the last
+    one, and at least a quarter as many as the checkpoint would hold (``CHECKPOINT_SPREAD``), so
+    that checkpoints never cost the log more than about four entries per state event however
+    many quarantines stand."""
+    return state.unsaved >= max(every, len(state.quarantined) // CHECKPOINT_SPREAD)
+
+
+def checkpoint_of(state: SessionState) -> Checkpoint:
+    """The checkpoint that restates ``state`` (quarantines in fold order); folding it gives back
+    ``state``'s quarantines and since-times."""
+    return Checkpoint(state.last_seq, tuple(Held(q, state.since[aid]) for aid, q in state.quarantined.items()))
 
 
 def placeholder(ref: ImageRef, quarantine: Quarantine) -> str:

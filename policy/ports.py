@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import msgspec
+
 from projectionist.policy.events import Event, EventData, ForkedEvent
 from projectionist.policy.model import StoredImage
 
@@ -21,9 +23,26 @@ class AttachmentStore(Protocol):
         ...
 
 
+class StateRead(msgspec.Struct, frozen=True):
+    """What ``SessionLog.read_state`` returns: state events and the session's last seq."""
+
+    events: list[Event]
+    last_seq: int
+
+
 class SessionLog(Protocol):
     async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         """Events with ``seq > after_seq`` in seq order (empty for an unknown session).
+
+        The whole log, records included: for the timeline and replay. Folding uses ``read_state``."""
+        ...
+
+    async def read_state(self, session_id: str, after_seq: int = 0) -> StateRead:
+        """What the fold needs past ``after_seq``, without the records: the events with
+        ``seq > after_seq`` whose type is not in ``events.RECORD_TYPES``, in seq order, starting
+        at the latest ``session/checkpoint`` among them when there is one; and ``last_seq``, the
+        session's last seq as of the same moment (records included: what a conditional append
+        expects; 0 for an unknown session). ``fold.fold_states`` folds it.
 
         Reading after a cached state's last seq is the cheap freshness check: usually empty."""
         ...
@@ -32,9 +51,9 @@ class SessionLog(Protocol):
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
     ) -> list[Event]:
         """Append ``data`` after the session's last event, atomically, only if no *state* event
-        (anything but a request/response record, see ``events.RECORD_TYPES``) came after
-        ``expected_seq``; otherwise raise ``AppendConflict``. Records others appended meanwhile
-        never conflict: they decide nothing. ``expected_seq=None`` appends unconditionally (for
+        (anything but a request/response record or a checkpoint, see ``events.PASSIVE_TYPES``)
+        came after ``expected_seq``; otherwise raise ``AppendConflict``. Records and checkpoints
+        others appended meanwhile never conflict: they decide nothing. ``expected_seq=None`` appends unconditionally (for
         records). The returned events carry the seqs they got, which may leave a gap after
         ``expected_seq`` (the records in between). ``durable`` appends are on disk before this
         returns; others keep their place in the log's order but may be flushed by the next

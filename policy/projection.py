@@ -28,7 +28,7 @@ from projectionist.policy.errors import (
 from projectionist.policy.decide import Done, Fail, Lift, Read, Sessionless, decide, names_of
 from projectionist.policy.events import Event, Quarantine, Recovered, RecoveredEvent
 from projectionist.policy.probe import Prober
-from projectionist.policy.fold import EMPTY, SessionState, fold
+from projectionist.policy.fold import EMPTY, SessionState, fold, fold_states
 from projectionist.policy.model import ImageRef, Outcome, StoredImage, check_id
 from projectionist.policy.ports import AttachmentStore, SessionLog
 
@@ -57,8 +57,10 @@ class Recovery(msgspec.Struct, frozen=True):
 
 
 async def refresh(log: SessionLog, session_id: str, state: SessionState = EMPTY) -> SessionState:
-    """Fold whatever the log holds beyond ``state`` (a cached state stays valid across replicas)."""
-    return fold(await log.read(session_id, state.last_seq), state)
+    """Fold whatever the log holds beyond ``state`` (a cached state stays valid across replicas);
+    only state events are read, from the latest checkpoint on."""
+    read = await log.read_state(session_id, state.last_seq)
+    return fold_states(read.events, read.last_seq, state)
 
 
 async def _read_once(store: AttachmentStore, attachment_id: str) -> StoredImage | AttachmentError:

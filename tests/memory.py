@@ -7,8 +7,20 @@ import hashlib
 from collections.abc import Sequence
 
 from projectionist.policy.errors import NOT_FOUND, AppendConflict, AttachmentError, Conflict, InvalidRequest
-from projectionist.policy.events import Event, EventData, Forked, ForkedEvent, envelope
+from projectionist.policy.events import (
+    PASSIVE_TYPES,
+    CheckpointEvent,
+    Event,
+    EventData,
+    Forked,
+    ForkedEvent,
+    RequestEvent,
+    ResponseEvent,
+    UnknownEvent,
+    envelope,
+)
 from projectionist.policy.model import StoredImage, check_id
+from projectionist.policy.ports import StateRead
 from projectionist.proxy.stores.admission import header_info
 from projectionist.proxy.stores.base import AttachmentMeta
 
@@ -57,7 +69,8 @@ class MemoryStore:
 
 
 class MemoryLog:
-    """Append-only per-session lists with the conditional append of the SessionLog contract."""
+    """Append-only per-session lists with the conditional append of the SessionLog contract
+    (records and checkpoints after the expected seq never conflict)."""
 
     def __init__(self) -> None:
         self.sessions: dict[str, list[Event]] = {}
@@ -66,12 +79,21 @@ class MemoryLog:
         await asyncio.sleep(0)
         return [e for e in self.sessions.get(session_id, []) if e.seq > after_seq]
 
+    async def read_state(self, session_id: str, after_seq: int = 0) -> StateRead:
+        await asyncio.sleep(0)
+        events = self.sessions.get(session_id, [])
+        states = [e for e in events if e.seq > after_seq and not isinstance(e, (RequestEvent, ResponseEvent))]
+        marks = [i for i, e in enumerate(states) if isinstance(e, CheckpointEvent)]
+        return StateRead(states[marks[-1]:] if marks else states, len(events))
+
     async def append(
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
     ) -> list[Event]:
         await asyncio.sleep(0)
         events = self.sessions.setdefault(session_id, [])
-        if expected_seq is not None and len(events) != expected_seq:
+        if expected_seq is not None and (expected_seq > len(events) or any(
+                (e.type if isinstance(e, UnknownEvent) else type(e).__struct_config__.tag) not in PASSIVE_TYPES
+                for e in events[expected_seq:])):
             raise AppendConflict(session_id, expected_seq, len(events))
         new: list[Event] = [envelope(len(events) + i + 1, "t", d) for i, d in enumerate(data)]
         events.extend(new)

@@ -1,10 +1,19 @@
-"""The session log as the proxy uses it: one owner of the per-session fold cache and locks (proxy layer).
+"""The session log as the proxy uses it: one owner of the per-session fold cache, locks and checkpoints (proxy layer).
 
-``CachedLog`` wraps a backend and is itself a ``SessionLog``. Every read past a cached fold's
-last seq, and every append it makes, moves that fold forward, so the policy only ever reads the
-events it has not seen (usually none) and nobody else updates the cache. The fold of another
-replica's or process's appends arrives through those reads on the next request. The lock per
-session serialises this process's decisions; the backend's conditional append covers the rest.
+``CachedLog`` wraps a backend and is itself a ``SessionLog``. Every state read past a cached
+fold's last seq, and every append it makes, moves that fold forward, so the policy only ever
+reads the state events it has not seen (usually none) and nobody else updates the cache. The fold
+of another replica's or process's appends arrives through those reads on the next request. The
+lock per session serialises this process's decisions; the backend's conditional append covers
+the rest.
+
+When a fold it learns has folded enough state events since the last checkpoint
+(``fold.checkpoint_due``), it appends a ``session/checkpoint`` restating it, conditional on that
+fold's last seq, so a cold process folds from the checkpoint instead of from seq 1. Across
+replicas: the append fails (and is simply skipped) if any state event came after that seq, so a
+checkpoint always equals the fold at its own seq; records and other checkpoints may lie between,
+and change nothing. Checkpoints never make anyone else's append conflict. Two replicas may both
+write one at the same moment; the second is redundant and harmless.
 """
 
 from __future__ import annotations
@@ -14,8 +23,19 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from projectionist.policy.errors import AppendConflict, Unavailable
 from projectionist.policy.events import Event, EventData, ForkedEvent
-from projectionist.policy.fold import EMPTY, SessionState, fold
+from projectionist.policy.fold import (
+    CHECKPOINT_EVERY,
+    EMPTY,
+    SessionState,
+    checkpoint_due,
+    checkpoint_of,
+    fold,
+    fold_states,
+)
+from projectionist.policy.ports import StateRead
+from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.sessionlog.base import Log
 
 
@@ -48,9 +68,12 @@ class StateCache:
 class CachedLog:
     """A ``Log`` plus the fold cache and the session locks of this process."""
 
-    def __init__(self, inner: Log, sessions: int = 10_000) -> None:
+    def __init__(self, inner: Log, sessions: int = 10_000, checkpoint_every: int = 0) -> None:
         self.inner = inner
         self.states = StateCache(sessions)
+        #: state events between checkpoints (``fold.CHECKPOINT_EVERY`` unless a test sets it)
+        self.checkpoint_every = checkpoint_every or CHECKPOINT_EVERY
+        self._checkpointing: set[str] = set()  # sessions with a checkpoint append in flight here
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def state(self, session_id: str) -> SessionState | None:
@@ -64,13 +87,51 @@ class CachedLog:
             found = self._locks[session_id] = asyncio.Lock()
         return found
 
-    def _learn(self, session_id: str, after_seq: int, events: list[Event]) -> None:
+    @staticmethod
+    def _base(cached: SessionState | None, after_seq: int) -> SessionState | None:
+        """The fold that events read or appended after ``after_seq`` continue, if this process has it."""
+        if cached is not None:
+            return cached if cached.last_seq == after_seq else None
+        return EMPTY if after_seq == 0 else None
+
+    def _learn(self, session_id: str, after_seq: int, events: list[Event]) -> SessionState | None:
         """Fold ``events`` (everything after ``after_seq``) into the cache when they continue it."""
         cached = self.states.get(session_id)
-        base = cached if cached is not None else (EMPTY if after_seq == 0 else None)
-        if base is None or base.last_seq != after_seq or not events and cached is not None:
+        base = self._base(cached, after_seq)
+        if base is None or not events and cached is not None:
+            return None
+        state = fold(events, base)
+        self.states.put(session_id, state)
+        return state
+
+    def _learn_states(self, session_id: str, after_seq: int, read: StateRead) -> SessionState | None:
+        """Fold a state read past ``after_seq`` into the cache when it continues it."""
+        cached = self.states.get(session_id)
+        base = self._base(cached, after_seq)
+        if base is None or not read.events and cached is not None and read.last_seq == cached.last_seq:
+            return None
+        state = fold_states(read.events, read.last_seq, base)
+        self.states.put(session_id, state)
+        return state
+
+    async def _checkpoint(self, session_id: str, before: SessionState | None, after: SessionState | None) -> None:
+        """Append a checkpoint of ``after`` when one is due and this learning step made it so
+        (new state events, not a mere record). Best effort: a conflict (a state event came
+        first) or an unavailable log skips it; the next state event tries again."""
+        if after is None or before is not None and after.unsaved <= before.unsaved:
             return
-        self.states.put(session_id, fold(events, base))
+        if not checkpoint_due(after, self.checkpoint_every) or session_id in self._checkpointing:
+            return
+        self._checkpointing.add(session_id)
+        try:
+            events = await self.inner.append(session_id, after.last_seq, [checkpoint_of(after)], durable=False)
+        except (AppendConflict, Unavailable) as error:
+            get_logger().info("checkpoint_skipped", session=session_id, reason=type(error).__name__)
+            return
+        finally:
+            self._checkpointing.discard(session_id)
+        if events:
+            self._learn(session_id, events[0].seq - 1, events)
 
     # -- SessionLog ------------------------------------------------------------------------------
 
@@ -79,12 +140,19 @@ class CachedLog:
         self._learn(session_id, after_seq, events)
         return events
 
+    async def read_state(self, session_id: str, after_seq: int = 0) -> StateRead:
+        read = await self.inner.read_state(session_id, after_seq)
+        before = self.states.get(session_id)
+        await self._checkpoint(session_id, before, self._learn_states(session_id, after_seq, read))
+        return read
+
     async def append(
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
     ) -> list[Event]:
         events = await self.inner.append(session_id, expected_seq, data, durable=durable)
         if events:
-            self._learn(session_id, events[0].seq - 1, events)
+            before = self.states.get(session_id)
+            await self._checkpoint(session_id, before, self._learn(session_id, events[0].seq - 1, events))
         return events
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:

@@ -21,7 +21,9 @@ import msgspec
 
 from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
 from projectionist.policy.events import (
+    CHECKPOINT,
     FORKED,
+    PASSIVE_TYPES,
     RECORD_TYPES,
     Event,
     EventData,
@@ -31,11 +33,12 @@ from projectionist.policy.events import (
     envelope,
     event_type,
 )
+from projectionist.policy.ports import StateRead
 from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.sessionlog.base import decode_rows, utc_now
+from projectionist.proxy.sessionlog.base import decode_rows, decode_states, utc_now
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 #: Event data as the body's ``data`` member (the server wraps it in the envelope).
 _DATA: Final = msgspec.json.Encoder()
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -45,6 +48,15 @@ _T = TypeVar("_T")
 #: None is the client's doing and none is a quarantine: all are a retryable 503 LOG_UNAVAILABLE.
 #: (A unique violation is not a fault: it is the conditional append losing a race.)
 _UNAVAILABLE: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+def _sql_list(types: frozenset[str]) -> str:
+    return ", ".join(f"'{t}'" for t in sorted(types))
+
+
+#: Not a record: the predicate of the state index (schema version 3), repeated in the queries
+#: that should use it.
+_NOT_RECORD: Final = f"type NOT IN ({_sql_list(RECORD_TYPES)})"
 
 
 class PostgresLog:
@@ -86,6 +98,16 @@ class PostgresLog:
                     f" SELECT $1, seq, type, time, body FROM {table} WHERE session = $2 AND seq <= $3",
             "insert": f"INSERT INTO {table} (session, seq, type, time, body) VALUES ($1, $2, $3, $4, $5)",
             "sessions": f"SELECT DISTINCT session FROM {table} ORDER BY session",
+            # One statement, so one snapshot: the last seq, and the state events up to it from
+            # the latest checkpoint past $2 on (a row of NULLs for last alone when there is none).
+            "read_state":
+                f"WITH last AS (SELECT coalesce(max(seq), 0) AS n FROM {table} WHERE session = $1),"
+                f" mark AS (SELECT coalesce((SELECT c.seq FROM {table} c WHERE c.session = $1 AND c.{_NOT_RECORD}"
+                f" AND c.type = '{CHECKPOINT}' AND c.seq > $2 AND c.seq <= (SELECT n FROM last)"
+                f" ORDER BY c.seq DESC LIMIT 1), $2 + 1) AS s)"  # backwards: stops at the latest one
+                f" SELECT last.n, e.seq, e.body FROM last LEFT JOIN LATERAL (SELECT x.seq, x.body FROM {table} x, mark"
+                f" WHERE x.session = $1 AND x.{_NOT_RECORD} AND x.seq >= mark.s AND x.seq <= last.n) e ON true"
+                f" ORDER BY e.seq",
         }
         self._ops = {sql: op for op, sql in self._sql.items()}
 
@@ -94,6 +116,13 @@ class PostgresLog:
     async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         rows = await self._run(lambda conn: conn.fetch(self._sql["read"], session_id, after_seq))
         return decode_rows(session_id, after_seq, ((row[0], row[1]) for row in rows))
+
+    async def read_state(self, session_id: str, after_seq: int = 0) -> StateRead:
+        """One round trip, one snapshot; the rows come through the state index, records never."""
+        rows = await self._run(lambda conn: conn.fetch(self._sql["read_state"], session_id, after_seq))
+        last = int(rows[0][0]) if rows else 0
+        events = decode_states(session_id, after_seq, ((row[1], row[2]) for row in rows if row[1] is not None))
+        return StateRead(events, last)
 
     async def append(
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
@@ -152,7 +181,7 @@ class PostgresLog:
                 continue
             index = 0
             for _, items, _, future in batch:
-                events = [envelope(int(seqs[index + i]), now, item) for i, item in enumerate(items)]
+                events: list[Event] = [envelope(int(seqs[index + i]), now, item) for i, item in enumerate(items)]
                 index += len(items)
                 if not future.done():
                     future.set_result(events)
@@ -269,10 +298,17 @@ class PostgresLog:
             await conn.execute(f"INSERT INTO {schema}.projectionist_meta VALUES ('schema_version', $1)"
                                " ON CONFLICT (key) DO NOTHING", str(SCHEMA_VERSION))
             version = await conn.fetchval(f"SELECT value FROM {schema}.projectionist_meta WHERE key = 'schema_version'")
-            if int(version) <= SCHEMA_VERSION:  # 1 -> 2: the append function; the rows stay as they are
-                await conn.execute(_APPEND_FUNCTION.format(schema=schema, records=", ".join(
-                    f"'{t}'" for t in sorted(RECORD_TYPES))))
+            if int(version) <= SCHEMA_VERSION:  # the rows stay as they are in every step
+                # 1 -> 2: the append function (re-created on every start: its passive types are this version's)
+                await conn.execute(_APPEND_FUNCTION.format(schema=schema, passive=_sql_list(PASSIVE_TYPES)))
+                # the records' group commit (re-created on every start, as the append function)
                 await conn.execute(_APPEND_RECORDS_FUNCTION.format(schema=schema))
+                # 2 -> 3: the state index, so a fold reads state events without the records. Built
+                # inside the migration (it blocks appends to the table while it builds, once); looked
+                # up first, since CREATE INDEX IF NOT EXISTS would lock the table on every start.
+                if await conn.fetchval("SELECT to_regclass($1)", f"{schema}.projectionist_events_state") is None:
+                    await conn.execute(f"CREATE INDEX projectionist_events_state"
+                                       f" ON {schema}.projectionist_events (session, seq) WHERE {_NOT_RECORD}")
                 await conn.execute(f"UPDATE {schema}.projectionist_meta SET value = $1 WHERE key = 'schema_version'",
                                    str(SCHEMA_VERSION))
                 version = SCHEMA_VERSION
@@ -291,7 +327,8 @@ async def _keep_session(conn: Any) -> None:
 
 #: The append, server side, in one round trip. Under the session's transaction-scoped advisory
 #: lock (so appends of every kind to one session are serialised across replicas and never race on
-#: a seq): the conditional check (no state event after the expected seq; records never conflict),
+#: a seq): the conditional check (no state event after the expected seq; records and checkpoints
+#: never conflict),
 #: then the insert after the last event, each body the envelope around the event's data. Returns
 #: the first new seq, or on a conflict -(last seq + 1).
 _APPEND_FUNCTION: Final = """
@@ -308,7 +345,7 @@ BEGIN
     SELECT coalesce(max(seq), 0) INTO last_seq FROM {schema}.projectionist_events WHERE session = p_session;
     IF p_expected IS NOT NULL AND (p_expected > last_seq OR last_seq <> p_expected AND EXISTS (
         SELECT 1 FROM {schema}.projectionist_events
-        WHERE session = p_session AND seq > p_expected AND type NOT IN ({records}))) THEN
+        WHERE session = p_session AND seq > p_expected AND type NOT IN ({passive}))) THEN
         RETURN -last_seq - 1;
     END IF;
     INSERT INTO {schema}.projectionist_events (session, seq, type, time, body)

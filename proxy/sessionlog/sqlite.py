@@ -19,11 +19,14 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from projectionist.policy.ports import StateRead
 from projectionist.proxy.lanes import Lane
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.sessionlog.base import decode_rows, utc_now
+from projectionist.proxy.sessionlog.base import decode_rows, decode_states, utc_now
 from projectionist.policy.events import (
+    CHECKPOINT,
     FORKED,
+    PASSIVE_TYPES,
     RECORD_TYPES,
     Event,
     EventData,
@@ -34,7 +37,7 @@ from projectionist.policy.events import (
     event_type,
 )
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS events (
@@ -52,10 +55,25 @@ _COPY_PREFIX: Final = (
     " SELECT ?, seq, type, time, body FROM events WHERE session = ? AND seq <= ? ORDER BY seq"
 )
 _LAST_SEQ: Final = "SELECT coalesce(max(seq), 0) FROM events WHERE session = ?"
-#: A state event (anything but a record) after the expected seq: the conditional append's conflict.
+#: A state event (anything but a record or a checkpoint) after the expected seq: the conditional
+#: append's conflict.
 _STATE_AFTER: Final = ("SELECT seq FROM events WHERE session = ? AND seq > ? AND type NOT IN ("
-                       + ", ".join(f"'{t}'" for t in sorted(RECORD_TYPES)) + ") LIMIT 1")
+                       + ", ".join(f"'{t}'" for t in sorted(PASSIVE_TYPES)) + ") LIMIT 1")
 _READ: Final = "SELECT seq, body FROM events WHERE session = ? AND seq > ? ORDER BY seq"
+#: Not a record: the predicate of the state index, written the same in every query that should
+#: use it (SQLite uses a partial index only for a query that repeats its WHERE term).
+_NOT_RECORD: Final = "type NOT IN (" + ", ".join(f"'{t}'" for t in sorted(RECORD_TYPES)) + ")"
+#: Schema version 2: the state events of each session, so a fold reads them without the records.
+_STATE_INDEX: Final = f"CREATE INDEX IF NOT EXISTS events_state ON events (session, seq) WHERE {_NOT_RECORD}"
+#: The state events in (from, to]: from the latest checkpoint in that range, else all of them
+#: (found scanning the state index backwards, so it stops at the latest one). Without statistics
+#: the planner prefers the primary key's range, which walks every record: hence ``INDEXED BY``.
+_READ_STATE: Final = (
+    f"SELECT seq, body FROM events INDEXED BY events_state WHERE session = ?1 AND {_NOT_RECORD} AND seq <= ?3"
+    f" AND seq >= (SELECT coalesce((SELECT seq FROM events INDEXED BY events_state WHERE session = ?1 AND {_NOT_RECORD}"
+    f" AND type = '{CHECKPOINT}' AND seq > ?2 AND seq <= ?3 ORDER BY seq DESC LIMIT 1), ?2 + 1))"
+    " ORDER BY seq"
+)
 _EXISTS: Final = "SELECT 1 FROM events WHERE session = ? LIMIT 1"
 _SESSIONS: Final = "SELECT DISTINCT session FROM events"
 
@@ -122,6 +140,9 @@ class SqliteLog:
 
     async def read(self, session_id: str, after_seq: int = 0) -> list[Event]:
         return await self._run(partial(self._read_job, session_id, after_seq), self._reads, op="read")
+
+    async def read_state(self, session_id: str, after_seq: int = 0) -> StateRead:
+        return await self._run(partial(self._read_state_job, session_id, after_seq), self._reads, op="read_state")
 
     async def append(
         self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *, durable: bool = True
@@ -274,8 +295,9 @@ class SqliteLog:
     @staticmethod
     def _migrate_tx(conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version == 0:
+        if version in (0, 1):  # 0: a new file; 1 -> 2: the state index (the rows stay as they are)
             conn.execute(_SCHEMA)
+            conn.execute(_STATE_INDEX)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         elif version != SCHEMA_VERSION:
             raise Unavailable(
@@ -317,6 +339,15 @@ class SqliteLog:
     @staticmethod
     def _read_job(session_id: str, after_seq: int, conn: sqlite3.Connection) -> list[Event]:
         return decode_rows(session_id, after_seq, conn.execute(_READ, (session_id, after_seq)).fetchall())
+
+    @staticmethod
+    def _read_state_job(session_id: str, after_seq: int, conn: sqlite3.Connection) -> StateRead:
+        """The last seq first, then the state events up to it: rows at or below a seq one has
+        seen are never added later (a session's rows are always a prefix), so the two agree
+        without a read transaction."""
+        last = SqliteLog._last_seq(conn, session_id)
+        rows = conn.execute(_READ_STATE, (session_id, after_seq, last)).fetchall()
+        return StateRead(decode_states(session_id, after_seq, rows), last)
 
     @staticmethod
     def _sessions_job(conn: sqlite3.Connection) -> list[str]:

@@ -194,17 +194,22 @@ async def test_recovery_refused_until_repaired_then_the_image_is_back(harness: H
 async def test_the_folded_state_is_cached_per_session_and_read_only_past_its_last_seq(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each request reads only the events after the cached fold's last seq; the session's own
-    appends (a quarantine, a recovery) move the cached fold forward, so nothing is read twice."""
+    """Each request reads only the state events after the cached fold's last seq (never the whole
+    log); the session's own appends (a quarantine, a recovery) move the cached fold forward, so
+    nothing is read twice."""
     state = harness.app[SERVICES]
     reads: list[tuple[str, int]] = []
-    real_read = state.log.read
+    real_read = state.log.read_state
 
     async def spy(session_id: str, after_seq: int = 0) -> Any:
         reads.append((session_id, after_seq))
         return await real_read(session_id, after_seq)
 
-    monkeypatch.setattr(state.log, "read", spy)
+    async def whole(session_id: str, after_seq: int = 0) -> Any:
+        raise AssertionError("a request read the whole log")
+
+    monkeypatch.setattr(state.log, "read_state", spy)
+    monkeypatch.setattr(state.log, "read", whole)
     data = make_image(color=19)
     aid = ref_id(data)
     await harness.chat(SID, aid)  # quarantined: seq 1

@@ -46,8 +46,9 @@ async def test_a_cold_then_a_warm_request_cost_what_the_backends_say(
     else:
         assert store1 - store0 == Counter(get=1)  # the stamp comes with the GET
         assert store2 - store1 == Counter(head=1)
-    # one round trip each, the pool's release included (no reset statement after every job)
-    assert log1 - log0 == Counter(read=1) and log2 - log1 == Counter(read=1)
+    # one round trip each (a state read: the last seq and the state events in one statement or
+    # one job), the pool's release included (no reset statement after every job)
+    assert log1 - log0 == Counter(read_state=1) and log2 - log1 == Counter(read_state=1)
 
 
 async def test_within_the_stamp_window_a_request_costs_one_log_round_trip_and_no_store_op(
@@ -60,5 +61,5 @@ async def test_within_the_stamp_window_a_request_costs_one_log_round_trip_and_no
         await harness.chat("w", *ids)
     store1, log1 = await counts(harness)
     assert store1 - store0 == Counter()
-    assert log1 - log0 == Counter(read=5)
+    assert log1 - log0 == Counter(read_state=5)
     assert harness.app[SERVICES].metrics.cache_hits == 15

@@ -26,6 +26,7 @@ from projectionist.policy.events import (
     ForkedEvent,
     Quarantine,
     Recovered,
+    ResponseRecorded,
     encode_event,
 )
 from projectionist.proxy.sessionlog.postgres import PostgresLog
@@ -42,6 +43,10 @@ def q(attachment_id: str = ID_A, name: str | None = None) -> Quarantine:
 
 def rec(attachment_id: str = ID_A) -> Recovered:
     return Recovered(attachment_id=attachment_id, bytes=10, media_type="image/png", width=1, height=1)
+
+
+def record() -> ResponseRecorded:
+    return ResponseRecorded(request_id="r1", request_seq=1, status=200, latency_ms=1.0)
 
 
 def ticking_clock() -> Callable[[], str]:
@@ -303,7 +308,7 @@ async def test_schema_created_idempotently_with_version(make_log: Callable[..., 
     assert [e.seq for e in await second.read("s")] == [1]
     await second.append("s", 1, [rec()])
     meta = await sql_fetch(f'SELECT key, value FROM "{schema}".projectionist_meta')
-    assert [tuple(row) for row in meta] == [("schema_version", "2")]
+    assert [tuple(row) for row in meta] == [("schema_version", "3")]
     tables = await sql_fetch(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY table_name", schema
     )
@@ -327,7 +332,7 @@ async def test_concurrent_migration_of_fresh_schema(make_log: Callable[..., Post
     results = await asyncio.gather(*(lg.read("s") for lg in logs), return_exceptions=True)
     assert results == [[], [], [], []]
     meta = await sql_fetch(f'SELECT key, value FROM "{schema}".projectionist_meta')
-    assert [tuple(row) for row in meta] == [("schema_version", "2")]
+    assert [tuple(row) for row in meta] == [("schema_version", "3")]
     # Every instance can write afterwards, and they see one log.
     await logs[0].append("s", 0, [q()])
     await logs[3].append("s", 1, [rec()])
@@ -347,7 +352,27 @@ async def test_a_version_1_log_is_migrated_in_place_and_its_rows_read_back(
     assert await second.read("s") == written
     assert [e.seq for e in await second.append("s", 2, [q(ID_B)])] == [3]
     meta = await sql_fetch(f'SELECT key, value FROM "{schema}".projectionist_meta')
-    assert [tuple(row) for row in meta] == [("schema_version", "2")]
+    assert [tuple(row) for row in meta] == [("schema_version", "3")]
+    await second.close()
+
+
+async def test_a_version_2_log_gets_the_state_index_and_keeps_its_rows(
+        make_log: Callable[..., PostgresLog], schema: str) -> None:
+    """Version 3 adds the partial index of state events (``read_state``); the rows stay."""
+    first = make_log()
+    written = await first.append("s", 0, [q(), record(), rec()])
+    await first.close()
+    await sql_execute(f'DROP INDEX "{schema}".projectionist_events_state')
+    await sql_execute(f"UPDATE \"{schema}\".projectionist_meta SET value = '2'")
+    second = make_log()
+    assert await second.read("s") == written
+    state = await second.read_state("s")
+    assert (state.events, state.last_seq) == ([written[0], written[2]], 3)
+    meta = await sql_fetch(f'SELECT key, value FROM "{schema}".projectionist_meta')
+    assert [tuple(row) for row in meta] == [("schema_version", "3")]
+    index = await sql_fetch("SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = $2",
+                            schema, "projectionist_events_state")
+    assert len(index) == 1 and "request/recorded" in index[0][0] and "(session, seq)" in index[0][0]
     await second.close()
 
 

@@ -60,11 +60,30 @@ async def test_schema_created_idempotently(db: Path) -> None:
     await second.close()
     assert db.parent.is_dir()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
+        index = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events_state'").fetchone()[0]
     assert "WITHOUT ROWID" in sql.upper()
     assert "PRIMARY KEY (session, seq)" in sql
+    assert "(session, seq) WHERE type NOT IN" in index
+
+
+async def test_a_version_1_file_gets_the_state_index_and_keeps_its_rows(db: Path) -> None:
+    """Version 2 adds the partial index of state events (``read_state``); the rows stay."""
+    first = SqliteLog(db)
+    written = await first.append("s", 0, [q(), q(ID_B)])
+    await first.close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP INDEX events_state")
+        conn.execute("PRAGMA user_version = 1")
+    second = SqliteLog(db)
+    assert await second.read("s") == written
+    assert (await second.read_state("s")).events == written
+    await second.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events_state'").fetchone() == (1,)
 
 
 async def test_newer_schema_version_is_refused(db: Path) -> None:

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from projectionist.adapters import openai_chat
+from projectionist.proxy.http.services import SERVICES
 from tests import fakes
 from tests.calls import call, chat_body
 from tests.conftest import ADMIN, BACKENDS, Harness
@@ -181,3 +182,32 @@ async def test_a_replay_send_that_cannot_be_made_is_a_clean_error(
     resp = await harness.client.post("/admin/sessions/r/replay", json={"send": True, **spec}, headers=ADMIN)
     assert resp.status == status, await resp.text()
     assert resp.headers["x-projectionist-error-code"] == code
+
+
+async def test_checkpoints_change_no_replay_no_restart_and_no_fork(make_harness: MakeHarness,
+                                                                    make_config: Callable[..., Any]) -> None:
+    """With a checkpoint every two state events, every recorded call still replays byte-identically,
+    a restarted proxy (folding from the latest checkpoint) and a fork send the same bodies."""
+    config = make_config(**{"record.mode": "full"})
+    first = await make_harness(config)
+    first.app[SERVICES].log.checkpoint_every = 2
+    ok = await first.admit(make_image(color=218))
+    gone = [ref_id(make_image(color=c)) for c in (219, 220, 221, 222, 223)]
+    bodies = [chat_body(ok, *gone[:n]) for n in range(1, len(gone) + 1)]
+    sent = [await call(first, body) for body in bodies]
+    kinds = [e["type"] for e in await first.events("r")]
+    assert kinds.count("session/checkpoint") == 2 and kinds.count("attachment/quarantine") == 5
+    for seq in [e["seq"] for e in await first.events("r") if e["type"] == "request/recorded"]:
+        status, report = await replay(first, seq=str(seq))
+        assert status == 200 and report["matches"] is True and report["seq"] == seq
+    await first.client.close()
+
+    second = await make_harness(config)  # restarted: a cold fold from the latest checkpoint
+    assert await call(second, bodies[-1]) == sent[-1]
+    resp = await second.client.post("/admin/sessions/r/fork", json={"new_session_id": "r2"}, headers=ADMIN)
+    assert resp.status == 201
+    assert await call(second, bodies[-1], session="r2") == sent[-1]
+    status, report = await replay(second, session="r2")
+    assert status == 200 and report["matches"] is True
+    quarantine = await (await second.client.get("/admin/sessions/r2/quarantine", headers=ADMIN)).json()
+    assert sorted(q["attachment_id"] for q in quarantine["quarantined"]) == sorted(gone)
