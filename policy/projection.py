@@ -164,6 +164,7 @@ async def project(
     parallel: int = 8,
     prober: Prober | None = None,
     probe_wait: float = 2.0,
+    fresh: bool = False,
 ) -> Projection:
     """Resolve every reference of one request to a verified image or a placeholder.
 
@@ -177,7 +178,9 @@ async def project(
       ``"placeholder"`` projects the placeholder for it;
     - every occurrence of one id gets the same treatment; outcomes are a pure function of the
       final folded state, the references and the verified bytes (``decide``).
-    ``state`` is an optional cached fold for the session; it is refreshed from the log first;
+    ``state`` is an optional cached fold for the session; it is refreshed from the log first,
+    unless the caller vouches it is ``fresh`` (nothing changed since it was read; a decision that
+    turns out stale still meets the conditional append, which reads again);
     ``parallel`` bounds this request's reads in flight at once; with a ``prober``, a retryable
     quarantine whose probe is due is read once more and, if the read verifies, lifted
     (``attachment/recovered``, ``automatic``) before the projection, in the same request.
@@ -187,7 +190,9 @@ async def project(
     if session_id is not None and log is None:
         raise ValueError("a session needs a log")
     recording = log is not None and session_id is not None
-    state = await refresh(log, session_id, state or EMPTY) if log and session_id else (state or EMPTY)
+    if log and session_id and not (fresh and state is not None):
+        state = await refresh(log, session_id, state or EMPTY)
+    state = state or EMPTY
     due = prober.due(state, names_of(refs)) if prober is not None and recording else frozenset()
     results: dict[str, StoredImage | AttachmentError] = {}
     recorded: tuple[Quarantine, ...] = ()

@@ -117,6 +117,7 @@ def create_app(
     log = log if log is not None else open_log(config, environ)
     counters = Metrics()
     counters.store_ops, counters.log_round_trips = _ops_of(store), _ops_of(log)
+    counters.watch = getattr(log, "watch", None)
     server = config.server
     services = Services(
         config=config,

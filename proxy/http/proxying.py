@@ -47,11 +47,13 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     started = time.perf_counter()
 
     async def run(refs: list[ImageRef]) -> Projection:
+        fresh = services.log.fresh(session_id) if session_id else None
         return await project(
             refs, store=services.reader, log=services.log, session_id=session_id,
             lock=services.log.lock(session_id) if session_id else None,
             sessionless=services.config.server.sessionless,
-            state=services.log.state(session_id) if session_id else None,
+            state=fresh or (services.log.state(session_id) if session_id else None),
+            fresh=fresh is not None,
             parallel=services.config.policy.parallel_reads,
             prober=services.prober,
             probe_wait=services.config.policy.probe_wait,

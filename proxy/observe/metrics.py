@@ -13,6 +13,7 @@ import threading
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -41,6 +42,13 @@ class Histogram:
             running += n
             buckets.append((bound, running))
         return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.total)
+
+
+class Watched(Protocol):
+    """What metrics read of a log's state-change watch."""
+
+    healthy: bool
+    notices: int
 
 
 class OpCounter:
@@ -86,6 +94,8 @@ class Metrics:
         #: The store's and the log's own counts (``create_app`` wires the backends' counters).
         self.store_ops = OpCounter()
         self.log_round_trips = OpCounter()
+        #: The log's state-change watch, when its backend has one (PostgreSQL).
+        self.watch: Watched | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
@@ -125,6 +135,12 @@ class Metrics:
                                   value=self.errors_after_start)
         yield _by("projectionist_store_operations", "Operations sent to the attachment store (S3 requests, "
                   "filesystem calls), by operation, counted by the store itself", "op", self.store_ops.snapshot())
+        if self.watch is not None:
+            yield GaugeMetricFamily("projectionist_log_watch_listening", "1 while the log's state-change notices "
+                                    "arrive (cached session folds need no read), else 0", value=int(self.watch.healthy))
+            yield CounterMetricFamily("projectionist_log_state_notices", "State-change notices received from the "
+                                      "log (another replica's or this one's quarantine, recovery or fork)",
+                                      value=self.watch.notices)
         yield _by("projectionist_log_round_trips", "Round trips to the session log database (statements and "
                   "transactions sent), by operation, counted by the log itself", "op", self.log_round_trips.snapshot())
         yield self.projection.family("projectionist_projection_seconds",

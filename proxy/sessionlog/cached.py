@@ -14,6 +14,10 @@ replicas: the append fails (and is simply skipped) if any state event came after
 checkpoint always equals the fold at its own seq; records and other checkpoints may lie between,
 and change nothing. Checkpoints never make anyone else's append conflict. Two replicas may both
 write one at the same moment; the second is redundant and harmless.
+
+With a backend that pushes state-change notices (``inner.watch``, PostgreSQL), ``fresh`` hands
+out a cached fold without any read while the watch vouches that nothing changed since the read
+behind it (``sessionlog.watch`` says what that makes staler, and why replay stays exact).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from projectionist.policy.fold import (
 from projectionist.policy.ports import StateRead
 from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.sessionlog.base import Log
+from projectionist.proxy.sessionlog.watch import Mark, StateWatch
 
 
 class StateCache:
@@ -75,6 +80,24 @@ class CachedLog:
         self.checkpoint_every = checkpoint_every or CHECKPOINT_EVERY
         self._checkpointing: set[str] = set()  # sessions with a checkpoint append in flight here
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.watch: StateWatch | None = getattr(inner, "watch", None)
+        self._vouched: OrderedDict[str, Mark] = OrderedDict()  # the watch's mark behind each cached fold
+
+    def fresh(self, session_id: str) -> SessionState | None:
+        """The cached fold of ``session_id`` when the watch vouches that it is current (no state
+        read needed), else None."""
+        if self.watch is None:
+            return None
+        cached = self.states.get(session_id)
+        if cached is None or not self.watch.unchanged(session_id, self._vouched.get(session_id)):
+            return None
+        return cached
+
+    def _vouch(self, session_id: str, mark: Mark) -> None:
+        self._vouched[session_id] = mark
+        self._vouched.move_to_end(session_id)
+        while len(self._vouched) > self.states.capacity:
+            self._vouched.popitem(last=False)
 
     def state(self, session_id: str) -> SessionState | None:
         """The cached fold of ``session_id`` (refresh it by reading past its ``last_seq``)."""
@@ -141,9 +164,14 @@ class CachedLog:
         return events
 
     async def read_state(self, session_id: str, after_seq: int = 0) -> StateRead:
+        mark = self.watch.mark() if self.watch is not None else None  # before the read: a later notice voids it
         read = await self.inner.read_state(session_id, after_seq)
         before = self.states.get(session_id)
-        await self._checkpoint(session_id, before, self._learn_states(session_id, after_seq, read))
+        learned = self._learn_states(session_id, after_seq, read)
+        cached = self.states.get(session_id)
+        if mark is not None and cached is not None and cached.last_seq == read.last_seq:
+            self._vouch(session_id, mark)  # the cache now holds what this read saw
+        await self._checkpoint(session_id, before, learned)
         return read
 
     async def append(

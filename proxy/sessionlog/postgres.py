@@ -12,6 +12,7 @@ in ``ops`` by the connection's query logger.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -37,6 +38,7 @@ from projectionist.policy.ports import StateRead
 from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.observe.metrics import OpCounter
 from projectionist.proxy.sessionlog.base import decode_rows, decode_states, utc_now
+from projectionist.proxy.sessionlog.watch import StateWatch
 
 SCHEMA_VERSION: Final = 3
 #: Event data as the body's ``data`` member (the server wraps it in the envelope).
@@ -87,6 +89,11 @@ class PostgresLog:
         self._flusher: asyncio.Task[None] | None = None
         #: Statements sent to the database, by operation (the query logger of every connection).
         self.ops = OpCounter()
+        #: State-change notices (LISTEN on ``channel``): which cached folds need no state read.
+        self.watch = StateWatch()
+        self.channel = f"projectionist_state:{schema}"
+        self.ping_every = 5.0
+        self._listener: asyncio.Task[None] | None = None
         table = f'"{schema}".projectionist_events'
         self._sql = {
             "read": f"SELECT seq, body FROM {table} WHERE session = $1 AND seq > $2 ORDER BY seq",
@@ -98,6 +105,9 @@ class PostgresLog:
                     f" SELECT $1, seq, type, time, body FROM {table} WHERE session = $2 AND seq <= $3",
             "insert": f"INSERT INTO {table} (session, seq, type, time, body) VALUES ($1, $2, $3, $4, $5)",
             "sessions": f"SELECT DISTINCT session FROM {table} ORDER BY session",
+            "notify": "SELECT pg_notify($1, $2)",
+            "watch": "SELECT 1 /* projectionist watch */",
+            "listen": f'LISTEN "{self.channel}"',
             # One statement, so one snapshot: the last seq, and the state events up to it from
             # the latest checkpoint past $2 on (a row of NULLs for last alone when there is none).
             "read_state":
@@ -201,6 +211,7 @@ class PostgresLog:
                 await conn.execute(self._sql["copy"], child, parent, at)  # verbatim bodies and times
                 marker = ForkedEvent(seq=at + 1, time=self._clock(), data=Forked(parent=parent, at_seq=at))
                 await conn.execute(self._sql["insert"], child, marker.seq, FORKED, marker.time, encode_event(marker))
+                await conn.execute(self._sql["notify"], self.channel, child)  # delivered at commit
                 return marker
 
         try:
@@ -219,6 +230,9 @@ class PostgresLog:
 
     async def close(self) -> None:
         self._closed = True
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
         pool, self._pool = self._pool, None
@@ -235,6 +249,8 @@ class PostgresLog:
         except _UNAVAILABLE as exc:
             get_logger().warning("session_log_unavailable_at_startup", error=type(exc).__name__,
                                  retry="on first use")
+        if self._listener is None:
+            self._listener = asyncio.get_running_loop().create_task(self._listen())
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -272,6 +288,41 @@ class PostgresLog:
                 self._pool = pool
         return self._pool
 
+    async def _listen(self) -> None:
+        """Keep one connection LISTENing for state-change notices, outside the pool. A connection
+        that ends, or fails its ping every ``ping_every`` seconds, makes the watch vouch for
+        nothing until a new one listens (then every cached fold is read once more)."""
+        delay = 0.5
+        while not self._closed:
+            conn: Any = None
+            try:
+                await self._open()  # the schema (and so the functions that notify) first
+                conn = await asyncpg.connect(self._dsn, timeout=self._timeout)
+                conn.add_query_logger(self._sent)
+                ended = asyncio.Event()
+                conn.add_termination_listener(lambda _conn: ended.set())
+                await conn.add_listener(self.channel, self._notice)
+                self.watch.renewed()
+                delay = 0.5
+                while not ended.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(ended.wait(), self.ping_every)
+                        break
+                    await asyncio.wait_for(conn.fetchval(self._sql["watch"]), self._timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                get_logger().warning("session_log_watch_lost", error=type(exc).__name__, retry_s=delay)
+            finally:
+                self.watch.lost()
+                if conn is not None:
+                    conn.terminate()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    def _notice(self, _conn: Any, _pid: int, _channel: str, session_id: str) -> None:
+        self.watch.notified(session_id)
+
     async def _init_connection(self, conn: Any) -> None:
         conn.add_query_logger(self._sent)
 
@@ -300,7 +351,8 @@ class PostgresLog:
             version = await conn.fetchval(f"SELECT value FROM {schema}.projectionist_meta WHERE key = 'schema_version'")
             if int(version) <= SCHEMA_VERSION:  # the rows stay as they are in every step
                 # 1 -> 2: the append function (re-created on every start: its passive types are this version's)
-                await conn.execute(_APPEND_FUNCTION.format(schema=schema, passive=_sql_list(PASSIVE_TYPES)))
+                await conn.execute(_APPEND_FUNCTION.format(schema=schema, passive=_sql_list(PASSIVE_TYPES),
+                                                           channel=self.channel))
                 # the records' group commit (re-created on every start, as the append function)
                 await conn.execute(_APPEND_RECORDS_FUNCTION.format(schema=schema))
                 # 2 -> 3: the state index, so a fold reads state events without the records. Built
@@ -353,6 +405,9 @@ BEGIN
            convert_to('{{"type":' || to_json(u.type)::text || ',"seq":' || (last_seq + u.ord)::text
                       || ',"time":' || to_json(p_time)::text || ',"data":', 'UTF8') || u.data || '\\x7d'::bytea
     FROM unnest(p_types, p_datas) WITH ORDINALITY AS u(type, data, ord);
+    IF EXISTS (SELECT 1 FROM unnest(p_types) AS t WHERE t NOT IN ({passive})) THEN
+        PERFORM pg_notify('{channel}', p_session);  -- a state change: replicas' folds go stale
+    END IF;
     RETURN last_seq + 1;
 END
 $fn$

@@ -129,7 +129,16 @@ async def test_two_hundred_concurrent_requests_across_two_replicas_make_one_even
     assert len({r.body for r in upstream.received}) == 1  # every replica projected the same bytes
 
 
-async def test_recovery_through_one_replica_is_seen_by_the_other_on_its_next_request(
+async def notices(http: aiohttp.ClientSession, replica: Replica) -> int:
+    """State-change notices the replica's log watch received (``/metrics``)."""
+    async with http.get(f"{replica.url}/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            if line.startswith("projectionist_log_state_notices_total "):
+                return int(float(line.split()[1]))
+    raise AssertionError("no projectionist_log_state_notices_total in /metrics")
+
+
+async def test_recovery_through_one_replica_is_seen_by_the_other_once_its_notice_arrives(
     replicas: tuple[Replica, Replica, aiohttp.ClientSession], upstream: FakeUpstream
 ) -> None:
     a, b, http = replicas
@@ -138,8 +147,13 @@ async def test_recovery_through_one_replica_is_seen_by_the_other_on_its_next_req
     assert (await chat(http, b, "heal", aid))[0] == 200  # B quarantines it (not admitted yet)
     assert upstream.last.json()["messages"][0]["content"][0]["type"] == "text"
     assert await admit(http, a, data) == aid
+    seen = await notices(http, b)
     async with http.post(f"{a.url}/admin/sessions/heal/attachments/{aid}/recover", headers=ADMIN) as resp:
         assert resp.status == 200 and (await resp.json())["recovered"] is True
+    for _ in range(250):  # the notice is sent at A's commit; B acts on it when it arrives (milliseconds)
+        if await notices(http, b) > seen:
+            break
+        await asyncio.sleep(0.02)
     assert (await chat(http, b, "heal", aid))[0] == 200  # B cached the quarantine; it must see the recovery
     assert upstream.last.json()["messages"][0]["content"][0]["type"] == "image_url"
     assert [e["type"] for e in await events(http, b, "heal")] == ["attachment/quarantine", "attachment/recovered"]

@@ -1,0 +1,68 @@
+"""Which cached folds are still current, as a shared log's change notices tell it (proxy layer).
+
+A backend that can push a notice whenever a session's *state* changes (PostgreSQL's
+LISTEN/NOTIFY: every append of a quarantine, recovery or fork notifies the session's id) lets a
+replica skip the per-request state read of a session whose fold it already holds. ``StateWatch``
+is the bookkeeping, no I/O: the backend calls ``notified`` for each notice, ``lost`` when its
+listening connection is gone and ``renewed`` once it listens again; the fold cache takes a
+``mark`` before each state read and asks ``unchanged`` later.
+
+A mark vouches for a session only while the same listening connection has stayed up and no
+notice for that session arrived since the mark was taken. So a lost connection, a notice, or a
+notice this bounded memory forgot all send the next request back to the log. What may be stale:
+another replica's state change reaches this replica's decisions when its notice arrives
+(milliseconds), not before; a request decided in between records the log seq it decided on, so
+replay folds the same prefix, and a quarantine it appends still meets the conditional append.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+
+class Mark(NamedTuple):
+    """The watch's position when a state read was sent: the connection's generation and the
+    number of notices seen so far."""
+
+    generation: int
+    notices: int
+
+
+class StateWatch:
+    """Notices of state changes per session, bounded to the ``capacity`` most recent sessions."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self.healthy = False
+        self.generation = 0
+        self.notices = 0
+        self._last: OrderedDict[str, int] = OrderedDict()  # session -> notice count at its last notice
+        self._forgotten = 0  # the highest notice count evicted from ``_last``
+
+    def mark(self) -> Mark | None:
+        """Where the watch stands now, or None when it cannot vouch for anything (not listening)."""
+        return Mark(self.generation, self.notices) if self.healthy else None
+
+    def unchanged(self, session_id: str, mark: Mark | None) -> bool:
+        """True when nothing about ``session_id`` can have changed since ``mark`` was taken."""
+        if mark is None or not self.healthy or mark.generation != self.generation:
+            return False
+        return self._last.get(session_id, self._forgotten) <= mark.notices
+
+    def notified(self, session_id: str) -> None:
+        self.notices += 1
+        self._last[session_id] = self.notices
+        self._last.move_to_end(session_id)
+        while len(self._last) > self.capacity:
+            _, count = self._last.popitem(last=False)
+            self._forgotten = max(self._forgotten, count)
+
+    def lost(self) -> None:
+        """The listening connection is gone: vouch for nothing until ``renewed``."""
+        self.healthy = False
+
+    def renewed(self) -> None:
+        """Listening (again): earlier marks stay void, as notices may have been missed meanwhile."""
+        self.generation += 1
+        self.healthy = True

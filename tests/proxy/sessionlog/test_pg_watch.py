@@ -1,0 +1,151 @@
+"""The PostgreSQL log's state-change watch: a cached fold is handed out without a read only while
+the listening connection stays up and no notice for its session arrived; another replica's
+quarantine, recovery or fork voids it; records and checkpoints do not; a lost listener sends
+every request back to the log until it listens again; a decision made in the notice's flight
+still meets the conditional append and records one transition."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from projectionist.policy.events import Quarantine, RequestRecorded
+from projectionist.policy.errors import AttachmentError
+from projectionist.policy.model import ImageRef
+from projectionist.policy.projection import project
+from projectionist.proxy.sessionlog.cached import CachedLog
+from projectionist.proxy.sessionlog.postgres import PostgresLog
+from projectionist.proxy.sessionlog.watch import StateWatch
+from tests.backends import pg_dsn
+from tests.conftest import drop_schema
+
+ID = "sha256:" + "ab" * 32
+
+
+def quarantine(attachment_id: str = ID) -> Quarantine:
+    return Quarantine(attachment_id=attachment_id, failure="not_found", retryable=False)
+
+
+def record(request_id: str) -> RequestRecorded:
+    return RequestRecorded(request_id=request_id, route="openai_chat", adapter="openai_chat", upstream="openai",
+                           method="POST", path="/v1/chat/completions", log_seq=0, inbound_digest="sha256:0",
+                           projected_digest="sha256:0", refs=(), shape=())
+
+
+async def until(condition: object, what: str, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if callable(condition) and condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[tuple[CachedLog, CachedLog]]:
+    """Two replicas' logs on one schema of their own, both listening."""
+    schema = f"w_{uuid.uuid4().hex[:12]}"
+    a, b = PostgresLog(pg_dsn(), schema=schema), PostgresLog(pg_dsn(), schema=schema)
+    for log in (a, b):
+        log.ping_every = 0.2
+        await log.start()
+    try:
+        await until(lambda: a.watch.healthy and b.watch.healthy, "both watches to listen")
+        yield CachedLog(a), CachedLog(b)
+    finally:
+        await a.close()
+        await b.close()
+        await drop_schema(schema)
+
+
+async def test_a_read_fold_stays_fresh_until_another_replica_changes_the_session(
+        replicas: tuple[CachedLog, CachedLog]) -> None:
+    a, b = replicas
+    await a.read_state("s", 0)
+    assert a.fresh("s") is not None  # vouched: no notice since the read
+    await b.append("s", None, [record("r1")], durable=False)  # records change no state: no notice
+    await asyncio.sleep(0.3)
+    assert a.fresh("s") is not None
+    seen = a.watch.notices if a.watch else 0
+    await b.append("s", 1, [quarantine()])  # a state change: a notice to every replica
+    await until(lambda: a.watch is not None and a.watch.notices > seen, "the notice")
+    assert a.fresh("s") is None  # the next request reads
+    read = await a.read_state("s", a.states.get("s").last_seq)  # type: ignore[union-attr]
+    assert [e.data for e in read.events] == [quarantine()]
+    fresh = a.fresh("s")
+    assert fresh is not None and ID in fresh.quarantined
+
+
+async def test_a_fork_by_another_replica_voids_a_cached_empty_fold(replicas: tuple[CachedLog, CachedLog]) -> None:
+    a, b = replicas
+    await b.append("parent", None, [quarantine()])
+    await a.read_state("child", 0)  # the child does not exist yet: an empty fold, vouched
+    assert a.fresh("child") is not None
+    await b.fork("parent", "child")
+    await until(lambda: a.fresh("child") is None, "the fork's notice")
+    await a.read_state("child", 0)
+    state = a.fresh("child")
+    assert state is not None and ID in state.quarantined
+
+
+async def test_a_lost_listener_vouches_for_nothing_until_it_listens_again(
+        replicas: tuple[CachedLog, CachedLog]) -> None:
+    a, _ = replicas
+    watch = a.watch
+    assert watch is not None
+    await a.read_state("s", 0)
+    assert a.fresh("s") is not None
+    conn = await asyncpg.connect(pg_dsn())
+    try:  # what a failover or a network cut does to the listening connection
+        killed = await conn.fetchval("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                                     " WHERE pid <> pg_backend_pid() AND (query LIKE 'LISTEN%'"
+                                     " OR query LIKE '%projectionist watch%')")
+    finally:
+        await conn.close()
+    assert killed >= 1
+    await until(lambda: not watch.healthy, "the watch to notice the lost connection")
+    assert a.fresh("s") is None  # meanwhile every request reads the log
+    await until(lambda: watch.healthy, "the watch to listen again", seconds=10)
+    assert a.fresh("s") is None  # marks from before the loss stay void (notices may have been missed)
+    await a.read_state("s", 0)
+    assert a.fresh("s") is not None
+
+
+async def test_a_decision_made_before_the_notice_arrives_still_records_one_transition(
+        replicas: tuple[CachedLog, CachedLog]) -> None:
+    a, b = replicas
+    assert a.watch is not None
+    await a.read_state("race", 0)
+    a.watch.notified = lambda session_id: None  # type: ignore[method-assign]  # the notice is in flight
+    await b.append("race", 0, [quarantine()])  # B quarantined it first
+
+    class Missing:
+        async def read_image(self, attachment_id: str) -> object:
+            raise AttachmentError("ATTACHMENT_NOT_FOUND", "gone", attachment_id=attachment_id)
+
+    stale = a.fresh("race")
+    assert stale is not None and not stale.quarantined  # A decides on a fold without B's quarantine
+    projection = await project([ImageRef(ID)], store=Missing(), log=a, session_id="race",  # type: ignore[arg-type]
+                               lock=a.lock("race"), state=stale, fresh=True)
+    assert projection.recorded == ()  # its own quarantine met the conditional append and gave way
+    assert ID in projection.state.quarantined
+    events = await b.read("race", 0)
+    assert [type(e).__name__ for e in events] == ["QuarantineEvent"]  # one transition
+
+
+def test_the_watch_forgets_old_sessions_conservatively() -> None:
+    watch = StateWatch(capacity=2)
+    watch.renewed()
+    mark = watch.mark()
+    watch.notified("x")
+    for name in ("y", "z", "w"):  # x is evicted: its notice must still count
+        watch.notified(name)
+    assert not watch.unchanged("x", mark)
+    assert not watch.unchanged("never-notified", mark)  # anything older than the forgotten ones is suspect
+    later = watch.mark()
+    assert watch.unchanged("x", later) and watch.unchanged("never-notified", later)
+    watch.lost()
+    assert watch.mark() is None and not watch.unchanged("x", later)
