@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import image_costs, load, opcount, report, scenarios
+from bench import image_costs, load, long_session, opcount, report, scenarios
 from bench.report import Cell, Results, Run
 from bench.scenarios import CHAT, ScenarioBroken
 from bench.targets import (
@@ -174,6 +174,23 @@ class Bench:
             self.rss(upstream)
         if "ops" in only:
             self.ops()
+        if "long" in only:
+            self.long(upstream)
+
+    def long(self, upstream: Proc) -> None:
+        """P5: the first request of a 100,000-event session on a freshly started process, against
+        a fresh session's p50 on the same process; a control row shows what any process's first
+        request costs."""
+        found = long_session.long_session(self.procs, upstream, self.token, rounds=1 if self.args.quick else 3)
+        first = found["first_of_process"]["median"]
+        warm = found.get("after_warm_up", {}).get("median", {})
+        control = found.get("control", {}).get("median", {})
+        found["ratio"] = first["ratio"]
+        found["note"] = (f"first {first['first_ms']:.1f} ms vs fresh-session p50 {first['fresh_p50_ms']:.2f} ms; "
+                         f"any process's first request (control) {control.get('first_ms', float('nan')):.1f} ms; "
+                         f"after 5 warm-up requests {warm.get('ratio', float('nan')):.2f}x; "
+                         f"RSS {first['rss_before_mb']:.1f} -> {first['rss_after_mb']:.1f} MB")
+        self.results.extras["long_session"] = found
 
     def ops(self) -> None:
         """Store operations and log round trips per request of the image scenario at c=16, as the
@@ -385,7 +402,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-SCENARIOS = ("text1k", "sse", "images", "quarantined", "rss", "ops")
+SCENARIOS = ("text1k", "sse", "images", "quarantined", "rss", "ops", "long")
 #: Seconds the rss scenario waits after its load before reading what the process kept.
 SETTLE_S = 6.0
 

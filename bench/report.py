@@ -141,6 +141,9 @@ def ratios(results: Results) -> list[Ratio]:
     long = extras.get("long_session", {})
     out.append(_check("P5 first request of a 100,000-event session, cold process / fresh-session p50",
                       long.get("ratio"), "≤", 2.0, long.get("note", "")))
+    warm = long.get("after_warm_up", {}).get("median", {}).get("ratio")
+    out.append(Ratio("P5 the same after 5 requests in another session / fresh-session p50", warm, "(reported)",
+                     "info" if warm is not None else "n/a"))
     reads = extras.get("quarantined_store_reads", {})
     delta = reads.get("delta")
     out.append(Ratio("quarantined: store reads during the measured phase", delta, "= 0",

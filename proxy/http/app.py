@@ -25,6 +25,7 @@ from projectionist.proxy.observe.metrics import Metrics, OpCounter
 from projectionist.proxy.sessionlog.base import Log
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
+from projectionist.proxy.stores.admission import warm_up
 from projectionist.proxy.stores.base import Store
 from projectionist.proxy.stores.cache import CachedStore, VerifiedCache
 from projectionist.proxy.stores.filesystem import FilesystemStore
@@ -162,6 +163,7 @@ def _ops_of(backend: object) -> OpCounter:
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     await services.log.start()  # PostgreSQL: pool and schema now, or on first use if the database is down
+    warm_up()  # Pillow's plugins: start-up pays for them, not the first request
     for upstream in services.upstreams.values():
         upstream.client = new_session(upstream.connect_timeout, upstream.read_timeout)
     try:

@@ -201,8 +201,10 @@ class SqliteLog:
         return await self._run(self._sessions_job, self._reads, op="sessions")
 
     async def start(self) -> None:
-        """Open the file and create its schema now rather than on the first request."""
+        """Open the file and create its schema now rather than on the first request, and a
+        connection of the read lane too (the first request's state read would pay for it)."""
         await self._run(lambda conn: None, op="open")
+        await self._run(lambda conn: None, self._reads, op="open")
 
     async def close(self) -> None:
         """Let queued jobs finish, close the connections and stop the lanes. Idempotent."""
