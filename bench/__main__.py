@@ -163,6 +163,8 @@ class Bench:
         only = set(self.args.only or SCENARIOS)
         if "text1k" in only:
             self.text1k(servers, upstream)
+            dropped, note = asyncio.run(scenarios.store_reads(servers["projectionist"].base, "records_dropped"))
+            self.results.extras["records_dropped"] = {"count": dropped, "note": note}
         if "sse" in only:
             self.sse(servers)
             self.first_chunk(venv)

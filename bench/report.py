@@ -144,6 +144,10 @@ def ratios(results: Results) -> list[Ratio]:
     warm = long.get("after_warm_up", {}).get("median", {}).get("ratio")
     out.append(Ratio("P5 the same after 5 requests in another session / fresh-session p50", warm, "(reported)",
                      "info" if warm is not None else "n/a"))
+    dropped = extras.get("records_dropped", {}).get("count")
+    out.append(Ratio("records dropped by projectionist during the text1k cells (recording keeps up)", dropped,
+                     "= 0", "n/a" if dropped is None else "PASS" if dropped == 0 else "MISS",
+                     extras.get("records_dropped", {}).get("note", "")))
     reads = extras.get("quarantined_store_reads", {})
     delta = reads.get("delta")
     out.append(Ratio("quarantined: store reads during the measured phase", delta, "= 0",

@@ -172,8 +172,9 @@ async def quarantine_events(base: str, session_id: str, token: str) -> int:
     return sum(1 for event in events if event.get("type") == "attachment/quarantine")
 
 
-async def store_reads(base: str) -> tuple[float | None, str]:
-    """(sum of every ``*store_reads*`` sample on ``GET /metrics``, note); None when unavailable."""
+async def store_reads(base: str, needle: str = "store_reads") -> tuple[float | None, str]:
+    """(sum of every ``*store_reads*`` sample, or of the metrics named like ``needle``, on
+    ``GET /metrics``, note); None when unavailable."""
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session, session.get(f"{base}/metrics") as response:
         text = await response.text(errors="replace")
         status, kind = response.status, response.headers.get("Content-Type", "")
@@ -181,7 +182,7 @@ async def store_reads(base: str) -> tuple[float | None, str]:
         return None, f"GET /metrics answered HTTP {status}: no Prometheus endpoint"
     total, names = 0.0, set()
     for line in text.splitlines():
-        if line.startswith("#") or "store_reads" not in line:
+        if line.startswith("#") or needle not in line:
             continue
         name, _, value = line.rpartition(" ")
         metric = name.split("{")[0]
@@ -193,7 +194,7 @@ async def store_reads(base: str) -> tuple[float | None, str]:
             continue
         names.add(metric)
     if not names:
-        return None, "GET /metrics has no metric named like *store_reads*"
+        return None, f"GET /metrics has no metric named like *{needle}*"
     return total, ", ".join(sorted(names))
 
 

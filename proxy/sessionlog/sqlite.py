@@ -50,6 +50,22 @@ CREATE TABLE IF NOT EXISTS events (
 ) WITHOUT ROWID
 """
 _INSERT: Final = "INSERT INTO events (session, seq, type, time, body) VALUES (?, ?, ?, ?, ?)"
+#: Rows per multi-row INSERT (5 parameters each, far below SQLite's 32,766).
+_ROWS_PER_INSERT: Final = 128
+
+
+def _insert(conn: sqlite3.Connection, rows: list[tuple[str, int, str, str, bytes]]) -> None:
+    """Insert ``rows`` with one statement per ``_ROWS_PER_INSERT`` rows, not one per row.
+
+    sqlite3 lets go of the GIL around every statement it steps; a worker thread that must take
+    it back from a busy event loop waits up to the interpreter's switch interval (5 ms) each
+    time, so ``executemany`` of 256 records could take a second under load and the record queue
+    overflowed. One statement per chunk takes the GIL back once per chunk."""
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start:start + _ROWS_PER_INSERT]
+        values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+        conn.execute(f"INSERT INTO events (session, seq, type, time, body) VALUES {values}",
+                     [value for row in chunk for value in row])
 _COPY_PREFIX: Final = (
     "INSERT INTO events (session, seq, type, time, body)"
     " SELECT ?, seq, type, time, body FROM events WHERE session = ? AND seq <= ? ORDER BY seq"
@@ -386,10 +402,7 @@ class SqliteLog:
             raise AppendConflict(session_id, expected_seq, actual)
         now = self._clock()
         events: list[Event] = [envelope(actual + i, now, item) for i, item in enumerate(items, 1)]
-        conn.executemany(
-            _INSERT,
-            [(session_id, event.seq, kind, now, encode_event(event)) for event, kind in zip(events, types)],
-        )
+        _insert(conn, [(session_id, event.seq, kind, now, encode_event(event)) for event, kind in zip(events, types)])
         return events
 
     def _batch_job(
@@ -410,7 +423,7 @@ class SqliteLog:
             last[session_id] = seq + len(items)
             rows += [(session_id, e.seq, kind, now, encode_event(e)) for e, kind in zip(events, types)]
             written.append(events)
-        conn.executemany(_INSERT, rows)
+        _insert(conn, rows)
         return written
 
     def _fork_tx(self, parent: str, child: str, at_seq: int | None, conn: sqlite3.Connection) -> ForkedEvent:

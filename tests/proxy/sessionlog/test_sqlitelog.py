@@ -19,6 +19,7 @@ from projectionist.policy.errors import AppendConflict, Unavailable
 from projectionist.policy.events import (
     Quarantine,
     Recovered,
+    ResponseRecorded,
 )
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
 
@@ -312,3 +313,27 @@ async def test_a_write_that_hangs_on_the_disk_costs_writes_only_and_times_out(
     finally:
         release.set()
     await sl.close()
+
+
+async def test_a_batch_of_records_is_a_few_statements_not_one_per_row(tmp_path: Path) -> None:
+    """Every statement sqlite3 steps lets go of the GIL, and the log's thread then waits for a
+    busy event loop to hand it back (up to 5 ms): with one INSERT per row a batch of 256 records
+    took long enough under load that the record queue overflowed and records were dropped."""
+    log = SqliteLog(tmp_path / "log.sqlite3")
+    await log.start()
+    statements: list[str] = []
+    original = log._connection
+
+    def traced() -> sqlite3.Connection:
+        conn = original()
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    log._connection = traced  # type: ignore[method-assign]
+    records = [ResponseRecorded(request_id=f"r{i}", request_seq=0, status=200, latency_ms=1.0) for i in range(300)]
+    events = await log.append("s", None, records, durable=False)
+    inserts = [s for s in statements if s.lstrip().upper().startswith("INSERT")]
+    assert [e.seq for e in events] == list(range(1, 301))
+    assert len(inserts) <= 3  # 300 rows in chunks of 128
+    assert [e.seq for e in await log.read("s", 0)] == list(range(1, 301))
+    await log.close()
