@@ -13,7 +13,7 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
@@ -98,20 +98,6 @@ _T = TypeVar("_T")
 
 def _log_busy(message: str) -> Exception:
     return Unavailable(f"session log busy: {message}", code="LOG_UNAVAILABLE")
-
-
-@contextlib.contextmanager
-def _synchronous(conn: sqlite3.Connection, durable: bool) -> Iterator[None]:
-    """Commits in the block wait for the disk only if ``durable``; otherwise they are ordered in
-    the WAL and flushed by the next durable commit or checkpoint (``synchronous = NORMAL``)."""
-    if durable:
-        yield
-        return
-    conn.execute("PRAGMA synchronous = NORMAL")
-    try:
-        yield
-    finally:
-        conn.execute("PRAGMA synchronous = FULL")
 
 
 class SqliteLog:
@@ -259,7 +245,10 @@ class SqliteLog:
         self.ops.add(op)  # the one place a job reaches the database
         try:
             conn = self._connection()
-            conn.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
+            wait_ms = max(1, int(left * 1000))
+            if abs(getattr(self._local, "busy_ms", -1000) - wait_ms) > 100:  # within 0.1 s of the budget left
+                conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
+                self._local.busy_ms = wait_ms
             return job(conn)
         except (sqlite3.Error, OSError) as exc:
             raise Unavailable(f"session log unavailable: {exc}", code="LOG_UNAVAILABLE") from exc
@@ -283,6 +272,7 @@ class SqliteLog:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             self._enable_wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
+            self._local.synchronous, self._local.busy_ms = "FULL", int(self._busy_timeout * 1000)
             self._migrate(conn)
         except BaseException:
             conn.close()
@@ -324,8 +314,17 @@ class SqliteLog:
                 retryable=False,
             )
 
-    def _transaction(self, tx: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection) -> _T:
-        """Run ``tx`` in one ``BEGIN IMMEDIATE`` transaction: committed, or rolled back on any error."""
+    def _transaction(self, tx: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection,
+                     durable: bool = True) -> _T:
+        """Run ``tx`` in one ``BEGIN IMMEDIATE`` transaction: committed, or rolled back on any error.
+
+        A ``durable`` commit waits for the disk (``synchronous = FULL``); any other is ordered in
+        the WAL and flushed by the next durable commit or checkpoint (``NORMAL``). The setting is
+        changed only when the kind of commit changes, not twice per batch of records."""
+        level = "FULL" if durable else "NORMAL"
+        if getattr(self._local, "synchronous", None) != level:
+            conn.execute(f"PRAGMA synchronous = {level}")
+            self._local.synchronous = level
         conn.execute("BEGIN IMMEDIATE")
         try:
             result = tx(conn)
@@ -345,7 +344,7 @@ class SqliteLog:
 
     def _close_connection(self) -> None:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        self._local.conn = None
+        self._local.conn = self._local.synchronous = self._local.busy_ms = None
         if conn is not None:
             conn.close()
 
@@ -381,8 +380,7 @@ class SqliteLog:
         conn: sqlite3.Connection,
     ) -> list[Event]:
         try:
-            with _synchronous(conn, durable):
-                return self._transaction(partial(self._append_tx, session_id, expected_seq, items, types), conn)
+            return self._transaction(partial(self._append_tx, session_id, expected_seq, items, types), conn, durable)
         except sqlite3.IntegrityError as exc:
             # BEGIN IMMEDIATE holds the only write lock: a duplicate (session, seq) cannot be a
             # race, so the PRIMARY KEY refusing one means another writer broke the rules
@@ -408,8 +406,7 @@ class SqliteLog:
     def _batch_job(
         self, batch: list[tuple[str, list[EventData], list[str]]], conn: sqlite3.Connection
     ) -> list[list[Event]]:
-        with _synchronous(conn, durable=False):
-            return self._transaction(partial(self._batch_tx, batch), conn)
+        return self._transaction(partial(self._batch_tx, batch), conn, durable=False)
 
     def _batch_tx(self, batch: list[tuple[str, list[EventData], list[str]]], conn: sqlite3.Connection
                   ) -> list[list[Event]]:

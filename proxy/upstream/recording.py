@@ -54,7 +54,7 @@ class Recording:
     """
 
     def __init__(self, log: SessionLog, store: Store, mode: str, max_response_bytes: int, metrics: Metrics,
-                 queue_size: int = 10_000, batch: int = 256, *, batch_wait: float = 0.0) -> None:
+                 queue_size: int = 10_000, batch: int = 1024, *, batch_wait: float = 0.0) -> None:
         self.log = log
         self.store = store
         self.mode = mode
