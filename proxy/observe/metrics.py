@@ -126,8 +126,9 @@ class Metrics:
         yield CounterMetricFamily("projectionist_store_shared_reads",
                                   "Reads that joined a read of the same object already in flight",
                                   value=self.shared_reads)
+        dropped = Counter({"request": 0, "response": 0, **self.records_dropped})  # both kinds, from 0
         yield _by("projectionist_records_dropped", "Request and response records that could not be written "
-                  "(the calls went on unrecorded)", "kind", self.records_dropped)
+                  "(the calls went on unrecorded)", "kind", dropped)
         yield GaugeMetricFamily("projectionist_records_queued", "Records waiting for the writer",
                                 value=self.records_queued)
         yield CounterMetricFamily("projectionist_errors_after_response_started",
