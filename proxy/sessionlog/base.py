@@ -1,15 +1,17 @@
-"""What the proxy needs of a session log beyond the policy's Protocol, and the log's clock (proxy layer)."""
+"""What the proxy needs of a session log beyond the policy's Protocol, the log's clock, and the
+records' group commit both backends share (proxy layer)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Protocol
 
 import msgspec
 
 from projectionist.policy.errors import LogCorrupt
-from projectionist.policy.events import Event, RequestEvent, ResponseEvent, decode_event
+from projectionist.policy.events import Event, EventData, RequestEvent, ResponseEvent, decode_event
 from projectionist.policy.ports import SessionLog
 
 
@@ -18,6 +20,51 @@ class Log(SessionLog, Protocol):
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
+
+
+#: One append in a group commit: its session, its events' data and their types.
+Item = tuple[str, list[EventData], list[str]]
+
+
+class GroupCommit:
+    """Group commit for records: appends made while a batch is being written wait for the next
+    one, and ``write`` writes each batch at once (one transaction, or one statement), so a busy
+    proxy pays one commit for the records of many calls in many sessions. A caller still returns
+    only once its records are written; a batch that fails fails every caller in it."""
+
+    def __init__(self, write: Callable[[list[Item]], Awaitable[list[list[Event]]]]) -> None:
+        self._write = write
+        self._queue: list[tuple[Item, asyncio.Future[list[Event]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def append(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Event]] = loop.create_future()
+        self._queue.append(((session_id, items, types), future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush())
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                written = await self._write([item for item, _ in batch])
+            except BaseException as exc:  # every waiter of this batch learns why
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (_, future), events in zip(batch, written):
+                if not future.done():
+                    future.set_result(events)
+
+    async def close(self) -> None:
+        """Wait for the batch being written (appends already queued go with it)."""
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
 
 
 def utc_now() -> str:

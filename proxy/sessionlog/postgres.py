@@ -37,7 +37,7 @@ from projectionist.policy.events import (
 from projectionist.policy.ports import StateRead
 from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.sessionlog.base import decode_rows, decode_states, utc_now
+from projectionist.proxy.sessionlog.base import GroupCommit, Item, decode_rows, decode_states, utc_now
 from projectionist.proxy.sessionlog.watch import StateWatch
 
 SCHEMA_VERSION: Final = 3
@@ -83,10 +83,8 @@ class PostgresLog:
         self._pool: asyncpg.Pool | None = None
         self._closed = False
         self._opening = asyncio.Lock()
-        #: Group commit of records: appends "at the end" (no expected seq, not durable) made while
-        #: one batch is in flight queue here and go out together, every session in one statement.
-        self._queue: list[tuple[str, list[EventData], list[str], asyncio.Future[list[Event]]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        #: Group commit of records (appends "at the end"): each batch one statement.
+        self._records = GroupCommit(self._write_records)
         #: Statements sent to the database, by operation (the query logger of every connection).
         self.ops = OpCounter()
         #: State-change notices (LISTEN on ``channel``): which cached folds need no state read.
@@ -159,42 +157,25 @@ class PostgresLog:
         return [envelope(first + i, now, item) for i, item in enumerate(data)]
 
     async def _append_at_end(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
-        """Records go out in batches: every append made while one batch is in flight joins the
-        next, and a batch is one statement for all its sessions (``projectionist_append_records``),
-        so a replica pays one round trip for the records of many calls in many sessions. The caller
-        still returns only once its records are written."""
+        """Records in group commits: a batch is one statement for all its sessions
+        (``projectionist_append_records``), so a replica pays one round trip for the records of
+        many calls in many sessions."""
         if self._closed:
             raise RuntimeError("PostgresLog is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Event]] = loop.create_future()
-        self._queue.append((session_id, items, types, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = loop.create_task(self._flush())
-        return await asyncio.shield(future)
+        return await self._records.append(session_id, items, types)
 
-    async def _flush(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
-            now = self._clock()
-            sessions = [sid for sid, items, _, _ in batch for _ in items]
-            types = [t for _, _, kinds, _ in batch for t in kinds]
-            bodies = [_DATA.encode(item) for _, items, _, _ in batch for item in items]
-            try:
-                seqs = await self._run(lambda conn: conn.fetchval(
-                    self._sql["append_records"], sessions, types, now, bodies))
-            except BaseException as exc:  # every waiter of this batch learns why
-                for *_, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            index = 0
-            for _, items, _, future in batch:
-                events: list[Event] = [envelope(int(seqs[index + i]), now, item) for i, item in enumerate(items)]
-                index += len(items)
-                if not future.done():
-                    future.set_result(events)
+    async def _write_records(self, batch: list[Item]) -> list[list[Event]]:
+        now = self._clock()
+        sessions = [sid for sid, items, _ in batch for _ in items]
+        types = [t for _, _, kinds in batch for t in kinds]
+        bodies = [_DATA.encode(item) for _, items, _ in batch for item in items]
+        seqs = await self._run(lambda conn: conn.fetchval(self._sql["append_records"], sessions, types, now, bodies))
+        written: list[list[Event]] = []
+        index = 0
+        for _, items, _ in batch:
+            written.append([envelope(int(seqs[index + i]), now, item) for i, item in enumerate(items)])
+            index += len(items)
+        return written
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
         async def tx(conn: Any) -> ForkedEvent:
@@ -233,8 +214,7 @@ class PostgresLog:
         if self._listener is not None:
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
-        if self._flusher is not None:
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._records.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()

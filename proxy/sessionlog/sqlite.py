@@ -8,7 +8,6 @@ Each job sent to a lane thread (one transaction, or one read) is one round trip,
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
 import threading
@@ -22,7 +21,7 @@ from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest
 from projectionist.policy.ports import StateRead
 from projectionist.proxy.lanes import Lane
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.sessionlog.base import decode_rows, decode_states, utc_now
+from projectionist.proxy.sessionlog.base import GroupCommit, Item, decode_rows, decode_states, utc_now
 from projectionist.policy.events import (
     CHECKPOINT,
     FORKED,
@@ -129,10 +128,8 @@ class SqliteLog:
         self._local = threading.local()  # each lane thread's own connection
         self._migrated = threading.Lock()
         self._closed = False
-        #: Group commit of records: appends "at the end" queue here; one flusher writes each
-        #: batch in a single transaction (see ``_append_at_end``).
-        self._queue: list[tuple[str, list[EventData], list[str], asyncio.Future[list[Event]]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        #: Group commit of records (appends "at the end"): each batch one transaction.
+        self._records = GroupCommit(self._write_records)
 
     @property
     def path(self) -> Path:
@@ -164,34 +161,13 @@ class SqliteLog:
                                op="append")
 
     async def _append_at_end(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
-        """Group commit for records: appends made while a batch is being written wait for the
-        next one, and every batch is one transaction, so a busy proxy pays one commit for many
-        records instead of one each. The caller still returns only once its record is written."""
+        """Records in group commits: every batch is one transaction (``GroupCommit``)."""
         if self._closed:
             raise RuntimeError("SqliteLog is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Event]] = loop.create_future()
-        self._queue.append((session_id, items, types, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = loop.create_task(self._flush())
-        return await asyncio.shield(future)
+        return await self._records.append(session_id, items, types)
 
-    async def _flush(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
-            try:
-                written = await self._run(partial(self._batch_job, [(s, i, t) for s, i, t, _ in batch]),
-                                          op="append_records")
-            except BaseException as exc:  # every waiter of this batch learns why
-                for *_, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            for (*_, future), events in zip(batch, written):
-                if not future.done():
-                    future.set_result(events)
+    async def _write_records(self, batch: list[Item]) -> list[list[Event]]:
+        return await self._run(partial(self._batch_job, batch), op="append_records")
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
         return await self._run(partial(self._transaction, partial(self._fork_tx, parent, child, at_seq)), op="fork")
@@ -212,8 +188,7 @@ class SqliteLog:
         """Let queued jobs finish, close the connections and stop the lanes. Idempotent."""
         if self._closed:
             return
-        if self._flusher is not None:
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._records.close()
         self._closed = True
         for lane in (self._writes, self._reads):
             for _ in range(lane.size):  # each thread closes its own connection (a hung one is left)
@@ -403,13 +378,10 @@ class SqliteLog:
         _insert(conn, [(session_id, event.seq, kind, now, encode_event(event)) for event, kind in zip(events, types)])
         return events
 
-    def _batch_job(
-        self, batch: list[tuple[str, list[EventData], list[str]]], conn: sqlite3.Connection
-    ) -> list[list[Event]]:
+    def _batch_job(self, batch: list[Item], conn: sqlite3.Connection) -> list[list[Event]]:
         return self._transaction(partial(self._batch_tx, batch), conn, durable=False)
 
-    def _batch_tx(self, batch: list[tuple[str, list[EventData], list[str]]], conn: sqlite3.Connection
-                  ) -> list[list[Event]]:
+    def _batch_tx(self, batch: list[Item], conn: sqlite3.Connection) -> list[list[Event]]:
         now = self._clock()
         last: dict[str, int] = {}
         written: list[list[Event]] = []
