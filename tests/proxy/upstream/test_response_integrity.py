@@ -6,7 +6,6 @@ bytes so nothing a client library does can hide a spliced response."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,24 +15,12 @@ import pytest
 from projectionist.policy.errors import Unavailable
 from projectionist.policy.events import ResponseRecorded
 from projectionist.proxy.http.services import SERVICES
+from tests.calls import raw_exchange
 from tests.conftest import BACKENDS, Harness
 from tests.fakes import COMPLETION
 
 pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 MakeHarness = Callable[..., Awaitable[Harness]]
-
-
-async def raw_exchange(harness: Harness, body: bytes) -> bytes:
-    """POST ``body`` to chat completions with a session; every byte the proxy sent back."""
-    server = harness.client.server
-    reader, writer = await asyncio.open_connection(server.host, server.port)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: spliced\r\n"
-                 b"Content-Type: application/json\r\nConnection: close\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 15)
-    writer.close()
-    return answer
 
 
 def dechunk(payload: bytes) -> bytes:
@@ -86,7 +73,7 @@ async def test_a_recording_that_fails_mid_stream_never_splices_an_error(
         monkeypatch.setattr(services.log, "append", append)
 
     body = msgspec.json.encode({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
-    payload = one_whole_response(await raw_exchange(harness, body))
+    payload = one_whole_response(await raw_exchange(harness, body, session="spliced"))
     if stream:
         assert payload.count(b"data: ") == harness.upstream.chunks + 1 and payload.endswith(b"data: [DONE]\n\n")
     else:
@@ -109,7 +96,7 @@ async def test_a_request_record_that_cannot_be_written_does_not_stop_the_call(
         raise Unavailable("session log unavailable", code="LOG_UNAVAILABLE")
     monkeypatch.setattr(services.log, "append", down)
     body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-    assert msgspec.json.decode(one_whole_response(await raw_exchange(harness, body))) == COMPLETION
+    assert msgspec.json.decode(one_whole_response(await raw_exchange(harness, body, session="spliced"))) == COMPLETION
     await services.recording.drain()
     assert services.metrics.records_dropped["request"] == 1
 
@@ -127,7 +114,7 @@ async def test_an_error_after_the_response_started_closes_the_connection_instead
         raise RuntimeError("a bug after the start")
     monkeypatch.setattr(relay_module, "_stream", broken)
     body = msgspec.json.encode({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
-    answer = await raw_exchange(harness, body)
+    answer = await raw_exchange(harness, body, session="spliced")
     assert answer.count(b"HTTP/1.") == 1 and answer.startswith(b"HTTP/1.1 200 ")
     assert b"UNCLASSIFIED_ERROR" not in answer and not answer.endswith(b"0\r\n\r\n")
     assert harness.app[SERVICES].metrics.errors_after_start == 1

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from projectionist.proxy.upstream.relay import WHOLE_BODY_MAX
+from tests.calls import raw_exchange
 from tests.conftest import Harness
 
 MakeHarness = Callable[..., Awaitable[Harness]]
@@ -59,16 +60,7 @@ async def proxied(make_harness: MakeHarness, raw: RawUpstream) -> Harness:
 
 async def exchange(harness: Harness, method: str = "POST") -> bytes:
     """Every byte the proxy sent back for one chat call (with a session) on a raw socket."""
-    server = harness.client.server
-    reader, writer = await asyncio.open_connection(server.host, server.port)
-    body = b'{"model": "m", "messages": []}'
-    writer.write(method.encode() + b" /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: whole\r\n"
-                 b"Content-Type: application/json\r\nConnection: close\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 15)
-    writer.close()
-    return answer
+    return await raw_exchange(harness, b'{"model": "m", "messages": []}', session="whole", method=method)
 
 
 def answer_of(body: bytes, *, declared: int | None = None, content_type: bytes = b"application/json") -> bytes:
