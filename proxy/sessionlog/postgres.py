@@ -281,7 +281,7 @@ class PostgresLog:
                 conn.add_query_logger(self._sent)
                 ended = asyncio.Event()
                 conn.add_termination_listener(lambda _conn: ended.set())
-                await conn.add_listener(self.channel, self._notice)
+                await asyncio.wait_for(conn.add_listener(self.channel, self._notice), self._timeout)
                 self.watch.renewed()
                 delay = 0.5
                 while not ended.is_set():
