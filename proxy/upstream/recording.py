@@ -80,13 +80,15 @@ class Recording:
     def start(self, call: CallInfo, raw: bytes, described: Described, projection: Projection | None) -> Recorder:
         """Queue the ``request/recorded`` event of this call (written before its response
         record, never in the request's own wait); the ``Recorder`` then watches the response."""
+        # a body sent unchanged (nothing projected) was hashed already: its projected digest is its own
+        inbound = described.projected_digest if projection is None else sha256_id(raw)
         data = RequestRecorded(
             request_id=call.request_id, route=call.route, adapter=call.fmt.NAME, upstream=call.upstream,
             method=call.method, path=call.path,
             log_seq=projection.state.last_seq if projection is not None else 0,
-            inbound_digest=sha256_id(raw), projected_digest=described.projected_digest,
+            inbound_digest=inbound, projected_digest=described.projected_digest,
             refs=described.refs, shape=described.shape,
-            inbound_blob=sha256_id(raw) if self.mode == "full" else None,  # content-addressed: known now
+            inbound_blob=inbound if self.mode == "full" else None,  # content-addressed: known now
         )
         self._put(_Pending(call.session_id, call.request_id, data, raw if self.mode == "full" else None))
         return Recorder(self, call)
