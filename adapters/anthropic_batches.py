@@ -1,7 +1,9 @@
 """Anthropic Message Batches wire format (adapters layer, pure data mapping).
 
 A batch body is a list of Messages bodies (``requests[].params``): references are found and
-rendered exactly as in ``anthropic_messages``, in every request of the batch.
+rendered exactly as in ``anthropic_messages``, in every request of the batch. The image limits are
+the Messages API's; the body may be larger. No answer here refuses an image: a batch's results,
+refusals included, arrive later, not as the answer to the call.
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
+import msgspec
+
 from projectionist.adapters import anthropic_messages
 from projectionist.adapters.base import Json, Site
+from projectionist.policy.profile import Rejection
 
 NAME: Final = "anthropic_batches"
 FORMAT: Final = "anthropic"
@@ -22,6 +27,13 @@ upstream_auth = anthropic_messages.upstream_auth
 PATHS: Final = re.compile(r"(?:/v1)?/messages/batches")
 VOLATILE: Final = frozenset({"id", "created_at", "expires_at", "ended_at", "cancel_initiated_at",
                              "archived_at", "results_url"})
+#: The Messages API's image limits; "Batch API: 256 MB" per request (10^6-byte MB, the safe side).
+PROFILE: Final = msgspec.structs.replace(anthropic_messages.PROFILE, max_request_bytes=256_000_000)
+
+
+def rejection(status: int, doc: Json) -> Rejection | None:
+    """Never an image refusal: a batch's requests are answered later, in its results."""
+    return None
 
 
 def usage(doc: Json) -> dict[str, Any] | None:

@@ -4,6 +4,7 @@ References sit in ``image`` blocks as ``source: {type: "url", url: "attachment:.
 ``source: {type: "file", file_id: "sha256:..."}``, in message content and nested in
 ``tool_result.content``. A resolved image becomes a ``base64`` source; a placeholder becomes a
 ``text`` block (``cache_control`` kept, so prompt-cache breakpoints stay where the client put them).
+``PROFILE`` is what the API accepts in images; ``rejection`` reads its answers refusing one.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import re
 import time
 from typing import Any, Final
 
-from projectionist.adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
+from projectionist.adapters.base import (Inline, Inliner, Json, Known, PlainInline, Site, content_lists, error_object,
+                                         known_pattern, part_pointer, patch)
 from projectionist.adapters.responses import member
 from projectionist.policy.model import ImageRef, Outcome, parse_file_id, parse_url_ref
+from projectionist.policy.profile import Profile, Rejection
 
 NAME: Final = "anthropic_messages"
 FORMAT: Final = "anthropic"
@@ -26,6 +29,53 @@ VOLATILE: Final = frozenset({"id", "request_id"})
 _TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
                  422: "invalid_request_error", 429: "rate_limit_error", 529: "overloaded_error"}
+
+_VISION: Final = "https://platform.claude.com/docs/en/build-with-claude/vision"
+#: The Claude API's image limits (the API directly; Bedrock and Vertex AI are stricter).
+PROFILE: Final = Profile(
+    FORMAT,
+    # "Use a supported image format: JPEG, PNG, GIF, or WebP."
+    ("image/jpeg", "image/png", "image/gif", "image/webp"),
+    # "The maximal size per image is: 10 MB (base64-encoded) when using the Claude API directly"
+    # (5 MB on Bedrock and Vertex AI). Its MB is MiB: the API answers "image exceeds 5 MB maximum:
+    # 5327908 bytes > 5242880 bytes". 10 MiB of base64 holds 10485760 * 3 / 4 decoded bytes.
+    max_image_bytes=7_864_320,
+    # "request size limits (32 MB for standard endpoints ...)"; read as 10^6-byte MB, the safe side.
+    max_request_bytes=32_000_000,
+    # "The maximal dimensions per image are 8000x8000 px."
+    max_side=8000,
+    # No pixel-count limit is documented (larger images are downscaled, not refused).
+    # "100 per request on the API, for models with a 200k-token context window. 600 per request
+    # on the API, for all other models": 100 holds for every model.
+    max_images=100,
+    # "If a single API request contains more than 20 images, a stricter per-image dimension limit
+    # applies ... resize each image so that neither dimension exceeds 2000 px".
+    many_images=20,
+    many_images_max_side=2000,
+    sources=(_VISION, "https://docs.anthropic.com/en/api/overview#request-size-limits"),
+)
+
+#: The Messages API's answers refusing an image (all HTTP 400 ``invalid_request_error``): a pattern
+#: of ``error.message``, and where it was seen. The message opens with the path of the refused
+#: block when the API names one (``messages.11.content.8.image.source.base64.data: ...``).
+REJECTIONS: Final[tuple[Known, ...]] = (
+    (r"image exceeds \d+ MB maximum", "https://github.com/nraiden/cofounder/issues/53"),
+    (r"image dimensions exceeds? max allowed size", "https://github.com/anthropics/claude-code/issues/4778"),
+    (r"Could not process image", "https://github.com/anthropics/claude-code/issues/1747"),
+    (r"Image does not match the provided media type", "https://github.com/anthropics/claude-code/issues/13131"),
+    (r"The image was specified using the \S+ media type, but the image appears to be",
+     "https://github.com/vybestack/llxprt-code/issues/2130"),
+    (r"Image format \S+ not supported", "https://github.com/anthropics/claude-code/issues/28485"),
+    (r"image cannot be empty", "https://github.com/anthropics/claude-code/issues/12750"),
+    (r"image\.source\.base64\S*: invalid base64 data", "https://github.com/openclaw/openclaw/pull/13784"),
+    (r"image\.source\.base64\.media_type: Input should be 'image/", "https://github.com/anthropics/claude-code/issues/400"),
+)
+_REJECTED: Final = known_pattern(REJECTIONS)
+_PATH: Final = re.compile(r"([^\s:]+): ")
+_ROOTS: Final = frozenset({"messages"})
+_KEYS: Final = frozenset({"content"})
+#: Block types the API names between the steps of a nested path (``content.0.tool_result.content.1``).
+_TAGS: Final = frozenset({"tool_result"})
 
 
 def _source_ref(source: Json) -> ImageRef | None:
@@ -77,6 +127,17 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
     """The shape the ``anthropic`` SDK parses: ``.type``, and ``.error_code`` from details."""
     kind = _TYPES.get(status, "api_error")
     return {"type": "error", "error": {"type": kind, "message": message, "details": {"error_code": code}}}
+
+
+def rejection(status: int, doc: Json) -> Rejection | None:
+    """The error answer ``doc`` read as an image refusal: the API's message, and the pointer of
+    the image block it names (``/messages/11/content/8``), if any."""
+    error = error_object(doc)
+    message = doc if isinstance(doc, str) else error.get("message") if error is not None else None
+    if status != 400 or not isinstance(message, str) or not _REJECTED.search(message):
+        return None
+    path = _PATH.match(message)
+    return Rejection(message, part_pointer(path.group(1), _ROOTS, _KEYS, _TAGS) if path else None)
 
 
 def upstream_auth(api_key: str) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Shared pieces of the adapters: reference sites, in-place patching, the adapter shape (adapters layer).
+"""Shared pieces of the adapters: reference sites, in-place patching, the adapter shape, reading
+image rejections (adapters layer).
 
 A ``Site`` points at one image part inside a decoded body (the list that holds it and its index),
 so rendering replaces exactly that slot and every other field survives unchanged.
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from projectionist.policy.model import ImageRef, Outcome, Resolved, StoredImage
+from projectionist.policy.profile import Profile, Rejection
 
 Json = Any
 
@@ -79,12 +81,15 @@ class WireFormat(Protocol):
     def PATHS(self) -> re.Pattern[str]: ...
     @property
     def VOLATILE(self) -> frozenset[str]: ...
+    @property
+    def PROFILE(self) -> Profile: ...
 
     def find_refs(self, body: Json) -> list[Site]: ...
     def render(self, sites: list[Site], outcomes: tuple[Outcome, ...], inline: Inliner = ...) -> None: ...
     def error_body(self, code: str, message: str, status: int) -> dict[str, Any]: ...
     def upstream_auth(self, api_key: str) -> dict[str, str]: ...
     def usage(self, doc: Json) -> dict[str, Any] | None: ...
+    def rejection(self, status: int, doc: Json) -> Rejection | None: ...
 
 
 class FilesFormat(Protocol):
@@ -146,3 +151,54 @@ def content_lists(messages: Json) -> list[list[Json]]:
     if not isinstance(messages, list):
         return []
     return [m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)]
+
+
+#: One image-rejection answer a provider is known to give: a regular expression searched in its
+#: error message, and the public report or page where that answer was seen.
+Known = tuple[str, str]
+
+
+def known_pattern(known: Sequence[Known]) -> re.Pattern[str]:
+    """One case-insensitive pattern that finds any of ``known`` in a message."""
+    return re.compile("|".join(f"(?:{pattern})" for pattern, _ in known), re.IGNORECASE)
+
+
+def error_object(doc: Json) -> dict[str, Any] | None:
+    """The ``error`` object of a decoded error body (``{"error": {...}}``); a stream's error may
+    come wrapped in a list (Gemini's ``[{"error": {...}}]``)."""
+    if isinstance(doc, list) and doc:
+        doc = doc[0]
+    found = doc.get("error") if isinstance(doc, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+_PATH_SYNTAX = re.compile(r"[A-Za-z_][\w.\[\]]*")
+
+
+def part_pointer(path: str, roots: frozenset[str], keys: frozenset[str], tags: frozenset[str] = frozenset()) -> str | None:
+    """The JSON pointer of the request part a provider's error path names, or None.
+
+    The path (``messages.11.content.8.image.source.base64.data``,
+    ``messages[0].content[1].image_url.url``, ``contents[2].parts[0].inline_data.data``) must
+    open with ``root.index`` and go on in ``key.index`` steps (a block-type tag in ``tags`` may sit
+    between two steps, as in ``content.0.tool_result.content.1``); the pointer is those steps,
+    cut where the path enters the part. A path that names one step only (a message, not a part)
+    or goes on into another list after the cut names no part that can be trusted: None."""
+    if not _PATH_SYNTAX.fullmatch(path):
+        return None
+    tokens: list[str | int] = [int(t) if t.isdigit() else t
+                               for t in path.replace("[", ".").replace("]", "").split(".") if t]
+    steps: list[str] = []
+    at = 0
+    while at + 1 < len(tokens):
+        key, index = tokens[at], tokens[at + 1]
+        if isinstance(key, str) and isinstance(index, int) and key in (keys if steps else roots):
+            steps += [key, str(index)]
+            at += 2
+        elif steps and key in tags and isinstance(index, str) and index in keys:
+            at += 1
+        else:
+            break
+    if len(steps) < 4 or any(isinstance(t, int) for t in tokens[at:]):
+        return None
+    return "/" + "/".join(steps)

@@ -5,7 +5,8 @@ spellings) of ``contents[].parts``, and in ``function_response.parts``. A resolv
 ``inline_data`` in the spelling the part used. A placeholder becomes a ``text`` part (the part's
 other fields, such as ``thoughtSignature``, kept); inside a function response, whose parts may only
 carry data, it becomes a text part right after that function response in the enclosing content. Errors use Google's ``{error: {code, status}}`` shape
-with the stable code as an ``ErrorInfo.reason``.
+with the stable code as an ``ErrorInfo.reason``. ``PROFILE`` is what the API accepts in images;
+``rejection`` reads its answers refusing one.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from projectionist.adapters.base import Host, Inline, Inliner, Json, PlainInline, Site, inliner, insert_after
+from projectionist.adapters.base import (Host, Inline, Inliner, Json, Known, PlainInline, Site, error_object, inliner,
+                                         insert_after, known_pattern, part_pointer)
 from projectionist.adapters.responses import member
 from projectionist.policy.model import Outcome, Resolved, parse_url_ref
+from projectionist.policy.profile import Profile, Rejection
 
 NAME: Final = "gemini"
 FORMAT: Final = "gemini"
@@ -29,6 +32,37 @@ _DATA_KEYS: Final = frozenset({"file_data", "fileData", "video_metadata", "video
 _STATUS: Final = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
                   409: "ABORTED", 413: "INVALID_ARGUMENT", 422: "FAILED_PRECONDITION", 429: "RESOURCE_EXHAUSTED",
                   500: "INTERNAL", 502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+_IMAGES: Final = "https://ai.google.dev/gemini-api/docs/image-understanding"
+#: The Gemini API's image limits for inline data.
+PROFILE: Final = Profile(
+    FORMAT,
+    # "PNG - image/png, JPEG - image/jpeg, WEBP - image/webp, HEIC - image/heic, HEIF - image/heif"
+    # (GIF is not listed).
+    ("image/png", "image/jpeg", "image/webp", "image/heic", "image/heif"),
+    # No per-image byte limit, side or pixel limit is documented for the Gemini API.
+    # "Inline image data limits your total request size (text prompts, system instructions, and
+    # inline bytes) to 20MB" (10^6-byte MB, the safe side). The file-input page says "Inline data:
+    # 100 MB per request or payload"; the image page's stricter figure is kept.
+    max_request_bytes=20_000_000,
+    # "Gemini models support a maximum of 3,600 image files per request."
+    max_images=3600,
+    sources=(_IMAGES, "https://ai.google.dev/gemini-api/docs/file-input-methods"),
+)
+
+#: The Gemini API's answers refusing an image (HTTP 400 ``INVALID_ARGUMENT``): a pattern of
+#: ``error.message``, and where it was seen. Only a base64 failure names the part.
+REJECTIONS: Final[tuple[Known, ...]] = (
+    (r"Unable to process input image", "https://github.com/google-gemini/gemini-cli/issues/5064"),
+    (r"Provided image is not valid", "https://github.com/google-gemini/gemini-cli/issues/27244"),
+    (r"Unsupported MIME type: image/", "https://github.com/ogkalu2/comic-translate/pull/399"),
+    (r"Invalid value at '[^']*\.inline_?data\.data' \(TYPE_BYTES\), Base64 decoding failed",
+     "https://github.com/danny-avila/LibreChat/issues/6593"),
+)
+_REJECTED: Final = known_pattern(REJECTIONS)
+_PATH: Final = re.compile(r"Invalid value at '([^']+)'")
+_ROOTS: Final = frozenset({"contents"})
+_KEYS: Final = frozenset({"parts"})
 
 
 def _either(obj: dict[str, Any], snake: str, camel: str) -> Any:
@@ -104,6 +138,17 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
     return {"error": {"code": status, "message": message, "status": _STATUS.get(status, "UNKNOWN"),
                       "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
                                    "reason": code, "domain": "projectionist"}]}}
+
+
+def rejection(status: int, doc: Json) -> Rejection | None:
+    """The error answer ``doc`` read as an image refusal: Google's message, and the pointer of the
+    part it names (``contents[2].parts[0].inline_data.data`` is ``/contents/2/parts/0``), if any."""
+    error = error_object(doc)
+    message = doc if isinstance(doc, str) else error.get("message") if error is not None else None
+    if status != 400 or not isinstance(message, str) or not _REJECTED.search(message):
+        return None
+    path = _PATH.search(message)
+    return Rejection(message, part_pointer(path.group(1), _ROOTS, _KEYS) if path else None)
 
 
 def upstream_auth(api_key: str) -> dict[str, str]:

@@ -2,7 +2,8 @@
 
 References sit in ``image_url.url`` of ``image_url`` parts, in any message's content list,
 including ``tool`` messages. A resolved image becomes a ``data:`` URL (``detail`` and other keys
-kept); a placeholder becomes a ``text`` part.
+kept); a placeholder becomes a ``text`` part. ``PROFILE`` and ``rejection`` (what the API accepts
+in images, and its answers refusing one) serve the Responses adapter too.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from projectionist.adapters.base import Inline, Inliner, Json, PlainInline, Site, content_lists, patch
+from projectionist.adapters.base import (Inline, Inliner, Json, Known, PlainInline, Site, content_lists, error_object,
+                                         known_pattern, part_pointer, patch)
 from projectionist.adapters.responses import member
 from projectionist.policy.model import Outcome, parse_url_ref
+from projectionist.policy.profile import Profile, Rejection
 
 NAME: Final = "openai_chat"
 FORMAT: Final = "openai"
@@ -26,6 +29,40 @@ VOLATILE: Final = frozenset({"id", "created", "system_fingerprint"})
 _TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 409: "invalid_request_error", 413: "invalid_request_error",
                  422: "invalid_request_error", 429: "rate_limit_error"}
+
+#: OpenAI's image input requirements, the same for Chat Completions and Responses.
+PROFILE: Final = Profile(
+    FORMAT,
+    # "PNG (.png) - JPEG (.jpeg and .jpg) - WEBP (.webp) - Non-animated GIF (.gif)" (a profile
+    # cannot say "non-animated": an animated GIF is left to the rejection).
+    ("image/png", "image/jpeg", "image/webp", "image/gif"),
+    # No per-image byte limit is documented any more (the older guide said 20 MB per image).
+    # "Up to 512 MB total payload size per request" (10^6-byte MB, the safe side). An earlier guide
+    # said 50 MB; the API has been seen refusing "Total image size is 50.6MB, which exceeds the
+    # allowed limit of 50.0MB" (a rejection below).
+    max_request_bytes=512_000_000,
+    # No side or pixel limit: the limit is 30,000 patches of 32x32 px per image, which a side or
+    # pixel count cannot express exactly; an image over it is refused (a rejection below).
+    # "Up to 1500 individual image inputs per request".
+    max_images=1500,
+    sources=("https://developers.openai.com/api/docs/guides/images-vision#image-input-requirements",),
+)
+
+#: OpenAI's answers refusing an image (HTTP 400 ``invalid_request_error``): a pattern of
+#: ``error.message``, and where it was seen. ``error.param`` names the image part, when set.
+REJECTIONS: Final[tuple[Known, ...]] = (
+    (r"^Invalid image\.?$", "https://github.com/ijwfly/chatgpt-tg/issues/14"),
+    (r"You uploaded an unsupported image", "https://github.com/CosmosShadow/gptpdf/issues/6"),
+    (r"Expected a base64-encoded data URL with an image MIME type", "https://github.com/Alibaba-NLP/OmniSearch/issues/3"),
+    (r"Total image size is [\d.]+ ?MB, which exceeds the allowed limit",
+     "https://github.com/open-webui/open-webui/issues/26967"),
+    (r"patches after processing, exceeding the limit of \d+", "https://github.com/NousResearch/hermes-agent/pull/106186"),
+)
+#: ``error.code`` values that name an image refusal whatever the message says, and where seen.
+REJECTION_CODES: Final = {"invalid_image_format": "https://github.com/STranslate/STranslate/issues/277"}
+_REJECTED: Final = known_pattern(REJECTIONS)
+_ROOTS: Final = frozenset({"messages", "input"})
+_KEYS: Final = frozenset({"content", "output"})
 
 
 def find_refs(body: Json) -> list[Site]:
@@ -60,6 +97,21 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
     """The shape the ``openai`` SDK unwraps into ``APIStatusError`` (``.code``, ``.type``)."""
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def rejection(status: int, doc: Json) -> Rejection | None:
+    """The error answer ``doc`` read as an image refusal: the API's message, and the pointer of
+    the image part its ``param`` names (``messages[1].content[0].image_url`` is
+    ``/messages/1/content/0``), if any."""
+    error = error_object(doc)
+    message = doc if isinstance(doc, str) else error.get("message") if error is not None else None
+    if status != 400 or not isinstance(message, str):
+        return None
+    code = error.get("code") if error is not None else None
+    if not (isinstance(code, str) and code in REJECTION_CODES) and not _REJECTED.search(message):
+        return None
+    param = error.get("param") if error is not None else None
+    return Rejection(message, part_pointer(param, _ROOTS, _KEYS) if isinstance(param, str) else None)
 
 
 def upstream_auth(api_key: str) -> dict[str, str]:

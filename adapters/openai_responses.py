@@ -6,7 +6,7 @@ References sit in ``input_image`` parts as ``image_url: "attachment:..."`` or
 ``computer_screenshot`` output of a ``computer_call_output``. A resolved image becomes a ``data:``
 URL (``detail`` kept). A placeholder becomes ``input_text``; a screenshot slot cannot hold text,
 so there it becomes a blank 1x1 image and the text follows the item as a user message.
-Errors and auth are OpenAI's, shared with the Chat Completions adapter.
+Errors, auth, image limits and image refusals are OpenAI's, shared with the Chat Completions adapter.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 from typing import Any, Final
 
 from projectionist.adapters import openai_chat
-from projectionist.adapters.responses import member
 from projectionist.adapters.base import Host, Inliner, Json, PlainInline, Site, inliner, insert_after
+from projectionist.adapters.responses import member
 from projectionist.policy.model import ImageRef, Outcome, Resolved, parse_file_id, parse_url_ref
 
 NAME: Final = "openai_responses"
@@ -25,6 +25,8 @@ AUTH_HEADERS: Final = openai_chat.AUTH_HEADERS
 AUTH_QUERY: Final[tuple[str, ...]] = ()
 error_body = openai_chat.error_body
 upstream_auth = openai_chat.upstream_auth
+rejection = openai_chat.rejection
+PROFILE: Final = openai_chat.PROFILE
 PATHS: Final = re.compile(r"(?:/v1)?/responses(?:/compact|/input_tokens)?")
 VOLATILE: Final = frozenset({"id", "created_at", "item_id", "response_id", "sequence_number"})
 

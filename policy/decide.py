@@ -2,7 +2,8 @@
 
 ``decide`` looks at the request's references, the folded session state and the reads so far,
 and names the next step: read these ids, record these quarantines, lift these retryable
-quarantines whose probe verified, fail the request, or done with every outcome. It touches no
+quarantines whose probe verified, make variants of images the upstream's profile does not take,
+pin the variants made, fail the request, or done with every outcome. It touches no
 store and no log, so it is tested as a table (``tests/policy/test_decide.py``); ``project`` is
 the short loop that carries the steps out.
 """
@@ -15,9 +16,10 @@ from typing import Any, Final, Literal
 import msgspec
 
 from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError
-from projectionist.policy.events import Quarantine
+from projectionist.policy.events import Quarantine, Variant
 from projectionist.policy.fold import SessionState, placeholder
 from projectionist.policy.model import Failure, ImageRef, Outcome, Placeholder, Resolved, StoredImage
+from projectionist.policy.profile import Profile, breaks
 
 Sessionless = Literal["fail", "placeholder"]
 FAILURE: Final[dict[str, Failure]] = {NOT_FOUND: "not_found", CORRUPT: "corrupt", READ_FAILED: "read_failed"}
@@ -46,6 +48,22 @@ class Lift(msgspec.Struct, frozen=True):
     images: tuple[StoredImage, ...]
 
 
+class Vary(msgspec.Struct, frozen=True):
+    """Next: make the variant of these verified images that fits ``profile`` in a request of
+    ``count`` images (its ``target``); none is pinned for them yet, or the pinned one is unreadable."""
+
+    images: tuple[StoredImage, ...]
+    profile: Profile
+    count: int
+
+
+class Pin(msgspec.Struct, frozen=True):
+    """Next: append these variants (``attachment/variant``), so every later request, a restart, a
+    fork and a replay send the same bytes."""
+
+    variants: tuple[Variant, ...]
+
+
 class Fail(msgspec.Struct, frozen=True):
     """Next: fail the request with this error (a bad reference, or a sessionless failure)."""
 
@@ -58,7 +76,7 @@ class Done(msgspec.Struct, frozen=True):
     outcomes: tuple[Outcome, ...]
 
 
-Step = Read | Record | Lift | Fail | Done
+Step = Read | Record | Lift | Vary | Pin | Fail | Done
 
 
 def decide(
@@ -69,41 +87,72 @@ def decide(
     recording: bool,
     sessionless: Sessionless = "fail",
     due: frozenset[str] = frozenset(),
+    upstream_format: str | None = None,
+    profile: Profile | None = None,
+    made: Mapping[str, Variant | None] | None = None,
 ) -> Step:
     """The next step of a projection, from what is known so far (pure; see ``project``).
 
     ``results`` holds the verified read (or its failure) of each id read so far; ``recording``
     says whether there is a session log to record quarantines in; ``due`` names the retryable
-    quarantines whose probe is due (``Prober``): they are read, and lifted if the read verifies."""
+    quarantines whose probe is due (``Prober``): they are read, and lifted if the read verifies.
+    ``upstream_format`` is the format of the upstream the request goes to (its rejections hold);
+    with its ``profile``, an image that does not fit is sent as its variant: the pinned one for
+    the request's target, read instead of the original; else one made (``made``: by original id,
+    None where none could be made, which sends the original) and pinned."""
     names = names_of(refs)
-    pending = tuple(aid for aid in names
-                    if (aid not in state.quarantined or aid in due) and aid not in results)
+    made = made or {}
+    target = profile.target(len(refs)) if profile is not None else None
+    open_ids = [aid for aid in names if state.standing(aid, upstream_format) is None or aid in due]
+
+    def pinned(aid: str) -> Variant | None:
+        """The variant to read for ``aid``: pinned for this target and not found unreadable."""
+        variant = state.variants.get((aid, target)) if target is not None and state.variants else None
+        if variant is None or aid in due or isinstance(results.get(variant.variant_id), AttachmentError):
+            return None
+        return variant
+
+    wanted = {(v.variant_id if (v := pinned(aid)) is not None else aid): None for aid in open_ids}
+    pending = tuple(i for i in wanted if i not in results)
     if pending:
         return Read(pending)
     lifts = tuple(image for aid in names if aid in due and aid in state.quarantined
                   and isinstance(image := results[aid], StoredImage))
     if lifts and recording:
         return Lift(lifts)
-    failures = {aid: result for aid in names
-                if aid not in state.quarantined and isinstance(result := results[aid], AttachmentError)}
+    failures = {aid: result for aid in open_ids
+                if aid not in state.quarantined and aid in results and pinned(aid) is None
+                and isinstance(result := results[aid], AttachmentError)}
     for error in failures.values():
         if error.code == INVALID_REF:
             return Fail(error)
-    wanted = tuple(_quarantine_for(error, aid, names[aid]) for aid, error in failures.items())
-    if wanted and recording:
-        return Record(wanted)
-    if wanted and sessionless == "fail":
+    wanted_q = tuple(_quarantine_for(error, aid, names[aid]) for aid, error in failures.items())
+    if wanted_q and recording:
+        return Record(wanted_q)
+    if wanted_q and sessionless == "fail":
         return Fail(next(iter(failures.values())))
-    unrecorded = {q.attachment_id: q for q in wanted}
+    if profile is not None:
+        misfits = tuple(found for aid in open_ids if pinned(aid) is None and aid not in made
+                        and isinstance(found := results.get(aid), StoredImage)
+                        and breaks(profile, found.media_type, found.bytes, found.width, found.height, len(refs)))
+        if misfits:
+            return Vary(misfits, profile, len(refs))
+        new_pins = tuple(v for aid, v in made.items() if v is not None and state.variants.get((aid, v.target)) != v)
+        if new_pins and recording:
+            return Pin(new_pins)
+    unrecorded = {q.attachment_id: q for q in wanted_q}
     outcomes: list[Outcome] = []
     for ref in refs:
-        quarantine = state.quarantined.get(ref.id) or unrecorded.get(ref.id)
+        quarantine = state.standing(ref.id, upstream_format) or unrecorded.get(ref.id)
         if quarantine is not None:
             outcomes.append(Placeholder(quarantine.failure, placeholder(ref, quarantine)))
-        else:
-            image = results[ref.id]
-            assert isinstance(image, StoredImage)
-            outcomes.append(Resolved(image))
+            continue
+        variant = pinned(ref.id)
+        if variant is None and (fresh := made.get(ref.id)) is not None:
+            variant = fresh  # made, not pinned: a request without a session
+        image = results[variant.variant_id if variant is not None else ref.id]
+        assert isinstance(image, StoredImage)
+        outcomes.append(Resolved(image))
     return Done(tuple(outcomes))
 
 

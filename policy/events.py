@@ -20,13 +20,21 @@ FORKED: Final = "session/forked"
 REQUEST: Final = "request/recorded"
 RESPONSE: Final = "response/recorded"
 CHECKPOINT: Final = "session/checkpoint"
+VARIANT: Final = "attachment/variant"
 
 
 class Quarantine(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An unavailable image. A store failure (``not_found``, ``corrupt``, ``read_failed``) holds
+    for every upstream; a ``rejected`` one holds only for the upstream ``format`` that refused it,
+    with how many ``suspects`` the refusal had and the digest of the provider's message."""
+
     attachment_id: str
     failure: Failure
     retryable: bool
     name: str | None = None
+    format: str | None = None
+    suspects: int | None = None
+    message_digest: str | None = None
 
 
 class Recovered(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -39,6 +47,22 @@ class Recovered(msgspec.Struct, frozen=True, omit_defaults=True):
     width: int
     height: int
     automatic: bool = False
+
+
+class Variant(msgspec.Struct, frozen=True):
+    """The variant of an image this session sends to upstreams of one ``target`` (a profile and
+    its side limit, ``anthropic@2000``): which stored object, what it is, and the ``recipe`` that
+    made it. Pinned in the log, so a restart, a fork or a replay sends the same bytes whatever the
+    image library would make today."""
+
+    attachment_id: str
+    target: str
+    variant_id: str
+    media_type: str
+    bytes: int
+    width: int
+    height: int
+    recipe: str
 
 
 class Forked(msgspec.Struct, frozen=True):
@@ -64,15 +88,18 @@ class Checkpoint(msgspec.Struct, frozen=True):
 
     state_seq: int
     quarantined: tuple[Held, ...] = ()
+    variants: tuple[Variant, ...] = ()
 
 
 class RefRecord(msgspec.Struct, frozen=True, omit_defaults=True):
-    """What one reference of a recorded request became: ``inlined`` or ``placeholder``."""
+    """What one reference of a recorded request became: ``inlined`` (as the stored ``variant``
+    when one was sent instead of the original) or ``placeholder``."""
 
     path: str
     attachment_id: str
     outcome: str
     failure: str | None = None
+    variant: str | None = None
 
 
 class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -141,6 +168,10 @@ class CheckpointEvent(_Envelope, frozen=True, tag=CHECKPOINT):
     data: Checkpoint
 
 
+class VariantEvent(_Envelope, frozen=True, tag=VARIANT):
+    data: Variant
+
+
 class UnknownEvent(msgspec.Struct, frozen=True):
     """An event of a type this version does not know; kept verbatim, ignored by the fold."""
 
@@ -150,9 +181,10 @@ class UnknownEvent(msgspec.Struct, frozen=True):
     data: msgspec.Raw
 
 
-KnownEvent = QuarantineEvent | RecoveredEvent | ForkedEvent | RequestEvent | ResponseEvent | CheckpointEvent
+KnownEvent = (QuarantineEvent | RecoveredEvent | ForkedEvent | RequestEvent | ResponseEvent | CheckpointEvent
+              | VariantEvent)
 Event = KnownEvent | UnknownEvent
-EventData = Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded | Checkpoint
+EventData = Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded | Checkpoint | Variant
 
 #: Evidence, not state: these types never change a decision and the fold never needs them, so a
 #: state read (``ports.SessionLog.read_state``) leaves them out.
@@ -168,6 +200,7 @@ _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     RequestRecorded: RequestEvent,
     ResponseRecorded: ResponseEvent,
     Checkpoint: CheckpointEvent,
+    Variant: VariantEvent,
 }
 _KNOWN_TYPES: Final = frozenset(envelope.__struct_config__.tag for envelope in _ENVELOPES.values())
 _encoder: Final = msgspec.json.Encoder()

@@ -1,7 +1,9 @@
 """The quarantine fold and the placeholder text (policy layer, pure).
 
 ``fold`` turns a session's events into ``SessionState``: which attachments are quarantined, by
-which event. A later ``attachment/recovered`` lifts a quarantine; a ``session/checkpoint``
+which event (a store failure for every upstream, a rejection for the one upstream format that
+refused the image), and which variant of an image each target gets. A later
+``attachment/recovered`` lifts an image's quarantines; a ``session/checkpoint``
 restates the whole state, so ``fold_states`` can start at the latest one and skip the records.
 The placeholder is a pure function of the reference as written and the quarantine event, never
 of current store state, so the same log and the same request always project to the same bytes.
@@ -25,20 +27,38 @@ from projectionist.policy.events import (
     QuarantineEvent,
     RecoveredEvent,
     UnknownEvent,
+    Variant,
+    VariantEvent,
 )
 from projectionist.policy.model import ImageRef
 
 
 class SessionState(msgspec.Struct, frozen=True):
     """Folded view of one session's log up to ``last_seq``; ``since`` holds the time of the event
-    behind each quarantine (what a retryable quarantine's probe waits on); ``unsaved`` counts the
-    state events folded since the latest checkpoint (or the start), which decides when the next
-    checkpoint is due."""
+    behind each store quarantine (what a retryable quarantine's probe waits on); ``rejected``
+    holds the rejections by (upstream format, attachment id); ``variants`` the pinned variants by
+    (attachment id, target); ``unsaved`` counts the state events folded since the latest
+    checkpoint (or the start), which decides when the next checkpoint is due."""
 
     last_seq: int = 0
     quarantined: Mapping[str, Quarantine] = MappingProxyType({})
     since: Mapping[str, str] = MappingProxyType({})
     unsaved: int = 0
+    rejected: Mapping[tuple[str, str], Quarantine] = MappingProxyType({})
+    variants: Mapping[tuple[str, str], Variant] = MappingProxyType({})
+
+    def standing(self, attachment_id: str, upstream_format: str | None) -> Quarantine | None:
+        """The quarantine that holds for this image on an upstream of ``upstream_format``: a
+        store failure first, else that format's rejection."""
+        found = self.quarantined.get(attachment_id)
+        if found is None and upstream_format is not None and self.rejected:
+            found = self.rejected.get((upstream_format, attachment_id))
+        return found
+
+    @property
+    def size(self) -> int:
+        """How many entries a checkpoint of this state holds."""
+        return len(self.quarantined) + len(self.rejected) + len(self.variants)
 
 
 EMPTY = SessionState()
@@ -63,24 +83,40 @@ class _Folding:
         self.quarantined = dict(state.quarantined)
         self.since = dict(state.since)
         self.unsaved = state.unsaved
+        self.rejected = dict(state.rejected)
+        self.variants = dict(state.variants)
+
+    def hold(self, quarantine: Quarantine, since: str) -> None:
+        if quarantine.format is not None:
+            self.rejected[(quarantine.format, quarantine.attachment_id)] = quarantine
+        else:
+            self.quarantined[quarantine.attachment_id] = quarantine
+            self.since[quarantine.attachment_id] = since
 
     def step(self, event: Event) -> None:
         if isinstance(event, QuarantineEvent):
-            self.quarantined[event.data.attachment_id] = event.data
-            self.since[event.data.attachment_id] = event.time
-        elif isinstance(event, RecoveredEvent):
-            self.quarantined.pop(event.data.attachment_id, None)
-            self.since.pop(event.data.attachment_id, None)
+            self.hold(event.data, event.time)
+        elif isinstance(event, RecoveredEvent):  # lifts the image's quarantines, rejections too
+            aid = event.data.attachment_id
+            self.quarantined.pop(aid, None)
+            self.since.pop(aid, None)
+            for key in [key for key in self.rejected if key[1] == aid]:
+                del self.rejected[key]
+        elif isinstance(event, VariantEvent):
+            self.variants[(event.data.attachment_id, event.data.target)] = event.data
         elif isinstance(event, CheckpointEvent):  # the whole state, restated: start again from it
-            self.quarantined = {held.quarantine.attachment_id: held.quarantine for held in event.data.quarantined}
-            self.since = {held.quarantine.attachment_id: held.since for held in event.data.quarantined}
+            self.quarantined, self.since, self.rejected = {}, {}, {}
+            for held in event.data.quarantined:
+                self.hold(held.quarantine, held.since)
+            self.variants = {(v.attachment_id, v.target): v for v in event.data.variants}
             self.unsaved = 0
             return
         if (event.type if isinstance(event, UnknownEvent) else type(event).__struct_config__.tag) not in RECORD_TYPES:
             self.unsaved += 1
 
     def state(self, last_seq: int) -> SessionState:
-        return SessionState(last_seq, MappingProxyType(self.quarantined), MappingProxyType(self.since), self.unsaved)
+        return SessionState(last_seq, MappingProxyType(self.quarantined), MappingProxyType(self.since), self.unsaved,
+                            MappingProxyType(self.rejected), MappingProxyType(self.variants))
 
 
 def fold(events: Iterable[Event], state: SessionState = EMPTY) -> SessionState:
@@ -124,13 +160,16 @@ def checkpoint_due(state: SessionState, every: int = CHECKPOINT_EVERY) -> bool:
     one, and at least a quarter as many as the checkpoint would hold (``CHECKPOINT_SPREAD``), so
     that checkpoints never cost the log more than about four entries per state event however
     many quarantines stand."""
-    return state.unsaved >= max(every, len(state.quarantined) // CHECKPOINT_SPREAD)
+    return state.unsaved >= max(every, state.size // CHECKPOINT_SPREAD)
 
 
 def checkpoint_of(state: SessionState) -> Checkpoint:
-    """The checkpoint that restates ``state`` (quarantines in fold order); folding it gives back
-    ``state``'s quarantines and since-times."""
-    return Checkpoint(state.last_seq, tuple(Held(q, state.since[aid]) for aid, q in state.quarantined.items()))
+    """The checkpoint that restates ``state`` (quarantines in fold order, then rejections; a
+    rejection's time is not kept, nothing waits on it); folding it gives back ``state``'s
+    quarantines, since-times, rejections and variants."""
+    held = [Held(q, state.since[aid]) for aid, q in state.quarantined.items()]
+    held += [Held(q, "") for q in state.rejected.values()]
+    return Checkpoint(state.last_seq, tuple(held), tuple(state.variants.values()))
 
 
 def placeholder(ref: ImageRef, quarantine: Quarantine) -> str:

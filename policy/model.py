@@ -15,7 +15,8 @@ import msgspec
 
 from projectionist.policy.errors import INVALID_REF, AttachmentError, InvalidRequest
 
-Failure = Literal["not_found", "corrupt", "read_failed"]
+#: Why an image is unavailable: the store's three failures, and ``rejected`` (an upstream refused it).
+Failure = Literal["not_found", "corrupt", "read_failed", "rejected"]
 
 ID_PREFIX: Final = "sha256:"
 URL_SCHEME: Final = "attachment:"

@@ -13,6 +13,7 @@ import msgspec
 
 from projectionist.policy.events import Event, EventData, ForkedEvent
 from projectionist.policy.model import StoredImage
+from projectionist.policy.profile import Profile
 
 
 class AttachmentStore(Protocol):
@@ -20,6 +21,15 @@ class AttachmentStore(Protocol):
         """Return the verified image, or raise ``AttachmentError`` with exactly one of
         ATTACHMENT_NOT_FOUND, ATTACHMENT_CORRUPT, ATTACHMENT_READ_FAILED, INVALID_ATTACHMENT_REF.
         Cancellation propagates as ``asyncio.CancelledError``, never as a read error."""
+        ...
+
+
+class Varier(Protocol):
+    async def __call__(self, image: StoredImage, profile: Profile, count: int) -> tuple[StoredImage, str]:
+        """The stored variant of the verified ``image`` that fits ``profile`` in a request of
+        ``count`` images (``profile.target(count)``), verified, and the name of the recipe that
+        made it: made once per image and target, kept next to the original, never overwriting it.
+        Raises anything when none can be made (the original is sent); cancellation propagates."""
         ...
 
 

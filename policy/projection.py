@@ -25,12 +25,13 @@ from projectionist.policy.errors import (
     ProjectionistError,
     Unavailable,
 )
-from projectionist.policy.decide import Done, Fail, Lift, Read, Sessionless, decide, names_of
-from projectionist.policy.events import Event, Quarantine, Recovered, RecoveredEvent
+from projectionist.policy.decide import Done, Fail, Lift, Pin, Read, Sessionless, Vary, decide, names_of
+from projectionist.policy.events import Event, Quarantine, Recovered, RecoveredEvent, Variant
 from projectionist.policy.probe import Prober
 from projectionist.policy.fold import EMPTY, SessionState, fold, fold_states
 from projectionist.policy.model import ImageRef, Outcome, StoredImage, check_id
-from projectionist.policy.ports import AttachmentStore, SessionLog
+from projectionist.policy.profile import Profile
+from projectionist.policy.ports import AttachmentStore, SessionLog, Varier
 
 Lock = contextlib.AbstractAsyncContextManager[Any]
 
@@ -47,6 +48,7 @@ class Projection(msgspec.Struct, frozen=True):
     recorded: tuple[Quarantine, ...] = ()
     retries: int = 0
     lifted: tuple[str, ...] = ()
+    pinned: tuple[Variant, ...] = ()
 
 
 class Recovery(msgspec.Struct, frozen=True):
@@ -133,7 +135,7 @@ async def _record(
     async with lock:
         for _ in range(MAX_ROUNDS):
             state = await refresh(log, session_id, state)
-            new = [q for q in wanted if q.attachment_id not in state.quarantined]
+            new = [q for q in wanted if not _stands(state, q)]
             if not new:
                 return state, ()
             try:
@@ -142,6 +144,53 @@ async def _record(
                 continue
             return await _settle(log, session_id, state, events), tuple(new)
     raise Unavailable("session log kept changing while recording", code="SESSION_CONTENDED")
+
+
+def _stands(state: SessionState, quarantine: Quarantine) -> bool:
+    """Whether the log already holds this quarantine (a rejection: for its own format)."""
+    if quarantine.format is not None:
+        return (quarantine.format, quarantine.attachment_id) in state.rejected
+    return quarantine.attachment_id in state.quarantined
+
+
+async def reject(
+    rejected: Sequence[Quarantine],
+    *,
+    log: SessionLog,
+    session_id: str,
+    lock: Lock | None = None,
+    state: SessionState | None = None,
+) -> tuple[SessionState, tuple[Quarantine, ...]]:
+    """Record images an upstream refused (``rejected`` quarantines, each for its format), durably
+    and once: concurrent requests and replicas that saw the same refusal append one transition.
+    Returns the state after it and the quarantines this call appended."""
+    return await _record(log, session_id, state or EMPTY, rejected, lock or contextlib.nullcontext())
+
+
+async def _pin(
+    log: SessionLog, session_id: str, state: SessionState, variants: Sequence[Variant], seen: dict[tuple[str, str], str | None],
+    lock: Lock,
+) -> SessionState:
+    """Append the variants made for this request, each only if the image's pin for its target is
+    still the one the decision saw (``seen``: none, or one that would not read): one transition
+    per image and target; the loser of a race re-folds and takes the winner's pin."""
+    async with lock:
+        for _ in range(MAX_ROUNDS):
+            state = await refresh(log, session_id, state)
+            new = []
+            for variant in variants:
+                key = (variant.attachment_id, variant.target)
+                current = state.variants.get(key)
+                if current != variant and (current.variant_id if current else None) == seen.get(key):
+                    new.append(variant)
+            if not new:
+                return state
+            try:
+                events = await log.append(session_id, state.last_seq, new)
+            except AppendConflict:
+                continue
+            return await _settle(log, session_id, state, events)
+    raise Unavailable("session log kept changing while pinning variants", code="SESSION_CONTENDED")
 
 
 async def _settle(log: SessionLog, session_id: str, state: SessionState, appended: list[Event]) -> SessionState:
@@ -165,11 +214,15 @@ async def project(
     prober: Prober | None = None,
     probe_wait: float = 2.0,
     fresh: bool = False,
+    upstream_format: str | None = None,
+    profile: Profile | None = None,
+    vary: Varier | None = None,
 ) -> Projection:
     """Resolve every reference of one request to a verified image or a placeholder.
 
     Promises:
-    - a reference already quarantined in the log is never read;
+    - a reference already quarantined in the log is never read (a rejection: on upstreams of
+      ``upstream_format``, the format it holds for);
     - ATTACHMENT_NOT_FOUND / ATTACHMENT_CORRUPT are quarantined at once; ATTACHMENT_READ_FAILED
       after exactly one immediate retry, as ``retryable``; each quarantine is appended (durably)
       before this returns, so before the caller's single upstream call;
@@ -177,7 +230,10 @@ async def project(
     - without a session nothing is recorded: ``sessionless="fail"`` raises the first failure,
       ``"placeholder"`` projects the placeholder for it;
     - every occurrence of one id gets the same treatment; outcomes are a pure function of the
-      final folded state, the references and the verified bytes (``decide``).
+      final folded state, the references and the verified bytes (``decide``);
+    - with a ``profile``, an image that does not fit it is sent as a variant: the one pinned in
+      the log for the request's target (the original is then not read), else one ``vary`` makes,
+      pinned before this returns. Without ``vary`` (replay) nothing is made: only pins count.
     ``state`` is an optional cached fold for the session; it is refreshed from the log first,
     unless the caller vouches it is ``fresh`` (nothing changed since it was read; a decision that
     turns out stale still meets the conditional append, which reads again);
@@ -195,13 +251,16 @@ async def project(
     state = state or EMPTY
     due = prober.due(state, names_of(refs)) if prober is not None and recording else frozenset()
     results: dict[str, StoredImage | AttachmentError] = {}
+    made: dict[str, Variant | None] = {}
     recorded: tuple[Quarantine, ...] = ()
     lifted: tuple[str, ...] = ()
+    pinned: tuple[Variant, ...] = ()
     reads = retries = rounds = 0
     while True:
-        step = decide(refs, state, results, recording=recording, sessionless=sessionless, due=due)
+        step = decide(refs, state, results, recording=recording, sessionless=sessionless, due=due,
+                      upstream_format=upstream_format, profile=profile, made=made)
         if isinstance(step, Done):
-            return Projection(step.outcomes, state, reads, recorded, retries, lifted)
+            return Projection(step.outcomes, state, reads, recorded, retries, lifted, pinned)
         if isinstance(step, Fail):
             raise step.error
         if isinstance(step, Read):
@@ -214,6 +273,12 @@ async def project(
                     prober.failed(aid)  # still unreadable: the next probe waits another period
                     due -= {aid}
             continue
+        if isinstance(step, Vary):
+            for image, made_one in zip(step.images, await _vary_all(vary, step)):
+                made[image.id] = made_one[0] if made_one is not None else None
+                if made_one is not None:
+                    results[made_one[0].variant_id] = made_one[1]
+            continue
         rounds += 1
         if rounds > MAX_ROUNDS:
             raise Unavailable("session log kept changing while projecting", code="SESSION_CONTENDED")
@@ -223,10 +288,43 @@ async def project(
             lifted += done
             due -= {image.id for image in step.images}
             continue
+        if isinstance(step, Pin):
+            seen = {(v.attachment_id, v.target): (old.variant_id if (old := state.variants.get(
+                (v.attachment_id, v.target))) is not None else None) for v in step.variants}
+            state = await _pin(log, session_id, state, step.variants, seen, lock or contextlib.nullcontext())
+            pinned += tuple(v for v in step.variants if state.variants.get((v.attachment_id, v.target)) == v)
+            # a pin someone else made meanwhile stands: ours is dropped, theirs is read
+            made = {aid: v for aid, v in made.items()
+                    if v is None or state.variants.get((aid, v.target)) in (None, v)}
+            continue
         state, new = await _record(log, session_id, state, step.quarantines, lock or contextlib.nullcontext())
         recorded += new
         for quarantine in step.quarantines:  # one someone recovered meanwhile is read afresh
             del results[quarantine.attachment_id]
+
+
+async def _vary_all(vary: Varier | None, step: Vary) -> list[tuple[Variant, StoredImage] | None]:
+    """Make each variant ``step`` asks for; None where none could be made (or nothing may make
+    one: a replay), so the original is sent. Cancellation propagates."""
+    out: list[tuple[Variant, StoredImage] | None] = []
+    target = step.profile.target(step.count)
+    for image in step.images:
+        if vary is None:
+            out.append(None)
+            continue
+        try:
+            variant, recipe = await vary(image, step.profile, step.count)
+        except ProjectionistError as error:
+            if isinstance(error, Unavailable):
+                raise  # a busy store is the request's failure, as with reads
+            out.append(None)
+            continue
+        except Exception:
+            out.append(None)
+            continue
+        out.append((Variant(image.id, target, variant.id, variant.media_type, variant.bytes, variant.width,
+                            variant.height, recipe), variant))
+    return out
 
 
 async def _lift(
@@ -262,13 +360,14 @@ async def recover(
     """Lift a quarantine after a full verified read.
 
     Promises: appends ``attachment/recovered`` only if the read verifies (digest, size, media
-    type, dimensions) and the attachment is still quarantined when the append happens; a failed
+    type, dimensions) and the attachment is still quarantined (for the store, or rejected by any
+    upstream: all of its quarantines are lifted) when the append happens; a failed
     verification raises ``Conflict`` (409) carrying the failure code and appends nothing; a
     reference that is not quarantined appends nothing.
     """
     check_id(attachment_id)
     state = await refresh(log, session_id, state or EMPTY)
-    if attachment_id not in state.quarantined:
+    if not _held(state, attachment_id):
         return Recovery(None, state)
     result = await _read_once(store, attachment_id)
     if isinstance(result, AttachmentError):
@@ -277,7 +376,7 @@ async def recover(
     async with lock or contextlib.nullcontext():
         for _ in range(MAX_ROUNDS):
             state = await refresh(log, session_id, state)
-            if attachment_id not in state.quarantined:
+            if not _held(state, attachment_id):
                 return Recovery(None, state)
             try:
                 events = await log.append(session_id, state.last_seq, [data])
@@ -287,3 +386,7 @@ async def recover(
             assert isinstance(event, RecoveredEvent)
             return Recovery(event, await _settle(log, session_id, state, events))
     raise Unavailable("session log kept changing while recovering", code="SESSION_CONTENDED")
+
+
+def _held(state: SessionState, attachment_id: str) -> bool:
+    return attachment_id in state.quarantined or any(aid == attachment_id for _, aid in state.rejected)

@@ -50,6 +50,9 @@ class FakeUpstream:
     url: str = ""
     #: When set, streams pause after their first chunk until the gate opens.
     gate: asyncio.Event | None = None
+    #: Images this upstream refuses (``tests.refusing``): id -> whether the error names its place.
+    refused: dict[str, bool] = field(default_factory=dict)
+    refusals: int = 0
 
     @property
     def last(self) -> Received:
@@ -58,9 +61,11 @@ class FakeUpstream:
     def app(self) -> web.Application:
         from tests.fake_gemini import install_gemini
         from tests.fake_responses import install_responses
+        from tests.refusing import refusing
 
         # it keeps what it received as it came (a compressed body stays compressed)
-        app = web.Application(client_max_size=256 * 1024 * 1024, handler_args={"auto_decompress": False})
+        app = web.Application(client_max_size=256 * 1024 * 1024, handler_args={"auto_decompress": False},
+                              middlewares=[refusing(self)])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/messages", self.messages)
         install_responses(app, self)
@@ -183,6 +188,16 @@ class CountingStore:
 
     async def get_blob(self, blob_id: str) -> bytes | None:
         return await self.inner.get_blob(blob_id)
+
+    async def variant_of(self, attachment_id: str, target: str) -> str | None:
+        return await self.inner.variant_of(attachment_id, target)
+
+    async def put_variant(self, attachment_id: str, target: str, variant_id: str, *,
+                          replacing: str | None = None) -> str:
+        return await self.inner.put_variant(attachment_id, target, variant_id, replacing=replacing)
+
+    async def variants(self, attachment_id: str) -> dict[str, str]:
+        return await self.inner.variants(attachment_id)
 
     async def close(self) -> None:
         await self.inner.close()

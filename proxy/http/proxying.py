@@ -16,13 +16,14 @@ from multidict import CIMultiDict, MultiMapping
 
 from projectionist.adapters.base import WireFormat
 from projectionist.policy.errors import ProjectionistError
-from projectionist.policy.model import ImageRef, Placeholder, check_session_id
+from projectionist.policy.model import ImageRef, Placeholder, Resolved, check_session_id
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.http.bodies import read_body
 from projectionist.proxy.http.middleware import context
+from projectionist.proxy.http.resend import Resend
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.upstream.outgoing import outgoing_headers, recorded_path, target_url
-from projectionist.proxy.upstream.prepare import build
+from projectionist.proxy.upstream.prepare import Built, build
 from projectionist.proxy.upstream.recording import CallInfo, Recorder
 from projectionist.proxy.upstream.relay import Body, Timing, relay
 from projectionist.proxy.upstream.target import Upstream
@@ -45,11 +46,13 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     session_id = session_of(request.headers, services.session_headers)
     ctx.fields.update(adapter=fmt.NAME, session=session_id)
     started = time.perf_counter()
+    seen_refs: list[ImageRef] = []
 
     async def run(refs: list[ImageRef]) -> Projection:
+        seen_refs[:] = refs
         fresh = services.log.fresh(session_id) if session_id else None
         return await project(
-            refs, store=services.reader, log=services.log, session_id=session_id,
+            refs, store=services.reader, log=services.log, session_id=session_id, upstream_format=fmt.FORMAT,
             lock=services.log.lock(session_id) if session_id else None,
             sessionless=services.config.server.sessionless,
             state=fresh or (services.log.state(session_id) if session_id else None),
@@ -61,18 +64,30 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
 
     recording = bool(session_id) and services.recording.on
     policy = services.config.policy
-    built = await build(fmt, raw, run, describe=recording, max_references=policy.max_references,
-                        max_projected_bytes=policy.max_projected_bytes)
-    if built.projection is not None:
-        _account(request, services, built.projection, time.perf_counter() - started)
-    recorder = None
-    if session_id and built.described is not None:
-        call = CallInfo(session_id, ctx.request_id, ctx.started, ctx.route, fmt, upstream.name, request.method,
-                        recorded_path(raw_path, request.rel_url.raw_query_string))
-        recorder = services.recording.start(call, raw, built.described, built.projection)
+    path = recorded_path(raw_path, request.rel_url.raw_query_string)
+
+    async def built_and_recorded(attempt: int) -> tuple[Built, Recorder | None]:
+        built = await build(fmt, raw, run, describe=recording, max_references=policy.max_references,
+                            max_projected_bytes=policy.max_projected_bytes)
+        if built.projection is not None:
+            _account(request, services, built.projection, time.perf_counter() - started)
+        if not (session_id and built.described is not None):
+            return built, None
+        request_id = ctx.request_id if attempt == 1 else f"{ctx.request_id}.{attempt}"
+        call = CallInfo(session_id, request_id, ctx.started, ctx.route, fmt, upstream.name, request.method, path)
+        return built, services.recording.start(call, raw, built.described, built.projection)
+
+    async def again() -> tuple[bytes, Recorder | None]:
+        built, recorder = await built_and_recorded(2)
+        return built.body, recorder
+
+    built, recorder = await built_and_recorded(1)
+    screen = None
+    if session_id and built.projection is not None and any(isinstance(o, Resolved) for o in built.projection.outcomes):
+        screen = Resend(services, fmt, session_id, built, list(seen_refs), recorder, again, ctx.fields)
     headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
     headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
-    return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder)
+    return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder, screen=screen)
 
 
 async def relay_unchanged(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
@@ -92,9 +107,11 @@ async def relay_body(
     body: Body,
     headers: CIMultiDict[str] | None = None,
     recorder: Recorder | None = None,
+    screen: Resend | None = None,
 ) -> web.StreamResponse:
     """Relay ``body`` to ``upstream`` and the answer back; timing goes to the log line and metrics,
-    and the recorder (if any) hears how the call ended."""
+    and the recorder (if any) hears how the call ended. A ``screen`` may send the call once more
+    (an image the upstream refused); then its recorder is the one that hears."""
     services = request.app[SERVICES]
     ctx = context(request)
     ctx.fields["upstream"] = upstream.name
@@ -104,12 +121,14 @@ async def relay_body(
         headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
     try:
         response = await relay(request, upstream.session, url, body, headers, timing,
-                               request_id=ctx.request_id, observer=recorder)
+                               request_id=ctx.request_id, observer=recorder, screen=screen)
     except ProjectionistError as error:
+        recorder = screen.recorder if screen is not None else recorder
         if recorder is not None:
             await recorder.failed(error.code)
         raise
     except asyncio.CancelledError:
+        recorder = screen.recorder if screen is not None else recorder
         if recorder is not None:
             recorder.cancelled()
         raise
@@ -117,6 +136,7 @@ async def relay_body(
         ctx.fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
         if timing.status is not None:
             services.metrics.upstream.observe(timing.headers_s)
+    recorder = screen.recorder if screen is not None else recorder
     if recorder is not None:
         await recorder.finished(response.status)
     return response

@@ -88,6 +88,9 @@ class Metrics:
         self.automatic_recoveries = 0
         self.records_dropped: Counter[str] = Counter()
         self.records_queued = 0
+        #: Image refusals by an upstream, by what became of them (see ``http.resend``).
+        self.rejections: Counter[str] = Counter()
+        self.variants_pinned = 0
         self.errors_after_start = 0
         self.projection = Histogram()
         self.upstream = Histogram()
@@ -126,6 +129,13 @@ class Metrics:
         yield CounterMetricFamily("projectionist_store_shared_reads",
                                   "Reads that joined a read of the same object already in flight",
                                   value=self.shared_reads)
+        yield _by("projectionist_image_rejections", "Upstream answers that refused an image, by outcome: "
+                  "resent (quarantined and sent once more), unattributed (no suspect: the error went back), "
+                  "failed (could not be recorded: the error went back)", "outcome",
+                  Counter({"resent": 0, "unattributed": 0, "failed": 0, **self.rejections}))
+        yield CounterMetricFamily("projectionist_variants_pinned",
+                                  "Variants this replica pinned in a session log (an image sent as one that fits "
+                                  "its upstream's profile)", value=self.variants_pinned)
         dropped = Counter({"request": 0, "response": 0, **self.records_dropped})  # both kinds, from 0
         yield _by("projectionist_records_dropped", "Request and response records that could not be written "
                   "(the calls went on unrecorded)", "kind", dropped)

@@ -72,8 +72,8 @@ def site_paths(root: Json, sites: Sequence[Site]) -> list[str]:
 
 def ref_records(sites: Sequence[Site], paths: Sequence[str], outcomes: Sequence[Outcome]) -> tuple[RefRecord, ...]:
     return tuple(
-        RefRecord(path, site.ref.id, "inlined" if isinstance(outcome, Resolved) else "placeholder",
-                  None if isinstance(outcome, Resolved) else outcome.failure)
+        RefRecord(path, site.ref.id, "inlined", variant=outcome.image.id if outcome.image.id != site.ref.id else None)
+        if isinstance(outcome, Resolved) else RefRecord(path, site.ref.id, "placeholder", outcome.failure)
         for site, path, outcome in zip(sites, paths, outcomes)
     )
 

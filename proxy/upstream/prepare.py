@@ -17,7 +17,7 @@ import msgspec
 
 from projectionist.adapters.base import WireFormat
 from projectionist.policy.errors import InvalidRequest, PayloadTooLarge
-from projectionist.policy.model import ImageRef, Resolved
+from projectionist.policy.model import ImageRef, Resolved, StoredImage
 from projectionist.policy.projection import Projection
 from projectionist.proxy.stores.cache import inline
 from projectionist.proxy.upstream.describe import (
@@ -39,11 +39,61 @@ Projector = Callable[[list[ImageRef]], Awaitable[Projection]]
 
 class Built(NamedTuple):
     """An upstream body and what produced it (``projection`` is None when nothing was decoded);
-    ``described`` is the record's view of it, when asked for."""
+    ``described`` is the record's view of it, when asked for; ``tree`` is the rendered body and
+    ``inlined`` the image values spliced into it, by object id (see ``carried``)."""
 
     body: bytes
     projection: Projection | None
     described: Described | None = None
+    tree: Any = None
+    inlined: dict[int, tuple[Any, str]] | None = None
+
+
+class _Tracked:
+    """An image's ``Inline`` that remembers each value it hands an adapter, with the image's id,
+    so the rendered tree can say where every inlined image went (``carried``)."""
+
+    __slots__ = ("_inner", "_id", "_seen", "media_type")
+
+    def __init__(self, inner: Any, attachment_id: str, seen: dict[int, tuple[Any, str]]) -> None:
+        self._inner = inner
+        self._id = attachment_id
+        self._seen = seen
+        self.media_type: str = inner.media_type
+
+    def _note(self, value: Any) -> Any:
+        self._seen[id(value)] = (value, self._id)  # the value is kept alive, so its id stays its own
+        return value
+
+    def data_url(self) -> Any:
+        return self._note(self._inner.data_url())
+
+    def base64(self) -> Any:
+        return self._note(self._inner.base64())
+
+
+def carried(built: Built) -> list[tuple[str, str]]:
+    """Every image inlined in ``built``'s upstream body: (JSON pointer of its value, the id of
+    the image it carries), in document order. Walks the tree: for the rare answer that refuses an
+    image, never on the way out."""
+    if built.tree is None or not built.inlined:
+        return []
+    found: list[tuple[str, str]] = []
+    stack: list[tuple[Any, str]] = [(built.tree, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            items: Any = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            hit = built.inlined.get(id(node))
+            if hit is not None and hit[0] is node:
+                found.append((path, hit[1]))
+            continue
+        children = [(value, f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}") for key, value in items]
+        stack += reversed(children)
+    return found
 
 
 def may_hold_refs(raw: bytes) -> bool:
@@ -92,6 +142,10 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
         if inlined > max_projected_bytes:
             raise PayloadTooLarge(f"the images this request references would inline {inlined} bytes of base64, "
                                   f"over max_projected_bytes ({max_projected_bytes})", code="PROJECTED_TOO_LARGE")
-    fmt.render(sites, projection.outcomes, inline)
+    seen: dict[int, tuple[Any, str]] = {}
+    # a variant stands for its original: rejections and records speak of the reference's id
+    origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
+    fmt.render(sites, projection.outcomes, lambda image: _Tracked(inline(image), origin.get(id(image), image.id), seen))
     described = of_tree(decoded, ref_records(sites, paths, projection.outcomes)) if describe else None
-    return Built(UPSTREAM.encode(decoded), projection, described)
+    return Built(UPSTREAM.encode(decoded), projection, described, decoded, seen)
+

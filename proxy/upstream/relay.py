@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Protocol, TypeVar
 
 import aiohttp
@@ -34,6 +34,10 @@ OVERHEAD_HEADER = "x-projectionist-overhead-ms"
 #: so its status line, headers and body leave in one write (one send instead of two).
 WHOLE_BODY_MAX = 64 * 1024
 REQUEST_ID_HEADER = "x-projectionist-request-id"
+#: Statuses a ``Screen`` looks at (an upstream refusing the request's content), and how much of
+#: such an answer it reads before the client gets anything.
+SCREENED = frozenset({400, 413, 415, 422})
+SCREEN_MAX = 256 * 1024
 
 Body = bytes | AsyncIterable[bytes] | None
 _A = TypeVar("_A")
@@ -87,6 +91,16 @@ class Observer(Protocol):
         """The whole body arrived from upstream; the client still lacks its last chunk."""
 
 
+class Screen(Protocol):
+    """Looks at a refusal (a ``SCREENED`` status, whole body) before any byte reaches the client,
+    and may answer with a new body to send instead, once. ``observer`` watches the call in
+    flight: a screen that re-sends has dealt with the refused call's own and set the next one's."""
+
+    observer: Observer | None
+
+    async def __call__(self, status: int, content_type: str, body: bytes) -> bytes | None: ...
+
+
 class Timing:
     """Times of one request: ``headers_s`` from sending upstream to its response headers,
     ``upstream_s`` to the end of its body; ``request_started`` is when the proxy got the request."""
@@ -110,17 +124,33 @@ async def relay(
     *,
     request_id: str = "",
     observer: Observer | None = None,
+    screen: Screen | None = None,
 ) -> web.StreamResponse:
     """Send one request upstream and stream its response back unchanged (minus hop-by-hop).
 
     The response carries ``x-projectionist-overhead-ms``: the proxy's own time so far, i.e. its
-    time until the response starts minus the upstream's time to its headers."""
+    time until the response starts minus the upstream's time to its headers. With a ``screen``,
+    a refusal is read whole first, and if the screen says so the call is sent once more, with
+    the body it gives, and that answer goes back (unscreened: no loops)."""
     started = time.perf_counter()
     answer = await _send(session, request.method, url, body, headers)
+    preread: bytes | None = None
     try:
         timing.headers_s = time.perf_counter() - started
         timing.status = answer.status
-        if request.method != "HEAD" and _small(answer):
+        if screen is not None and request.method != "HEAD" and answer.status in SCREENED:
+            preread, whole = await _read_some(answer, SCREEN_MAX)
+            again = await screen(answer.status, answer.headers.get("Content-Type", ""), preread) if whole else None
+            if again is not None:
+                answer.release()
+                observer, preread = screen.observer, None
+                started = time.perf_counter()
+                answer = await _send(session, request.method, url, again, headers)
+                timing.headers_s = time.perf_counter() - started
+                timing.status = answer.status
+            elif whole:
+                return await _complete_whole(answer, preread, observer, request_id, timing)
+        if request.method != "HEAD" and preread is None and _small(answer):
             return await _whole(answer, observer, request_id, timing)
         response = _response_head(web.StreamResponse(status=answer.status, reason=answer.reason), answer,
                                   request_id, timing)
@@ -128,7 +158,7 @@ async def relay(
             await response.prepare(request)
         except ConnectionError:
             return response  # the client left before the response started: nothing to send it
-        await _stream(request, response, answer, observer, request_id)
+        await _stream(request, response, answer, observer, request_id, preread or b"")
         return response
     finally:
         timing.upstream_s = time.perf_counter() - started
@@ -161,6 +191,22 @@ def _small(answer: aiohttp.ClientResponse) -> bool:
     return length is not None and length <= WHOLE_BODY_MAX and answer.content_type != "text/event-stream"
 
 
+async def _read_some(answer: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """Up to about ``limit`` bytes of the body, and whether that is all of it. Nothing has been
+    sent yet: a body that breaks off is an ``UpstreamError`` in the client's own shape."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in answer.content.iter_any():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                return b"".join(chunks), False
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise (client_error(exc) or UpstreamError("upstream response broke off")) from None
+    return b"".join(chunks), True
+
+
 async def _whole(answer: aiohttp.ClientResponse, observer: Observer | None, request_id: str,
                  timing: Timing) -> web.StreamResponse:
     """A small sized body, read before the response starts: a body that breaks off on the way is
@@ -169,6 +215,11 @@ async def _whole(answer: aiohttp.ClientResponse, observer: Observer | None, requ
         data = await answer.read()
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise (client_error(exc) or UpstreamError("upstream response broke off")) from None
+    return await _complete_whole(answer, data, observer, request_id, timing)
+
+
+async def _complete_whole(answer: aiohttp.ClientResponse, data: bytes, observer: Observer | None, request_id: str,
+                          timing: Timing) -> web.StreamResponse:
     response = _response_head(web.Response(status=answer.status, reason=answer.reason), answer, request_id, timing)
     response.body = data
     if observer is not None:
@@ -194,16 +245,24 @@ def _response_head(response: _R, answer: aiohttp.ClientResponse, request_id: str
     return response
 
 
+async def _chunks(first: bytes, answer: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in answer.content.iter_any():
+        yield chunk
+
+
 async def _stream(request: web.Request, response: web.StreamResponse, answer: aiohttp.ClientResponse,
-                  observer: Observer | None, request_id: str) -> None:
-    """Relay the body; tell ``observer`` each chunk, and that the body is complete before the
-    client can have all of it (before the last byte of a sized body, else before the final chunk)."""
+                  observer: Observer | None, request_id: str, first: bytes = b"") -> None:
+    """Relay the body (``first``: what was read of it already); tell ``observer`` each chunk, and
+    that the body is complete before the client can have all of it (before the last byte of a
+    sized body, else before the final chunk)."""
     remaining = answer.content_length
     told = observer is None
     if observer is not None:
         _watch(observer.begin, answer.headers.get("Content-Type", ""), request_id)
     try:
-        async for chunk in answer.content.iter_any():
+        async for chunk in _chunks(first, answer) if first else answer.content.iter_any():
             if observer is not None:
                 _watch(observer.chunk, chunk, request_id)
             if remaining is not None:

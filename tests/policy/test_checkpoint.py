@@ -22,6 +22,7 @@ from projectionist.policy.events import (
     ResponseEvent,
     ResponseRecorded,
     UnknownEvent,
+    Variant,
     decode_event,
     encode_event,
     envelope,
@@ -40,7 +41,7 @@ IDS = ["sha256:" + f"{i:02x}" * 32 for i in range(5)]
 
 #: One step of a session: a kind and its parameters; "c" asks for a checkpoint of the fold so far.
 steps = st.lists(
-    st.tuples(st.sampled_from(["q", "r", "rec", "rec", "rec", "fork", "unknown", "c"]), st.integers(0, 4),
+    st.tuples(st.sampled_from(["q", "r", "rec", "rec", "rec", "fork", "unknown", "c", "rj", "v"]), st.integers(0, 4),
               st.sampled_from(["not_found", "corrupt", "read_failed"])),
     max_size=60,
 )
@@ -51,6 +52,12 @@ def _data(kind: str, index: int, failure: str) -> EventData:
         return Quarantine(IDS[index], failure, failure == "read_failed", name=f"n{index}.png")  # type: ignore[arg-type]
     if kind == "r":
         return Recovered(IDS[index], 1, "image/png", 1, 1)
+    if kind == "rj":  # a rejection, for one of two formats (picked by the failure drawn)
+        fmt = "openai" if failure == "corrupt" else "anthropic"
+        return Quarantine(IDS[index], "rejected", False, format=fmt, suspects=1, message_digest="sha256:" + "0" * 64)
+    if kind == "v":  # a variant pin, for one of two targets, re-pinned to another object now and then
+        target = "anthropic@2000" if failure == "corrupt" else "openai@any"
+        return Variant(IDS[index], target, IDS[(index + len(failure)) % 5], "image/png", 9, 2, 2, "v1")
     if kind == "fork":
         return Forked("parent", index)
     return ResponseRecorded(request_id=f"r{index}", request_seq=1, status=200, latency_ms=1.0)
@@ -81,7 +88,8 @@ def state_read(events: list[Event], after_seq: int) -> list[Event]:
 
 
 def same_quarantines(a: SessionState, b: SessionState) -> bool:
-    return dict(a.quarantined) == dict(b.quarantined) and dict(a.since) == dict(b.since)
+    return (dict(a.quarantined) == dict(b.quarantined) and dict(a.since) == dict(b.since)
+            and dict(a.rejected) == dict(b.rejected) and dict(a.variants) == dict(b.variants))
 
 
 @settings(max_examples=300)
