@@ -304,27 +304,26 @@ async def project(
 
 
 async def _vary_all(vary: Varier | None, step: Vary) -> list[tuple[Variant, StoredImage] | None]:
-    """Make each variant ``step`` asks for; None where none could be made (or nothing may make
-    one: a replay), so the original is sent. Cancellation propagates."""
-    out: list[tuple[Variant, StoredImage] | None] = []
+    """Make each variant ``step`` asks for, at once; None where none could be made (or nothing may
+    make one: a replay), so the original is sent. A busy or unavailable store fails the request,
+    as with reads; cancellation propagates."""
     target = step.profile.target(step.count)
-    for image in step.images:
+
+    async def one(image: StoredImage) -> tuple[Variant, StoredImage] | None:
         if vary is None:
-            out.append(None)
-            continue
+            return None
         try:
             variant, recipe = await vary(image, step.profile, step.count)
-        except ProjectionistError as error:
-            if isinstance(error, Unavailable):
-                raise  # a busy store is the request's failure, as with reads
-            out.append(None)
-            continue
+        except Unavailable:
+            raise
         except Exception:
-            out.append(None)
-            continue
-        out.append((Variant(image.id, target, variant.id, variant.media_type, variant.bytes, variant.width,
-                            variant.height, recipe), variant))
-    return out
+            return None
+        return (Variant(image.id, target, variant.id, variant.media_type, variant.bytes, variant.width,
+                        variant.height, recipe), variant)
+
+    if len(step.images) == 1:
+        return [await one(step.images[0])]
+    return list(await asyncio.gather(*(one(image) for image in step.images)))
 
 
 async def _lift(

@@ -1,4 +1,5 @@
-"""Admin API: events, quarantine view, verified recovery, fork — bearer-token guarded (proxy layer).
+"""Admin API: events, quarantine view, verified recovery, fork, attachment view — bearer-token
+guarded (proxy layer).
 
 The same operations back the ``projectionist events|recover|fork`` CLI verbs. Decisions stay in
 ``policy``: recovery appends only after a verified read, under the session's lock.
@@ -11,7 +12,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from projectionist.policy.errors import InvalidRequest, Unauthorized
+from projectionist.policy.errors import InvalidRequest, NotFound, Unauthorized
 from projectionist.policy.events import Event
 from projectionist.policy.fold import SessionState
 from projectionist.policy.model import check_id, check_session_id
@@ -29,7 +30,8 @@ class ForkRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 def quarantine_view(session_id: str, state: SessionState) -> dict[str, Any]:
     return {"session": session_id, "last_seq": state.last_seq,
-            "quarantined": [msgspec.to_builtins(q) for q in state.quarantined.values()]}
+            "quarantined": [msgspec.to_builtins(q) for q in [*state.quarantined.values(), *state.rejected.values()]],
+            "variants": [msgspec.to_builtins(v) for v in state.variants.values()]}
 
 
 def events_view(session_id: str, events: list[Event]) -> dict[str, Any]:
@@ -137,7 +139,26 @@ async def post_replay(request: web.Request) -> web.StreamResponse:
     return _json(report)
 
 
+async def get_attachment(request: web.Request) -> web.StreamResponse:
+    """One attachment as admitted (its record, no bytes read) and its variants (target -> id)."""
+    app = request.app[SERVICES]
+    _authorize(request, app)
+    attachment_id = check_id(request.match_info["aid"])
+    context(request).fields.update(attachment=attachment_id[:15])
+    meta = await app.store.stat(attachment_id)
+    if meta is None:
+        raise NotFound(f"no attachment {attachment_id[:15]}", code="FILE_NOT_FOUND")
+    view: dict[str, Any] = {"id": meta.id, "media_type": meta.media_type, "bytes": meta.bytes,
+                            "width": meta.width, "height": meta.height}
+    if meta.name:
+        view["name"] = meta.name
+    view["created_at"] = meta.created_at
+    view["variants"] = await app.variants.of(attachment_id)
+    return _json(view)
+
+
 def add_admin_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/admin/attachments/{aid}", get_attachment, allow_head=False, name="admin.attachment")
     base = "/admin/sessions/{sid}"
     router.add_get(f"{base}/events", _admin(get_events), name="admin.events")
     router.add_get(f"{base}/quarantine", _admin(get_quarantine), name="admin.quarantine")

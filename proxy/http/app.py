@@ -174,6 +174,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
                 await upstream.client.close()
                 upstream.client = None
         await services.recording.close()  # what is queued is written before the log closes
+        await services.variants.close()
         await services.reader.close()
         await services.store.close()
         await services.log.close()

@@ -53,6 +53,7 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
         fresh = services.log.fresh(session_id) if session_id else None
         return await project(
             refs, store=services.reader, log=services.log, session_id=session_id, upstream_format=fmt.FORMAT,
+            profile=fmt.PROFILE, vary=services.variants,
             lock=services.log.lock(session_id) if session_id else None,
             sessionless=services.config.server.sessionless,
             state=fresh or (services.log.state(session_id) if session_id else None),
@@ -149,10 +150,12 @@ def _account(request: web.Request, services: Services, projection: Projection, s
         quarantined=[q.failure for q in projection.recorded],
         lifted=len(projection.lifted),
         placeholders=sum(isinstance(o, Placeholder) for o in projection.outcomes),
+        variants=len(projection.pinned),
     )
     metrics = services.metrics
     metrics.projection.observe(seconds)
     for quarantine in projection.recorded:
         metrics.quarantines[quarantine.failure] += 1
     metrics.automatic_recoveries += len(projection.lifted)
+    metrics.variants_pinned += len(projection.pinned)
     metrics.store_retries += projection.retries

@@ -17,6 +17,7 @@ from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.stores.base import Store
 from projectionist.proxy.stores.cache import CachedStore
+from projectionist.proxy.stores.variants import Variants
 from projectionist.proxy.upstream.recording import Recording
 from projectionist.proxy.upstream.target import Upstream
 
@@ -25,7 +26,8 @@ from projectionist.proxy.upstream.target import Upstream
 class Services:
     """``store`` is the store itself (admission, recovery's fresh verified reads); ``reader`` is
     what projection reads through (the verified-object cache in front of ``store``); ``log`` owns
-    the per-session fold cache and locks."""
+    the per-session fold cache and locks; ``variants`` makes and finds the variants that fit a
+    provider's profile (admitted into ``store``, read back through ``reader``)."""
 
     config: Config
     store: Store
@@ -35,6 +37,7 @@ class Services:
     guard: Guard
     metrics: Metrics
     recording: Recording = field(init=False)
+    variants: Variants = field(init=False)
 
     def __post_init__(self) -> None:
         self.prober = Prober(self.config.policy.retryable_probe_after)
@@ -43,6 +46,7 @@ class Services:
         record = self.config.record
         self.recording = Recording(self.log, self.store, record.mode, record.max_response_bytes, self.metrics,
                                    record.queue_size, batch_wait=record.batch_wait)
+        self.variants = Variants(self.store, self.reader)
 
 
 SERVICES = web.AppKey("projectionist", Services)

@@ -1,7 +1,8 @@
 """``POST /v1/attachments``: admit raw or multipart image bytes into the store (proxy layer).
 
-Answers ``{id, media_type, bytes, width, height, name?, url}`` where ``url`` is the ready-to-paste
-``attachment:`` reference (carrying the display name). Admission itself (magic bytes, limits,
+Answers ``{id, media_type, bytes, width, height, name?, url, variants}`` where ``url`` is the
+ready-to-paste ``attachment:`` reference (carrying the display name) and ``variants`` the variants
+made of it so far (target -> variant id). Admission itself (magic bytes, limits,
 atomic publish) is the store's job; this module only gets the bytes out of HTTP, bounded.
 """
 
@@ -39,13 +40,14 @@ def clean_name(name: str | None) -> str | None:
     return name
 
 
-def describe(image: StoredImage, name: str | None) -> dict[str, Any]:
+def describe(image: StoredImage, name: str | None, variants: dict[str, str] | None = None) -> dict[str, Any]:
     url = f"attachment:{image.id}" + (f"?name={quote(name, safe='')}" if name else "")
     out: dict[str, Any] = {"id": image.id, "media_type": image.media_type, "bytes": image.bytes,
                            "width": image.width, "height": image.height}
     if name:
         out["name"] = name
     out["url"] = url
+    out["variants"] = variants or {}
     return out
 
 
@@ -75,4 +77,5 @@ async def upload(request: web.Request) -> web.StreamResponse:
     name = clean_name(request.query.get("name") or filename)
     image = await app.store.admit(data, declared, name=name)
     context(request).fields.update(attachment=image.id[:15], bytes=image.bytes)
-    return web.Response(body=msgspec.json.encode(describe(image, name)), content_type="application/json")
+    variants = await app.variants.of(image.id)  # the same bytes uploaded again keep theirs
+    return web.Response(body=msgspec.json.encode(describe(image, name, variants)), content_type="application/json")

@@ -1,14 +1,16 @@
 """What the proxy needs of an attachment store beyond the policy's reads (proxy layer).
 
-``Store`` extends ``policy.ports.AttachmentStore`` with admission, description, deletion and the
-blob area that recording uses; ``StampedStore`` adds the cheap stamp checks of the verified-object
-cache. Backends implement them structurally; nothing here knows HTTP.
+``Store`` extends ``policy.ports.AttachmentStore`` with admission, description, deletion, the
+blob area that recording uses and the variant index (``stores.variants``); ``StampedStore`` adds
+the cheap stamp checks of the verified-object cache. Backends implement them structurally;
+nothing here knows HTTP.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 import msgspec
 
@@ -28,14 +30,40 @@ class AttachmentMeta(msgspec.Struct, frozen=True):
     created_at: int = 0
 
 
+#: A variant target as ``Profile.target`` names it (``anthropic@2000``, ``open@any``).
+_TARGET_RE: Final = re.compile(r"[a-z0-9_-]{1,32}@[0-9a-z]{1,10}")
+
+
+def is_valid_target(target: str) -> bool:
+    return _TARGET_RE.fullmatch(target) is not None
+
+
+def check_target(target: str) -> str:
+    """Return the target unchanged, or raise ``ValueError``: a target names a file or a key, so
+    nothing else may reach one (a bad one is a bug in a profile's name, never a client's input)."""
+    if not is_valid_target(target):
+        raise ValueError(f"invalid variant target {target[:80]!r}")
+    return target
+
+
 class Store(AttachmentStore, Protocol):
-    """An attachment store the proxy can also admit into, describe and delete from."""
+    """An attachment store the proxy can also admit into, describe and delete from.
+
+    The variant index maps (original id, target) to the id of the variant that fits the target
+    (itself an ordinary content-addressed object). ``put_variant`` is put-if-absent across
+    replicas and returns the id that holds after the call, ours or the one already there; with
+    ``replacing`` it also takes the place of an entry that still names that (stale) id.
+    ``delete`` of an original drops its index entries and leaves its variants' objects alone."""
 
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage: ...
     async def stat(self, attachment_id: str) -> AttachmentMeta | None: ...
     async def delete(self, attachment_id: str) -> bool: ...
     async def put_blob(self, data: bytes) -> str: ...
     async def get_blob(self, blob_id: str) -> bytes | None: ...
+    async def variant_of(self, attachment_id: str, target: str) -> str | None: ...
+    async def put_variant(self, attachment_id: str, target: str, variant_id: str, *,
+                          replacing: str | None = None) -> str: ...
+    async def variants(self, attachment_id: str) -> dict[str, str]: ...
     async def close(self) -> None: ...
 
 

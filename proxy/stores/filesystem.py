@@ -2,7 +2,8 @@
 
 Content-addressed: ``objects/<hex[:2]>/<hex>`` holds the bytes, ``<hex>.json`` beside it the
 admission record. Publishing is atomic and durable (temp file, fsync, rename, directory fsync);
-every read verifies digest, record and header. All blocking work runs on a dedicated thread pool.
+every read verifies digest, record and header. The variant index keeps one small file per original
+and target, ``variants/<hex[:2]>/<hex>/<target>``, holding the variant's id. All blocking work runs on a dedicated thread pool.
 Every filesystem call the store makes is counted in ``ops`` (``projectionist_store_operations_total``).
 """
 
@@ -22,15 +23,17 @@ from typing import Final, TypeVar
 import msgspec
 
 from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
-from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
+from projectionist.policy.model import ID_PREFIX, StoredImage, check_id, is_valid_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import Lane
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.stores.base import AttachmentMeta
+from projectionist.proxy.stores.base import AttachmentMeta, check_target, is_valid_target
 
 #: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
+#: Code of the ``Unavailable`` (503) raised when reading the variant index hits an OS fault.
+UNAVAILABLE: Final = "STORE_UNAVAILABLE"
 
 _T = TypeVar("_T")
 #: Told the name of each filesystem call as it is made (``OpCounter.add``).
@@ -142,6 +145,10 @@ class FilesystemStore:
         directory = self._objects / hex_digest[:2]
         return directory / hex_digest, directory / f"{hex_digest}.json"
 
+    def _variant_dir(self, hex_digest: str) -> Path:
+        """The index entries of one original (a hex digest that passed ``check_id``)."""
+        return self.root / "variants" / hex_digest[:2] / hex_digest
+
     # -- async API -------------------------------------------------------------------------------
 
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
@@ -208,12 +215,51 @@ class FilesystemStore:
             return None
 
     async def delete(self, attachment_id: str) -> bool:
-        """Remove the object and its record; True if anything was removed."""
+        """Remove the object and its record, and its variant index entries (not its variants'
+        objects); True if anything of the object was removed."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
         try:
             return await self.writes.run(partial(self._delete_sync, hex_digest))
         except TimeoutError:
             raise Unavailable(f"{WRITE_FAILED}: {_short(hex_digest)} delete timed out", code=WRITE_FAILED) from None
+
+    # -- the variant index (see ``stores.variants``) -----------------------------------------------
+
+    async def variant_of(self, attachment_id: str, target: str) -> str | None:
+        """The id of the variant of ``attachment_id`` recorded for ``target``, None when none is
+        (or its entry is damaged, which the next ``put_variant`` replaces)."""
+        path = self._variant_dir(check_id(attachment_id)[len(ID_PREFIX):]) / check_target(target)
+        return await self._index(partial(self._entry_at, path), "read")
+
+    async def put_variant(self, attachment_id: str, target: str, variant_id: str, *,
+                          replacing: str | None = None) -> str:
+        """Record ``variant_id`` for (``attachment_id``, ``target``) unless an entry is there; return
+        the id that holds after the call. A hard link of a fsynced temp file publishes the entry,
+        so it appears whole or not at all and exactly one of racing writers creates it. An entry
+        that is damaged, or still names ``replacing``, is replaced; that replacement is not atomic
+        against another replica replacing the same stale entry at the same moment (then the last
+        one stays, and each caller got a variant that fits)."""
+        directory = self._variant_dir(check_id(attachment_id)[len(ID_PREFIX):])
+        check_target(target)
+        check_id(variant_id)
+        return await self._index(partial(self._put_variant_sync, directory, target, variant_id, replacing), "write")
+
+    async def variants(self, attachment_id: str) -> dict[str, str]:
+        """Every variant recorded for ``attachment_id``: target -> variant id."""
+        directory = self._variant_dir(check_id(attachment_id)[len(ID_PREFIX):])
+        return await self._index(partial(self._variants_sync, directory), "read")
+
+    async def _index(self, fn: Callable[[], _T], kind: str) -> _T:
+        """Run an index operation on its lane (reads with the stamps, writes with the writes); an
+        OS fault or a timeout is a retryable ``Unavailable``."""
+        lane = self.writes if kind == "write" else self.stamp_lane
+        code = WRITE_FAILED if kind == "write" else UNAVAILABLE
+        try:
+            return await lane.run(fn)
+        except TimeoutError:
+            raise Unavailable(f"{code}: variant index {kind} timed out", code=code) from None
+        except OSError as exc:
+            raise Unavailable(f"{code}: variant index {kind} failed ({_errname(exc)})", code=code) from None
 
     @property
     def lanes(self) -> tuple[Lane, ...]:
@@ -350,6 +396,66 @@ class FilesystemStore:
                                   code=WRITE_FAILED) from None
         return ID_PREFIX + hex_digest
 
+    def _entry_at(self, path: Path) -> str | None:
+        """The variant id an index entry holds; None when there is none or it is damaged."""
+        try:
+            raw = self._read_file(path)
+        except FileNotFoundError:
+            return None
+        entry = raw.decode("ascii", "replace")
+        return entry if is_valid_id(entry) else None
+
+    def _put_variant_sync(self, directory: Path, target: str, variant_id: str, replacing: str | None) -> str:
+        _ensure_dir(directory, self._count)
+        path = directory / target
+        self._count("write")  # create, write and fsync the temp file
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(variant_id.encode())
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                self._count("link")
+                os.link(tmp, path)  # fails if the entry exists: put-if-absent across processes
+            except FileExistsError:
+                current = self._entry_at(path)
+                if current is not None and current != replacing:
+                    return current
+                self._count("rename")
+                os.replace(tmp, path)  # a damaged or stale entry: ours takes its place
+        finally:
+            with suppress(FileNotFoundError):
+                os.unlink(tmp)
+        _fsync_dir(directory, self._count)
+        return variant_id
+
+    def _variants_sync(self, directory: Path) -> dict[str, str]:
+        try:
+            self._count("list")
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
+            return {}
+        found = {name: self._entry_at(directory / name) for name in names if is_valid_target(name)}
+        return {name: entry for name, entry in found.items() if entry is not None}
+
+    def _drop_variants(self, hex_digest: str) -> None:
+        """Remove an original's index entries (its variants are objects in their own right: they
+        stay, and may be another original's variant or an upload of their own)."""
+        directory = self._variant_dir(hex_digest)
+        try:
+            self._count("list")
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            with suppress(FileNotFoundError):
+                self._count("unlink")
+                os.unlink(directory / name)
+        with suppress(OSError):  # not empty: a variant was recorded meanwhile; it stays
+            directory.rmdir()
+        _fsync_dir(directory.parent, self._count)
+
     def _delete_sync(self, hex_digest: str) -> bool:
         data_path, record_path = self._paths(hex_digest)
         removed = False
@@ -364,6 +470,7 @@ class FilesystemStore:
                     pass
             if removed:
                 _fsync_dir(data_path.parent, self._count)
+            self._drop_variants(hex_digest)
         except OSError as exc:
             raise Unavailable(
                 f"{WRITE_FAILED}: {_short(hex_digest)} could not be deleted ({_errname(exc)})",

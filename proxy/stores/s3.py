@@ -7,6 +7,12 @@ fault or a timeout is ATTACHMENT_READ_FAILED; cancellation propagates. Memory st
 size on record (never more than ``max_bytes``) is checked against ``Content-Length`` before a byte
 is read, and the body is read in chunks up to that size. Every request the client sends is
 counted in ``ops`` by a ``before-send`` hook on that one client.
+
+The variant index is one small object per original and target, ``{prefix}variants/<hex[:2]>/<hex>/
+<target>``, holding the variant's id; it is created with a conditional put (``If-None-Match: *``,
+which AWS S3 and SeaweedFS honour atomically) and replaced only with ``If-Match`` on the stale
+entry's ETag. A bucket that ignored those headers would let racing replicas overwrite each other
+(each still gets a variant that fits; the index keeps the last).
 """
 
 from __future__ import annotations
@@ -26,18 +32,22 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
-from projectionist.policy.model import ID_PREFIX, StoredImage, check_id
+from projectionist.policy.model import ID_PREFIX, StoredImage, check_id, is_valid_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import AsyncLane, Busy
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.stores.base import AttachmentMeta
+from projectionist.proxy.stores.base import AttachmentMeta, check_target, is_valid_target
 
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
 CHUNK: Final = 256 * 1024
 #: Above this size hashing and header parsing move off the event loop.
 INLINE_LIMIT: Final = 256 * 1024
 _MISSING: Final = ("NoSuchKey", "404", "NotFound")
+#: A conditional put that lost: the entry exists (If-None-Match) or changed (If-Match).
+_LOST_RACE: Final = ("PreconditionFailed", "412", "ConditionalRequestConflict")
+#: An index entry is an id (71 bytes); anything much longer is damage, never read whole.
+_ENTRY_MAX: Final = 1024
 _FAULTS: Final = (botocore.exceptions.BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
 _T = TypeVar("_T")
 #: S3 operations by their HTTP verb (the rest are counted by their own name, lowercased).
@@ -88,6 +98,10 @@ class S3Store:
 
     def key(self, hex_digest: str) -> str:
         return f"{self.prefix}objects/{hex_digest[:2]}/{hex_digest}"
+
+    def variants_key(self, hex_digest: str) -> str:
+        """The key prefix of one original's variant index entries."""
+        return f"{self.prefix}variants/{hex_digest[:2]}/{hex_digest}/"
 
     async def client(self) -> Any:
         if self._client is None:
@@ -200,7 +214,8 @@ class S3Store:
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
         """Validate and store; idempotent (a verified existing object is left alone); re-admitting
         the right bytes repairs a missing or corrupt object."""
-        info = await _off_loop(len(data), inspect_image, data, declared_type, self.limits)
+        # Always a thread: admission decodes every pixel, and a few KB can hold millions of them.
+        info = await asyncio.to_thread(inspect_image, data, declared_type, self.limits)
         hex_digest = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
         try:
             return await self.read_image(ID_PREFIX + hex_digest)
@@ -247,24 +262,114 @@ class S3Store:
         return await _unless_missing(self.reads.run(fetch))
 
     async def delete(self, attachment_id: str) -> bool:
-        """Remove the object; True if one was there (whatever state its record was in)."""
-        key = self.key(check_id(attachment_id)[len(ID_PREFIX):])
+        """Remove the object and its variant index entries (not its variants' objects); True if
+        the object was there (whatever state its record was in)."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        key = self.key(hex_digest)
 
         async def remove() -> bool:
             client = await self.client()
             try:
                 await client.head_object(Bucket=self.bucket, Key=key)
             except Exception as exc:
-                if _fault(exc) == "missing":
-                    return False
-                raise
-            await client.delete_object(Bucket=self.bucket, Key=key)
-            return True
+                if _fault(exc) != "missing":
+                    raise
+                found = False
+            else:
+                await client.delete_object(Bucket=self.bucket, Key=key)
+                found = True
+            # its index entries go too; its variants are objects in their own right and stay
+            for entry in await self._entry_keys(client, hex_digest):
+                await client.delete_object(Bucket=self.bucket, Key=entry)
+            return found
 
         try:
             return await self.writes.run(remove)
         except Exception as exc:
             raise _write_failed(exc, "could not delete") from None
+
+    # -- the variant index (see ``stores.variants``) -----------------------------------------------
+
+    async def variant_of(self, attachment_id: str, target: str) -> str | None:
+        """The id of the variant of ``attachment_id`` recorded for ``target``; None when none is
+        (or its entry is damaged, which the next ``put_variant`` replaces)."""
+        key = self.variants_key(check_id(attachment_id)[len(ID_PREFIX):]) + check_target(target)
+
+        async def fetch() -> tuple[str | None, str]:
+            return await self._entry(await self.client(), key)
+
+        found = await _unless_missing(self.reads.run(fetch))
+        return None if found is None else found[0]
+
+    async def put_variant(self, attachment_id: str, target: str, variant_id: str, *,
+                          replacing: str | None = None) -> str:
+        """Record ``variant_id`` for (``attachment_id``, ``target``) unless an entry is there
+        (``If-None-Match: *``); return the id that holds after the call. An entry that is damaged
+        or still names ``replacing`` is replaced only if unchanged since read (``If-Match``)."""
+        key = self.variants_key(check_id(attachment_id)[len(ID_PREFIX):]) + check_target(target)
+        body = check_id(variant_id).encode()
+
+        async def put() -> str:
+            client = await self.client()
+            if await self._put_entry(client, key, body, IfNoneMatch="*"):
+                return variant_id
+            current, etag = await self._entry(client, key)
+            if current is not None and current != replacing:
+                return current
+            if await self._put_entry(client, key, body, IfMatch=etag):
+                return variant_id
+            current, _ = await self._entry(client, key)  # replaced meanwhile by another replica
+            return current or variant_id
+
+        try:
+            return await self.writes.run(put)
+        except Exception as exc:
+            raise _write_failed(exc, "variant index could not be written") from None
+
+    async def variants(self, attachment_id: str) -> dict[str, str]:
+        """Every variant recorded for ``attachment_id``: target -> variant id."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        start = len(self.variants_key(hex_digest))
+
+        async def fetch() -> dict[str, str]:
+            client = await self.client()
+            found: dict[str, str] = {}
+            for key in await self._entry_keys(client, hex_digest):
+                try:
+                    entry, _ = await self._entry(client, key)
+                except botocore.exceptions.ClientError as exc:
+                    if _fault(exc) != "missing":
+                        raise
+                    continue  # dropped since the listing
+                if entry is not None:
+                    found[key[start:]] = entry
+            return found
+
+        return await _unless_missing(self.reads.run(fetch)) or {}
+
+    async def _entry_keys(self, client: Any, hex_digest: str) -> list[str]:
+        prefix = self.variants_key(hex_digest)
+        listing = await client.list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+        keys = [str(item["Key"]) for item in listing.get("Contents") or ()]
+        return sorted(key for key in keys if is_valid_target(key[len(prefix):]))
+
+    async def _entry(self, client: Any, key: str) -> tuple[str | None, str]:
+        """An index entry's variant id (None when damaged) and its ETag."""
+        response = await client.get_object(Bucket=self.bucket, Key=key)
+        async with response["Body"] as body:
+            raw: bytes = await body.read(_ENTRY_MAX)
+        entry = raw.decode("ascii", "replace")
+        return (entry if is_valid_id(entry) else None), str(response.get("ETag", ""))
+
+    async def _put_entry(self, client: Any, key: str, body: bytes, **condition: str) -> bool:
+        """A conditional put of an index entry: False when its condition failed."""
+        try:
+            await client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="text/plain", **condition)
+        except botocore.exceptions.ClientError as exc:
+            if _fault(exc) in _LOST_RACE:
+                return False
+            raise
+        return True
 
 
 def _fault(exc: BaseException) -> str | None:

@@ -474,7 +474,7 @@ async def test_admin_api_requires_the_token(harness: Harness) -> None:
         resp = await harness.client.get(f"/admin/sessions/{SID}/events", headers=headers)
         assert resp.status == 401 and (await resp.json())["error"]["code"] == "ADMIN_UNAUTHORIZED"
     ok = await harness.client.get(f"/admin/sessions/{SID}/quarantine", headers=ADMIN)
-    assert ok.status == 200 and await ok.json() == {"session": SID, "last_seq": 0, "quarantined": []}
+    assert ok.status == 200 and await ok.json() == {"session": SID, "last_seq": 0, "quarantined": [], "variants": []}
 
 
 async def test_quarantine_view_lists_what_is_quarantined(harness: Harness) -> None:
@@ -482,7 +482,7 @@ async def test_quarantine_view_lists_what_is_quarantined(harness: Harness) -> No
     await harness.chat(SID, gone)
     resp = await harness.client.get(f"/admin/sessions/{SID}/quarantine", headers=ADMIN)
     assert await resp.json() == {"session": SID, "last_seq": 1, "quarantined": [
-        {"attachment_id": gone, "failure": "not_found", "retryable": False}]}
+        {"attachment_id": gone, "failure": "not_found", "retryable": False}], "variants": []}
 
 
 async def test_canonical_log_line_has_counts_and_no_payloads(harness: Harness) -> None:

@@ -1,4 +1,5 @@
-"""``POST /v1/attachments``: raw and multipart admission, names, refusals in the OpenAI error shape."""
+"""``POST /v1/attachments``: raw and multipart admission, names, refusals in the OpenAI error shape;
+the variants of an attachment in the upload answer and the admin attachment view."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from tests.conftest import BACKENDS, Harness
+from projectionist.policy.profile import Profile
+from projectionist.proxy.http.services import SERVICES
+from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 
 pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -20,7 +23,7 @@ async def test_raw_upload_answers_the_reference(harness: Harness) -> None:
     assert resp.status == 200
     assert await resp.json() == {
         "id": ref_id(data), "media_type": "image/webp", "bytes": len(data), "width": 7, "height": 5,
-        "name": "my shot.webp", "url": f"attachment:{ref_id(data)}?name=my%20shot.webp"}
+        "name": "my shot.webp", "url": f"attachment:{ref_id(data)}?name=my%20shot.webp", "variants": {}}
     assert (await harness.store.read_image(ref_id(data))).data == data
 
 
@@ -71,3 +74,50 @@ async def test_multipart_without_a_file_part_is_refused(harness: Harness) -> Non
     form.add_field("purpose", "vision")
     resp = await harness.client.post("/v1/attachments", data=form)
     assert resp.status == 400 and (await resp.json())["error"]["code"] == "MISSING_FILE"
+
+
+async def test_upload_answer_and_admin_view_show_the_variants(harness: Harness) -> None:
+    data = make_image(40, 30, "image/gif", color=75)
+    resp = await harness.client.post("/v1/attachments", data=data, params={"name": "g.gif"},
+                                     headers={"Content-Type": "image/gif"})
+    aid = (await resp.json())["id"]
+    view = await harness.client.get(f"/admin/attachments/{aid}", headers=ADMIN)
+    assert view.status == 200
+    body = await view.json()
+    assert body == {"id": aid, "media_type": "image/gif", "bytes": len(data), "width": 40, "height": 30,
+                    "name": "g.gif", "created_at": body["created_at"], "variants": {}}
+    services = harness.app[SERVICES]
+    original = await services.store.read_image(aid)
+    variant = await services.variants.make(original, Profile("gemini", ("image/png", "image/jpeg")), 1)
+    resp = await harness.client.post("/v1/attachments", data=data, headers={"Content-Type": "image/gif"})
+    assert (await resp.json())["variants"] == {"gemini@any": variant.id}
+    view = await harness.client.get(f"/admin/attachments/{aid}", headers=ADMIN)
+    assert (await view.json())["variants"] == {"gemini@any": variant.id}
+
+
+async def test_admin_attachment_view_is_guarded_and_answers_404(harness: Harness) -> None:
+    aid = ref_id(b"never admitted")
+    assert (await harness.client.get(f"/admin/attachments/{aid}")).status == 401
+    resp = await harness.client.get(f"/admin/attachments/{aid}", headers=ADMIN)
+    assert resp.status == 404 and (await resp.json())["error"]["code"] == "FILE_NOT_FOUND"
+    resp = await harness.client.get("/admin/attachments/sha256:nothex", headers=ADMIN)
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "INVALID_ATTACHMENT_REF"
+
+
+async def test_undecodable_upload_is_refused_and_not_stored(harness: Harness) -> None:
+    whole = make_image(40, 30, color=76)
+    data = whole[:-16]  # the image data's CRC and IEND are gone; the header still parses
+    for form in (False, True):
+        if form:
+            body = aiohttp.FormData()
+            body.add_field("file", data, filename="cut.png", content_type="image/png")
+            resp = await harness.client.post("/v1/attachments", data=body)
+        else:
+            resp = await harness.client.post("/v1/attachments", data=data, headers={"Content-Type": "image/png"})
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+        assert (error["code"], error["type"], error["param"]) == ("INVALID_IMAGE", "invalid_request_error", None)
+        assert "truncated" in error["message"]
+        assert resp.headers["x-projectionist-error-code"] == "INVALID_IMAGE"
+    assert await harness.store.stat(ref_id(data)) is None
+    assert await harness.admit(whole) == ref_id(whole)  # the whole image is admitted
