@@ -3,17 +3,20 @@
 In one process: a temporary data dir, a built-in fake upstream that records and echoes what it
 received, and the real proxy app on loopback. The story: admit images, send, delete one object
 and corrupt another, send again (placeholders, two quarantine events), restart, fork, repair and
-recover, and a refused recovery. ``--json`` writes the snapshot pinned by ``tests/snapshots/``.
+recover, a refused recovery, and an image the upstream itself refuses (one ``rejected``
+quarantine, the call sent again, the session carries on). ``--json`` writes the snapshot pinned
+by ``tests/snapshots/``.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import secrets
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,9 @@ IMAGES: dict[str, bytes] = {
         "photo.png": "iVBORw0KGgoAAAANSUhEUgAAAAQAAAAECAIAAAAmkwkpAAAAFElEQVR4nGOUsznBAANMDEgANwcAOP4BKsYBRcEAAAAASUVORK5CYII=",
     }.items()
 }
+#: The image the demo's upstream refuses (step 9).
+REFUSED = ("chart.png", base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAMAAAADCAIAAADZSiLoAAAAF0lEQVR4nGM8oRHFwMDAwMDAxAADCBYAJP4BUHpV2V4AAAAASUVORK5CYII="))
 SESSION = "demo"
 FORK = "demo-fork"
 Say = Callable[[str], None]
@@ -43,14 +49,17 @@ class DemoFailed(Exception):
 
 
 def normalize_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**e, "time": "<time>"} for e in events]
+    """The state events, times blanked (records hold latencies: evidence, not the story)."""
+    return [{**e, "time": "<time>"} for e in events if not e["type"].endswith("/recorded")]
 
 
 class EchoUpstream:
-    """Records each body it receives and answers with what the model would 'see'."""
+    """Records each body it receives and answers with what the model would 'see'; refuses the
+    images in ``refuse`` (by their bytes' id) as OpenAI does."""
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
+        self.refuse: set[str] = set()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -61,11 +70,19 @@ class EchoUpstream:
         body = await request.read()
         self.bodies.append(body)
         parts = msgspec.json.decode(body)["messages"][-1]["content"]
+        urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+        if any(_id_of(base64.b64decode(url.split(",", 1)[1])) in self.refuse for url in urls):
+            return web.json_response({"error": {"message": "Invalid image.", "type": "invalid_request_error",
+                                                "param": None, "code": "invalid_image"}}, status=400)
         seen = [("an image" if p["type"] == "image_url" else repr(p["text"])) for p in parts]
         reply = {"id": "chatcmpl-echo", "object": "chat.completion", "created": 0, "model": "echo",
                  "choices": [{"index": 0, "finish_reason": "stop",
                               "message": {"role": "assistant", "content": "I see: " + ", ".join(seen)}}]}
         return web.json_response(reply)
+
+
+def _id_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 class Server:
@@ -104,21 +121,24 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
             config = with_upstream_urls(
                 # stamp_ttl 0: the story damages objects behind the proxy's back and shows the very
                 # next request noticing (with the default window it would within 10 s)
-                load_config(None, **{"server.data_dir": tmp, "server.admin_token": token, "record.mode": "off",
+                load_config(None, **{"server.data_dir": tmp, "server.admin_token": token, "record.mode": "metadata",
                                      "store.stamp_ttl": 0}),
                 {"openai": upstream.url},
             )
-
-            async def send(proxy: Server, session: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
-                async with http.post(f"{proxy.url}/v1/chat/completions", json=body,
-                                     headers={"X-Session-Id": session}) as resp:
-                    answer = await resp.json()
-                    return resp.status, echo.bodies[-1], answer["choices"][0]["message"]["content"]
 
             async def events(proxy: Server, session: str) -> list[dict[str, Any]]:
                 async with http.get(f"{proxy.url}/admin/sessions/{session}/events", headers=admin) as resp:
                     found: list[dict[str, Any]] = (await resp.json())["events"]
                     return found
+
+            async def send(proxy: Server, session: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
+                async with http.post(f"{proxy.url}/v1/chat/completions", json=body,
+                                     headers={"X-Session-Id": session}) as resp:
+                    answer = await resp.json()
+                # the admin API writes the queued records first: each call's records precede the
+                # next call's events, so the log's seqs are the same in every run
+                await events(proxy, session)
+                return resp.status, echo.bodies[-1], answer["choices"][0]["message"]["content"]
 
             def record(step: str, **fields: Any) -> None:
                 steps.append({"step": step, **fields})
@@ -199,14 +219,47 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
                 say(f"8. tried to recover photo.png: HTTP {refused_status} {refused_code}; "
                     f"events appended: {after - before}")
                 record("refused recovery", status=refused_status, code=refused_code, events_appended=after - before)
+                refused = await _refusal(http, proxy, echo, send, events, body, say)
+                record("upstream refuses an image", **refused)
                 final = normalize_events(await events(proxy, SESSION))
 
-    checks = [same, forked_same, repaired, recovered["recovered"], refused_status == 409, after == before]
+    checks = [same, forked_same, repaired, recovered["recovered"], refused_status == 409, after == before,
+              refused["statuses"] == [200, 200], refused["upstream_calls"] == [2, 1]]
     if not all(checks):
         raise DemoFailed(f"a promise broke: {checks}")
-    say("\nThe session survived: one missing and one corrupt image, no failed request, "
-        "identical bodies after restart and fork, and recovery only after verification.")
+    say("\nThe session survived: one missing and one corrupt image and one the upstream refused, no failed "
+        "request, identical bodies after restart and fork, and recovery only after verification.")
     return {"steps": steps, "events": {SESSION: final}}
+
+
+Send = Callable[[Server, str, dict[str, Any]], Awaitable[tuple[int, bytes, str]]]
+Events = Callable[[Server, str], Awaitable[list[dict[str, Any]]]]
+
+
+async def _refusal(http: aiohttp.ClientSession, proxy: Server, echo: EchoUpstream, send: Send, events: Events,
+                   body: dict[str, Any], say: Say) -> dict[str, Any]:
+    """Step 9: a new image the upstream refuses joins the images it took before. Only the new one
+    is quarantined (``rejected``, for OpenAI-format upstreams), the call goes again at once, and the
+    next request derives the placeholder from the log: one call."""
+    name, data = REFUSED
+    async with http.post(f"{proxy.url}/v1/attachments", data=data, params={"name": name},
+                         headers={"Content-Type": "image/png"}) as resp:
+        chart = (await resp.json())["id"]
+    echo.refuse.add(chart)
+    body = {**body, "messages": [{**body["messages"][0], "content": [
+        *body["messages"][0]["content"], {"type": "image_url", "image_url": {"url": f"attachment:{chart}?name={name}"}}]}]}
+    statuses, calls = [], []
+    for _ in range(2):
+        before = len(echo.bodies)
+        status, sent, answer = await send(proxy, SESSION, body)
+        statuses.append(status)
+        calls.append(len(echo.bodies) - before)
+    rejected = [e for e in await events(proxy, SESSION)
+                if e["type"] == "attachment/quarantine" and e["data"]["failure"] == "rejected"]
+    say(f"9. the upstream refuses a new image, {name}: HTTP {statuses[0]} after {calls[0]} upstream calls, "
+        f"{len(rejected)} rejected quarantine; sent again: HTTP {statuses[1]}, {calls[1]} call; the model saw: {answer}")
+    return {"statuses": statuses, "upstream_calls": calls, "events": normalize_events(rejected),
+            "upstream_body": shorten(msgspec.json.decode(sent))}
 
 
 def write_snapshot(snapshot: dict[str, Any], target: str) -> None:
