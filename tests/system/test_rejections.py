@@ -18,6 +18,7 @@ from projectionist.proxy.upstream.replay import rebuild
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 from tests.refusing import OPENAI_MESSAGE
+from tests.system.test_sdks import anthropic_client, anthropic_messages, chat_messages, openai_client
 
 pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 RECORDING = {"record.mode": "metadata"}
@@ -201,3 +202,62 @@ async def test_explicit_recovery_lifts_a_rejection_once_the_bytes_verify(make_ha
     assert resp.status == 200, await resp.text()
     assert (await harness.chat("s10", bad)).status == 200
     assert images_sent(harness.upstream.last.json()) == [bad]
+
+
+# --- through the official SDKs, unmodified; and the Gemini and Responses shapes ---------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_the_openai_sdk_sees_one_successful_answer(make_harness: Any, stream: bool) -> None:
+    harness = await make_harness(**RECORDING)
+    good, bad = await admitted(harness, 20, 21)
+    async with openai_client(harness, "sdk-o") as client:
+        await client.chat.completions.create(model="m", messages=chat_messages(good))  # type: ignore[arg-type]
+        harness.upstream.refused[bad] = False
+        if stream:
+            chunks = await client.chat.completions.create(model="m", messages=chat_messages(good, bad), stream=True)  # type: ignore[arg-type]
+            assert "".join([c.choices[0].delta.content or "" async for c in chunks]) == "tok1 tok2 tok3 tok4 "
+        else:
+            completion = await client.chat.completions.create(model="m", messages=chat_messages(good, bad))  # type: ignore[arg-type]
+            assert completion.choices[0].message.content == "Hello from the fake upstream."
+    assert images_sent(harness.upstream.last.json()) == [good]
+    assert [q["attachment_id"] for q in quarantines(await harness.events("sdk-o"))] == [bad]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("named", [False, True], ids=["unnamed", "named"])
+async def test_the_anthropic_sdk_sees_one_successful_answer(make_harness: Any, stream: bool, named: bool) -> None:
+    harness = await make_harness(**RECORDING)
+    good, bad = await admitted(harness, 22, 23)
+    async with anthropic_client(harness, "sdk-a") as client:
+        await client.messages.create(model="m", max_tokens=5, messages=anthropic_messages(good))  # type: ignore[arg-type]
+        harness.upstream.refused[bad] = named
+        if stream:
+            async with client.messages.stream(model="m", max_tokens=5, messages=anthropic_messages(good, bad)) as s:  # type: ignore[arg-type]
+                assert "".join([t async for t in s.text_stream]) == "tok0 tok1 tok2 tok3 tok4 "
+        else:
+            message = await client.messages.create(model="m", max_tokens=5, messages=anthropic_messages(good, bad))  # type: ignore[arg-type]
+            assert message.content[0].text == "Hello from the fake upstream."  # type: ignore[union-attr]
+    blocks = harness.upstream.last.json()["messages"][0]["content"]
+    assert [b["type"] for b in blocks] == ["text", "image", "text"]
+    assert blocks[2]["text"] == f"[image unavailable: rejected (sha256:{bad[7:15]})]"
+    [q] = quarantines(await harness.events("sdk-a"))
+    assert (q["attachment_id"], q["format"]) == (bad, "anthropic")
+
+
+async def test_gemini_and_responses_refusals_are_handled_the_same(make_harness: Any, upstream: Any) -> None:
+    harness = await make_harness(**{**RECORDING, "upstreams.gemini": {"format": "gemini", "url": upstream.url}})
+    [bad] = await admitted(harness, 24)
+    harness.upstream.refused[bad] = False
+    gemini = {"contents": [{"role": "user", "parts": [{"text": "look"}, {"file_data": {
+        "mime_type": "image/png", "file_uri": f"attachment:{bad}"}}]}]}
+    resp = await harness.client.post("/v1beta/models/m:generateContent", json=gemini, headers={"X-Session-Id": "g"})
+    assert resp.status == 200, await resp.text()
+    assert harness.upstream.last.json()["contents"][0]["parts"][1] == {
+        "text": f"[image unavailable: rejected (sha256:{bad[7:15]})]"}
+    responses = {"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": f"attachment:{bad}"}]}]}
+    resp = await harness.client.post("/v1/responses", json=responses, headers={"X-Session-Id": "g"})
+    assert resp.status == 200, await resp.text()
+    assert harness.upstream.last.json()["input"][0]["content"][0]["type"] == "input_text"
+    assert [q["format"] for q in quarantines(await harness.events("g"))] == ["gemini", "openai"]

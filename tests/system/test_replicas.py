@@ -174,3 +174,18 @@ async def test_fork_through_one_replica_gives_byte_identical_bodies_through_the_
     await chat(http, b, "parent", healthy, missing, healthy)
     assert upstream.last.body == original
     assert os.environ.get("PROJECTIONIST_PG_DSN") is None  # the replicas took the DSN from the config file
+
+
+async def test_an_image_refused_through_both_replicas_is_one_rejected_quarantine(
+    replicas: tuple[Replica, Replica, aiohttp.ClientSession], upstream: FakeUpstream
+) -> None:
+    a, b, http = replicas
+    bad = await admit(http, a, make_image(color=154))
+    upstream.refused[bad] = False
+    results = await asyncio.gather(*(chat(http, (a, b)[i % 2], "refused", bad) for i in range(40)))
+    assert [status for status, _ in results] == [200] * 40
+    found = await events(http, a, "refused")
+    assert [(e["type"], e["data"]["failure"], e["data"]["format"]) for e in found] == [
+        ("attachment/quarantine", "rejected", "openai")]
+    assert upstream.refusals <= 40  # each client request cost at most one extra call
+    assert upstream.last.json()["messages"][0]["content"][0]["type"] == "text"
