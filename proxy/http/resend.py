@@ -69,7 +69,7 @@ class Resend:
             ids = attribution.suspects(found, images, accepted)
             if not ids:
                 metrics.rejections["unattributed"] += 1
-                self.fields.update(rejected="unattributed")
+                self.fields.update(rejection="unattributed")
                 return None
             wanted = attribution.quarantines(found, ids, self.fmt.FORMAT, names_of(self.refs))
             _, new = await reject(wanted, log=self.services.log, session_id=self.session_id,
@@ -79,11 +79,12 @@ class Resend:
             raise
         except ProjectionistError as error:
             metrics.rejections["failed"] += 1
+            self.fields.update(rejection="failed")
             get_logger().warning("rejection_not_recorded", code=error.code, session=self.session_id)
             return None
         metrics.rejections["resent"] += 1
         metrics.quarantines["rejected"] += len(new)
-        self.fields.update(rejected=len(ids), suspects=len(ids), resent=True)
+        self.fields.update(rejection="resent", suspects=len(ids), rejected=len(new))
         await self._close_first(status, content_type, body)
         again, recorder = await self.rebuild()
         self.observer = recorder

@@ -261,3 +261,20 @@ async def test_gemini_and_responses_refusals_are_handled_the_same(make_harness: 
     assert resp.status == 200, await resp.text()
     assert harness.upstream.last.json()["input"][0]["content"][0]["type"] == "input_text"
     assert [q["format"] for q in quarantines(await harness.events("g"))] == ["gemini", "openai"]
+
+
+async def test_after_a_rejection_restart_and_fork_send_the_same_bytes(make_harness: Any) -> None:
+    harness = await make_harness(**RECORDING)
+    good, bad = await admitted(harness, 30, 31)
+    assert (await harness.chat("s11", good)).status == 200
+    harness.upstream.refused[bad] = False
+    assert (await harness.chat("s11", good, bad)).status == 200
+    resent = harness.upstream.last.body
+    harness.upstream.refused.clear()  # the upstream would take it now: the log still decides
+    restarted = await make_harness(**RECORDING)  # a second process on the same store and log
+    assert (await restarted.chat("s11", good, bad)).status == 200
+    assert harness.upstream.last.body == resent
+    resp = await restarted.client.post("/admin/sessions/s11/fork", json={"new_session_id": "s11-fork"}, headers=ADMIN)
+    assert resp.status == 201
+    assert (await restarted.chat("s11-fork", good, bad)).status == 200
+    assert harness.upstream.last.body == resent

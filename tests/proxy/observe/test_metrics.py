@@ -50,7 +50,7 @@ async def test_session_and_attachment_ids_never_become_labels(harness: Harness) 
     text = await (await harness.client.get("/metrics")).text()
     assert "secret-session-xyz" not in text and gone[7:] not in text
     labels = set(re.findall(r"(\w+)=\"", text))
-    assert labels <= {"route", "status", "failure", "result", "kind", "op", "le"}
+    assert labels <= {"route", "status", "failure", "result", "kind", "op", "le", "outcome"}
 
 
 async def test_a_quarantined_reference_costs_zero_store_reads(harness: Harness) -> None:
