@@ -224,7 +224,9 @@ async def test_the_folded_state_is_cached_per_session_and_read_only_past_its_las
     assert cached is not None and cached.last_seq == 2 and aid not in cached.quarantined
     reads.clear()
     await harness.chat(SID, aid)
-    assert reads == [(SID, 2)]
+    # past the recovery, or nothing at all: with PostgreSQL's state watch, a request that comes
+    # before the notice of our own recovery may use the fold that recovery moved forward
+    assert reads in ([(SID, 2)], [] if harness.app[SERVICES].metrics.watch is not None else None)
     assert user_parts(harness.upstream.last)[1]["type"] == "image_url"
 
 
