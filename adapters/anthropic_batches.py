@@ -28,7 +28,10 @@ PATHS: Final = re.compile(r"(?:/v1)?/messages/batches")
 VOLATILE: Final = frozenset({"id", "created_at", "expires_at", "ended_at", "cancel_initiated_at",
                              "archived_at", "results_url"})
 #: The Messages API's image limits; "Batch API: 256 MB" per request (10^6-byte MB, the safe side).
-PROFILE: Final = msgspec.structs.replace(anthropic_messages.PROFILE, max_request_bytes=256_000_000)
+#: Anthropic's, with the batch size limit. The many-image rule is per message request, and a batch
+#: body holds many: counted across the batch it would shrink images no request has too many of.
+PROFILE: Final = msgspec.structs.replace(anthropic_messages.PROFILE, max_request_bytes=256_000_000,
+                                         many_images=None, many_images_max_side=None)
 
 
 def rejection(status: int, doc: Json) -> Rejection | None:
@@ -39,6 +42,12 @@ def rejection(status: int, doc: Json) -> Rejection | None:
 def usage(doc: Json) -> dict[str, Any] | None:
     """A batch reports no usage of its own (its results do, later)."""
     return None
+
+
+def count_images(body: Json) -> int:
+    """0: a batch holds many requests, each under the image limits on its own, so no one count
+    of the body applies (``find_refs`` still finds every reference in every request)."""
+    return 0
 
 
 def find_refs(body: Json) -> list[Site]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from typing import Any, Final
 
-from projectionist.adapters.base import (Inline, Inliner, Json, Known, PlainInline, Site, content_lists, error_object,
-                                         known_pattern, part_pointer, patch)
+from projectionist.adapters.base import (SCAN_CHARS, Inline, Inliner, Json, Known, PlainInline, Site, content_lists,
+                                         error_object, known_pattern, part_pointer, patch)
 from projectionist.adapters.responses import member
 from projectionist.policy.model import ImageRef, Outcome, parse_file_id, parse_url_ref
 from projectionist.policy.profile import Profile, Rejection
@@ -67,11 +68,15 @@ REJECTIONS: Final[tuple[Known, ...]] = (
      "https://github.com/vybestack/llxprt-code/issues/2130"),
     (r"Image format \S+ not supported", "https://github.com/anthropics/claude-code/issues/28485"),
     (r"image cannot be empty", "https://github.com/anthropics/claude-code/issues/12750"),
-    (r"image\.source\.base64\S*: invalid base64 data", "https://github.com/openclaw/openclaw/pull/13784"),
+    # A bounded run that stops at ":" (not "\S*"): backtracking then stays linear in the message.
+    (r"image\.source\.base64[^\s:]{0,64}: invalid base64 data", "https://github.com/openclaw/openclaw/pull/13784"),
     (r"image\.source\.base64\.media_type: Input should be 'image/", "https://github.com/anthropics/claude-code/issues/400"),
 )
 _REJECTED: Final = known_pattern(REJECTIONS)
-_PATH: Final = re.compile(r"([^\s:]+): ")
+#: The path a message opens with: one possessive run, so reading it is linear whatever its length.
+_PATH: Final = re.compile(r"([^\s:]++): ")
+#: How much of a leading path the patterns read: its last steps (``image.source.base64.data``).
+_PATH_TAIL: Final = 64
 _ROOTS: Final = frozenset({"messages"})
 _KEYS: Final = frozenset({"content"})
 #: Block types the API names between the steps of a nested path (``content.0.tool_result.content.1``).
@@ -89,23 +94,33 @@ def _source_ref(source: Json) -> ImageRef | None:
     return None
 
 
-def _scan(blocks: list[Json], sites: list[Site]) -> None:
+def _scan(blocks: list[Json]) -> Iterator[tuple[list[Json], int, dict[str, Any]]]:
     for index, block in enumerate(blocks):
         if not isinstance(block, dict):
             continue
         kind = block.get("type")
-        if kind == "image" and (ref := _source_ref(block.get("source"))) is not None:
-            sites.append(Site(blocks, index, ref))
+        if kind == "image":
+            yield blocks, index, block
         elif kind == "tool_result" and isinstance(nested := block.get("content"), list):
-            _scan(nested, sites)
+            yield from _scan(nested)
+
+
+def _image_blocks(body: Json) -> Iterator[tuple[list[Json], int, dict[str, Any]]]:
+    """Every ``image`` block of ``body`` (its list, its index, the block), in document order."""
+    for content in content_lists(body.get("messages") if isinstance(body, dict) else None):
+        yield from _scan(content)
 
 
 def find_refs(body: Json) -> list[Site]:
     """Every image reference in ``body``, in document order, tool results included."""
-    sites: list[Site] = []
-    for content in content_lists(body.get("messages") if isinstance(body, dict) else None):
-        _scan(content, sites)
-    return sites
+    return [Site(blocks, index, ref) for blocks, index, block in _image_blocks(body)
+            if (ref := _source_ref(block.get("source"))) is not None]
+
+
+def count_images(body: Json) -> int:
+    """Every ``image`` block in ``body``, whatever its source (a reference, base64, a URL, a
+    provider file id), tool results included."""
+    return sum(1 for _ in _image_blocks(body))
 
 
 def _image_part(part: dict[str, Any], inline: Inline) -> dict[str, Any]:
@@ -134,9 +149,14 @@ def rejection(status: int, doc: Json) -> Rejection | None:
     the image block it names (``/messages/11/content/8``), if any."""
     error = error_object(doc)
     message = doc if isinstance(doc, str) else error.get("message") if error is not None else None
-    if status != 400 or not isinstance(message, str) or not _REJECTED.search(message):
+    if status != 400 or not isinstance(message, str):
         return None
     path = _PATH.match(message)
+    # The patterns read SCAN_CHARS from the path's tail, so an absurd path cannot push the cause
+    # out of what they read (the path itself is judged by ``part_pointer``).
+    start = max(0, path.end(1) - _PATH_TAIL) if path else 0
+    if not _REJECTED.search(message, start, start + SCAN_CHARS):
+        return None
     return Rejection(message, part_pointer(path.group(1), _ROOTS, _KEYS, _TAGS) if path else None)
 
 

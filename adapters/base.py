@@ -11,7 +11,7 @@ import base64
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from projectionist.policy.model import ImageRef, Outcome, Resolved, StoredImage
 from projectionist.policy.profile import Profile, Rejection
@@ -90,6 +90,7 @@ class WireFormat(Protocol):
     def upstream_auth(self, api_key: str) -> dict[str, str]: ...
     def usage(self, doc: Json) -> dict[str, Any] | None: ...
     def rejection(self, status: int, doc: Json) -> Rejection | None: ...
+    def count_images(self, body: Json) -> int: ...
 
 
 class FilesFormat(Protocol):
@@ -158,6 +159,11 @@ def content_lists(messages: Json) -> list[list[Json]]:
 Known = tuple[str, str]
 
 
+#: How much of a provider's error message the patterns read: the known answers name their part
+#: and their cause near the start, and a bound keeps a hostile upstream's megabyte message cheap.
+SCAN_CHARS: Final = 4096
+
+
 def known_pattern(known: Sequence[Known]) -> re.Pattern[str]:
     """One case-insensitive pattern that finds any of ``known`` in a message."""
     return re.compile("|".join(f"(?:{pattern})" for pattern, _ in known), re.IGNORECASE)
@@ -175,6 +181,11 @@ def error_object(doc: Json) -> dict[str, Any] | None:
 _PATH_SYNTAX = re.compile(r"[A-Za-z_][\w.\[\]]*")
 
 
+def _is_index(token: str) -> bool:
+    """An index ``int()`` reads safely: ASCII digits (``str.isdigit`` also takes ``²``), at most 9."""
+    return token.isascii() and token.isdigit() and len(token) <= 9
+
+
 def part_pointer(path: str, roots: frozenset[str], keys: frozenset[str], tags: frozenset[str] = frozenset()) -> str | None:
     """The JSON pointer of the request part a provider's error path names, or None.
 
@@ -184,10 +195,12 @@ def part_pointer(path: str, roots: frozenset[str], keys: frozenset[str], tags: f
     between two steps, as in ``content.0.tool_result.content.1``); the pointer is those steps,
     cut where the path enters the part. A path that names one step only (a message, not a part)
     or goes on into another list after the cut names no part that can be trusted: None."""
-    if not _PATH_SYNTAX.fullmatch(path):
+    if len(path) > SCAN_CHARS or not _PATH_SYNTAX.fullmatch(path):
         return None
-    tokens: list[str | int] = [int(t) if t.isdigit() else t
-                               for t in path.replace("[", ".").replace("]", "").split(".") if t]
+    raw = [t for t in path.replace("[", ".").replace("]", "").split(".") if t]
+    if any(t.isdigit() and not _is_index(t) for t in raw):
+        return None  # a superscript or an absurd index: no part of any body we sent
+    tokens: list[str | int] = [int(t) if _is_index(t) else t for t in raw]
     steps: list[str] = []
     at = 0
     while at + 1 < len(tokens):

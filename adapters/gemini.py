@@ -12,12 +12,13 @@ with the stable code as an ``ErrorInfo.reason``. ``PROFILE`` is what the API acc
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any, Final
 
-from projectionist.adapters.base import (Host, Inline, Inliner, Json, Known, PlainInline, Site, error_object, inliner,
-                                         insert_after, known_pattern, part_pointer)
+from projectionist.adapters.base import (SCAN_CHARS, Host, Inline, Inliner, Json, Known, PlainInline, Site,
+                                         error_object, inliner, insert_after, known_pattern, part_pointer)
 from projectionist.adapters.responses import member
-from projectionist.policy.model import Outcome, Resolved, parse_url_ref
+from projectionist.policy.model import URL_SCHEME, Outcome, Resolved, parse_url_ref
 from projectionist.policy.profile import Profile, Rejection
 
 NAME: Final = "gemini"
@@ -69,27 +70,51 @@ def _either(obj: dict[str, Any], snake: str, camel: str) -> Any:
     return obj[snake] if snake in obj else obj.get(camel)
 
 
-def _scan(parts: list[Json], sites: list[Site], host: tuple[list[Json], int] | None) -> None:
+def _scan(parts: list[Json], host: Host | None) -> Iterator[tuple[list[Json], int, dict[str, Any], Host | None]]:
     for index, part in enumerate(parts):
         if not isinstance(part, dict):
             continue
-        data = _either(part, "file_data", "fileData")
-        if isinstance(data, dict) and isinstance(uri := _either(data, "file_uri", "fileUri"), str):
-            if (ref := parse_url_ref(uri)) is not None:
-                sites.append(Site(parts, index, ref, host))
+        yield parts, index, part, host
         response = _either(part, "function_response", "functionResponse")
         if host is None and isinstance(response, dict) and isinstance(nested := response.get("parts"), list):
-            _scan(nested, sites, (parts, index))
+            yield from _scan(nested, (parts, index))
+
+
+def _parts(body: Json) -> Iterator[tuple[list[Json], int, dict[str, Any], Host | None]]:
+    """Every part of ``body["contents"]`` and of its function responses (its list, its index, the
+    part, and the function response's place when nested), in document order."""
+    contents = body.get("contents") if isinstance(body, dict) else None
+    for content in contents if isinstance(contents, list) else ():
+        if isinstance(content, dict) and isinstance(parts := content.get("parts"), list):
+            yield from _scan(parts, None)
+
+
+def _uri(part: dict[str, Any]) -> str | None:
+    data = _either(part, "file_data", "fileData")
+    uri = _either(data, "file_uri", "fileUri") if isinstance(data, dict) else None
+    return uri if isinstance(uri, str) else None
 
 
 def find_refs(body: Json) -> list[Site]:
     """Every ``attachment:`` file URI in ``body["contents"]``, function responses included."""
-    sites: list[Site] = []
-    contents = body.get("contents") if isinstance(body, dict) else None
-    for content in contents if isinstance(contents, list) else ():
-        if isinstance(content, dict) and isinstance(parts := content.get("parts"), list):
-            _scan(parts, sites, None)
-    return sites
+    return [Site(parts, index, ref, host) for parts, index, part, host in _parts(body)
+            if (uri := _uri(part)) is not None and (ref := parse_url_ref(uri)) is not None]
+
+
+def _is_image(part: dict[str, Any]) -> bool:
+    for slot in (("inline_data", "inlineData"), ("file_data", "fileData")):
+        data = _either(part, *slot)
+        mime = _either(data, "mime_type", "mimeType") if isinstance(data, dict) else None
+        if isinstance(mime, str) and mime.lower().startswith("image/"):
+            return True
+    uri = _uri(part)
+    return uri is not None and uri.startswith(URL_SCHEME)
+
+
+def count_images(body: Json) -> int:
+    """Every image part in ``body["contents"]``, function responses included: inline or file
+    data of an ``image/`` type, or an ``attachment:`` reference (whose type the proxy knows)."""
+    return sum(1 for _, _, part, _ in _parts(body) if _is_image(part))
 
 
 def _inline(part: dict[str, Any], inline: Inline) -> dict[str, Any]:
@@ -145,9 +170,9 @@ def rejection(status: int, doc: Json) -> Rejection | None:
     part it names (``contents[2].parts[0].inline_data.data`` is ``/contents/2/parts/0``), if any."""
     error = error_object(doc)
     message = doc if isinstance(doc, str) else error.get("message") if error is not None else None
-    if status != 400 or not isinstance(message, str) or not _REJECTED.search(message):
+    if status != 400 or not isinstance(message, str) or not _REJECTED.search(head := message[:SCAN_CHARS]):
         return None
-    path = _PATH.search(message)
+    path = _PATH.search(head)
     return Rejection(message, part_pointer(path.group(1), _ROOTS, _KEYS) if path else None)
 
 

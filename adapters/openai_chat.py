@@ -9,10 +9,11 @@ in images, and its answers refusing one) serve the Responses adapter too.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any, Final
 
-from projectionist.adapters.base import (Inline, Inliner, Json, Known, PlainInline, Site, content_lists, error_object,
-                                         known_pattern, part_pointer, patch)
+from projectionist.adapters.base import (SCAN_CHARS, Inline, Inliner, Json, Known, PlainInline, Site, content_lists,
+                                         error_object, known_pattern, part_pointer, patch)
 from projectionist.adapters.responses import member
 from projectionist.policy.model import Outcome, parse_url_ref
 from projectionist.policy.profile import Profile, Rejection
@@ -65,18 +66,28 @@ _ROOTS: Final = frozenset({"messages", "input"})
 _KEYS: Final = frozenset({"content", "output"})
 
 
+def _image_parts(body: Json) -> Iterator[tuple[list[Json], int, dict[str, Any]]]:
+    """Every ``image_url`` part of ``body`` (its content list, its index, the part), in document order."""
+    for content in content_lists(body.get("messages") if isinstance(body, dict) else None):
+        for index, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                yield content, index, part
+
+
 def find_refs(body: Json) -> list[Site]:
     """Every ``attachment:`` image reference in ``body``, in document order."""
     sites: list[Site] = []
-    for content in content_lists(body.get("messages") if isinstance(body, dict) else None):
-        for index, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "image_url":
-                continue
-            slot = part.get("image_url")
-            url = slot.get("url") if isinstance(slot, dict) else slot
-            if isinstance(url, str) and (ref := parse_url_ref(url)) is not None:
-                sites.append(Site(content, index, ref))
+    for content, index, part in _image_parts(body):
+        slot = part.get("image_url")
+        url = slot.get("url") if isinstance(slot, dict) else slot
+        if isinstance(url, str) and (ref := parse_url_ref(url)) is not None:
+            sites.append(Site(content, index, ref))
     return sites
+
+
+def count_images(body: Json) -> int:
+    """Every ``image_url`` part in ``body``, whatever its URL (a reference, ``data:``, http(s))."""
+    return sum(1 for _ in _image_parts(body))
 
 
 def _image_part(part: dict[str, Any], inline: Inline) -> dict[str, Any]:
@@ -108,7 +119,7 @@ def rejection(status: int, doc: Json) -> Rejection | None:
     if status != 400 or not isinstance(message, str):
         return None
     code = error.get("code") if error is not None else None
-    if not (isinstance(code, str) and code in REJECTION_CODES) and not _REJECTED.search(message):
+    if not (isinstance(code, str) and code in REJECTION_CODES) and not _REJECTED.search(message[:SCAN_CHARS]):
         return None
     param = error.get("param") if error is not None else None
     return Rejection(message, part_pointer(param, _ROOTS, _KEYS) if isinstance(param, str) else None)

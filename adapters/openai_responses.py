@@ -12,6 +12,7 @@ Errors, auth, image limits and image refusals are OpenAI's, shared with the Chat
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any, Final
 
 from projectionist.adapters import openai_chat
@@ -42,8 +43,12 @@ BLANK_PNG: Final = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAA
 _OUTPUT_LISTS: Final = ("function_call_output", "custom_tool_call_output")
 
 
+def _is(part: Json, kind: str) -> bool:
+    return isinstance(part, dict) and part.get("type") == kind
+
+
 def _ref(part: Json, kind: str) -> ImageRef | None:
-    if not isinstance(part, dict) or part.get("type") != kind:
+    if not _is(part, kind):
         return None
     url = part.get("image_url")
     if isinstance(url, str) and (ref := parse_url_ref(url)) is not None:
@@ -52,37 +57,44 @@ def _ref(part: Json, kind: str) -> ImageRef | None:
     return parse_file_id(file_id) if isinstance(file_id, str) else None
 
 
-def _scan(parts: list[Json], sites: list[Site]) -> None:
-    for index, part in enumerate(parts):
-        if (ref := _ref(part, "input_image")) is not None:
-            sites.append(Site(parts, index, ref))
+#: A place an image part may sit: its parent (a list or a dict), its index or key, the part there,
+#: the part type that is an image there, and the enclosing item's place when the slot cannot hold text.
+_Slot = tuple[Any, int | str, Json, str, Host | None]
 
 
-def find_refs(body: Json) -> list[Site]:
-    """Every image reference in ``input`` and ``prompt.variables``, in document order."""
-    sites: list[Site] = []
+def _slots(body: Json) -> Iterator[_Slot]:
+    """Every place an image part may sit in ``prompt.variables`` and ``input``, in document order."""
     if not isinstance(body, dict):
-        return sites
+        return
     prompt = body.get("prompt")
     variables = prompt.get("variables") if isinstance(prompt, dict) else None
     if isinstance(variables, dict):
-        sites += [Site(variables, key, ref) for key, value in variables.items()
-                  if (ref := _ref(value, "input_image")) is not None]
+        yield from ((variables, key, value, "input_image", None) for key, value in variables.items())
     items = body.get("input")
     if not isinstance(items, list):
-        return sites
+        return
     for position, item in enumerate(items):
         if not isinstance(item, dict):
             continue
         kind = item.get("type")
         if kind == "computer_call_output":
-            if (ref := _ref(item.get("output"), "computer_screenshot")) is not None:
-                sites.append(Site(item, "output", ref, host=(items, position)))
+            yield item, "output", item.get("output"), "computer_screenshot", (items, position)
             continue
         nested = item.get("output") if kind in _OUTPUT_LISTS else item.get("content")
         if isinstance(nested, list):
-            _scan(nested, sites)
-    return sites
+            yield from ((nested, index, part, "input_image", None) for index, part in enumerate(nested))
+
+
+def find_refs(body: Json) -> list[Site]:
+    """Every image reference in ``input`` and ``prompt.variables``, in document order."""
+    return [Site(parent, index, ref, host) for parent, index, part, kind, host in _slots(body)
+            if (ref := _ref(part, kind)) is not None]
+
+
+def count_images(body: Json) -> int:
+    """Every ``input_image`` (and computer screenshot) in ``input`` and ``prompt.variables``,
+    whatever it carries (a reference, a ``data:`` or http(s) URL, a provider file id)."""
+    return sum(1 for _, _, part, kind, _ in _slots(body) if _is(part, kind))
 
 
 def _image(part: dict[str, Any], url: Json) -> dict[str, Any]:

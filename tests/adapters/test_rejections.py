@@ -265,8 +265,10 @@ def test_breaks_agrees_with_the_documented_limits() -> None:
     assert breaks(gpt, "image/heic", 1000, 10, 10) == "type"
     assert breaks(gpt, "image/png", 60 * 1024 * 1024, 9000, 9000, images=100) is None  # no per-image limit documented
     assert anthropic_batches.PROFILE.max_request_bytes == 256_000_000
-    assert {**_limits(anthropic_batches.PROFILE), "max_request_bytes": None} == \
-        {**_limits(claude), "max_request_bytes": None}
+    # a batch holds many requests: the many-image rule, which is per request, is not applied to it
+    differs = {"max_request_bytes": None, "many_images": None, "many_images_max_side": None}
+    assert {**_limits(anthropic_batches.PROFILE), **differs} == {**_limits(claude), **differs}
+    assert anthropic_batches.PROFILE.side_limit(500) == claude.max_side
 
 
 def _limits(profile: Any) -> dict[str, Any]:
