@@ -18,11 +18,11 @@ import msgspec
 from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError
 from projectionist.policy.events import Quarantine, Variant
 from projectionist.policy.fold import SessionState, placeholder
-from projectionist.policy.model import Failure, ImageRef, Outcome, Placeholder, Resolved, StoredImage
+from projectionist.policy.model import ImageRef, StoreFailure, Outcome, Placeholder, Resolved, StoredImage
 from projectionist.policy.profile import Profile, breaks
 
 Sessionless = Literal["fail", "placeholder"]
-FAILURE: Final[dict[str, Failure]] = {NOT_FOUND: "not_found", CORRUPT: "corrupt", READ_FAILED: "read_failed"}
+FAILURE: Final[dict[str, StoreFailure]] = {NOT_FOUND: "not_found", CORRUPT: "corrupt", READ_FAILED: "read_failed"}
 
 
 def _quarantine_for(error: AttachmentError, attachment_id: str, name: str | None) -> Quarantine:
@@ -90,6 +90,7 @@ def decide(
     upstream_format: str | None = None,
     profile: Profile | None = None,
     made: Mapping[str, Variant | None] | None = None,
+    images: int | None = None,
 ) -> Step:
     """The next step of a projection, from what is known so far (pure; see ``project``).
 
@@ -99,10 +100,13 @@ def decide(
     ``upstream_format`` is the format of the upstream the request goes to (its rejections hold);
     with its ``profile``, an image that does not fit is sent as its variant: the pinned one for
     the request's target, read instead of the original; else one made (``made``: by original id,
-    None where none could be made, which sends the original) and pinned."""
+    None where none could be made, which sends the original) and pinned. ``images`` is how many
+    images the request holds in all (its references and any the client inlined itself: what a
+    many-image rule counts); by default its references."""
     names = names_of(refs)
     made = made or {}
-    target = profile.target(len(refs)) if profile is not None else None
+    count = max(images or 0, len(refs))
+    target = profile.target(count) if profile is not None else None
     open_ids = [aid for aid in names if state.standing(aid, upstream_format) is None or aid in due]
 
     def pinned(aid: str) -> Variant | None:
@@ -134,9 +138,9 @@ def decide(
     if profile is not None:
         misfits = tuple(found for aid in open_ids if pinned(aid) is None and aid not in made
                         and isinstance(found := results.get(aid), StoredImage)
-                        and breaks(profile, found.media_type, found.bytes, found.width, found.height, len(refs)))
+                        and breaks(profile, found.media_type, found.bytes, found.width, found.height, count))
         if misfits:
-            return Vary(misfits, profile, len(refs))
+            return Vary(misfits, profile, count)
         new_pins = tuple(v for aid, v in made.items() if v is not None and state.variants.get((aid, v.target)) != v)
         if new_pins and recording:
             return Pin(new_pins)

@@ -8,11 +8,11 @@ defaults (msgspec schema evolution); an event type this version does not know de
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
-from projectionist.policy.model import Failure
+from projectionist.policy.model import StoreFailure
 
 QUARANTINE: Final = "attachment/quarantine"
 RECOVERED: Final = "attachment/recovered"
@@ -21,20 +21,37 @@ REQUEST: Final = "request/recorded"
 RESPONSE: Final = "response/recorded"
 CHECKPOINT: Final = "session/checkpoint"
 VARIANT: Final = "attachment/variant"
+REJECTED: Final = "attachment/rejected"
 
 
 class Quarantine(msgspec.Struct, frozen=True, omit_defaults=True):
-    """An unavailable image. A store failure (``not_found``, ``corrupt``, ``read_failed``) holds
-    for every upstream; a ``rejected`` one holds only for the upstream ``format`` that refused it,
-    with how many ``suspects`` the refusal had and the digest of the provider's message."""
+    """An image the store could not give: it holds for every upstream."""
 
     attachment_id: str
-    failure: Failure
+    failure: StoreFailure
     retryable: bool
     name: str | None = None
-    format: str | None = None
-    suspects: int | None = None
-    message_digest: str | None = None
+
+
+class Rejected(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An image an upstream refused: it holds only for upstreams of that ``format``; ``suspects``
+    is how many images the refusal was put down to, ``message_digest`` the sha256 of the
+    provider's message. An event type of its own (not a quarantine ``failure``), so a replica
+    of an older version, which cannot know it, skips it rather than finding the log corrupt."""
+
+    attachment_id: str
+    format: str
+    suspects: int
+    message_digest: str
+    name: str | None = None
+
+    @property
+    def failure(self) -> Literal["rejected"]:
+        return "rejected"
+
+    @property
+    def retryable(self) -> bool:
+        return False
 
 
 class Recovered(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -89,6 +106,7 @@ class Checkpoint(msgspec.Struct, frozen=True):
     state_seq: int
     quarantined: tuple[Held, ...] = ()
     variants: tuple[Variant, ...] = ()
+    rejected: tuple[Rejected, ...] = ()
 
 
 class RefRecord(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -172,6 +190,10 @@ class VariantEvent(_Envelope, frozen=True, tag=VARIANT):
     data: Variant
 
 
+class RejectedEvent(_Envelope, frozen=True, tag=REJECTED):
+    data: Rejected
+
+
 class UnknownEvent(msgspec.Struct, frozen=True):
     """An event of a type this version does not know; kept verbatim, ignored by the fold."""
 
@@ -182,9 +204,9 @@ class UnknownEvent(msgspec.Struct, frozen=True):
 
 
 KnownEvent = (QuarantineEvent | RecoveredEvent | ForkedEvent | RequestEvent | ResponseEvent | CheckpointEvent
-              | VariantEvent)
+              | VariantEvent | RejectedEvent)
 Event = KnownEvent | UnknownEvent
-EventData = Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded | Checkpoint | Variant
+EventData = Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded | Checkpoint | Variant | Rejected
 
 #: Evidence, not state: these types never change a decision and the fold never needs them, so a
 #: state read (``ports.SessionLog.read_state``) leaves them out.
@@ -201,6 +223,7 @@ _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     ResponseRecorded: ResponseEvent,
     Checkpoint: CheckpointEvent,
     Variant: VariantEvent,
+    Rejected: RejectedEvent,
 }
 _KNOWN_TYPES: Final = frozenset(envelope.__struct_config__.tag for envelope in _ENVELOPES.values())
 _encoder: Final = msgspec.json.Encoder()

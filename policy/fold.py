@@ -26,6 +26,8 @@ from projectionist.policy.events import (
     Quarantine,
     QuarantineEvent,
     RecoveredEvent,
+    Rejected,
+    RejectedEvent,
     UnknownEvent,
     Variant,
     VariantEvent,
@@ -44,15 +46,15 @@ class SessionState(msgspec.Struct, frozen=True):
     quarantined: Mapping[str, Quarantine] = MappingProxyType({})
     since: Mapping[str, str] = MappingProxyType({})
     unsaved: int = 0
-    rejected: Mapping[tuple[str, str], Quarantine] = MappingProxyType({})
+    rejected: Mapping[tuple[str, str], Rejected] = MappingProxyType({})
     variants: Mapping[tuple[str, str], Variant] = MappingProxyType({})
 
-    def standing(self, attachment_id: str, upstream_format: str | None) -> Quarantine | None:
+    def standing(self, attachment_id: str, upstream_format: str | None) -> Quarantine | Rejected | None:
         """The quarantine that holds for this image on an upstream of ``upstream_format``: a
         store failure first, else that format's rejection."""
         found = self.quarantined.get(attachment_id)
         if found is None and upstream_format is not None and self.rejected:
-            found = self.rejected.get((upstream_format, attachment_id))
+            return self.rejected.get((upstream_format, attachment_id))
         return found
 
     @property
@@ -86,16 +88,12 @@ class _Folding:
         self.rejected = dict(state.rejected)
         self.variants = dict(state.variants)
 
-    def hold(self, quarantine: Quarantine, since: str) -> None:
-        if quarantine.format is not None:
-            self.rejected[(quarantine.format, quarantine.attachment_id)] = quarantine
-        else:
-            self.quarantined[quarantine.attachment_id] = quarantine
-            self.since[quarantine.attachment_id] = since
-
     def step(self, event: Event) -> None:
         if isinstance(event, QuarantineEvent):
-            self.hold(event.data, event.time)
+            self.quarantined[event.data.attachment_id] = event.data
+            self.since[event.data.attachment_id] = event.time
+        elif isinstance(event, RejectedEvent):
+            self.rejected[(event.data.format, event.data.attachment_id)] = event.data
         elif isinstance(event, RecoveredEvent):  # lifts the image's quarantines, rejections too
             aid = event.data.attachment_id
             self.quarantined.pop(aid, None)
@@ -105,9 +103,9 @@ class _Folding:
         elif isinstance(event, VariantEvent):
             self.variants[(event.data.attachment_id, event.data.target)] = event.data
         elif isinstance(event, CheckpointEvent):  # the whole state, restated: start again from it
-            self.quarantined, self.since, self.rejected = {}, {}, {}
-            for held in event.data.quarantined:
-                self.hold(held.quarantine, held.since)
+            self.quarantined = {held.quarantine.attachment_id: held.quarantine for held in event.data.quarantined}
+            self.since = {held.quarantine.attachment_id: held.since for held in event.data.quarantined}
+            self.rejected = {(r.format, r.attachment_id): r for r in event.data.rejected}
             self.variants = {(v.attachment_id, v.target): v for v in event.data.variants}
             self.unsaved = 0
             return
@@ -164,15 +162,13 @@ def checkpoint_due(state: SessionState, every: int = CHECKPOINT_EVERY) -> bool:
 
 
 def checkpoint_of(state: SessionState) -> Checkpoint:
-    """The checkpoint that restates ``state`` (quarantines in fold order, then rejections; a
-    rejection's time is not kept, nothing waits on it); folding it gives back ``state``'s
-    quarantines, since-times, rejections and variants."""
-    held = [Held(q, state.since[aid]) for aid, q in state.quarantined.items()]
-    held += [Held(q, "") for q in state.rejected.values()]
-    return Checkpoint(state.last_seq, tuple(held), tuple(state.variants.values()))
+    """The checkpoint that restates ``state`` (each kind in fold order); folding it gives back
+    ``state``'s quarantines, since-times, rejections and variants."""
+    held = tuple(Held(q, state.since[aid]) for aid, q in state.quarantined.items())
+    return Checkpoint(state.last_seq, held, tuple(state.variants.values()), tuple(state.rejected.values()))
 
 
-def placeholder(ref: ImageRef, quarantine: Quarantine) -> str:
+def placeholder(ref: ImageRef, quarantine: Quarantine | Rejected) -> str:
     """The text that stands in for an unavailable image.
 
     Names the failure class, the display name when known (the reference's own name first, else

@@ -15,7 +15,9 @@ import msgspec
 
 from projectionist.policy.errors import INVALID_REF, AttachmentError, InvalidRequest
 
-#: Why an image is unavailable: the store's three failures, and ``rejected`` (an upstream refused it).
+#: The store's three failures: what an ``attachment/quarantine`` event can say.
+StoreFailure = Literal["not_found", "corrupt", "read_failed"]
+#: Why an image is unavailable: a store failure, or ``rejected`` (an upstream refused it).
 Failure = Literal["not_found", "corrupt", "read_failed", "rejected"]
 
 ID_PREFIX: Final = "sha256:"

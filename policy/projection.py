@@ -26,7 +26,7 @@ from projectionist.policy.errors import (
     Unavailable,
 )
 from projectionist.policy.decide import Done, Fail, Lift, Pin, Read, Sessionless, Vary, decide, names_of
-from projectionist.policy.events import Event, Quarantine, Recovered, RecoveredEvent, Variant
+from projectionist.policy.events import Event, Quarantine, Recovered, RecoveredEvent, Rejected, Variant
 from projectionist.policy.probe import Prober
 from projectionist.policy.fold import EMPTY, SessionState, fold, fold_states
 from projectionist.policy.model import ImageRef, Outcome, StoredImage, check_id
@@ -45,7 +45,7 @@ class Projection(msgspec.Struct, frozen=True):
     outcomes: tuple[Outcome, ...]
     state: SessionState
     reads: int = 0
-    recorded: tuple[Quarantine, ...] = ()
+    recorded: tuple[Quarantine | Rejected, ...] = ()
     retries: int = 0
     lifted: tuple[str, ...] = ()
     pinned: tuple[Variant, ...] = ()
@@ -128,9 +128,9 @@ async def _record(
     log: SessionLog,
     session_id: str,
     state: SessionState,
-    wanted: Sequence[Quarantine],
+    wanted: Sequence[Quarantine | Rejected],
     lock: Lock,
-) -> tuple[SessionState, tuple[Quarantine, ...]]:
+) -> tuple[SessionState, tuple[Quarantine | Rejected, ...]]:
     """Append the quarantines not yet in the log; the loser of a race re-folds and decides again."""
     async with lock:
         for _ in range(MAX_ROUNDS):
@@ -146,22 +146,22 @@ async def _record(
     raise Unavailable("session log kept changing while recording", code="SESSION_CONTENDED")
 
 
-def _stands(state: SessionState, quarantine: Quarantine) -> bool:
+def _stands(state: SessionState, quarantine: Quarantine | Rejected) -> bool:
     """Whether the log already holds this quarantine (a rejection: for its own format)."""
-    if quarantine.format is not None:
+    if isinstance(quarantine, Rejected):
         return (quarantine.format, quarantine.attachment_id) in state.rejected
     return quarantine.attachment_id in state.quarantined
 
 
 async def reject(
-    rejected: Sequence[Quarantine],
+    rejected: Sequence[Rejected],
     *,
     log: SessionLog,
     session_id: str,
     lock: Lock | None = None,
     state: SessionState | None = None,
-) -> tuple[SessionState, tuple[Quarantine, ...]]:
-    """Record images an upstream refused (``rejected`` quarantines, each for its format), durably
+) -> tuple[SessionState, tuple[Quarantine | Rejected, ...]]:
+    """Record images an upstream refused (``attachment/rejected``, each for its format), durably
     and once: concurrent requests and replicas that saw the same refusal append one transition.
     Returns the state after it and the quarantines this call appended."""
     return await _record(log, session_id, state or EMPTY, rejected, lock or contextlib.nullcontext())
@@ -217,6 +217,7 @@ async def project(
     upstream_format: str | None = None,
     profile: Profile | None = None,
     vary: Varier | None = None,
+    images: int | None = None,
 ) -> Projection:
     """Resolve every reference of one request to a verified image or a placeholder.
 
@@ -234,6 +235,7 @@ async def project(
     - with a ``profile``, an image that does not fit it is sent as a variant: the one pinned in
       the log for the request's target (the original is then not read), else one ``vary`` makes,
       pinned before this returns. Without ``vary`` (replay) nothing is made: only pins count.
+      ``images`` counts all the request's images (client-inlined ones too) for a many-image rule.
     ``state`` is an optional cached fold for the session; it is refreshed from the log first,
     unless the caller vouches it is ``fresh`` (nothing changed since it was read; a decision that
     turns out stale still meets the conditional append, which reads again);
@@ -252,13 +254,13 @@ async def project(
     due = prober.due(state, names_of(refs)) if prober is not None and recording else frozenset()
     results: dict[str, StoredImage | AttachmentError] = {}
     made: dict[str, Variant | None] = {}
-    recorded: tuple[Quarantine, ...] = ()
+    recorded: tuple[Quarantine | Rejected, ...] = ()
     lifted: tuple[str, ...] = ()
     pinned: tuple[Variant, ...] = ()
     reads = retries = rounds = 0
     while True:
         step = decide(refs, state, results, recording=recording, sessionless=sessionless, due=due,
-                      upstream_format=upstream_format, profile=profile, made=made)
+                      upstream_format=upstream_format, profile=profile, made=made, images=images)
         if isinstance(step, Done):
             return Projection(step.outcomes, state, reads, recorded, retries, lifted, pinned)
         if isinstance(step, Fail):

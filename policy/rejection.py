@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from projectionist.policy.events import Event, Quarantine, RequestEvent, ResponseEvent
+from projectionist.policy.events import Event, Rejected, RequestEvent, ResponseEvent
 from projectionist.policy.profile import Rejection
 
 
@@ -38,26 +38,52 @@ def suspects(rejection: Rejection, carried: Sequence[tuple[str, str]], accepted:
     return tuple(dict.fromkeys(aid for aid in named if aid not in known))
 
 
-def accepted(events: Iterable[Event], upstream_format: str, format_of: Callable[[str], str | None]) -> set[str]:
-    """The attachment ids an upstream of ``upstream_format`` accepted in this session: the
-    references inlined in recorded calls (``format_of`` maps a record's adapter to its format)
-    whose recorded response was a success (2xx)."""
-    requests: dict[int, RequestEvent] = {}
-    by_id: dict[str, RequestEvent] = {}
-    found: set[str] = set()
-    for event in events:
-        if isinstance(event, RequestEvent):
-            if format_of(event.data.adapter) == upstream_format:
-                requests[event.seq] = event
-                by_id[event.data.request_id] = event
-        elif isinstance(event, ResponseEvent):
-            answer = event.data
-            if answer.status is None or not 200 <= answer.status < 300:
+class Acceptance:
+    """The attachment ids an upstream of ``upstream_format`` accepted in one session, folded from
+    its events as they come (``add`` the events past ``last_seq``): the references inlined in
+    recorded calls (``format_of`` maps a record's adapter to its format) whose recorded response
+    was a success (2xx). Calls still waiting for their response are kept, the oldest dropped past
+    ``pending_max``."""
+
+    def __init__(self, upstream_format: str, format_of: Callable[[str], str | None], pending_max: int = 10_000) -> None:
+        self.upstream_format = upstream_format
+        self.format_of = format_of
+        self.pending_max = pending_max
+        self.last_seq = 0
+        self.accepted: set[str] = set()
+        self._by_seq: dict[int, tuple[str, frozenset[str]]] = {}
+        self._by_id: dict[str, int] = {}
+
+    def add(self, events: Iterable[Event]) -> None:
+        for event in events:
+            if event.seq <= self.last_seq:
                 continue
-            request = requests.get(answer.request_seq) if answer.request_seq else by_id.get(answer.request_id)
-            if request is not None:
-                found.update(ref.attachment_id for ref in request.data.refs if ref.outcome == "inlined")
-    return found
+            self.last_seq = event.seq
+            if isinstance(event, RequestEvent):
+                if self.format_of(event.data.adapter) == self.upstream_format:
+                    inlined = frozenset(r.attachment_id for r in event.data.refs if r.outcome == "inlined")
+                    self._by_seq[event.seq] = (event.data.request_id, inlined)
+                    self._by_id[event.data.request_id] = event.seq
+                    if len(self._by_seq) > self.pending_max:
+                        oldest = next(iter(self._by_seq))
+                        self._by_id.pop(self._by_seq.pop(oldest)[0], None)
+            elif isinstance(event, ResponseEvent):
+                answer = event.data
+                seq = answer.request_seq or self._by_id.get(answer.request_id)
+                found = self._by_seq.pop(seq, None) if seq is not None else None
+                if found is None:
+                    continue
+                self._by_id.pop(found[0], None)
+                if answer.status is not None and 200 <= answer.status < 300:
+                    self.accepted |= found[1]
+
+
+def accepted(events: Iterable[Event], upstream_format: str, format_of: Callable[[str], str | None]) -> set[str]:
+    """The attachment ids an upstream of ``upstream_format`` accepted in a session's ``events``
+    (see ``Acceptance``)."""
+    folded = Acceptance(upstream_format, format_of)
+    folded.add(events)
+    return folded.accepted
 
 
 def message_digest(message: str) -> str:
@@ -65,8 +91,7 @@ def message_digest(message: str) -> str:
 
 
 def quarantines(rejection: Rejection, ids: Sequence[str], upstream_format: str,
-                names: Mapping[str, str | None]) -> tuple[Quarantine, ...]:
-    """The ``rejected`` quarantines that record ``rejection`` of ``ids`` by ``upstream_format``."""
+                names: Mapping[str, str | None]) -> tuple[Rejected, ...]:
+    """The ``attachment/rejected`` events that record ``rejection`` of ``ids`` by ``upstream_format``."""
     digest = message_digest(rejection.message)
-    return tuple(Quarantine(aid, "rejected", retryable=False, name=names.get(aid), format=upstream_format,
-                            suspects=len(ids), message_digest=digest) for aid in ids)
+    return tuple(Rejected(aid, upstream_format, len(ids), digest, names.get(aid)) for aid in ids)

@@ -239,7 +239,7 @@ Events = Callable[[Server, str], Awaitable[list[dict[str, Any]]]]
 async def _refusal(http: aiohttp.ClientSession, proxy: Server, echo: EchoUpstream, send: Send, events: Events,
                    body: dict[str, Any], say: Say) -> dict[str, Any]:
     """Step 9: a new image the upstream refuses joins the images it took before. Only the new one
-    is quarantined (``rejected``, for OpenAI-format upstreams), the call goes again at once, and the
+    is quarantined (``attachment/rejected``, for OpenAI-format upstreams), the call goes again at once, and the
     next request derives the placeholder from the log: one call."""
     name, data = REFUSED
     async with http.post(f"{proxy.url}/v1/attachments", data=data, params={"name": name},
@@ -254,8 +254,7 @@ async def _refusal(http: aiohttp.ClientSession, proxy: Server, echo: EchoUpstrea
         status, sent, answer = await send(proxy, SESSION, body)
         statuses.append(status)
         calls.append(len(echo.bodies) - before)
-    rejected = [e for e in await events(proxy, SESSION)
-                if e["type"] == "attachment/quarantine" and e["data"]["failure"] == "rejected"]
+    rejected = [e for e in await events(proxy, SESSION) if e["type"] == "attachment/rejected"]
     say(f"9. the upstream refuses a new image, {name}: HTTP {statuses[0]} after {calls[0]} upstream calls, "
         f"{len(rejected)} rejected quarantine; sent again: HTTP {statuses[1]}, {calls[1]} call; the model saw: {answer}")
     return {"statuses": statuses, "upstream_calls": calls, "events": normalize_events(rejected),

@@ -18,6 +18,7 @@ from projectionist.policy.events import (
     Forked,
     Quarantine,
     Recovered,
+    Rejected,
     RequestEvent,
     ResponseEvent,
     ResponseRecorded,
@@ -54,7 +55,7 @@ def _data(kind: str, index: int, failure: str) -> EventData:
         return Recovered(IDS[index], 1, "image/png", 1, 1)
     if kind == "rj":  # a rejection, for one of two formats (picked by the failure drawn)
         fmt = "openai" if failure == "corrupt" else "anthropic"
-        return Quarantine(IDS[index], "rejected", False, format=fmt, suspects=1, message_digest="sha256:" + "0" * 64)
+        return Rejected(IDS[index], fmt, 1, "sha256:" + "0" * 64)
     if kind == "v":  # a variant pin, for one of two targets, re-pinned to another object now and then
         target = "anthropic@2000" if failure == "corrupt" else "openai@any"
         return Variant(IDS[index], target, IDS[(index + len(failure)) % 5], "image/png", 9, 2, 2, "v1")

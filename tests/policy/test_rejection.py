@@ -11,6 +11,7 @@ from projectionist.policy.events import (
     Quarantine,
     Recovered,
     RefRecord,
+    Rejected,
     RequestRecorded,
     ResponseRecorded,
     Variant,
@@ -64,7 +65,7 @@ def test_accepted_images_are_the_inlined_refs_of_successful_calls_of_the_same_fo
 
 def test_a_rejection_holds_for_its_format_and_recovery_lifts_all_of_an_images_quarantines() -> None:
     [rejected] = quarantines(Rejection("Could not process image"), [A], "anthropic", {A: "a.png"})
-    assert rejected == Quarantine(A, "rejected", False, "a.png", "anthropic", 1, message_digest("Could not process image"))
+    assert rejected == Rejected(A, "anthropic", 1, message_digest("Could not process image"), "a.png")
     state = fold([envelope(1, "t", rejected), envelope(2, "t", Quarantine(B, "not_found", False))])
     assert state.standing(A, "anthropic") == rejected
     assert state.standing(A, "openai") is None and state.standing(A, None) is None

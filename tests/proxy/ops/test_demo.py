@@ -34,11 +34,11 @@ def test_pinned_snapshot_tells_the_whole_story() -> None:
     assert steps["refused recovery"] == {"step": "refused recovery", "status": 409, "code": "ATTACHMENT_CORRUPT",
                                          "events_appended": 0}
     assert [e["type"] for e in snapshot["events"]["demo"]] == [
-        "attachment/quarantine", "attachment/quarantine", "attachment/recovered", "attachment/quarantine"]
+        "attachment/quarantine", "attachment/quarantine", "attachment/recovered", "attachment/rejected"]
     refused = steps["upstream refuses an image"]
     assert refused["statuses"] == [200, 200] and refused["upstream_calls"] == [2, 1]
     [rejected] = refused["events"]
-    assert (rejected["data"]["failure"], rejected["data"]["format"], rejected["data"]["suspects"]) == ("rejected", "openai", 1)
+    assert (rejected["type"], rejected["data"]["format"], rejected["data"]["suspects"]) == ("attachment/rejected", "openai", 1)
     assert rejected["data"]["name"] == "chart.png"
     assert "base64,<sha256:" in SNAPSHOT.read_text() and all(len(line) < 200 for line in SNAPSHOT.read_text().splitlines())
 
