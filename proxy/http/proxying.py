@@ -48,12 +48,12 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     started = time.perf_counter()
     seen_refs: list[ImageRef] = []
 
-    async def run(refs: list[ImageRef]) -> Projection:
+    async def run(refs: list[ImageRef], images: int) -> Projection:
         seen_refs[:] = refs
         fresh = services.log.fresh(session_id) if session_id else None
         return await project(
             refs, store=services.reader, log=services.log, session_id=session_id, upstream_format=fmt.FORMAT,
-            profile=fmt.PROFILE, vary=services.variants,
+            profile=fmt.PROFILE, vary=services.variants, images=images,
             lock=services.log.lock(session_id) if session_id else None,
             sessionless=services.config.server.sessionless,
             state=fresh or (services.log.state(session_id) if session_id else None),

@@ -2,17 +2,25 @@
 
 ``Resend`` is the relay's ``Screen`` for a projected call with a session. When the upstream
 refuses the call and its adapter reads the answer as an image rejection (``rejection``), the
-policy decides which references it was (``policy.rejection``), records a ``rejected`` quarantine
+policy decides which references it was (``policy.rejection``), records an ``attachment/rejected``
 for this upstream's format, durably and once (``policy.projection.reject``), and the call is
 built again from the log (the refused images now placeholders) and sent once more, before any
 byte reached the client. Both calls are recorded. When nothing can be attributed, or recording
-the quarantine fails, the provider's own error goes back unchanged; a second refusal too.
+fails, the provider's own error goes back unchanged; a second refusal too.
+
+What an upstream accepted before comes from the session's records (``Acceptances``, folded
+incrementally per session and format). Records are written in batches: attribution first waits
+for this session's queued records and for one batch window of the other replicas'
+(``2 × [record] batch_wait``), so calls that finished before the refusal count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import zlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final
 
 from projectionist.adapters.base import WireFormat
 from projectionist.adapters.registry import ADAPTERS
@@ -21,20 +29,65 @@ from projectionist.policy import rejection as attribution
 from projectionist.policy.decide import names_of
 from projectionist.policy.errors import ProjectionistError
 from projectionist.policy.model import ImageRef
+from projectionist.policy.ports import SessionLog
+from projectionist.policy.profile import Rejection
 from projectionist.policy.projection import reject
-from projectionist.proxy.http.services import Services
 from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.upstream.prepare import Built, carried
 from projectionist.proxy.upstream.recording import Recorder
-from projectionist.proxy.upstream.relay import Observer
+from projectionist.proxy.upstream.relay import SCREEN_MAX, Observer
+
+if TYPE_CHECKING:
+    from projectionist.proxy.http.services import Services
 
 #: Builds the call again from the log: the new body, and the recorder of the new call (if any).
 Rebuild = Callable[[], Awaitable[tuple[bytes, Recorder | None]]]
+#: The longest attribution waits for this session's records to be written.
+SETTLE_MAX: Final = 2.0
 
 
 def _format_of(adapter: str) -> str | None:
     found = ADAPTERS.get(adapter)
     return found.FORMAT if found is not None else None
+
+
+class Acceptances:
+    """What each upstream format accepted in each session, folded incrementally from the log
+    (``policy.rejection.Acceptance``); at most ``size`` sessions kept, least recently used out."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._folds: OrderedDict[tuple[str, str], attribution.Acceptance] = OrderedDict()
+
+    async def of(self, log: SessionLog, session_id: str, upstream_format: str) -> set[str]:
+        key = (session_id, upstream_format)
+        fold = self._folds.get(key)
+        if fold is None:
+            fold = self._folds[key] = attribution.Acceptance(upstream_format, _format_of)
+        self._folds.move_to_end(key)
+        while len(self._folds) > self.size:
+            self._folds.popitem(last=False)
+        fold.add(await log.read(session_id, fold.last_seq))
+        return fold.accepted
+
+
+def _decoded(body: bytes, encoding: str) -> bytes | None:
+    """The answer's bytes without their content coding (gzip, deflate), at most ``SCREEN_MAX``
+    of them; None for a coding this cannot undo or a body that does not inflate."""
+    coding = encoding.strip().lower()
+    if coding in ("", "identity"):
+        return body
+    if coding not in ("gzip", "x-gzip", "deflate"):
+        return None
+    try:
+        inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
+        out = inflater.decompress(body, SCREEN_MAX)
+    except zlib.error:
+        try:  # a raw deflate stream, as some servers send for "deflate"
+            out = zlib.decompressobj(-zlib.MAX_WBITS).decompress(body, SCREEN_MAX)
+        except zlib.error:
+            return None
+    return out
 
 
 class Resend:
@@ -53,43 +106,58 @@ class Resend:
         self.fields = fields
         self.used = False
 
-    async def __call__(self, status: int, content_type: str, body: bytes) -> bytes | None:
+    def _read(self, status: int, content_type: str, encoding: str, body: bytes) -> Rejection | None:
+        plain = _decoded(body, encoding)
+        if plain is None:
+            return None
+        try:
+            return self.fmt.rejection(status, documents(plain, content_type))
+        except Exception as exc:  # an adapter's reading must never turn a provider's 400 into a 500
+            get_logger().warning("rejection_unreadable", error=type(exc).__name__, adapter=self.fmt.NAME)
+            return None
+
+    async def __call__(self, status: int, content_type: str, body: bytes, encoding: str = "") -> bytes | None:
         if self.used:
             return None
         self.used = True
-        found = self.fmt.rejection(status, documents(body, content_type))
+        found = self._read(status, content_type, encoding, body)
         if found is None:
             return None
-        metrics = self.services.metrics
-        images = carried(self.built)
+        if found.site is None and self.built.foreign:
+            # the client inlined images of its own: an unnamed refusal may be about one of those
+            self._unattributed()
+            return None
+        services = self.services
         try:
-            await self.services.recording.drain()  # this replica's records of earlier calls, in the log
-            events = await self.services.log.read(self.session_id)
-            accepted = attribution.accepted(events, self.fmt.FORMAT, _format_of)
-            ids = attribution.suspects(found, images, accepted)
+            await services.recording.settle(self.session_id, SETTLE_MAX)
+            await asyncio.sleep(2 * services.config.record.batch_wait)  # the other replicas' last batch
+            accepted = await services.acceptances.of(services.log, self.session_id, self.fmt.FORMAT)
+            ids = attribution.suspects(found, carried(self.built), accepted)
             if not ids:
-                metrics.rejections["unattributed"] += 1
-                self.fields.update(rejection="unattributed")
+                self._unattributed()
                 return None
             wanted = attribution.quarantines(found, ids, self.fmt.FORMAT, names_of(self.refs))
-            _, new = await reject(wanted, log=self.services.log, session_id=self.session_id,
-                                      lock=self.services.log.lock(self.session_id),
-                                      state=self.services.log.state(self.session_id))
+            _, new = await reject(wanted, log=services.log, session_id=self.session_id,
+                                  lock=services.log.lock(self.session_id), state=services.log.state(self.session_id))
         except asyncio.CancelledError:
             raise
         except ProjectionistError as error:
-            metrics.rejections["failed"] += 1
+            services.metrics.rejections["failed"] += 1
             self.fields.update(rejection="failed")
             get_logger().warning("rejection_not_recorded", code=error.code, session=self.session_id)
             return None
-        metrics.rejections["resent"] += 1
-        metrics.quarantines["rejected"] += len(new)
+        services.metrics.rejections["resent"] += 1
+        services.metrics.quarantines["rejected"] += len(new)
         self.fields.update(rejection="resent", suspects=len(ids), rejected=len(new))
         await self._close_first(status, content_type, body)
         again, recorder = await self.rebuild()
         self.observer = recorder
         self.recorder = recorder
         return again
+
+    def _unattributed(self) -> None:
+        self.services.metrics.rejections["unattributed"] += 1
+        self.fields.update(rejection="unattributed")
 
     async def _close_first(self, status: int, content_type: str, body: bytes) -> None:
         """The refused call's record ends here: its whole answer, before the next call starts."""

@@ -17,6 +17,7 @@ from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.stores.base import Store
 from projectionist.proxy.stores.cache import CachedStore
+from projectionist.proxy.http.resend import Acceptances
 from projectionist.proxy.stores.variants import Variants
 from projectionist.proxy.upstream.recording import Recording
 from projectionist.proxy.upstream.target import Upstream
@@ -38,6 +39,8 @@ class Services:
     metrics: Metrics
     recording: Recording = field(init=False)
     variants: Variants = field(init=False)
+    #: What each upstream format accepted in each session (for attributing a refusal).
+    acceptances: Acceptances = field(init=False)
 
     def __post_init__(self) -> None:
         self.prober = Prober(self.config.policy.retryable_probe_after)
@@ -47,6 +50,7 @@ class Services:
         self.recording = Recording(self.log, self.store, record.mode, record.max_response_bytes, self.metrics,
                                    record.queue_size, batch_wait=record.batch_wait)
         self.variants = Variants(self.store, self.reader)
+        self.acceptances = Acceptances()
 
 
 SERVICES = web.AppKey("projectionist", Services)

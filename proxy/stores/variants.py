@@ -33,6 +33,7 @@ from projectionist.policy.errors import (
 from projectionist.policy.model import ID_PREFIX, StoredImage
 from projectionist.policy.ports import AttachmentStore
 from projectionist.policy.profile import Profile, breaks
+from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.lanes import Lane
 from projectionist.proxy.stores.base import Store, check_target
 
@@ -200,8 +201,17 @@ class Variants:
         self._impossible: OrderedDict[tuple[str, str], VariantImpossible] = OrderedDict()
 
     async def __call__(self, image: StoredImage, profile: Profile, count: int) -> tuple[StoredImage, str]:
-        """The policy's ``Varier``: ``make``, and the name of the recipe that made the variant."""
-        return await self.make(image, profile, count), RECIPE
+        """The policy's ``Varier``: ``make``, and the name of the recipe that made the variant. An
+        unexpected failure (a bug, an image library error) is logged and means "no variant": the
+        original is sent, and the session is never held up by it."""
+        try:
+            return await self.make(image, profile, count), RECIPE
+        except (VariantImpossible, Unavailable):
+            raise
+        except Exception as exc:
+            get_logger().error("variant_failed", error=type(exc).__name__, attachment=image.id[:15],
+                               target=profile.target(count))
+            raise VariantImpossible(f"variant failed: {type(exc).__name__}", transient=True) from None
 
     async def make(self, image: StoredImage, profile: Profile, images: int) -> StoredImage:
         """The variant of ``image`` that fits ``profile`` in a request of ``images`` images (made

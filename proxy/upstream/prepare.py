@@ -34,19 +34,22 @@ _decoder: Final = msgspec.json.Decoder()
 #: A reference's id as it appears unescaped in raw JSON (the cheap count before decoding).
 _RAW_ID: Final = re.compile(rb"sha256:[0-9a-f]{64}")
 
-Projector = Callable[[list[ImageRef]], Awaitable[Projection]]
+#: Runs the policy on a request's references; the second argument counts all of its images.
+Projector = Callable[[list[ImageRef], int], Awaitable[Projection]]
 
 
 class Built(NamedTuple):
     """An upstream body and what produced it (``projection`` is None when nothing was decoded);
     ``described`` is the record's view of it, when asked for; ``tree`` is the rendered body and
-    ``inlined`` the image values spliced into it, by object id (see ``carried``)."""
+    ``inlined`` the image values spliced into it, by object id (see ``carried``); ``foreign``
+    counts the images the client inlined itself (no reference: the proxy never saw their bytes)."""
 
     body: bytes
     projection: Projection | None
     described: Described | None = None
     tree: Any = None
     inlined: dict[int, tuple[Any, str]] | None = None
+    foreign: int = 0
 
 
 class _Tracked:
@@ -136,7 +139,8 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
         _too_many(max_references)
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
-    projection = await run([site.ref for site in sites])
+    images = max(fmt.count_images(decoded), len(sites))
+    projection = await run([site.ref for site in sites], images)
     if max_projected_bytes is not None:
         inlined = sum(4 * -(-o.image.bytes // 3) for o in projection.outcomes if isinstance(o, Resolved))
         if inlined > max_projected_bytes:
@@ -147,5 +151,5 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
     fmt.render(sites, projection.outcomes, lambda image: _Tracked(inline(image), origin.get(id(image), image.id), seen))
     described = of_tree(decoded, ref_records(sites, paths, projection.outcomes)) if describe else None
-    return Built(UPSTREAM.encode(decoded), projection, described, decoded, seen)
+    return Built(UPSTREAM.encode(decoded), projection, described, decoded, seen, images - len(sites))
 

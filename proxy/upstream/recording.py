@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from typing import Any, Final
 
 import msgspec
@@ -72,6 +72,8 @@ class Recording:
         self._writer: asyncio.Task[None] | None = None
         #: Seqs of request records written lately, by request id (for the response records).
         self._seqs: OrderedDict[str, int] = OrderedDict()
+        #: Records queued or being written, by session (``settle`` waits on one session's).
+        self._unwritten: Counter[str] = Counter()
 
     @property
     def on(self) -> bool:
@@ -99,6 +101,7 @@ class Recording:
                           "QUEUE_FULL", pending.request_id)
             return
         self._queue.append(pending)
+        self._unwritten[pending.session_id] += 1
         self.metrics.records_queued = len(self._queue)
         if self._writer is None or self._writer.done():
             self._wake, self._idle, self._hurry = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -150,6 +153,29 @@ class Recording:
             await asyncio.gather(*(self._write_session(sid, items) for sid, items in sessions.items()))
 
     async def _write_session(self, session_id: str, items: list[_Pending]) -> None:
+        try:
+            await self._write_items(session_id, items)
+        finally:
+            left = self._unwritten[session_id] - len(items)
+            if left > 0:
+                self._unwritten[session_id] = left
+            else:
+                del self._unwritten[session_id]
+
+    async def settle(self, session_id: str, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until the records queued so far for ``session_id``
+        are written (or dropped); other sessions' traffic does not hold it up. Returns whether
+        they were."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._unwritten.get(session_id):
+            if self._hurry is not None:
+                self._hurry.set()
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    async def _write_items(self, session_id: str, items: list[_Pending]) -> None:
         """A session's queued records, in order, their blobs stored first, in one append."""
         ready: list[_Pending] = []
         for pending in items:

@@ -98,7 +98,8 @@ class Screen(Protocol):
 
     observer: Observer | None
 
-    async def __call__(self, status: int, content_type: str, body: bytes) -> bytes | None: ...
+    async def __call__(self, status: int, content_type: str, body: bytes, encoding: str = "") -> bytes | None:
+        """``body`` as it came (``encoding``: its Content-Encoding)."""
 
 
 class Timing:
@@ -140,7 +141,8 @@ async def relay(
         timing.status = answer.status
         if screen is not None and request.method != "HEAD" and answer.status in SCREENED:
             preread, whole = await _read_some(answer, SCREEN_MAX)
-            again = await screen(answer.status, answer.headers.get("Content-Type", ""), preread) if whole else None
+            again = await screen(answer.status, answer.headers.get("Content-Type", ""), preread,
+                                 answer.headers.get("Content-Encoding", "")) if whole else None
             if again is not None:
                 answer.release()
                 observer, preread = screen.observer, None

@@ -129,10 +129,10 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
         raise InvalidRequest(f"unknown adapter {record.adapter!r}", code="UNKNOWN_ADAPTER")
     state = fold(e for e in events if e.seq <= record.log_seq)
 
-    async def run(refs: list[ImageRef]) -> Projection:
+    async def run(refs: list[ImageRef], images: int) -> Projection:
         # the log's pins decide which variants are sent: replay makes none (no image library involved)
         return await project(refs, store=store, log=None, session_id=None, sessionless="fail", state=state,
-                             upstream_format=fmt.FORMAT, profile=fmt.PROFILE)
+                             upstream_format=fmt.FORMAT, profile=fmt.PROFILE, images=images)
 
     base = Rebuilt(session, event.seq, record, source, matches=False, response=response)
     try:

@@ -25,7 +25,7 @@ RECORDING = {"record.mode": "metadata"}
 
 
 def quarantines(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e["data"] for e in events if e["type"] == "attachment/quarantine"]
+    return [e["data"] for e in events if e["type"] == "attachment/rejected"]
 
 
 def images_sent(body: dict[str, Any]) -> list[str]:
@@ -62,8 +62,8 @@ async def test_one_new_bad_image_among_accepted_ones_is_quarantined_and_the_call
     assert images_sent(second.json()) == [good]
     assert f"[image unavailable: rejected (sha256:{bad[7:15]})]" in texts_sent(second.json())
     [q] = quarantines(await harness.events("s1"))
-    assert q == {"attachment_id": bad, "failure": "rejected", "retryable": False, "format": "openai",
-                 "suspects": 1, "message_digest": message_digest(OPENAI_MESSAGE)}
+    assert q == {"attachment_id": bad, "format": "openai", "suspects": 1,
+                 "message_digest": message_digest(OPENAI_MESSAGE)}
     # later requests derive the placeholder from the log: one call, never refused again
     before = len(harness.upstream.received)
     assert (await harness.chat("s1", good, bad)).status == 200
@@ -196,7 +196,7 @@ async def test_explicit_recovery_lifts_a_rejection_once_the_bytes_verify(make_ha
     harness.upstream.refused[bad] = False
     assert (await harness.chat("s10", bad)).status == 200
     view = await (await harness.client.get("/admin/sessions/s10/quarantine", headers=ADMIN)).json()
-    assert [q["failure"] for q in view["quarantined"]] == ["rejected"]
+    assert [(q["attachment_id"], q["format"]) for q in view["quarantined"]] == [(bad, "openai")]
     harness.upstream.refused.clear()
     resp = await harness.client.post(f"/admin/sessions/s10/attachments/{bad}/recover", headers=ADMIN)
     assert resp.status == 200, await resp.text()
