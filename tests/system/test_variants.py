@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import io
+import random
 import shutil
 from typing import Any
 
+import msgspec
 import pytest
 from PIL import Image
 
@@ -126,3 +128,24 @@ async def test_replay_and_later_requests_use_the_pinned_bytes_not_todays_rendere
     assert (await harness.client.post("/v1/messages", json=body, headers={"X-Session-Id": "r2"})).status == 200
     assert harness.upstream.last.body != sent and services.variants.renders == renders + 1
     assert pins(await harness.events("r2"))[0]["variant_id"] == ref_id(make_image(2000, 67, color=99))
+
+
+async def test_an_image_over_the_byte_limit_is_sent_as_a_variant_under_it(make_harness: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # the real limit (7.5 MiB decoded) would take a large image: the same rule, at a small scale
+    small = msgspec.structs.replace(anthropic_messages.PROFILE, max_image_bytes=3000)
+    monkeypatch.setattr(anthropic_messages, "PROFILE", small)
+    harness = await make_harness()
+    noisy = random.Random(14).randbytes(64 * 48 * 3)  # noise: PNG cannot squeeze it
+    buf = io.BytesIO()
+    Image.frombytes("RGB", (64, 48), noisy).save(buf, format="PNG")
+    assert len(buf.getvalue()) > 3000
+    big = await admit(harness, buf.getvalue())
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": f"attachment:{big}"}}]}]}
+    resp = await harness.client.post("/v1/messages", json=body, headers={"X-Session-Id": "b1"})
+    assert resp.status == 200, await resp.text()
+    data = base64.b64decode(harness.upstream.last.json()["messages"][0]["content"][0]["source"]["data"])
+    assert len(data) <= 3000 and size_of(data)[1] < 64
+    [pin] = pins(await harness.events("b1"))
+    assert (pin["target"], pin["bytes"]) == ("anthropic@8000", len(data))
