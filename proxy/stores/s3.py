@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from functools import partial
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, unquote
@@ -35,7 +36,7 @@ from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, Attachm
 from projectionist.policy.model import ID_PREFIX, StoredImage, check_id, is_valid_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits, LanesConfig
-from projectionist.proxy.lanes import AsyncLane, Busy
+from projectionist.proxy.lanes import AsyncLane, Busy, Lane
 from projectionist.proxy.observe.metrics import OpCounter
 from projectionist.proxy.stores.base import AttachmentMeta, check_target, is_valid_target
 
@@ -79,6 +80,9 @@ class S3Store:
         self.reads = AsyncLane("reads", lanes.reads, read_timeout, lanes.queue_timeout)
         self.stamp_lane = AsyncLane("stamps", lanes.stamps, lanes.stamp_timeout, lanes.queue_timeout)
         self.writes = AsyncLane("writes", lanes.writes, lanes.write_timeout, lanes.queue_timeout)
+        #: Admission's full decode (CPU and up to ~128 MB per image at the pixel limits): as many
+        #: at once as the write lane has places, never an unbounded thread pool.
+        self.decodes = Lane("admission", lanes.writes, lanes.write_timeout, lanes.queue_timeout)
         self._client_args: dict[str, Any] = {
             "endpoint_url": endpoint or None,
             "region_name": region,
@@ -121,6 +125,7 @@ class S3Store:
 
     async def close(self) -> None:
         self._client = None
+        self.decodes.close()
         await self._stack.aclose()
 
     # -- reads -----------------------------------------------------------------------------------
@@ -215,7 +220,10 @@ class S3Store:
         """Validate and store; idempotent (a verified existing object is left alone); re-admitting
         the right bytes repairs a missing or corrupt object."""
         # Always a thread: admission decodes every pixel, and a few KB can hold millions of them.
-        info = await asyncio.to_thread(inspect_image, data, declared_type, self.limits)
+        try:
+            info = await self.decodes.run(partial(inspect_image, data, declared_type, self.limits))
+        except TimeoutError:
+            raise Unavailable(f"{WRITE_FAILED}: admission timed out", code=WRITE_FAILED) from None
         hex_digest = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
         try:
             return await self.read_image(ID_PREFIX + hex_digest)

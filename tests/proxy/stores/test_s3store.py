@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import io
 import random
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,7 +27,8 @@ from projectionist.policy.model import ImageRef, StoredImage
 from projectionist.policy.model import Placeholder
 from projectionist.policy.projection import project
 from projectionist.proxy.stores import s3 as s3store
-from projectionist.proxy.config import ImageLimits
+from projectionist.proxy.config import ImageLimits, LanesConfig
+from projectionist.proxy.lanes import Busy
 from projectionist.proxy.stores.s3 import S3Store
 from tests.backends import BUCKET, Seaweed
 from tests.fakes import CountingStore
@@ -554,3 +556,21 @@ async def test_fake_server_serves_a_verified_image(fake_s3: tuple[FakeS3, str], 
     s = make_store(endpoint=url, read_timeout=5.0, connect_timeout=0.5)
     image = await s.read_image(ref_id(data))
     assert image == StoredImage(ref_id(data), "image/png", len(data), 64, 64, data)
+
+
+async def test_admission_decodes_in_a_bounded_lane_and_a_full_one_is_busy(make_store: MakeStore) -> None:
+    """Admission's full decode takes a place in a lane as wide as the write lane (each decode can
+    hold ~128 MB at the pixel limits): with every place taken, the next upload waits at most
+    ``queue_timeout`` and is refused busy, not queued on an unbounded thread pool."""
+    store = make_store(lanes=LanesConfig(writes=1, queue_timeout=0.2))
+    release = threading.Event()
+    blocker = asyncio.ensure_future(store.decodes.run(release.wait))
+    await asyncio.sleep(0.05)
+    try:
+        with pytest.raises(Busy):
+            await store.admit(make_image(color=77), "image/png")
+    finally:
+        release.set()
+        await blocker
+    admitted = await store.admit(make_image(color=77), "image/png")
+    assert admitted.id == ref_id(make_image(color=77))
