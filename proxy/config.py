@@ -151,6 +151,10 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     retryable_probe_after: Annotated[float, msgspec.Meta(ge=0)] = 300.0
     probe_wait: Seconds = 2.0
     max_projected_bytes: Size = 64 * MiB
+    #: Variants rendered at once (CPU; a render at the pixel limits can hold hundreds of MB).
+    variant_threads: Size = 2
+    #: Seconds one render may take; a render that takes longer sends the original this time.
+    variant_timeout: Seconds = 60.0
 
 
 class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -49,7 +49,9 @@ class Services:
         record = self.config.record
         self.recording = Recording(self.log, self.store, record.mode, record.max_response_bytes, self.metrics,
                                    record.queue_size, batch_wait=record.batch_wait)
-        self.variants = Variants(self.store, self.reader)
+        policy = self.config.policy
+        self.variants = Variants(self.store, self.reader, threads=policy.variant_threads,
+                                 timeout=policy.variant_timeout, queue_timeout=self.config.store.lanes.queue_timeout)
         self.acceptances = Acceptances()
 
 
