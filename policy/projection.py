@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -26,7 +26,7 @@ from projectionist.policy.errors import (
     Unavailable,
 )
 from projectionist.policy.decide import Done, Fail, Lift, Pin, Read, Sessionless, Vary, decide, names_of
-from projectionist.policy.events import Event, Quarantine, Recovered, RecoveredEvent, Rejected, Variant
+from projectionist.policy.events import Event, EventData, Quarantine, Recovered, RecoveredEvent, Rejected, Variant
 from projectionist.policy.probe import Prober
 from projectionist.policy.fold import EMPTY, SessionState, fold, fold_states
 from projectionist.policy.model import ImageRef, Outcome, StoredImage, check_id
@@ -34,6 +34,7 @@ from projectionist.policy.profile import Profile
 from projectionist.policy.ports import AttachmentStore, SessionLog, Varier
 
 Lock = contextlib.AbstractAsyncContextManager[Any]
+_D = TypeVar("_D", bound=EventData)
 
 #: Bound on re-fold rounds when other writers keep changing the session under us.
 MAX_ROUNDS: Final = 8
@@ -132,18 +133,31 @@ async def _record(
     lock: Lock,
 ) -> tuple[SessionState, tuple[Quarantine | Rejected, ...]]:
     """Append the quarantines not yet in the log; the loser of a race re-folds and decides again."""
+    state, new, _ = await _transition(log, session_id, state, lock, "recording",
+                                      lambda now: [q for q in wanted if not _stands(now, q)])
+    return state, tuple(new)
+
+
+async def _transition(
+    log: SessionLog, session_id: str, state: SessionState, lock: Lock, doing: str,
+    missing: Callable[[SessionState], list[_D]],
+) -> tuple[SessionState, list[_D], list[Event]]:
+    """The one way a decision reaches the log: under ``lock``, refold, append what is still
+    ``missing`` from the fresh state, conditionally on it; a conflict (another writer's state
+    event) refolds and asks again, so concurrent deciders make one transition. Returns the state
+    after it, what was appended (nothing when nothing was missing) and its events."""
     async with lock:
         for _ in range(MAX_ROUNDS):
             state = await refresh(log, session_id, state)
-            new = [q for q in wanted if not _stands(state, q)]
+            new = missing(state)
             if not new:
-                return state, ()
+                return state, [], []
             try:
                 events = await log.append(session_id, state.last_seq, new)
             except AppendConflict:
                 continue
-            return await _settle(log, session_id, state, events), tuple(new)
-    raise Unavailable("session log kept changing while recording", code="SESSION_CONTENDED")
+            return await _settle(log, session_id, state, events), new, events
+    raise Unavailable(f"session log kept changing while {doing}", code="SESSION_CONTENDED")
 
 
 def _stands(state: SessionState, quarantine: Quarantine | Rejected) -> bool:
@@ -174,23 +188,16 @@ async def _pin(
     """Append the variants made for this request, each only if the image's pin for its target is
     still the one the decision saw (``seen``: none, or one that would not read): one transition
     per image and target; the loser of a race re-folds and takes the winner's pin."""
-    async with lock:
-        for _ in range(MAX_ROUNDS):
-            state = await refresh(log, session_id, state)
-            new = []
-            for variant in variants:
-                key = (variant.attachment_id, variant.target)
-                current = state.variants.get(key)
-                if current != variant and (current.variant_id if current else None) == seen.get(key):
-                    new.append(variant)
-            if not new:
-                return state
-            try:
-                events = await log.append(session_id, state.last_seq, new)
-            except AppendConflict:
-                continue
-            return await _settle(log, session_id, state, events)
-    raise Unavailable("session log kept changing while pinning variants", code="SESSION_CONTENDED")
+    def missing(now: SessionState) -> list[Variant]:
+        new = []
+        for variant in variants:
+            key = (variant.attachment_id, variant.target)
+            current = now.variants.get(key)
+            if current != variant and (current.variant_id if current else None) == seen.get(key):
+                new.append(variant)
+        return new
+
+    return (await _transition(log, session_id, state, lock, "pinning variants", missing))[0]
 
 
 async def _settle(log: SessionLog, session_id: str, state: SessionState, appended: list[Event]) -> SessionState:
@@ -333,20 +340,12 @@ async def _lift(
 ) -> tuple[SessionState, tuple[str, ...]]:
     """Append ``attachment/recovered`` (``automatic``) for the images whose retryable quarantine
     still stands; the loser of a race re-folds and finds it lifted already (one transition)."""
-    async with lock:
-        for _ in range(MAX_ROUNDS):
-            state = await refresh(log, session_id, state)
-            todo = [image for image in images
-                    if (quarantine := state.quarantined.get(image.id)) is not None and quarantine.retryable]
-            if not todo:
-                return state, ()
-            data = [Recovered(i.id, i.bytes, i.media_type, i.width, i.height, automatic=True) for i in todo]
-            try:
-                events = await log.append(session_id, state.last_seq, data)
-            except AppendConflict:
-                continue
-            return await _settle(log, session_id, state, events), tuple(i.id for i in todo)
-    raise Unavailable("session log kept changing while lifting quarantines", code="SESSION_CONTENDED")
+    def missing(now: SessionState) -> list[Recovered]:
+        return [Recovered(i.id, i.bytes, i.media_type, i.width, i.height, automatic=True) for i in images
+                if (quarantine := now.quarantined.get(i.id)) is not None and quarantine.retryable]
+
+    state, new, _ = await _transition(log, session_id, state, lock, "lifting quarantines", missing)
+    return state, tuple(r.attachment_id for r in new)
 
 
 async def recover(
@@ -374,19 +373,13 @@ async def recover(
     if isinstance(result, AttachmentError):
         raise Conflict(f"verification failed: {result.code}", code=result.code, status=409)
     data = Recovered(result.id, result.bytes, result.media_type, result.width, result.height)
-    async with lock or contextlib.nullcontext():
-        for _ in range(MAX_ROUNDS):
-            state = await refresh(log, session_id, state)
-            if not _held(state, attachment_id):
-                return Recovery(None, state)
-            try:
-                events = await log.append(session_id, state.last_seq, [data])
-            except AppendConflict:
-                continue
-            event = events[0]
-            assert isinstance(event, RecoveredEvent)
-            return Recovery(event, await _settle(log, session_id, state, events))
-    raise Unavailable("session log kept changing while recovering", code="SESSION_CONTENDED")
+    state, _, events = await _transition(log, session_id, state, lock or contextlib.nullcontext(), "recovering",
+                                         lambda now: [data] if _held(now, attachment_id) else [])
+    if not events:
+        return Recovery(None, state)
+    event = events[0]
+    assert isinstance(event, RecoveredEvent)
+    return Recovery(event, state)
 
 
 def _held(state: SessionState, attachment_id: str) -> bool:
