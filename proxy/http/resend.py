@@ -17,7 +17,6 @@ for this session's queued records and for one batch window of the other replicas
 from __future__ import annotations
 
 import asyncio
-import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
@@ -32,6 +31,7 @@ from projectionist.policy.model import ImageRef
 from projectionist.policy.ports import SessionLog
 from projectionist.policy.profile import Rejection
 from projectionist.policy.projection import reject
+from projectionist.proxy.http.bodies import inflate
 from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.upstream.prepare import Built, carried
 from projectionist.proxy.upstream.recording import Recorder
@@ -72,22 +72,15 @@ class Acceptances:
 
 
 def _decoded(body: bytes, encoding: str) -> bytes | None:
-    """The answer's bytes without their content coding (gzip, deflate), at most ``SCREEN_MAX``
-    of them; None for a coding this cannot undo or a body that does not inflate."""
+    """The answer's bytes without their content coding (gzip, deflate: ``bodies.inflate``, at
+    most ``SCREEN_MAX`` of them); None for a coding not read here or a body that does not inflate."""
     coding = encoding.strip().lower()
     if coding in ("", "identity"):
         return body
-    if coding not in ("gzip", "x-gzip", "deflate"):
-        return None
     try:
-        inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
-        out = inflater.decompress(body, SCREEN_MAX)
-    except zlib.error:
-        try:  # a raw deflate stream, as some servers send for "deflate"
-            out = zlib.decompressobj(-zlib.MAX_WBITS).decompress(body, SCREEN_MAX)
-        except zlib.error:
-            return None
-    return out
+        return inflate(body, coding, SCREEN_MAX)
+    except ProjectionistError:
+        return None
 
 
 class Resend:
@@ -100,7 +93,6 @@ class Resend:
         self.session_id = session_id
         self.built = built
         self.refs = refs
-        self.observer: Observer | None = recorder
         self.recorder = recorder
         self.rebuild = rebuild
         self.fields = fields
@@ -150,10 +142,13 @@ class Resend:
         services.metrics.quarantines["rejected"] += len(new)
         self.fields.update(rejection="resent", suspects=len(ids), rejected=len(new))
         await self._close_first(status, content_type, body)
-        again, recorder = await self.rebuild()
-        self.observer = recorder
-        self.recorder = recorder
+        again, self.recorder = await self.rebuild()
         return again
+
+    @property
+    def observer(self) -> Observer | None:
+        """The relay's observer of the call in flight: its recorder."""
+        return self.recorder
 
     def _unattributed(self) -> None:
         self.services.metrics.rejections["unattributed"] += 1

@@ -96,7 +96,8 @@ class Screen(Protocol):
     and may answer with a new body to send instead, once. ``observer`` watches the call in
     flight: a screen that re-sends has dealt with the refused call's own and set the next one's."""
 
-    observer: Observer | None
+    @property
+    def observer(self) -> Observer | None: ...
 
     async def __call__(self, status: int, content_type: str, body: bytes, encoding: str = "") -> bytes | None:
         """``body`` as it came (``encoding``: its Content-Encoding)."""
