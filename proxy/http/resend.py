@@ -33,7 +33,7 @@ from projectionist.policy.profile import Rejection
 from projectionist.policy.projection import reject
 from projectionist.proxy.http.bodies import inflate
 from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.upstream.prepare import Built, carried
+from projectionist.proxy.upstream.prepare import Built, carried, foreign
 from projectionist.proxy.upstream.recording import Recorder
 from projectionist.proxy.upstream.relay import SCREEN_MAX, Observer
 
@@ -115,7 +115,7 @@ class Resend:
         found = self._read(status, content_type, encoding, body)
         if found is None:
             return None
-        if found.site is None and self.built.foreign:
+        if found.site is None and foreign(self.fmt, self.built):
             # the client inlined images of its own: an unnamed refusal may be about one of those
             self._unattributed()
             return None

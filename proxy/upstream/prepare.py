@@ -41,15 +41,13 @@ Projector = Callable[[list[ImageRef], int], Awaitable[Projection]]
 class Built(NamedTuple):
     """An upstream body and what produced it (``projection`` is None when nothing was decoded);
     ``described`` is the record's view of it, when asked for; ``tree`` is the rendered body and
-    ``inlined`` the image values spliced into it, by object id (see ``carried``); ``foreign``
-    counts the images the client inlined itself (no reference: the proxy never saw their bytes)."""
+    ``inlined`` the image values spliced into it, by object id (see ``carried``)."""
 
     body: bytes
     projection: Projection | None
     described: Described | None = None
     tree: Any = None
     inlined: dict[int, tuple[Any, str]] | None = None
-    foreign: int = 0
 
 
 class _Tracked:
@@ -73,6 +71,15 @@ class _Tracked:
 
     def base64(self) -> Any:
         return self._note(self._inner.base64())
+
+
+def foreign(fmt: WireFormat, built: Built) -> int:
+    """How many images of ``built``'s upstream body the client inlined itself (no reference: the
+    proxy never saw their bytes): every image part but the ones projected. A screenshot slot
+    that holds a blank image for a placeholder counts too (erring towards "maybe the client's")."""
+    if built.tree is None or built.projection is None:
+        return 0
+    return fmt.count_images(built.tree) - sum(isinstance(o, Resolved) for o in built.projection.outcomes)
 
 
 def carried(built: Built) -> list[tuple[str, str]]:
@@ -139,7 +146,8 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
         _too_many(max_references)
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
-    images = max(fmt.count_images(decoded), len(sites))
+    # all of its images, client-inlined ones too, count only for a many-image rule: one walk less
+    images = max(fmt.count_images(decoded), len(sites)) if fmt.PROFILE.many_images is not None else len(sites)
     projection = await run([site.ref for site in sites], images)
     if max_projected_bytes is not None:
         inlined = sum(4 * -(-o.image.bytes // 3) for o in projection.outcomes if isinstance(o, Resolved))
@@ -151,5 +159,5 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
     fmt.render(sites, projection.outcomes, lambda image: _Tracked(inline(image), origin.get(id(image), image.id), seen))
     described = of_tree(decoded, ref_records(sites, paths, projection.outcomes)) if describe else None
-    return Built(UPSTREAM.encode(decoded), projection, described, decoded, seen, images - len(sites))
+    return Built(UPSTREAM.encode(decoded), projection, described, decoded, seen)
 
