@@ -78,14 +78,6 @@ class Acceptance:
                     self.accepted |= found[1]
 
 
-def accepted(events: Iterable[Event], upstream_format: str, format_of: Callable[[str], str | None]) -> set[str]:
-    """The attachment ids an upstream of ``upstream_format`` accepted in a session's ``events``
-    (see ``Acceptance``)."""
-    folded = Acceptance(upstream_format, format_of)
-    folded.add(events)
-    return folded.accepted
-
-
 def message_digest(message: str) -> str:
     return "sha256:" + hashlib.sha256(message.encode("utf-8", "replace")).hexdigest()
 

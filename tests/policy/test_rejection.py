@@ -20,7 +20,7 @@ from projectionist.policy.events import (
 from projectionist.policy.fold import EMPTY, SessionState, fold
 from projectionist.policy.model import ImageRef, Placeholder, Resolved, StoredImage
 from projectionist.policy.profile import Profile, Rejection, breaks
-from projectionist.policy.rejection import accepted, message_digest, quarantines, suspects
+from projectionist.policy.rejection import Acceptance, message_digest, quarantines, suspects
 
 A, B, C, V = ("sha256:" + c * 64 for c in "abcd")
 PROFILE = Profile("anthropic", ("image/png", "image/jpeg"), max_image_bytes=100, max_side=8000, many_images=2,
@@ -59,8 +59,11 @@ def test_accepted_images_are_the_inlined_refs_of_successful_calls_of_the_same_fo
         _request(7, "r4", "openai_chat", (V, "inlined")),
         envelope(8, "t", ResponseRecorded("r4", 0, 200, 1.0)),  # same append: joined by id
     ]
-    assert accepted(events, "openai", fmt) == {A, V}  # type: ignore[arg-type]
-    assert accepted(events, "anthropic", fmt) == {C}  # type: ignore[arg-type]
+    for upstream_format, expected in (("openai", {A, V}), ("anthropic", {C})):
+        folded = Acceptance(upstream_format, fmt)
+        folded.add(events[:3])  # folded as the events come: a response may follow in a later read
+        folded.add(events[3:])  # type: ignore[arg-type]
+        assert folded.accepted == expected
 
 
 def test_a_rejection_holds_for_its_format_and_recovery_lifts_all_of_an_images_quarantines() -> None:
