@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any
 
 import msgspec
@@ -56,3 +59,29 @@ def anthropic_body(*refs: str) -> dict[str, Any]:
     blocks: list[dict[str, Any]] = [{"type": "text", "text": "look"}]
     blocks += [{"type": "image", "source": {"type": "url", "url": f"attachment:{r}"}} for r in refs]
     return {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": blocks}]}
+
+
+class StallMeter:
+    """``async with StallMeter() as meter``: the longest time the event loop went without running
+    a ``tick``-second sleep on time (``meter.longest``, seconds), noted up to the block's end."""
+
+    def __init__(self, tick: float = 0.005) -> None:
+        self.tick = tick
+        self.longest = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(self.tick)
+            self.longest = max(self.longest, time.perf_counter() - before - self.tick)
+
+    async def __aenter__(self) -> StallMeter:
+        self._task = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        trace: TracebackType | None) -> None:
+        await asyncio.sleep(10 * self.tick)  # the last stall is noted before the watch stops
+        assert self._task is not None
+        self._task.cancel()

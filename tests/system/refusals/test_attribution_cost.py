@@ -4,7 +4,6 @@ once, later refusals read only what is new."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 from projectionist.policy.events import RefRecord, RequestRecorded, ResponseRecorded
 from projectionist.proxy.http.services import SERVICES
 from tests.conftest import BACKENDS
+from tests.system.refusals.hostile import StallMeter
 
 RECORDS = 25_000  # calls: a request and a response record each
 
@@ -55,25 +55,12 @@ async def test_later_refusals_in_a_long_session_read_only_what_is_new(make_harne
     assert (await harness.chat("long", good)).status == 400  # the first refusal reads the records once
     first = sum(reads)
     reads.clear()
-    lag = 0.0
-
-    async def ticker() -> None:
-        nonlocal lag
-        while True:
-            before = time.perf_counter()
-            await asyncio.sleep(0.005)
-            lag = max(lag, time.perf_counter() - before - 0.005)
-
-    tick = asyncio.create_task(ticker())
     started = time.perf_counter()
-    try:
+    async with StallMeter() as meter:
         for _ in range(3):  # every later call of the session is refused the same way
             assert (await harness.chat("long", good)).status == 400
-        await asyncio.sleep(0.05)
-    finally:
-        tick.cancel()
     elapsed = time.perf_counter() - started
-    print(f"\nfirst refusal read {first} rows; 3 more: {elapsed:.2f} s, rows read {reads}, longest stall {lag:.2f} s")
+    print(f"\nfirst refusal read {first} rows; 3 more: {elapsed:.2f} s, rows read {reads}, longest stall {meter.longest:.2f} s")
     assert first >= 2 * RECORDS  # the whole history, once
     # rows read, not seconds: the property is deterministic (the stall is printed for a reader)
     assert sum(reads) < 1000, f"three later refusals read {sum(reads)} log rows ({elapsed:.1f} s)"

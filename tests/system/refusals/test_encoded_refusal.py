@@ -8,21 +8,12 @@ import gzip
 from typing import Any
 
 import msgspec
-import pytest
 from aiohttp import web
 
-from tests.system.refusals.hostile import Hostile, chat_body, hostile_app
+from tests.system.refusals.hostile import chat_body
 from tests.refusing import OPENAI_MESSAGE, inlined
 
 RECORDING = {"record.mode": "metadata"}
-
-
-@pytest.fixture
-async def upstream(aiohttp_server: Any) -> Hostile:
-    fake = Hostile()
-    server = await aiohttp_server(hostile_app(fake))
-    fake.url = str(server.make_url("")).rstrip("/")
-    return fake
 
 
 async def test_a_gzip_refusal_is_still_a_refusal(make_harness: Any) -> None:

@@ -11,20 +11,12 @@ from aiohttp import web
 
 from projectionist.policy.errors import Unavailable
 from projectionist.proxy.http.services import SERVICES
-from tests.system.refusals.hostile import Hostile, chat_body, hostile_app
+from tests.system.refusals.hostile import chat_body
 from tests.refusing import OPENAI_MESSAGE
 
 RECORDING = {"record.mode": "metadata"}
 REFUSAL = {"error": {"message": OPENAI_MESSAGE, "type": "invalid_request_error", "param": None,
                      "code": "invalid_image_format"}}
-
-
-@pytest.fixture
-async def upstream(aiohttp_server: Any) -> Hostile:
-    fake = Hostile()
-    server = await aiohttp_server(hostile_app(fake))
-    fake.url = str(server.make_url("")).rstrip("/")
-    return fake
 
 
 async def refuse_all(request: web.Request, doc: Any) -> web.StreamResponse:

@@ -8,20 +8,10 @@ import base64
 import io
 from typing import Any
 
-import pytest
 from aiohttp import web
 from PIL import Image
 
 from tests.imaging import make_image
-from tests.system.refusals.hostile import Hostile, hostile_app
-
-
-@pytest.fixture
-async def upstream(aiohttp_server: Any) -> Hostile:
-    fake = Hostile()
-    server = await aiohttp_server(hostile_app(fake))
-    fake.url = str(server.make_url("")).rstrip("/")
-    return fake
 
 
 async def anthropic_many_image_rule(request: web.Request, doc: Any) -> web.StreamResponse | None:

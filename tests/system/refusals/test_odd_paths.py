@@ -10,17 +10,9 @@ import pytest
 from aiohttp import web
 
 from projectionist.adapters import anthropic_messages, gemini, openai_chat
-from tests.system.refusals.hostile import Hostile, anthropic_body, chat_body, hostile_app
+from tests.system.refusals.hostile import anthropic_body, chat_body
 
 RECORDING = {"record.mode": "metadata"}
-
-
-@pytest.fixture
-async def upstream(aiohttp_server: Any) -> Hostile:
-    fake = Hostile()
-    server = await aiohttp_server(hostile_app(fake))
-    fake.url = str(server.make_url("")).rstrip("/")
-    return fake
 
 
 @pytest.mark.parametrize("message", [
