@@ -7,7 +7,7 @@ import inspect
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
@@ -15,6 +15,9 @@ from aiohttp import web
 from projectionist.policy.errors import AttachmentError
 from projectionist.policy.model import StoredImage
 from projectionist.proxy.stores.base import AttachmentMeta, Store
+
+if TYPE_CHECKING:
+    from tests.refusing import Script
 
 COMPLETION = {
     "id": "chatcmpl-fake", "object": "chat.completion", "created": 1700000000, "model": "fake-model",
@@ -53,6 +56,9 @@ class FakeUpstream:
     #: Images this upstream refuses (``tests.refusing``): id -> whether the error names its place.
     refused: dict[str, bool] = field(default_factory=dict)
     refusals: int = 0
+    #: A test's own answers, tried first (``tests.refusing``); ``calls`` counts the POSTs it saw.
+    script: Script | None = None
+    calls: int = 0
 
     @property
     def last(self) -> Received:

@@ -1,6 +1,6 @@
 """Test double: the fake upstream refuses chosen images, in each provider's real error shape.
 
-``FakeUpstream.refused`` maps an attachment id (the sha256 of the image bytes) to whether the
+``FakeUpstream.script`` lets a test answer any call itself first. ``FakeUpstream.refused`` maps an attachment id (the sha256 of the image bytes) to whether the
 refusal names the image's place (Anthropic's ``messages.N.content.M.image.source...`` prefix).
 A request that inlines any refused image is answered with its provider's image-rejection error
 (and recorded like every other request); the shapes are the ones users report:
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from tests.fakes import FakeUpstream
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: A test's own answers: (request, its decoded JSON body or None) -> a response, or None to go on.
+Script = Callable[[web.Request, Any], Awaitable[web.StreamResponse | None]]
 
 OPENAI_MESSAGE = ("You uploaded an unsupported image. Please make sure your image is below 20 MB in size and is of "
                   "one the following formats: ['png', 'jpeg', 'gif', 'webp'].")
@@ -76,23 +78,32 @@ def refusal(route: str, path: tuple[str, ...], named: bool) -> web.Response:
 
 
 def refusing(fake: FakeUpstream) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """The fake upstream's middleware that refuses ``fake.refused`` images."""
+    """The fake upstream's middleware: a test's ``fake.script`` answers first (or passes with
+    None), then a request inlining any of ``fake.refused`` is refused; what either answers is
+    recorded like every other request."""
     from tests.fakes import Received
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not fake.refused or request.method != "POST":
+        if request.method != "POST" or not (fake.refused or fake.script):
             return await handler(request)
         body = await request.read()
         try:
             doc = msgspec.json.decode(body)
         except msgspec.DecodeError:
-            return await handler(request)
-        for path, found in inlined(doc):
-            if found in fake.refused:
-                fake.received.append(Received(request.method, request.path_qs, dict(request.headers), body))
+            doc = None
+        answer: web.StreamResponse | None = None
+        if fake.script is not None:
+            fake.calls += 1
+            answer = await fake.script(request, doc)
+        if answer is None and fake.refused and doc is not None:
+            hit = next(((path, found) for path, found in inlined(doc) if found in fake.refused), None)
+            if hit is not None:
                 fake.refusals += 1
-                return refusal(request.path, path, fake.refused[found])
-        return await handler(request)
+                answer = refusal(request.path, hit[0], fake.refused[hit[1]])
+        if answer is None:
+            return await handler(request)
+        fake.received.append(Received(request.method, request.path_qs, dict(request.headers), body))
+        return answer
 
     return middleware

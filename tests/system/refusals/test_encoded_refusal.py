@@ -30,7 +30,7 @@ async def test_a_gzip_refusal_is_still_a_refusal(make_harness: Any) -> None:
                             headers={"Content-Type": "application/json",
                                      **({"Content-Encoding": "gzip"} if compressed else {})})
 
-    harness.upstream.script = refuse_bad  # type: ignore[attr-defined]
+    harness.upstream.script = refuse_bad
     headers = {"X-Session-Id": "gz", "Accept-Encoding": "gzip, deflate"}
     resp = await harness.client.post("/v1/chat/completions", json=chat_body(bad), headers=headers)
     # without Accept-Encoding the same refusal is handled (quarantine, re-send, 200)

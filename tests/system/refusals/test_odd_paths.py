@@ -49,7 +49,7 @@ async def test_an_odd_path_in_a_refusal_gives_the_client_the_providers_400_not_a
         return web.json_response({"type": "error", "error": {"type": "invalid_request_error", "message": message}},
                                  status=400)
 
-    harness.upstream.script = refuse  # type: ignore[attr-defined]
+    harness.upstream.script = refuse
     resp = await harness.client.post("/v1/messages", json=anthropic_body(image), headers={"X-Session-Id": "odd"})
     text = await resp.text()
     assert resp.status != 500, text  # 500 UNCLASSIFIED_ERROR today: an upstream can cause a "bug" answer
@@ -65,7 +65,7 @@ async def test_an_absurd_index_in_openai_param_gives_the_providers_400(make_harn
                                             "param": "messages[" + "7" * 4400 + "].content[1].image_url",
                                             "code": None}}, status=400)
 
-    harness.upstream.script = refuse  # type: ignore[attr-defined]
+    harness.upstream.script = refuse
     resp = await harness.client.post("/v1/chat/completions", json=chat_body(image), headers={"X-Session-Id": "odd2"})
     text = await resp.text()
     assert resp.status == 400, text

@@ -30,7 +30,7 @@ async def test_one_hostile_400_does_not_stall_the_event_loop(make_harness: Any) 
         return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
                                                              "message": HOSTILE_MESSAGE}}, status=400)
 
-    harness.upstream.script = refuse  # type: ignore[attr-defined]
+    harness.upstream.script = refuse
     async with StallMeter(0.01) as meter:
         resp = await harness.client.post("/v1/messages", json=anthropic_body(image), headers={"X-Session-Id": "re"})
         assert resp.status == 400
