@@ -136,7 +136,7 @@ def create_app(
                           middlewares=[context_middleware(counters, QUIET)],
                           handler_args={"auto_decompress": False})  # pass-through keeps the client's bytes
     app[SERVICES] = services
-    app[READINESS] = Readiness({"log": log.ping, "store": store.ping}, server.ready_timeout)
+    app[READINESS] = Readiness({"log": lambda: log.ping(), "store": lambda: store.ping()}, server.ready_timeout)
     app.on_response_prepare.append(note_started)
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
