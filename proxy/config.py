@@ -72,6 +72,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     shutdown_grace: Seconds = 10.0
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    ready_timeout: Seconds = 2.0
 
 
 class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

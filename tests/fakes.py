@@ -205,6 +205,9 @@ class CountingStore:
     async def variants(self, attachment_id: str) -> dict[str, str]:
         return await self.inner.variants(attachment_id)
 
+    async def ping(self) -> None:
+        await self.inner.ping()
+
     async def close(self) -> None:
         await self.inner.close()
 

@@ -21,6 +21,7 @@ from projectionist.policy.events import (
 )
 from projectionist.policy.model import StoredImage, check_id
 from projectionist.policy.ports import StateRead
+from projectionist.proxy.sessionlog.base import SessionStats
 from projectionist.proxy.stores.admission import header_info
 from projectionist.proxy.stores.base import AttachmentMeta
 
@@ -63,6 +64,9 @@ class MemoryStore:
 
     async def get_blob(self, blob_id: str) -> bytes | None:
         return self.blobs.get(blob_id)
+
+    async def ping(self) -> None:
+        pass
 
     async def close(self) -> None:
         pass
@@ -110,6 +114,16 @@ class MemoryLog:
         assert isinstance(marker, ForkedEvent)
         self.sessions[child] = [*source[:at], marker]
         return marker
+
+    async def session_stats(self, session: str | None = None, limit: int | None = None) -> list[SessionStats]:
+        found = [SessionStats(sid, len(events), events[-1].seq, max(e.time for e in events))
+                 for sid, events in self.sessions.items() if events and session in (None, sid)]
+        found.sort(key=lambda s: s.session)
+        found.sort(key=lambda s: s.last_time, reverse=True)
+        return found[:limit]
+
+    async def ping(self) -> None:
+        pass
 
     async def close(self) -> None:
         pass

@@ -1,5 +1,5 @@
-"""Admin API: events, quarantine view, verified recovery, fork, attachment view — bearer-token
-guarded (proxy layer).
+"""Admin API: session summaries, events, quarantine view, verified recovery, fork, attachment
+view — bearer-token guarded (proxy layer).
 
 The same operations back the ``projectionist events|recover|fork`` CLI verbs. Decisions stay in
 ``policy``: recovery appends only after a verified read, under the session's lock.
@@ -20,6 +20,7 @@ from projectionist.policy.projection import recover, refresh
 from projectionist.proxy.http.bodies import read_body
 from projectionist.proxy.http.middleware import Handler, context
 from projectionist.proxy.http.services import SERVICES, Services
+from projectionist.proxy.sessionlog.summary import summaries, summary
 from projectionist.proxy.upstream.replay import rebuild, send_and_compare
 
 
@@ -57,6 +58,35 @@ def _admin(handler: Handler) -> Handler:
         context(request).fields.update(session=session_id)
         return await handler(request)
     return guarded
+
+
+#: The most sessions one listing returns (``?limit=``; without it, every session).
+MAX_LIMIT = 100_000
+
+
+async def list_sessions(request: web.Request) -> web.StreamResponse:
+    """Every session's summary, the most recently active first; ``?limit=N`` keeps the first N."""
+    app = request.app[SERVICES]
+    _authorize(request, app)
+    raw = request.query.get("limit")
+    limit = None
+    if raw is not None:
+        limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 6 else 0
+        if not 1 <= limit <= MAX_LIMIT:
+            raise InvalidRequest(f"'limit' must be an integer from 1 to {MAX_LIMIT}", code="INVALID_QUERY")
+    await app.recording.drain()  # the records of calls that already finished
+    found = await summaries(app.log, limit=limit)
+    context(request).fields.update(sessions=len(found))
+    return _json({"sessions": found})
+
+
+async def get_session(request: web.Request) -> web.StreamResponse:
+    """One session's summary (404 ``SESSION_NOT_FOUND`` when its log holds no event)."""
+    sid = request.match_info["sid"]
+    found = await summary(request.app[SERVICES].log, sid)
+    if found is None:
+        raise NotFound(f"no session {sid!r}", code="SESSION_NOT_FOUND")
+    return _json(found)
 
 
 async def get_events(request: web.Request) -> web.StreamResponse:
@@ -159,7 +189,9 @@ async def get_attachment(request: web.Request) -> web.StreamResponse:
 
 def add_admin_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/admin/attachments/{aid}", get_attachment, allow_head=False, name="admin.attachment")
+    router.add_get("/admin/sessions", list_sessions, allow_head=False, name="admin.sessions")
     base = "/admin/sessions/{sid}"
+    router.add_get(base, _admin(get_session), allow_head=False, name="admin.session")
     router.add_get(f"{base}/events", _admin(get_events), name="admin.events")
     router.add_get(f"{base}/quarantine", _admin(get_quarantine), name="admin.quarantine")
     router.add_post(f"{base}/attachments/{{aid}}/recover", _admin(post_recover), name="admin.recover")

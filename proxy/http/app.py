@@ -18,6 +18,7 @@ from projectionist.proxy.config import Config
 from projectionist.proxy.http.admin import add_admin_routes
 from projectionist.proxy.http.auth import Guard, client_unauthorized
 from projectionist.proxy.http.middleware import context, context_middleware, error_response, note_started
+from projectionist.proxy.http.readiness import READINESS, Readiness, readyz
 from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.http.uploads import upload
@@ -95,9 +96,9 @@ async def owned(request: web.Request) -> web.StreamResponse:
 ANY = r"[\s\S]*"
 #: Paths the proxy answers itself; everything under them that no route takes is ``owned``.
 OWNED_PREFIXES = ("/admin", "/v1/attachments")
-OWNED_PATHS = ("/healthz", "/metrics", *OWNED_PREFIXES)
+OWNED_PATHS = ("/healthz", "/readyz", "/metrics", *OWNED_PREFIXES)
 #: Routes the middleware leaves alone: no request context, no count, no log line.
-QUIET = frozenset({"healthz", "metrics"})
+QUIET = frozenset({"healthz", "readyz", "metrics"})
 
 
 def create_app(
@@ -135,12 +136,14 @@ def create_app(
                           middlewares=[context_middleware(counters, QUIET)],
                           handler_args={"auto_decompress": False})  # pass-through keeps the client's bytes
     app[SERVICES] = services
+    app[READINESS] = Readiness({"log": lambda: log.ping(), "store": lambda: store.ping()}, server.ready_timeout)
     app.on_response_prepare.append(note_started)
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
     router.add_post("/v1/attachments", upload, name="attachments.create")
     add_admin_routes(router)
     router.add_get("/healthz", healthz, allow_head=False, name="healthz")
+    router.add_get("/readyz", readyz, allow_head=False, name="readyz")
     router.add_get("/metrics", metrics, allow_head=False, name="metrics")
     for path in OWNED_PATHS:
         router.add_route("*", path, owned)
@@ -173,6 +176,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             if upstream.client is not None:
                 await upstream.client.close()
                 upstream.client = None
+        await app[READINESS].close()
         await services.recording.close()  # what is queued is written before the log closes
         await services.variants.close()
         await services.reader.close()

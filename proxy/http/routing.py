@@ -42,7 +42,7 @@ HOT_PATHS: Final = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 #: a server-held key back to the client).
 METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 #: Paths the proxy owns (lowercase, as segments), under any spelling.
-OWNED: Final = (("admin",), ("healthz",), ("metrics",), ("v1", "attachments"))
+OWNED: Final = (("admin",), ("healthz",), ("readyz",), ("metrics",), ("v1", "attachments"))
 
 
 def format_spoken(path: str, headers: MultiMapping[str], query: MultiMapping[str]) -> str:

@@ -1,4 +1,5 @@
-"""The ``projectionist`` command: serve, demo, and the admin verbs events|quarantine|recover|fork|replay (proxy layer).
+"""The ``projectionist`` command: serve, demo, and the admin verbs
+sessions|timeline|events|quarantine|recover|fork|replay (proxy layer).
 
 Admin verbs work directly on the configured store and log (the log's conditional append makes
 that safe next to a running server), so they need no token and no running proxy.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -26,7 +28,10 @@ from projectionist.proxy.ops.workers import supervise
 from projectionist.proxy.ops.demo import DemoFailed, run_demo, write_snapshot
 from projectionist.proxy.upstream.replay import rebuild, send_and_compare
 from projectionist.proxy.observe.logger import setup_logging
+from projectionist.proxy.ops.tables import sessions_table, timeline_table
 from projectionist.proxy.sessionlog.base import Log
+from projectionist.proxy.sessionlog.cached import CachedLog
+from projectionist.proxy.sessionlog.summary import summaries
 from projectionist.proxy.stores.base import Store
 
 T = TypeVar("T")
@@ -39,18 +44,48 @@ def _parse_upstream(value: str) -> tuple[str, Format | None, str]:
         raise argparse.ArgumentTypeError(error.message) from None
 
 
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML config file (see config/projectionist.toml)")
     parser.add_argument("--data-dir", help="data directory of the embedded store and log")
 
 
+DESCRIPTION = ("An LLM provider proxy that projects image attachment references into each provider's format "
+               "and keeps a per-session event log. The admin verbs work directly on the configured store "
+               "and log: no token, no running proxy.")
+
+
+def version() -> str:
+    """The installed package's version (from its metadata)."""
+    try:
+        return importlib.metadata.version("projectionist")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _session(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("session", help="session id (as the client sent it in X-Session-Id or /s/{session}/)")
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON document for scripts instead of a table")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="projectionist", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the proxy")
+    parser = argparse.ArgumentParser(prog="projectionist", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND",
+                                help="what to do; `projectionist COMMAND --help` describes each")
+    serve = sub.add_parser("serve", help="run the proxy", description="Run the proxy.")
     _common(serve)
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
+    serve.add_argument("--host", help="listen address (default 127.0.0.1 or [server] host)")
+    serve.add_argument("--port", type=int, help="listen port (default 8787 or [server] port)")
     serve.add_argument("--workers", metavar="N",
                        help="server processes sharing the port (1-64, default 1 or [server] workers)")
     serve.add_argument("--admin-token", help="admin bearer token (or PROJECTIONIST_ADMIN_TOKEN)")
@@ -60,21 +95,37 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--insecure-open-proxy", action="store_true",
                        help="serve a non-loopback address with a server-held upstream key and no client tokens "
                             "(anyone who reaches the port spends the key)")
-    demo = sub.add_parser("demo", help="play the keyless story of a session surviving bad images")
+    demo = sub.add_parser("demo", help="play the keyless story of a session surviving bad images",
+                          description="Play the keyless story of a session surviving bad images.")
     demo.add_argument("--json", metavar="FILE", help="write the snapshot as JSON to FILE ('-' for stdout)")
-    for verb, helptext in (("events", "print a session's events"), ("quarantine", "print what is quarantined")):
-        cmd = sub.add_parser(verb, help=helptext)
+    sessions = sub.add_parser("sessions", help="list the sessions: events, quarantines, last activity",
+                              description="List the sessions, the most recently active first.")
+    _common(sessions)
+    sessions.add_argument("--limit", type=_positive, metavar="N", help="only the N most recently active sessions")
+    _json_flag(sessions)
+    timeline = sub.add_parser("timeline", help="print a session's events as a table, one line each",
+                              description="Print a session's events, one line each: seq, time, type, summary.")
+    _common(timeline)
+    _session(timeline)
+    timeline.add_argument("--after", type=int, default=0, help="only events with seq > AFTER")
+    _json_flag(timeline)
+    for verb, helptext in (("events", "print a session's events as JSON"),
+                           ("quarantine", "print what is quarantined in a session, as JSON")):
+        cmd = sub.add_parser(verb, help=helptext, description=helptext[0].upper() + helptext[1:] + ".")
         _common(cmd)
-        cmd.add_argument("session")
+        _session(cmd)
         if verb == "events":
             cmd.add_argument("--after", type=int, default=0, help="only events with seq > AFTER")
-    rec = sub.add_parser("recover", help="lift a quarantine after a full verified read")
+    rec = sub.add_parser("recover", help="lift a quarantine after a full verified read",
+                         description="Lift a quarantine after a full verified read (exit 1 with the code if refused).")
     _common(rec)
-    rec.add_argument("session")
-    rec.add_argument("attachment_id")
-    replay = sub.add_parser("replay", help="rebuild a recorded call from the log, check its digest, resend it")
+    _session(rec)
+    rec.add_argument("attachment_id", help="the quarantined image, sha256:<64 hex>")
+    replay = sub.add_parser("replay", help="rebuild a recorded call from the log, check its digest, resend it",
+                            description="Rebuild a recorded call from the log and check its digest; "
+                                        "exit 0 when it matches, 3 when it does not.")
     _common(replay)
-    replay.add_argument("--session", required=True)
+    replay.add_argument("--session", required=True, help="session id of the recorded call")
     replay.add_argument("--seq", type=int, help="seq of the request/recorded event (default: the last call)")
     replay.add_argument("--request-id", help="the call whose x-projectionist-request-id this was")
     action = replay.add_mutually_exclusive_group()
@@ -87,11 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                         help="header to send (e.g. an Authorization the upstream needs); repeatable")
     replay.add_argument("--json", action="store_true", help="one JSON document for scripts")
-    fork = sub.add_parser("fork", help="copy a session's log prefix into a new session")
+    fork = sub.add_parser("fork", help="copy a session's log prefix into a new session",
+                          description="Copy a session's log prefix into a new session, then a session/forked marker.")
     _common(fork)
-    fork.add_argument("session")
-    fork.add_argument("new_session")
-    fork.add_argument("--at-seq", type=int)
+    _session(fork)
+    fork.add_argument("new_session", help="id of the new session (must not exist yet)")
+    fork.add_argument("--at-seq", type=int, help="copy events up to this seq (default: all of them)")
     return parser
 
 
@@ -143,9 +195,29 @@ def check_data_dir(config: Config) -> None:
                              code="EMPTY_DATA_DIR")
 
 
+#: The CLI only reads: its folds never add a checkpoint to the log.
+READ_ONLY = 2**62
+
+
 def _admin_verb(args: argparse.Namespace, config: Config) -> int:
-    session = check_session_id(args.session)
+    session = check_session_id(args.session) if hasattr(args, "session") else ""
     check_data_dir(config)
+
+    async def sessions(store: Store, log: Log) -> int:
+        found = await summaries(CachedLog(log, checkpoint_every=READ_ONLY), limit=args.limit)
+        if args.json:
+            _print_json({"sessions": found})
+        else:
+            print(sessions_table(found))
+        return 0
+
+    async def timeline(store: Store, log: Log) -> int:
+        events = await log.read(session, args.after)
+        if args.json:
+            _print_json(events_view(session, events))
+        else:
+            print(timeline_table(events))
+        return 0
 
     async def events(store: Store, log: Log) -> int:
         _print_json(events_view(session, await log.read(session, args.after)))
@@ -169,7 +241,8 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
     async def replay(store: Store, log: Log) -> int:
         return await replay_verb(args, config, store, log)
 
-    actions = {"events": events, "quarantine": quarantine, "recover": recover_verb, "fork": fork, "replay": replay}
+    actions = {"sessions": sessions, "timeline": timeline, "events": events, "quarantine": quarantine,
+               "recover": recover_verb, "fork": fork, "replay": replay}
     return asyncio.run(_with_backends(config, actions[args.command]))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -15,11 +15,26 @@ from projectionist.policy.events import Event, EventData, RequestEvent, Response
 from projectionist.policy.ports import SessionLog
 
 
+class SessionStats(NamedTuple):
+    """One session as the log's index sees it, without reading an event: how many events it
+    holds, its last seq and the latest time stored on any of them."""
+
+    session: str
+    events: int
+    last_seq: int
+    last_time: str
+
+
 class Log(SessionLog, Protocol):
-    """A ``SessionLog`` with a lifetime: ``start`` opens it (schema included), ``close`` ends it."""
+    """A ``SessionLog`` with a lifetime: ``start`` opens it (schema included), ``close`` ends it;
+    ``ping`` is the cheapest round trip that proves it answers (readiness); ``session_stats``
+    counts every session (or one) in one query, the most recently active first, at most
+    ``limit`` of them."""
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
+    async def ping(self) -> None: ...
+    async def session_stats(self, session: str | None = None, limit: int | None = None) -> list[SessionStats]: ...
 
 
 #: One append in a group commit: its session, its events' data and their types.

@@ -37,7 +37,14 @@ from projectionist.policy.events import (
 from projectionist.policy.ports import StateRead
 from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.sessionlog.base import GroupCommit, Item, decode_rows, decode_states, utc_now
+from projectionist.proxy.sessionlog.base import (
+    GroupCommit,
+    Item,
+    SessionStats,
+    decode_rows,
+    decode_states,
+    utc_now,
+)
 from projectionist.proxy.sessionlog.watch import StateWatch
 
 SCHEMA_VERSION: Final = 3
@@ -103,6 +110,12 @@ class PostgresLog:
                     f" SELECT $1, seq, type, time, body FROM {table} WHERE session = $2 AND seq <= $3",
             "insert": f"INSERT INTO {table} (session, seq, type, time, body) VALUES ($1, $2, $3, $4, $5)",
             "sessions": f"SELECT DISTINCT session FROM {table} ORDER BY session",
+            # every session's count, last seq and latest time, the most recently active first
+            # (LIMIT NULL is none); the same for one session by its key range
+            "stats": f"SELECT session, count(*), max(seq), max(time) FROM {table} GROUP BY session"
+                     ' ORDER BY max(time) COLLATE "C" DESC, session COLLATE "C" LIMIT $1',
+            "stats_of": f"SELECT session, count(*), max(seq), max(time) FROM {table} WHERE session = $1"
+                        " GROUP BY session",
             "notify": "SELECT pg_notify($1, $2)",
             "watch": "SELECT 1 /* projectionist watch */",
             "listen": f'LISTEN "{self.channel}"',
@@ -206,7 +219,16 @@ class PostgresLog:
         rows = await self._run(lambda conn: conn.fetch(self._sql["sessions"]))
         return [row[0] for row in rows]
 
+    async def session_stats(self, session: str | None = None, limit: int | None = None) -> list[SessionStats]:
+        """Each session's count, last seq and latest time (see ``base.Log``), in one statement."""
+        if session is None:
+            rows = await self._run(lambda conn: conn.fetch(self._sql["stats"], limit))
+        else:
+            rows = await self._run(lambda conn: conn.fetch(self._sql["stats_of"], session))
+        return [SessionStats(row[0], int(row[1]), int(row[2]), row[3]) for row in rows]
+
     async def ping(self) -> None:
+        """``SELECT 1`` on a pooled connection: the pool has one to give and the server answers."""
         await self._run(lambda conn: conn.fetchval("SELECT 1"))
 
     async def close(self) -> None:

@@ -21,7 +21,14 @@ from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest
 from projectionist.policy.ports import StateRead
 from projectionist.proxy.lanes import Lane
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.sessionlog.base import GroupCommit, Item, decode_rows, decode_states, utc_now
+from projectionist.proxy.sessionlog.base import (
+    GroupCommit,
+    Item,
+    SessionStats,
+    decode_rows,
+    decode_states,
+    utc_now,
+)
 from projectionist.policy.events import (
     CHECKPOINT,
     FORKED,
@@ -91,6 +98,12 @@ _READ_STATE: Final = (
 )
 _EXISTS: Final = "SELECT 1 FROM events WHERE session = ? LIMIT 1"
 _SESSIONS: Final = "SELECT DISTINCT session FROM events"
+#: Every session's count, last seq and latest time in one scan of the primary key, the most
+#: recently active first (a negative LIMIT is none); the same for one session by its key range.
+_STATS: Final = "SELECT session, count(*), max(seq), max(time) FROM events GROUP BY session ORDER BY 4 DESC, 1 LIMIT ?"
+_STATS_OF: Final = "SELECT session, count(*), max(seq), max(time) FROM events WHERE session = ? GROUP BY session"
+#: Readiness: a read transaction on the file (a bare ``SELECT 1`` would never touch it).
+_PING: Final = "SELECT 1 FROM events LIMIT 1"
 
 _T = TypeVar("_T")
 
@@ -177,6 +190,15 @@ class SqliteLog:
     async def sessions(self) -> list[str]:
         """All session ids that have at least one event, sorted."""
         return await self._run(self._sessions_job, self._reads, op="sessions")
+
+    async def session_stats(self, session: str | None = None, limit: int | None = None) -> list[SessionStats]:
+        """Each session's count, last seq and latest time (see ``base.Log``), on the read lane."""
+        return await self._run(partial(self._stats_job, session, limit), self._reads, op="session_stats")
+
+    async def ping(self) -> None:
+        """One read on the read lane: it answers only if a read lane thread is free and the file
+        can be read (not locked out, not on a hung disk)."""
+        await self._run(lambda conn: conn.execute(_PING).fetchall(), self._reads, op="ping")
 
     async def start(self) -> None:
         """Open the file and create its schema now rather than on the first request, and a
@@ -344,6 +366,12 @@ class SqliteLog:
     @staticmethod
     def _sessions_job(conn: sqlite3.Connection) -> list[str]:
         return sorted(session for (session,) in conn.execute(_SESSIONS).fetchall())
+
+    @staticmethod
+    def _stats_job(session: str | None, limit: int | None, conn: sqlite3.Connection) -> list[SessionStats]:
+        rows = conn.execute(_STATS, (-1 if limit is None else limit,)) if session is None else \
+            conn.execute(_STATS_OF, (session,))
+        return [SessionStats(*row) for row in rows.fetchall()]
 
     def _append_job(
         self,

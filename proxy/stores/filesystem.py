@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -260,6 +261,21 @@ class FilesystemStore:
             raise Unavailable(f"{code}: variant index {kind} timed out", code=code) from None
         except OSError as exc:
             raise Unavailable(f"{code}: variant index {kind} failed ({_errname(exc)})", code=code) from None
+
+    async def ping(self) -> None:
+        """Readiness: one stat of the objects directory on the stamp lane (a hung disk holds the
+        lane; a missing or unreadable directory fails it)."""
+        try:
+            await self.stamp_lane.run(self._ping_sync)
+        except TimeoutError:
+            raise Unavailable(f"{UNAVAILABLE}: the objects directory did not answer", code=UNAVAILABLE) from None
+        except OSError as exc:
+            raise Unavailable(f"{UNAVAILABLE}: objects directory ({_errname(exc)})", code=UNAVAILABLE) from None
+
+    def _ping_sync(self) -> None:
+        self._count("stat")
+        if not stat.S_ISDIR(os.stat(self._objects).st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
 
     @property
     def lanes(self) -> tuple[Lane, ...]:

@@ -214,6 +214,21 @@ class S3Store:
         record = _record(head.get("Metadata") or {})
         return None if record is None else msgspec.structs.replace(record, id=attachment_id)
 
+    async def ping(self) -> None:
+        """Readiness: a list of at most one key on the stamp lane. Unlike a HEAD of an absent key
+        (a 404 either way), it fails when the bucket is missing or the credentials are refused."""
+        async def list_one() -> Any:
+            return await (await self.client()).list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}objects/",
+                                                               MaxKeys=1)
+
+        try:
+            await self.stamp_lane.run(list_one)
+        except Exception as exc:
+            kind = _fault(exc)
+            if kind is None:
+                raise
+            raise Unavailable(f"attachment store unavailable ({kind})", code="STORE_UNAVAILABLE") from None
+
     # -- writes ----------------------------------------------------------------------------------
 
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:

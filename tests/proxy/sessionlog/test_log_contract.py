@@ -286,6 +286,41 @@ async def test_sessions_are_isolated_and_listed(log: SqliteLog | PostgresLog) ->
     assert await log.sessions() == ["a", "b"]
 
 
+async def test_session_stats_count_every_session_in_one_query(log: SqliteLog | PostgresLog,
+                                                              log_backend: LogBackend) -> None:
+    assert await log.session_stats() == [] and await log.session_stats("nobody") == []
+    await log.append("old", 0, [q(), rec()])                      # times :00 (both), one append
+    await log.append("busy", 0, [q(ID_B)])                        # :01
+    await log.append("busy", None, [record(), record()], durable=False)  # records count too: :02
+    await log.append("tied", 0, [q(ID_C)])                        # :03
+    await log.append("also-tied", 0, [q(ID_C)])                   # :04
+    await log.fork("old", "forked", at_seq=1)                     # prefix copied as it was, marker :05
+    before = log.ops.total
+    stats = await log.session_stats()
+    await asyncio.sleep(0.05)  # PostgreSQL's query logger counts a statement soon after it returns
+    assert log.ops.total - before == 1  # one round trip, whatever the number of sessions
+    # the most recently active first; the stored time of each session's latest event, verbatim
+    assert [tuple(s) for s in stats] == [
+        ("forked", 2, 2, "2024-01-01T00:00:05.000Z"),
+        ("also-tied", 1, 1, "2024-01-01T00:00:04.000Z"),
+        ("tied", 1, 1, "2024-01-01T00:00:03.000Z"),
+        ("busy", 3, 3, "2024-01-01T00:00:02.000Z"),
+        ("old", 2, 2, "2024-01-01T00:00:00.000Z"),
+    ]
+    for s in stats:
+        rows = await log_backend.raw_rows(s.session)
+        assert (s.events, s.last_seq, s.last_time) == (len(rows), rows[-1][0], max(r[2] for r in rows))
+    assert [s.session for s in await log.session_stats(limit=2)] == ["forked", "also-tied"]
+    assert await log.session_stats("busy") == [stats[3]]
+    assert await log.session_stats("nobody") == []
+
+
+async def test_ping_answers_on_a_fresh_and_a_used_log(log: SqliteLog | PostgresLog) -> None:
+    await log.ping()
+    await log.append("s", 0, [q()])
+    await log.ping()
+
+
 async def test_default_clock_is_utc_millis_z(log_backend: LogBackend) -> None:
     [event] = await log_backend.make().append("s", 0, [q()])
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", event.time), event.time

@@ -29,7 +29,7 @@ import pytest
 from aiobotocore.response import AioStreamingBody
 from aiobotocore.session import AioSession, get_session
 
-from projectionist.policy.errors import AttachmentError, ImageRejected
+from projectionist.policy.errors import AttachmentError, ImageRejected, Unavailable
 from projectionist.policy.model import StoredImage
 from projectionist.proxy.config import ImageLimits
 from projectionist.proxy.stores import filesystem as fsstore
@@ -129,6 +129,10 @@ class StoreBackend:
         raise NotImplementedError
         yield
 
+    def gone(self) -> FilesystemStore | S3Store:
+        """A store whose place is not there (a directory moved away, a bucket never made)."""
+        raise NotImplementedError
+
     async def close(self) -> None:
         for store in self.made:
             await store.close()
@@ -180,6 +184,11 @@ class FilesystemBackend(StoreBackend):
 
     def _open(self, **overrides: Any) -> FilesystemStore:
         return FilesystemStore(self.root, **overrides)
+
+    def gone(self) -> FilesystemStore:
+        store = self.make()
+        (self.root / "objects").rename(self.root / "elsewhere")
+        return store
 
     def paths(self, attachment_id: str) -> tuple[Path, Path]:
         hex_digest = hex_of(attachment_id)
@@ -293,6 +302,9 @@ class S3Backend(StoreBackend):
                                   "read_timeout": 10.0, **overrides}
         return S3Store(**kwargs)
 
+    def gone(self) -> S3Store:
+        return self.make(bucket=f"no-such-bucket-{uuid.uuid4().hex[:8]}")
+
     async def _client(self) -> Any:
         assert isinstance(self.store, S3Store)
         return await self.store.client()
@@ -378,6 +390,18 @@ def per_backend(table: str) -> list[Any]:
             values = entry if isinstance(entry, tuple) else (entry,)
             params.append(pytest.param(kind, *values, id=f"{kind}-{name}"))
     return params
+
+
+# -- readiness -------------------------------------------------------------------------------------
+
+
+async def test_ping_answers_and_fails_where_the_store_is_gone(store_backend: StoreBackend) -> None:
+    await store_backend.store.ping()
+    await store_backend.store.admit(make_image(color=31))
+    await store_backend.store.ping()
+    with pytest.raises(Unavailable) as info:
+        await store_backend.gone().ping()
+    assert info.value.code == "STORE_UNAVAILABLE" and info.value.status == 503
 
 
 # -- admission -------------------------------------------------------------------------------------
