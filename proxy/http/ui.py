@@ -35,7 +35,7 @@ from projectionist.proxy.http import admin
 from projectionist.proxy.http.auth import Guard
 from projectionist.proxy.http.middleware import ERROR_CODE_HEADER, Handler, context
 from projectionist.proxy.http.services import SERVICES, Services
-from projectionist.proxy.http.ui_assets import CSS, JS
+from projectionist.proxy.http.ui_assets import CSS, ICON, JS
 from projectionist.proxy.http.ui_pages import (
     UI,
     error_page,
@@ -293,6 +293,7 @@ def add_ui_routes(router: web.UrlDispatcher) -> None:
     router.add_post(f"{UI}/logout", post_logout, name="ui.logout")
     router.add_get(f"{UI}/static/ui.css", _asset(CSS, "text/css"), allow_head=False, name="ui.css")
     router.add_get(f"{UI}/static/ui.js", _asset(JS, "text/javascript"), allow_head=False, name="ui.js")
+    router.add_get(f"{UI}/static/icon.svg", _asset(ICON, "image/svg+xml"), allow_head=False, name="ui.icon")
     router.add_get(f"{UI}/attachments/{{aid}}/thumb", thumbnail, allow_head=False, name="ui.thumbnail")
     base = f"{UI}/sessions/{{sid}}"
     router.add_get(base, _page(session), allow_head=False, name="ui.session")

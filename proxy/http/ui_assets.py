@@ -155,3 +155,7 @@ JS: Final = r"""
   }
 })();
 """.lstrip()
+
+#: The tab's icon (without one a browser asks for ``/favicon.ico``, which is not the proxy's own path).
+ICON: Final = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" '
+               'fill="#1d2330"/><path d="M4 4h8v8H4z" fill="none" stroke="#fff" stroke-width="1.5"/></svg>')

@@ -58,6 +58,7 @@ def page(title: str, body: str, *, csrf: str = "", signed_in: bool = True) -> st
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'{meta}<title>{_e(title)} · projectionist</title>'
+        f'<link rel="icon" href="{UI}/static/icon.svg" type="image/svg+xml">'
         f'<link rel="stylesheet" href="{UI}/static/ui.css"></head>\n'
         f'<body><header><a class="brand" href="{UI}">projectionist inspector</a>{logout}</header>\n'
         f'<main>{body}</main>\n<script src="{UI}/static/ui.js"></script></body></html>\n'
