@@ -302,8 +302,7 @@ def _json_block(value: Any, marked: set[str], mismatch: str, side: str) -> str:
         if mismatch and (path == mismatch or path.startswith(mismatch + "/")):
             classes += " mismatch"
         lines.append(f'<span class="{classes}" data-path="{_e(path)}">{_e(text)}</span>')
-    body = "\n".join(lines)
-    return f'<pre class="json" id="body-{side}">{body}</pre>'
+    return f'<pre class="json" id="body-{side}">{"".join(lines)}</pre>'  # each line a block
 
 
 def _under(path: str, marked: set[str]) -> bool:
