@@ -102,5 +102,5 @@ class Browser:
 
     def logs(self) -> list[dict[str, Any]]:
         """The browser console's messages (CSP violations and script errors show here)."""
-        found: list[dict[str, Any]] = self.driver.get_log("browser")
+        found: list[dict[str, Any]] = self.driver.get_log("browser")  # type: ignore[no-untyped-call]
         return found

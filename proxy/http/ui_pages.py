@@ -92,8 +92,12 @@ def sessions_page(found: list[SessionSummary], csrf: str) -> str:
              f'<th>last activity</th></tr></thead><tbody>{rows}</tbody></table>') if found else \
         '<p class="empty">No sessions yet: a request with a session id starts one.</p>'
     held = sum(1 for s in found if s.quarantined)
-    return page("Sessions", f'<h1>Sessions</h1><p class="summary">{len(found)} sessions, {held} with '
+    return page("Sessions", f'<h1>Sessions</h1><p class="summary">{_count(len(found), "session")}, {held} with '
                 f'quarantined images.</p>{table}', csrf=csrf)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 # -- one session -----------------------------------------------------------------------------------
@@ -103,7 +107,7 @@ def session_page(session: str, state: SessionState, events: list[Event], *, firs
     held = _held(session, state)
     return page(f"Session {session}", (
         f'<h1>Session <code>{_e(session)}</code></h1>'
-        f'<p class="summary">{state.last_seq} events · <span id="held-count">{len(state.quarantined) + len(state.rejected)}'
+        f'<p class="summary">{_count(state.last_seq, "event")} · <span id="held-count">{len(state.quarantined) + len(state.rejected)}'
         '</span> quarantined</p>'
         f'<section><h2>Quarantined references</h2>{held}</section>'
         f'<section><h2>Fork</h2>{_fork_form(session, state.last_seq)}</section>'

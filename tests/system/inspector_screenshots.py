@@ -122,7 +122,7 @@ async def main(out: Path) -> None:
                 await browser.screenshot(out / "inspector-sessions.png")
                 await browser.open("/admin/ui/sessions/agent-7")
                 await browser.until(lambda d: d.execute_script(
-                    "return [...document.querySelectorAll('img.thumb')].every(i => i.complete)"))
+                    "return [...document.querySelectorAll('img.thumb')].every(i => i.complete && i.naturalWidth > 0)"))
                 await browser.screenshot(out / "inspector-session.png")
                 await browser.run(lambda: driver.set_window_size(1280, 800))
                 await browser.open("/admin/ui/sessions/agent-7/replay")

@@ -26,7 +26,7 @@ def driver() -> Iterator[webdriver.Chrome]:
 @pytest.fixture
 def browser(driver: webdriver.Chrome) -> Browser:
     driver.execute_cdp_cmd("Network.clearBrowserCookies", {})  # every test signs in anew
-    driver.get_log("browser")  # and starts with an empty console
+    driver.get_log("browser")  # type: ignore[no-untyped-call]  # and starts with an empty console
     return Browser(driver, "")
 
 
@@ -60,20 +60,20 @@ async def test_sign_in_then_recover_from_the_session_page(harness: Harness, brow
     assert (await browser.path()).startswith("/admin/ui/login?next=")  # no cookie: the login form
     await browser.type("#token", "wrong")
     await browser.click("#sign-in")
-    assert "not the admin token" in await browser.text(".error")
+    await browser.until_text(".error", "not the admin token")
     await browser.sign_in("admintok")
     assert await browser.path() == "/admin/ui"
     row = await browser.text("#sessions tbody tr")
     assert row.split()[:3] == ["agent-7", "2", "2"]  # events, quarantined
     await browser.click("#sessions a")
-    assert await browser.path() == "/admin/ui/sessions/agent-7"
+    await browser.until(lambda d: d.current_url.endswith("/admin/ui/sessions/agent-7"))
 
     rows = {r.get_attribute("data-aid"): r for r in await browser.all("#held tr.held")}
     assert set(rows) == {readmitted, missing}
     assert "diagram.png" in rows[readmitted].text and "not_found" in rows[readmitted].text
     # the re-admitted image has a thumbnail from a verified read; the missing one says it has none
-    await browser.until(lambda d: d.execute_script(
-        "return [...document.querySelectorAll('img.thumb')].every(i => i.complete)"))
+    await browser.until(lambda d: d.execute_script(  # loaded, or replaced by "no verified bytes"
+        "return [...document.querySelectorAll('img.thumb')].every(i => i.complete && i.naturalWidth > 0)"))
     thumbs = await browser.all("img.thumb")
     assert len(thumbs) == 1 and thumbs[0].get_property("naturalWidth") == 64
     assert "no verified bytes" in rows[missing].text
@@ -81,7 +81,7 @@ async def test_sign_in_then_recover_from_the_session_page(harness: Harness, brow
     await browser.click(f'tr[data-aid="{readmitted}"] button.recover')
     result = await browser.until_text(f'tr[data-aid="{readmitted}"] .result', "recovered")
     assert "verified image/png, " in result and "64×48" in result
-    assert "recovered" in (await browser.find(f'tr[data-aid="{readmitted}"]')).get_attribute("class")
+    assert "recovered" in str((await browser.find(f'tr[data-aid="{readmitted}"]')).get_attribute("class"))
     assert await browser.all(f'tr[data-aid="{readmitted}"] button.recover') == []
     assert await browser.text("#held-count") == "1"
 

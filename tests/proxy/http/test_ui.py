@@ -14,6 +14,7 @@ from PIL import Image
 
 from projectionist.proxy.http import ui
 from projectionist.proxy.http.auth import Guard
+from tests.backends import BACKENDS
 from tests.conftest import ADMIN, Harness
 from tests.imaging import make_image, ref_id
 
@@ -254,3 +255,21 @@ async def test_a_replay_of_a_metadata_record_says_why_it_cannot_show_the_body(ma
     assert page.status == 409 and "REPLAY_NEEDS_BODY" in await page.text()
     none = await harness.client.get("/admin/ui/sessions/nobody/replay")
     assert none.status == 404 and "NOT_RECORDED" in await none.text()
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+async def test_list_page_and_recovery_on_either_backend(harness: Harness) -> None:
+    aid, _ = await quarantined(harness, "b1")
+    assert (await harness.client.post("/admin/sessions/b1/fork", json={"new_session_id": "b2"}, headers=ADMIN)).status == 201
+    await sign_in(harness)
+    listing = await (await harness.client.get("/admin/ui")).text()
+    rows = dict(re.findall(r'<a href="/admin/ui/sessions/(b\d)">b\d</a></td><td class="num">\d+</td>'
+                           r'<td class="num">(\d+)</td>', listing))
+    assert rows == {"b1": "1", "b2": "1"}
+    csrf = await csrf_of(harness, "b1")
+    done = await harness.client.post(f"/admin/ui/sessions/b1/attachments/{aid}/recover", headers={"X-CSRF-Token": csrf})
+    assert done.status == 200 and (await done.json())["recovered"] is True
+    listing = await (await harness.client.get("/admin/ui")).text()
+    rows = dict(re.findall(r'<a href="/admin/ui/sessions/(b\d)">b\d</a></td><td class="num">\d+</td>'
+                           r'<td class="num">(\d+)</td>', listing))
+    assert rows == {"b1": "0", "b2": "1"} and "2 sessions, 1 with quarantined images" in listing
