@@ -21,6 +21,7 @@ from projectionist.proxy.http.middleware import context, context_middleware, err
 from projectionist.proxy.http.readiness import READINESS, Readiness, readyz
 from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named
 from projectionist.proxy.http.services import SERVICES, Services
+from projectionist.proxy.http.ui import add_ui_routes
 from projectionist.proxy.http.uploads import upload
 from projectionist.proxy.observe.metrics import Metrics, OpCounter
 from projectionist.proxy.sessionlog.base import Log
@@ -142,6 +143,7 @@ def create_app(
     router = app.router
     router.add_post("/v1/attachments", upload, name="attachments.create")
     add_admin_routes(router)
+    add_ui_routes(router)
     router.add_get("/healthz", healthz, allow_head=False, name="healthz")
     router.add_get("/readyz", readyz, allow_head=False, name="readyz")
     router.add_get("/metrics", metrics, allow_head=False, name="metrics")
