@@ -21,6 +21,7 @@ On a ``gemini``-format upstream (also under ``/u/{name}/``):
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Final
 
@@ -152,7 +153,15 @@ async def _chunk(request: web.Request) -> web.Response:
         if length is None or received + length > upload.size:
             raise InvalidRequest(f"the upload declared {upload.size} bytes; send that many, with Content-Length",
                                  code="INVALID_UPLOAD")
-        upload.data += await request.content.readexactly(length)  # at most the declared size
+        if upload.receiving:
+            raise InvalidRequest("another chunk of this upload is being received", code="INVALID_UPLOAD")
+        upload.receiving = True
+        try:
+            upload.data += await request.content.readexactly(length)  # at most the declared size
+        except asyncio.IncompleteReadError:
+            raise InvalidRequest("the chunk ended before its Content-Length", code="INVALID_UPLOAD") from None
+        finally:
+            upload.receiving = False
     if "finalize" not in commands:
         return web.Response(headers={STATUS: "active", "X-Goog-Upload-Size-Received": str(len(upload.data))})
     uploads.close(token)  # one upload per URL, whatever admission says

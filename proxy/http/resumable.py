@@ -33,6 +33,8 @@ class Upload:
     name: str | None
     opened: float
     data: bytearray = field(default_factory=bytearray)
+    #: A chunk is being received: another one at the same time is refused, not interleaved.
+    receiving: bool = False
 
 
 class Uploads:

@@ -236,3 +236,14 @@ def test_upload_sessions_are_bounded_in_count_bytes_and_age() -> None:
         uploads.get(first)
     assert getattr(expired.value, "code", None) == "UPLOAD_NOT_FOUND"
     assert len(token) >= 40 and token not in (first, uploads.open("image/png", 0, None))
+
+
+async def test_other_file_names_pass_through_and_a_bad_sha256_name_is_refused(gharness: Harness) -> None:
+    async with gclient(gharness) as client:
+        await client.files.get(name="files/abc-123")
+        with pytest.raises(errors.ClientError) as bad:
+            await client.files.get(name="files/sha256-zz")
+        assert bad.value.code == 400 and bad.value.details["error"]["details"][0]["reason"] == "INVALID_ATTACHMENT_REF"
+    [sent] = gharness.upstream.received
+    assert (sent.method, sent.path_qs) == ("GET", "/v1beta/files/abc-123")
+    assert sent.headers["x-goog-api-key"] == "g-key"
