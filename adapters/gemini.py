@@ -6,19 +6,22 @@ spellings) of ``contents[].parts``, and in ``function_response.parts``. A resolv
 other fields, such as ``thoughtSignature``, kept); inside a function response, whose parts may only
 carry data, it becomes a text part right after that function response in the enclosing content. Errors use Google's ``{error: {code, status}}`` shape
 with the stable code as an ``ErrorInfo.reason``. ``PROFILE`` is what the API accepts in images;
-``rejection`` reads its answers refusing one.
+``rejection`` reads its answers refusing one. ``file_object`` is an admitted attachment as the Files
+API's ``File`` resource.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import Any, Final
+from urllib.parse import quote
 
 from projectionist.adapters.base import (SCAN_CHARS, Host, Inline, Inliner, Json, Known, PlainInline, Site,
                                          error_object, inliner, insert_after, known_pattern, part_pointer)
 from projectionist.adapters.responses import member
-from projectionist.policy.model import URL_SCHEME, Outcome, Resolved, parse_url_ref
+from projectionist.policy.model import ID_PREFIX, URL_SCHEME, Outcome, Resolved, parse_url_ref
 from projectionist.policy.profile import Profile, Rejection
 
 NAME: Final = "gemini"
@@ -27,6 +30,8 @@ AUTH_HEADERS: Final = ("x-goog-api-key",)
 AUTH_QUERY: Final = ("key",)
 PATHS: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)")
 VOLATILE: Final = frozenset({"responseId", "createTime"})
+#: The ``File`` name of an admitted attachment: this prefix and the id's hex digest.
+FILE_NAME_PREFIX: Final = "files/sha256-"
 #: Keys of a part that carry or describe its data: dropped when the part becomes placeholder text.
 _DATA_KEYS: Final = frozenset({"file_data", "fileData", "video_metadata", "videoMetadata"})
 
@@ -183,3 +188,15 @@ def upstream_auth(api_key: str) -> dict[str, str]:
 def usage(doc: Json) -> dict[str, Any] | None:
     """``usageMetadata`` of a response (every chunk of a stream carries the running total)."""
     return member(doc, "usageMetadata")
+
+
+def file_object(file_id: str, name: str | None, media_type: str, size: int, created_at: int) -> dict[str, Any]:
+    """An admitted attachment as a Gemini ``File`` resource (what ``google-genai`` parses into
+    ``types.File``): named ``files/sha256-<hex>``, its ``uri`` the ``attachment:`` reference (with
+    the display name), which the SDK sends back as ``file_data.file_uri`` when the file is passed
+    in ``contents``."""
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created_at))
+    uri = URL_SCHEME + file_id + (f"?name={quote(name, safe='')}" if name else "")
+    resource = {"name": FILE_NAME_PREFIX + file_id[len(ID_PREFIX):], "mimeType": media_type, "sizeBytes": str(size),
+                "createTime": created, "updateTime": created, "uri": uri, "state": "ACTIVE", "source": "UPLOADED"}
+    return {**resource, "displayName": name} if name else resource

@@ -186,6 +186,9 @@ class CountingStore:
     async def stat(self, attachment_id: str) -> AttachmentMeta | None:
         return await self.inner.stat(attachment_id)
 
+    async def list_admitted(self, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
+        return await self.inner.list_admitted(after, limit)
+
     async def delete(self, attachment_id: str) -> bool:
         return await self.inner.delete(attachment_id)
 

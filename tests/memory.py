@@ -54,6 +54,10 @@ class MemoryStore:
         i = self.images.get(attachment_id)
         return None if i is None else AttachmentMeta(i.id, i.media_type, i.bytes, i.width, i.height)
 
+    async def list_admitted(self, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
+        ids = sorted(i for i in self.images if after is None or i > after)[:limit]
+        return [meta for i in ids if (meta := await self.stat(i)) is not None]
+
     async def delete(self, attachment_id: str) -> bool:
         return self.images.pop(attachment_id, None) is not None
 

@@ -15,6 +15,7 @@ from aiohttp import web
 from projectionist.adapters import openai_chat
 from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
 from projectionist.proxy.config import Config
+from projectionist.proxy.http import gemini_files
 from projectionist.proxy.http.admin import add_admin_routes
 from projectionist.proxy.http.auth import Guard, client_unauthorized
 from projectionist.proxy.http.middleware import context, context_middleware, error_response, note_started
@@ -142,6 +143,7 @@ def create_app(
     app.cleanup_ctx.append(_lifecycle)
     router = app.router
     router.add_post("/v1/attachments", upload, name="attachments.create")
+    router.add_post(gemini_files.UPLOAD_ROUTE, gemini_files.upload, name="gemini.upload")  # no client token: see there
     add_admin_routes(router)
     add_ui_routes(router)
     router.add_get("/healthz", healthz, allow_head=False, name="healthz")

@@ -13,6 +13,15 @@ An admitted file's id is its attachment id (``sha256:<hex>``): it works as a Res
 ``input_image.file_id`` and an Anthropic ``source: {type: "file", file_id}``. ``GET``, ``DELETE``
 and ``GET .../content`` on a ``sha256:`` id are answered from the store; other ids pass through.
 ``DELETE`` of an attachment needs the admin token: it changes history for every session.
+
+``GET /v1/files`` on an OpenAI-format upstream lists the upstream's files (its page fetched with the
+client's own auth, as the pass-through would) followed by the admitted images as ``purpose=vision``
+files. The merged order: the upstream's pages come first, in its own ``order``; once its last page
+(``has_more: false``) is reached the rest of that page and the pages after it are admitted images,
+in id order (``after=sha256:...`` pages through them without asking the upstream again). Another
+``purpose`` is the upstream's alone (passed through). An upstream without a Files API (404, 405)
+lists ours only; any other upstream error is passed through unchanged, so a bad key is never
+hidden behind a list that looks complete.
 """
 
 from __future__ import annotations
@@ -22,24 +31,31 @@ import mimetypes
 import re
 from typing import Any, Final
 
+import aiohttp
 import msgspec
 from aiohttp import web
 
 from projectionist.adapters import anthropic_messages, openai_chat
 from projectionist.adapters.base import FilesFormat, WireFormat
-from projectionist.policy.errors import NOT_FOUND, AttachmentError, ImageRejected, NotFound
+from projectionist.policy.errors import NOT_FOUND, AttachmentError, ImageRejected, InvalidRequest, NotFound, UpstreamError
 from projectionist.policy.model import ID_PREFIX, check_id
 from projectionist.proxy.stores.admission import IMAGE_TOO_LARGE, header_info
 from projectionist.proxy.http.bodies import encoding_of, inflate, parse_form
 from projectionist.proxy.http.middleware import context
 from projectionist.proxy.http.proxying import relay_body, relay_unchanged
 from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.stores.base import AttachmentMeta
+from projectionist.proxy.stores.base import LIST_MAX, AttachmentMeta
+from projectionist.proxy.upstream.outgoing import outgoing_headers, target_url
+from projectionist.proxy.upstream.relay import client_error, forward_headers
 from projectionist.proxy.upstream.target import Upstream
 from projectionist.proxy.http.uploads import clean_name
 
 FILES_PATH: Final = re.compile(r"(?:/v1)?/files(?:/(?P<id>[^/]+)(?P<content>/content)?)?")
 MULTIPART_SLACK: Final = 64 * 1024
+#: OpenAI's ``limit`` of a file list: its range and default.
+LIST_LIMITS: Final = (1, 10_000)
+#: Upstream answers that mean "no Files API here": the list is ours alone.
+NO_FILES_API: Final = frozenset({404, 405})
 
 
 def handles(upstream_format: str, method: str, path: str) -> bool:
@@ -47,7 +63,7 @@ def handles(upstream_format: str, method: str, path: str) -> bool:
     if upstream_format not in ("openai", "anthropic") or match is None:
         return False
     if match["id"] is None:
-        return method == "POST"
+        return method == "POST" or (method == "GET" and upstream_format == "openai")
     return method == "GET" or (method == "DELETE" and not match["content"])
 
 
@@ -83,6 +99,8 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
     match = FILES_PATH.fullmatch(path)
     assert match is not None
     file_id = match["id"]
+    if file_id is None and request.method == "GET":
+        return await _list(request, fmt, upstream, raw_path)
     if file_id is None:
         return await _upload(request, fmt, upstream, raw_path)
     if not file_id.startswith(ID_PREFIX):
@@ -132,3 +150,75 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
     if meta is None:  # deleted between admission and stat: report what was admitted
         meta = AttachmentMeta(image.id, image.media_type, image.bytes, image.width, image.height, filename)
     return _json(file_object(upstream.format, meta))
+
+
+async def _list(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
+    """The upstream's files, then the admitted images (the rule in the module docstring)."""
+    query = request.query
+    if query.get("purpose", "vision") not in ("", "vision"):
+        return await relay_unchanged(request, fmt, upstream, raw_path)
+    limit = _limit(query.get("limit"))
+    after = query.get("after") or None
+    theirs: list[Any] = []
+    if after is None or not after.startswith(ID_PREFIX):
+        answer = await _upstream_list(request, fmt, upstream, raw_path)
+        if isinstance(answer, web.Response):
+            return answer
+        theirs, more = answer
+        if more:  # not at the upstream's last page yet: its page as it is
+            return _json(_page(theirs, more))
+        after = None
+    else:
+        check_id(after)
+    room = min(limit - len(theirs), LIST_MAX)
+    ours = await request.app[SERVICES].store.list_admitted(after, room + 1)
+    context(request).fields.update(files="listed", listed=min(len(ours), room))
+    return _json(_page(theirs + [file_object("openai", meta) for meta in ours[:room]], len(ours) > room))
+
+
+def _limit(raw: str | None) -> int:
+    low, high = LIST_LIMITS
+    if raw is None:
+        return high
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise InvalidRequest(f"limit must be an integer from {low} to {high}", code="INVALID_QUERY")
+    return int(raw)
+
+
+def _page(data: list[Any], has_more: bool) -> dict[str, Any]:
+    ids = [item.get("id") if isinstance(item, dict) else None for item in data[:1] + data[-1:]]
+    return {"object": "list", "data": data, "first_id": ids[0] if ids else None,
+            "last_id": ids[-1] if ids else None, "has_more": has_more}
+
+
+async def _upstream_list(request: web.Request, fmt: WireFormat, upstream: Upstream,
+                         raw_path: str) -> tuple[list[Any], bool] | web.Response:
+    """The upstream's page (its files, whether it has more), or its answer to pass through as it
+    came when that is an error or not a list. No Files API there: an empty last page."""
+    services = request.app[SERVICES]
+    context(request).fields["upstream"] = upstream.name
+    headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
+    headers["Accept-Encoding"] = "identity"  # the page is read here, and the upstream session never decodes
+    url = target_url(raw_path, request.rel_url.raw_query_string, fmt, upstream, services.guard)
+    cap = services.config.server.client_max_size
+    try:
+        async with upstream.session.get(url, headers=headers, allow_redirects=False) as answer:
+            context(request).fields["upstream_status"] = answer.status
+            chunks, size = [], 0
+            async for chunk in answer.content.iter_any():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > cap:
+                    raise UpstreamError("upstream file list exceeds the configured client_max_size")
+            body, status, head = b"".join(chunks), answer.status, forward_headers(answer.headers)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise (client_error(exc) or UpstreamError("upstream response broke off")) from None
+    if status in NO_FILES_API:
+        return [], False
+    try:
+        page = msgspec.json.decode(body) if status == 200 else None
+    except msgspec.DecodeError:
+        page = None
+    if not isinstance(page, dict) or not isinstance(data := page.get("data"), list):
+        return web.Response(status=status, body=body, headers=head)
+    return data, page.get("has_more") is True

@@ -13,7 +13,7 @@ Every route here needs a client token when client tokens are configured, its raw
 A path the proxy owns, in any spelling (``/ADMIN``, ``//admin``, ``/admin;x``, ``/v1%2Fattachments``),
 is answered here and never forwarded. A POST to a projecting path of the upstream's format goes
 through the policy (generation and the token-counting endpoints that take the same body); the
-Files API is handled in ``http.files``; everything else passes through unchanged.
+Files API is handled in ``http.files`` (Gemini's in ``http.gemini_files``); everything else passes through unchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from multidict import MultiMapping
 
 from projectionist.adapters.registry import SPEAKS, projecting
 from projectionist.policy.errors import NotFound, ProjectionistError
-from projectionist.proxy.http import files
+from projectionist.proxy.http import files, gemini_files
 from projectionist.proxy.http.auth import client_unauthorized
 from projectionist.proxy.http.middleware import context
 from projectionist.proxy.http.proxying import relay_projected, relay_unchanged
@@ -103,6 +103,8 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
         ctx.route, handler = fmt.NAME, lambda: relay_projected(request, fmt, upstream, raw_path)
     elif files.handles(upstream.format, request.method, path):
         ctx.route, handler = "files", lambda: files.handle(request, fmt, upstream, raw_path, path)
+    elif gemini_files.handles(upstream.format, request.method, path):
+        ctx.route, handler = "files", lambda: gemini_files.handle(request, fmt, upstream, raw_path, path)
     else:
         ctx.route, handler = "passthrough", lambda: relay_unchanged(request, fmt, upstream, raw_path)
     return await handler()

@@ -18,6 +18,7 @@ from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.stores.base import Store
 from projectionist.proxy.stores.cache import CachedStore
 from projectionist.proxy.http.resend import Acceptances
+from projectionist.proxy.http.resumable import Uploads
 from projectionist.proxy.stores.variants import Variants
 from projectionist.proxy.upstream.recording import Recording
 from projectionist.proxy.upstream.target import Upstream
@@ -41,6 +42,8 @@ class Services:
     variants: Variants = field(init=False)
     #: What each upstream format accepted in each session (for attributing a refusal).
     acceptances: Acceptances = field(init=False)
+    #: Gemini resumable uploads under way on this replica.
+    uploads: Uploads = field(init=False)
 
     def __post_init__(self) -> None:
         self.prober = Prober(self.config.policy.retryable_probe_after)
@@ -53,6 +56,7 @@ class Services:
         self.variants = Variants(self.store, self.reader, threads=policy.variant_threads,
                                  timeout=policy.variant_timeout, queue_timeout=self.config.store.lanes.queue_timeout)
         self.acceptances = Acceptances()
+        self.uploads = Uploads()
 
 
 SERVICES = web.AppKey("projectionist", Services)

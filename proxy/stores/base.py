@@ -30,6 +30,9 @@ class AttachmentMeta(msgspec.Struct, frozen=True):
     created_at: int = 0
 
 
+#: The most admission records one ``list_admitted`` call returns.
+LIST_MAX: Final = 1000
+
 #: A variant target as ``Profile.target`` names it (``anthropic@2000``, ``open@any``).
 _TARGET_RE: Final = re.compile(r"[a-z0-9_-]{1,32}@[0-9a-z]{1,10}")
 
@@ -55,10 +58,15 @@ class Store(AttachmentStore, Protocol):
     ``replacing`` it also takes the place of an entry that still names that (stale) id.
     ``delete`` of an original drops its index entries and leaves its variants' objects alone.
     ``ping`` is readiness: one cheap call on the stamp lane that proves the store answers
-    (``Unavailable`` when it does not)."""
+    (``Unavailable`` when it does not).
+
+    ``list_admitted`` pages through the admission records of present objects in id order: up to
+    ``limit`` (at most ``LIST_MAX``) whose ids sort after ``after``; an object without a readable
+    record is skipped (``stat`` would say None), and nothing's bytes are read."""
 
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage: ...
     async def stat(self, attachment_id: str) -> AttachmentMeta | None: ...
+    async def list_admitted(self, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]: ...
     async def delete(self, attachment_id: str) -> bool: ...
     async def put_blob(self, data: bytes) -> str: ...
     async def get_blob(self, blob_id: str) -> bytes | None: ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import stat
 import tempfile
 import time
@@ -29,12 +30,16 @@ from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import Lane
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.stores.base import AttachmentMeta, check_target, is_valid_target
+from projectionist.proxy.stores.base import LIST_MAX, AttachmentMeta, check_target, is_valid_target
 
 #: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
 #: Code of the ``Unavailable`` (503) raised when reading the variant index hits an OS fault.
 UNAVAILABLE: Final = "STORE_UNAVAILABLE"
+
+#: An object's file name (its records end in ``.json``, temp files start with ``.``).
+_HEX: Final = re.compile(r"[0-9a-f]{64}")
+_SHARD: Final = re.compile(r"[0-9a-f]{2}")
 
 _T = TypeVar("_T")
 #: Told the name of each filesystem call as it is made (``OpCounter.add``).
@@ -198,6 +203,17 @@ class FilesystemStore:
         """The admission record of a present object, without reading or verifying its bytes."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
         return await self.stamp_lane.run(partial(self._stat_sync, hex_digest))
+
+    async def list_admitted(self, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
+        """Admission records of present objects after ``after``, in id order (see ``Store``): one
+        directory listing per shard it walks and one record read per object, no bytes."""
+        after_hex = check_id(after)[len(ID_PREFIX):] if after is not None else ""
+        try:
+            return await self.stamp_lane.run(partial(self._list_sync, after_hex, max(0, min(limit, LIST_MAX))))
+        except TimeoutError:
+            raise Unavailable(f"{UNAVAILABLE}: listing timed out", code=UNAVAILABLE) from None
+        except OSError as exc:
+            raise Unavailable(f"{UNAVAILABLE}: listing failed ({_errname(exc)})", code=UNAVAILABLE) from None
 
     async def put_blob(self, data: bytes) -> str:
         """Store opaque bytes (recorded request and response bodies) content-addressed under
@@ -397,6 +413,27 @@ class FilesystemStore:
             return None
         return AttachmentMeta(ID_PREFIX + hex_digest, record.media_type, record.bytes, record.width, record.height,
                               record.name, record.created_at)
+
+    def _list_sync(self, after_hex: str, limit: int) -> list[AttachmentMeta]:
+        found: list[AttachmentMeta] = []
+        if limit == 0:
+            return found
+        self._count("list")
+        shards = sorted(n for n in os.listdir(self._objects) if _SHARD.fullmatch(n) and n >= after_hex[:2])
+        for shard in shards:
+            try:
+                self._count("list")
+                names = sorted(n for n in os.listdir(self._objects / shard)
+                               if _HEX.fullmatch(n) and n.startswith(shard) and n > after_hex)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                meta = self._stat_sync(name)
+                if meta is not None:
+                    found.append(meta)
+                    if len(found) == limit:
+                        return found
+        return found
 
     def _put_blob_sync(self, data: bytes) -> str:
         hex_digest = hashlib.sha256(data).hexdigest()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import re
 import time
 from functools import partial
 from collections.abc import Awaitable, Sequence
@@ -38,7 +39,7 @@ from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import AsyncLane, Busy, Lane
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.stores.base import AttachmentMeta, check_target, is_valid_target
+from projectionist.proxy.stores.base import LIST_MAX, AttachmentMeta, check_target, is_valid_target
 
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
 CHUNK: Final = 256 * 1024
@@ -50,6 +51,7 @@ _LOST_RACE: Final = ("PreconditionFailed", "412", "ConditionalRequestConflict")
 #: An index entry is an id (71 bytes); anything much longer is damage, never read whole.
 _ENTRY_MAX: Final = 1024
 _FAULTS: Final = (botocore.exceptions.BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
+_HEX: Final = re.compile(r"[0-9a-f]{64}")
 _T = TypeVar("_T")
 #: S3 operations by their HTTP verb (the rest are counted by their own name, lowercased).
 _VERBS: Final = {"GetObject": "get", "HeadObject": "head", "PutObject": "put", "DeleteObject": "delete",
@@ -228,6 +230,44 @@ class S3Store:
             if kind is None:
                 raise
             raise Unavailable(f"attachment store unavailable ({kind})", code="STORE_UNAVAILABLE") from None
+
+    async def list_admitted(self, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
+        """Admission records of present objects after ``after``, in id order (see ``Store``): key
+        order is id order, so one ``ListObjectsV2`` page (``StartAfter``) and one HEAD per object."""
+        limit = max(0, min(limit, LIST_MAX))
+        start = self.key(check_id(after)[len(ID_PREFIX):]) if after is not None else ""
+
+        async def fetch() -> list[AttachmentMeta]:
+            client = await self.client()
+            found: list[AttachmentMeta] = []
+            token = start
+            while len(found) < limit:
+                page = {"StartAfter": token} if token else {}
+                listing = await client.list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}objects/",
+                                                       MaxKeys=limit - len(found), **page)
+                keys = [str(item["Key"]) for item in listing.get("Contents") or ()]
+                for key in keys:
+                    hex_digest = key.rsplit("/", 1)[-1]
+                    if _HEX.fullmatch(hex_digest) and key == self.key(hex_digest):
+                        meta = await self._head_record(client, hex_digest)
+                        found += [meta] if meta is not None else []
+                if not keys or not listing.get("IsTruncated"):
+                    break
+                token = keys[-1]
+            return found
+
+        return await _unless_missing(self.stamp_lane.run(fetch)) or []
+
+    async def _head_record(self, client: Any, hex_digest: str) -> AttachmentMeta | None:
+        """The admission record of one listed object; None when it went meanwhile or has none."""
+        try:
+            head = await client.head_object(Bucket=self.bucket, Key=self.key(hex_digest))
+        except botocore.exceptions.ClientError as exc:
+            if _fault(exc) != "missing":
+                raise
+            return None
+        record = _record(head.get("Metadata") or {})
+        return None if record is None else msgspec.structs.replace(record, id=ID_PREFIX + hex_digest)
 
     # -- writes ----------------------------------------------------------------------------------
 

@@ -561,3 +561,57 @@ async def test_delete(store_backend: StoreBackend) -> None:
     assert await store_backend.stored() == store_backend.objects_of(other.id)  # nothing of it is left
     assert await store.delete(stored.id) is False
     assert await store.read_image(other.id) == other
+
+
+# -- listing ---------------------------------------------------------------------------------------
+
+
+async def test_list_admitted_pages_in_id_order_and_reads_no_bytes(store_backend: StoreBackend) -> None:
+    store = store_backend.store
+    admitted = {}
+    for color in range(5):
+        image = await store.admit(make_image(color=150 + color), name=f"shot-{color}.png")
+        admitted[image.id] = f"shot-{color}.png"
+    ids = sorted(admitted)
+    async with store_backend.reading_forbidden():
+        everything = await store.list_admitted()
+        first = await store.list_admitted(limit=2)
+        second = await store.list_admitted(after=first[-1].id, limit=2)
+        rest = await store.list_admitted(after=second[-1].id, limit=2)
+        after_last = await store.list_admitted(after=ids[-1])
+        none = await store.list_admitted(limit=0)
+    assert [m.id for m in everything] == ids
+    assert [(m.name, m.media_type, m.width, m.height) for m in everything] == [
+        (admitted[i], "image/png", 4, 3) for i in ids]
+    assert everything == [await store.stat(i) for i in ids]
+    assert [m.id for m in first + second + rest] == ids and len(rest) == 1
+    assert after_last == [] and none == []
+    # ``after`` need not be an admitted id: a page starts after it wherever it falls
+    middle = "sha256:" + hex_of(ids[2])[:-1] + ("0" if hex_of(ids[2])[-1] != "0" else "1")
+    assert [m.id for m in await store.list_admitted(after=middle)] == [i for i in ids if i > middle]
+
+
+async def test_list_admitted_skips_what_is_gone_or_has_no_record(store_backend: StoreBackend) -> None:
+    store = store_backend.store
+    kept = await store.admit(make_image(color=160))
+    deleted = await store.admit(make_image(color=161))
+    unrecorded = await store.admit(make_image(color=162))
+    await store.delete(deleted.id)
+    repairable = store_backend.REPAIRABLE
+    await store_backend.damage(unrecorded.id, repairable.get("record-missing") or repairable["metadata-missing"])
+    await store.put_blob(b"recorded body")  # blobs are not attachments
+    assert [m.id for m in await store.list_admitted()] == [kept.id]
+
+
+async def test_list_admitted_is_bounded_and_checks_the_cursor(
+    store_backend: StoreBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = store_backend.store
+    ids = sorted([(await store.admit(make_image(color=170 + i))).id for i in range(3)])
+    for module in (fsstore, s3store):
+        monkeypatch.setattr(module, "LIST_MAX", 2)
+    assert [m.id for m in await store.list_admitted(limit=100)] == ids[:2]  # never more than LIST_MAX
+    assert [m.id for m in await store.list_admitted(limit=-5)] == []
+    with pytest.raises(AttachmentError) as bad:
+        await store.list_admitted(after="../../etc")
+    assert bad.value.code == INVALID_REF

@@ -1,0 +1,176 @@
+"""Gemini Files API compatibility: resumable uploads of images become attachments (proxy layer).
+
+On a ``gemini``-format upstream (also under ``/u/{name}/``):
+
+- ``POST /upload/{version}/files`` with ``X-Goog-Upload-Protocol: resumable`` and
+  ``X-Goog-Upload-Command: start`` whose declared type (``X-Goog-Upload-Header-Content-Type``) is
+  png, jpeg, gif or webp and whose declared size (``X-Goog-Upload-Header-Content-Length``) is at
+  most ``store.limits.max_bytes`` opens an upload here (``http.resumable``) and answers with its
+  ``X-Goog-Upload-URL``, ``{origin}/v1/attachments/uploads/{token}``. Anything else (other types,
+  larger files, other upload protocols) is forwarded unchanged: the bytes then go to Google.
+- The SDK sends the bytes there (``upload`` at an offset, ``upload, finalize`` with the last
+  chunk; ``query`` and ``cancel`` are answered too). Finalizing admits them like every other upload
+  (magic bytes decide, the declared type must agree, the store's limits apply) and answers
+  ``{"file": File}``: ``name`` ``files/sha256-<hex>``, ``uri`` the ``attachment:`` reference, which
+  the SDK sends as ``file_data.file_uri`` when the ``File`` is passed in ``contents``. The type
+  is decided when the upload starts, before any byte is seen: bytes declared as an image that are
+  not one are refused (400), not forwarded.
+- ``GET`` and ``DELETE /{version}/files/sha256-<hex>`` are answered from the store (``DELETE``
+  needs the admin token, as in the other Files APIs); other names pass through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Final
+
+import msgspec
+from aiohttp import web
+
+from projectionist.adapters import gemini
+from projectionist.adapters.base import WireFormat
+from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
+from projectionist.policy.model import ID_PREFIX, check_id
+from projectionist.proxy.http.bodies import read_body
+from projectionist.proxy.http.middleware import context, error_response
+from projectionist.proxy.http.proxying import relay_unchanged
+from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.http.uploads import clean_name
+from projectionist.proxy.stores.base import AttachmentMeta
+from projectionist.proxy.upstream.target import Upstream
+
+START_PATH: Final = re.compile(r"/upload/v1(?:beta|alpha)?/files")
+FILE_PATH: Final = re.compile(r"/v1(?:beta|alpha)?/files/sha256-(?P<hex>[^/:]*)")
+#: Where the bytes of an upload opened here go (a route the proxy owns, never forwarded).
+UPLOAD_ROUTE: Final = "/v1/attachments/uploads/{token}"
+ADMITTED: Final = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+#: The largest start body read here (a small JSON ``{"file": {...}}``).
+START_MAX: Final = 64 * 1024
+STATUS: Final = "X-Goog-Upload-Status"
+
+
+def handles(upstream_format: str, method: str, path: str) -> bool:
+    if upstream_format != "gemini":
+        return False
+    if method == "POST":
+        return START_PATH.fullmatch(path) is not None
+    return method in ("GET", "DELETE") and FILE_PATH.fullmatch(path) is not None
+
+
+def _json(payload: object, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=msgspec.json.encode(payload), content_type="application/json", headers=headers)
+
+
+def _file(meta: AttachmentMeta) -> dict[str, object]:
+    return gemini.file_object(meta.id, meta.name, meta.media_type, meta.bytes, meta.created_at)
+
+
+def _declared(request: web.Request) -> tuple[str, int] | None:
+    """The start's declared type and size, when it is an upload this proxy admits."""
+    headers = request.headers
+    if (headers.get("X-Goog-Upload-Protocol", "").lower() != "resumable"
+            or headers.get("X-Goog-Upload-Command", "").lower() != "start"):
+        return None
+    media_type = headers.get("X-Goog-Upload-Header-Content-Type", "").split(";", 1)[0].strip().lower()
+    size = headers.get("X-Goog-Upload-Header-Content-Length", "")
+    limit = request.app[SERVICES].config.store.limits.max_bytes
+    if media_type not in ADMITTED or not size.isdigit() or not 0 < int(size) <= limit:
+        return None
+    return media_type, int(size)
+
+
+async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str, path: str) -> web.StreamResponse:
+    if request.method == "POST":
+        declared = _declared(request)
+        if declared is None or (request.content_length or 0) > START_MAX:
+            context(request).fields.update(files="forwarded")
+            return await relay_unchanged(request, fmt, upstream, raw_path)
+        return await _start(request, *declared)
+    match = FILE_PATH.fullmatch(path)
+    assert match is not None
+    attachment_id = check_id(ID_PREFIX + match["hex"])
+    services = request.app[SERVICES]
+    context(request).fields.update(attachment=attachment_id[:15])
+    if request.method == "DELETE":  # removes history for every session that uses it: admin only
+        services.guard.require_admin(request.headers, request.query, "deleting an attachment")
+        if not await services.reader.delete(attachment_id):
+            raise NotFound(f"no attachment {attachment_id[:15]}", code="FILE_NOT_FOUND")
+        return _json({})
+    meta = await services.store.stat(attachment_id)
+    if meta is None:
+        raise NotFound(f"no attachment {attachment_id[:15]}", code="FILE_NOT_FOUND")
+    return _json(_file(meta))
+
+
+async def _start(request: web.Request, media_type: str, size: int) -> web.Response:
+    raw = await read_body(request)
+    try:
+        doc = msgspec.json.decode(raw) if raw.strip() else {}
+    except msgspec.DecodeError:
+        raise InvalidRequest("the upload's start body is not valid JSON", code="INVALID_JSON") from None
+    described = doc.get("file") if isinstance(doc, dict) else None
+    name = described.get("display_name", described.get("displayName")) if isinstance(described, dict) else None
+    token = request.app[SERVICES].uploads.open(media_type, size, clean_name(name if isinstance(name, str) else None))
+    context(request).fields.update(files="upload_started")
+    url = request.url.origin().join(request.app.router["gemini.upload"].url_for(token=token))
+    return web.Response(headers={"X-Goog-Upload-URL": str(url), STATUS: "active"})
+
+
+async def upload(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/attachments/uploads/{token}``: the bytes of an upload opened by ``_start``. No
+    client token: the SDK sends none here, and the URL's token is the credential. Every answer,
+    errors included, carries ``X-Goog-Upload-Status`` (the SDK retries an answer without one)."""
+    ctx = context(request)
+    ctx.route, ctx.fmt = "files", gemini
+    try:
+        return await _chunk(request)
+    except ProjectionistError as error:
+        ctx.fields["error_code"] = error.code
+        failed = error_response(gemini, error)
+        failed.headers[STATUS] = "final"
+        return failed
+
+
+async def _chunk(request: web.Request) -> web.Response:
+    uploads = request.app[SERVICES].uploads
+    token = request.match_info["token"]
+    upload = uploads.get(token)
+    commands = {c.strip().lower() for c in request.headers.get("X-Goog-Upload-Command", "").split(",")}
+    received = len(upload.data)
+    if "cancel" in commands:
+        uploads.close(token)
+        return web.Response(headers={STATUS: "cancelled"})
+    if "query" in commands:
+        return web.Response(headers={STATUS: "active", "X-Goog-Upload-Size-Received": str(received)})
+    if not commands <= {"upload", "finalize"} or not commands:
+        raise InvalidRequest("X-Goog-Upload-Command must be upload, finalize, query or cancel", code="INVALID_UPLOAD")
+    if "upload" in commands:
+        offset = request.headers.get("X-Goog-Upload-Offset", str(received))
+        length = request.content_length
+        if offset != str(received):
+            raise InvalidRequest(f"offset {offset[:20]!r} is not the {received} bytes received", code="INVALID_UPLOAD")
+        if length is None or received + length > upload.size:
+            raise InvalidRequest(f"the upload declared {upload.size} bytes; send that many, with Content-Length",
+                                 code="INVALID_UPLOAD")
+        if upload.receiving:
+            raise InvalidRequest("another chunk of this upload is being received", code="INVALID_UPLOAD")
+        upload.receiving = True
+        try:
+            upload.data += await request.content.readexactly(length)  # at most the declared size
+        except asyncio.IncompleteReadError:
+            raise InvalidRequest("the chunk ended before its Content-Length", code="INVALID_UPLOAD") from None
+        finally:
+            upload.receiving = False
+    if "finalize" not in commands:
+        return web.Response(headers={STATUS: "active", "X-Goog-Upload-Size-Received": str(len(upload.data))})
+    uploads.close(token)  # one upload per URL, whatever admission says
+    if len(upload.data) != upload.size:
+        raise InvalidRequest(f"the upload declared {upload.size} bytes and sent {len(upload.data)}",
+                             code="INVALID_UPLOAD")
+    store = request.app[SERVICES].store
+    image = await store.admit(bytes(upload.data), upload.media_type, name=upload.name)
+    context(request).fields.update(files="admitted", attachment=image.id[:15])
+    meta = await store.stat(image.id) or AttachmentMeta(image.id, image.media_type, image.bytes, image.width,
+                                                        image.height, upload.name)
+    return _json({"file": _file(meta)}, {STATUS: "final"})
