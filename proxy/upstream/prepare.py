@@ -17,7 +17,7 @@ import msgspec
 
 from projectionist.adapters.base import WireFormat
 from projectionist.policy.errors import InvalidRequest, PayloadTooLarge
-from projectionist.policy.model import NO_HTTP, HttpRefs, ImageRef, Resolved, StoredImage
+from projectionist.policy.model import ATTACHMENTS_PATH, NO_HTTP, HttpRefs, ImageRef, Resolved, StoredImage
 from projectionist.policy.projection import Projection
 from projectionist.proxy.stores.cache import inline
 from projectionist.proxy.upstream.describe import (
@@ -112,6 +112,11 @@ def may_hold_refs(raw: bytes) -> bool:
     return b"sha256:" in raw or (b"\\" in raw and b"\\u" in raw)  # memchr first: most bodies have no escape
 
 
+def _may_hold_http(raw: bytes) -> bool:
+    """Cheap pre-check: an HTTP reference spells the attachments path, unless JSON-escaped."""
+    return ATTACHMENTS_PATH.encode() in raw or b"\\/" in raw or b"\\u" in raw
+
+
 def _too_many(limit: int) -> NoReturn:
     raise InvalidRequest(f"more than {limit} distinct attachment references in one request", code="TOO_MANY_REFERENCES")
 
@@ -150,7 +155,7 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
         _too_many(max_references)
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
     # replay must find the same references: the record keeps the public URLs that made some of them
-    via_http = describe and bool(http.bases) and len(fmt.find_refs(decoded)) != len(sites)
+    via_http = describe and bool(http.bases) and _may_hold_http(raw) and len(fmt.find_refs(decoded)) != len(sites)
     # all of its images, client-inlined ones too, count only for a many-image rule: one walk less
     images = max(fmt.count_images(decoded, http), len(sites)) if fmt.PROFILE.many_images is not None else len(sites)
     projection = await run([site.ref for site in sites], images)

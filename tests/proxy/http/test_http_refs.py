@@ -284,3 +284,16 @@ async def test_openai_sdk_sends_the_href_as_an_image_url(harness: Harness) -> No
     parts = harness.upstream.last.json()["messages"][0]["content"]
     assert parts[1] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
                                                            + base64.b64encode(data).decode()}}
+
+
+async def test_an_href_with_escaped_slashes_is_projected_and_recorded(web: Harness) -> None:
+    data = make_image(color=162)
+    answer = await upload(web, data)
+    path, body = FORMATS["openai_chat"]
+    raw = msgspec.json.encode(body(answer["href"])).replace(b"/", b"\\/")  # as PHP's json_encode writes it
+    assert b"/v1/attachments/" not in raw
+    resp = await web.client.post(path, data=raw, headers={"Content-Type": "application/json", **SID})
+    assert resp.status == 200
+    assert base64.b64encode(data) in web.upstream.last.body
+    records = [e["data"] for e in await web.events("h") if e["type"] == "request/recorded"]
+    assert records[-1]["public_urls"] == [DEFAULT]
