@@ -4,7 +4,8 @@ References sit in ``image`` blocks as ``source: {type: "url", url: "attachment:.
 HTTP reference) or ``source: {type: "file", file_id: "sha256:..."}``, and in ``document`` blocks
 with such a file source, in message content and nested in ``tool_result.content``. A resolved image
 becomes a ``base64`` source (a ``document`` block becomes an ``image`` block: attachments are
-images, and only an image block carries one); a placeholder becomes a ``text`` block (``cache_control`` kept, so prompt-cache breakpoints stay where the client put them).
+images, and only an image block carries one); a placeholder becomes a ``text`` block
+(``cache_control`` kept, so prompt-cache breakpoints stay where the client put them).
 ``PROFILE`` is what the API accepts in images; ``rejection`` reads its answers refusing one.
 """
 

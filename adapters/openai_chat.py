@@ -3,8 +3,9 @@
 References sit in ``image_url.url`` of ``image_url`` parts, in any message's content list,
 including ``tool`` messages, and in ``file.file_id`` of ``file`` parts (``sha256:<hex>``). A
 resolved image becomes a ``data:`` URL (``detail`` and other keys kept; a ``file`` part becomes an
-``image_url`` part, the one shape that carries an image); a placeholder becomes a ``text`` part. ``PROFILE`` and ``rejection`` (what the API accepts
-in images, and its answers refusing one) serve the Responses adapter too.
+``image_url`` part, the one shape that carries an image); a placeholder becomes a ``text`` part.
+``PROFILE`` and ``rejection`` (what the API accepts in images, and its answers refusing one) serve
+the Responses adapter too.
 """
 
 from __future__ import annotations

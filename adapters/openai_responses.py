@@ -1,12 +1,13 @@
 """OpenAI Responses wire format (adapters layer, pure data mapping).
 
 References sit in ``input_image`` parts as ``image_url: "attachment:..."`` (or an HTTP reference)
-or ``file_id: "sha256:..."``, and in ``input_file`` parts as ``file_id: "sha256:..."``: in message content, in ``function_call_output`` and
-``custom_tool_call_output`` output lists, and in ``prompt.variables``; and in the
-``computer_screenshot`` output of a ``computer_call_output``. A resolved image becomes a ``data:``
-URL (``detail`` kept; an ``input_file`` becomes an ``input_image``, the shape that carries an
-image, with ``detail: "auto"``). A placeholder becomes ``input_text``; a screenshot slot cannot hold text,
-so there it becomes a blank 1x1 image and the text follows the item as a user message.
+or ``file_id: "sha256:..."``, and in ``input_file`` parts as ``file_id: "sha256:..."``: in message
+content, in ``function_call_output`` and ``custom_tool_call_output`` output lists, and in
+``prompt.variables``; and in the ``computer_screenshot`` output of a ``computer_call_output``. A
+resolved image becomes a ``data:`` URL (``detail`` kept; an ``input_file`` becomes an
+``input_image``, the shape that carries an image, with ``detail: "auto"``). A placeholder becomes
+``input_text``; a screenshot slot cannot hold text, so there it becomes a blank 1x1 image and the
+text follows the item as a user message.
 Errors, auth, image limits and image refusals are OpenAI's, shared with the Chat Completions adapter.
 """
 

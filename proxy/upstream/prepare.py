@@ -138,10 +138,10 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     ``http`` names the http(s) URLs that are references too (this proxy's public URLs; every
     HTTP reference spells ``sha256:``, so the raw pre-check still finds it). The body is decoded
     at most once; with ``describe`` the record's view (digest, reference paths and outcomes,
-    shape, and the public URLs when an HTTP reference was among them) comes from that same tree. More than ``max_references`` distinct
-    references is the client's error, refused before anything is read; so is a body whose inlined
-    images would pass ``max_projected_bytes`` (one image referenced a thousand times is a
-    thousand copies), refused before it is built."""
+    shape, and the public URLs when an HTTP reference was among them) comes from that same tree.
+    More than ``max_references`` distinct references is the client's error, refused before
+    anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
+    image referenced a thousand times is a thousand copies), refused before it is built."""
     if not may_hold_refs(raw):
         return Built(raw, None, of_raw(raw) if describe else None)
     if max_references is not None and raw.count(b"sha256:") > max_references \
