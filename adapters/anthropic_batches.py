@@ -15,6 +15,7 @@ import msgspec
 
 from projectionist.adapters import anthropic_messages
 from projectionist.adapters.base import Json, Site
+from projectionist.policy.model import NO_HTTP, HttpRefs
 from projectionist.policy.profile import Rejection
 
 NAME: Final = "anthropic_batches"
@@ -44,16 +45,16 @@ def usage(doc: Json) -> dict[str, Any] | None:
     return None
 
 
-def count_images(body: Json) -> int:
+def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:
     """0: a batch holds many requests, each under the image limits on its own, so no one count
     of the body applies (``find_refs`` still finds every reference in every request)."""
     return 0
 
 
-def find_refs(body: Json) -> list[Site]:
+def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
     requests = body.get("requests") if isinstance(body, dict) else None
     sites: list[Site] = []
     for request in requests if isinstance(requests, list) else ():
         if isinstance(request, dict):
-            sites += anthropic_messages.find_refs(request.get("params"))
+            sites += anthropic_messages.find_refs(request.get("params"), http)
     return sites

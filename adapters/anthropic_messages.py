@@ -1,9 +1,11 @@
 """Anthropic Messages wire format (adapters layer, pure data mapping).
 
-References sit in ``image`` blocks as ``source: {type: "url", url: "attachment:..."}`` or
-``source: {type: "file", file_id: "sha256:..."}``, in message content and nested in
-``tool_result.content``. A resolved image becomes a ``base64`` source; a placeholder becomes a
-``text`` block (``cache_control`` kept, so prompt-cache breakpoints stay where the client put them).
+References sit in ``image`` blocks as ``source: {type: "url", url: "attachment:..."}`` (or an
+HTTP reference) or ``source: {type: "file", file_id: "sha256:..."}``, and in ``document`` blocks
+with such a file source, in message content and nested in ``tool_result.content``. A resolved image
+becomes a ``base64`` source (a ``document`` block becomes an ``image`` block: attachments are
+images, and only an image block carries one); a placeholder becomes a ``text`` block
+(``cache_control`` kept, so prompt-cache breakpoints stay where the client put them).
 ``PROFILE`` is what the API accepts in images; ``rejection`` reads its answers refusing one.
 """
 
@@ -17,7 +19,7 @@ from typing import Any, Final
 from projectionist.adapters.base import (SCAN_CHARS, Inline, Inliner, Json, Known, PlainInline, Site, content_lists,
                                          error_object, known_pattern, part_pointer, patch)
 from projectionist.adapters.responses import member
-from projectionist.policy.model import ImageRef, Outcome, parse_file_id, parse_url_ref
+from projectionist.policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
 from projectionist.policy.profile import Profile, Rejection
 
 NAME: Final = "anthropic_messages"
@@ -83,15 +85,22 @@ _KEYS: Final = frozenset({"content"})
 _TAGS: Final = frozenset({"tool_result"})
 
 
-def _source_ref(source: Json) -> ImageRef | None:
+def _source_ref(source: Json, http: HttpRefs) -> ImageRef | None:
     if not isinstance(source, dict):
         return None
     kind = source.get("type")
     if kind == "url" and isinstance(url := source.get("url"), str):
-        return parse_url_ref(url)
+        return parse_url_ref(url, http)
     if kind == "file" and isinstance(file_id := source.get("file_id"), str):
         return parse_file_id(file_id)
     return None
+
+
+def _is_file_ref(block: dict[str, Any]) -> bool:
+    """A ``document`` block whose source is a file naming an attachment."""
+    source = block.get("source")
+    return (block.get("type") == "document" and isinstance(source, dict) and source.get("type") == "file"
+            and isinstance(file_id := source.get("file_id"), str) and file_id.startswith(ID_PREFIX))
 
 
 def _scan(blocks: list[Json]) -> Iterator[tuple[list[Json], int, dict[str, Any]]]:
@@ -99,32 +108,40 @@ def _scan(blocks: list[Json]) -> Iterator[tuple[list[Json], int, dict[str, Any]]
         if not isinstance(block, dict):
             continue
         kind = block.get("type")
-        if kind == "image":
+        if kind == "image" or kind == "document" and _is_file_ref(block):
             yield blocks, index, block
         elif kind == "tool_result" and isinstance(nested := block.get("content"), list):
             yield from _scan(nested)
 
 
 def _image_blocks(body: Json) -> Iterator[tuple[list[Json], int, dict[str, Any]]]:
-    """Every ``image`` block of ``body`` (its list, its index, the block), in document order."""
+    """Every ``image`` block of ``body``, and every ``document`` block naming an attachment (its
+    list, its index, the block), in document order."""
     for content in content_lists(body.get("messages") if isinstance(body, dict) else None):
         yield from _scan(content)
 
 
-def find_refs(body: Json) -> list[Site]:
+def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
     """Every image reference in ``body``, in document order, tool results included."""
     return [Site(blocks, index, ref) for blocks, index, block in _image_blocks(body)
-            if (ref := _source_ref(block.get("source"))) is not None]
+            if (ref := _source_ref(block.get("source"), http)) is not None]
 
 
-def count_images(body: Json) -> int:
+def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:
     """Every ``image`` block in ``body``, whatever its source (a reference, base64, a URL, a
-    provider file id), tool results included."""
+    provider file id), and every ``document`` block naming an attachment, tool results included."""
     return sum(1 for _ in _image_blocks(body))
 
 
+#: What a ``document`` block has that an ``image`` block may not carry.
+_DOCUMENT_ONLY: Final = frozenset({"title", "context", "citations"})
+
+
 def _image_part(part: dict[str, Any], inline: Inline) -> dict[str, Any]:
-    return {**part, "source": {"type": "base64", "media_type": inline.media_type, "data": inline.base64()}}
+    source = {"type": "base64", "media_type": inline.media_type, "data": inline.base64()}
+    if part.get("type") == "document":
+        return {**{k: v for k, v in part.items() if k not in _DOCUMENT_ONLY}, "type": "image", "source": source}
+    return {**part, "source": source}
 
 
 def _text_part(part: dict[str, Any], text: str) -> dict[str, Any]:

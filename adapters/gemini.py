@@ -21,7 +21,7 @@ from urllib.parse import quote
 from projectionist.adapters.base import (SCAN_CHARS, Host, Inline, Inliner, Json, Known, PlainInline, Site,
                                          error_object, inliner, insert_after, known_pattern, part_pointer)
 from projectionist.adapters.responses import member
-from projectionist.policy.model import ID_PREFIX, URL_SCHEME, Outcome, Resolved, parse_url_ref
+from projectionist.policy.model import ID_PREFIX, NO_HTTP, URL_SCHEME, HttpRefs, Outcome, Resolved, parse_url_ref
 from projectionist.policy.profile import Profile, Rejection
 
 NAME: Final = "gemini"
@@ -100,26 +100,28 @@ def _uri(part: dict[str, Any]) -> str | None:
     return uri if isinstance(uri, str) else None
 
 
-def find_refs(body: Json) -> list[Site]:
-    """Every ``attachment:`` file URI in ``body["contents"]``, function responses included."""
+def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
+    """Every ``attachment:`` (or ``http`` reference) file URI in ``body["contents"]``, function
+    responses included."""
     return [Site(parts, index, ref, host) for parts, index, part, host in _parts(body)
-            if (uri := _uri(part)) is not None and (ref := parse_url_ref(uri)) is not None]
+            if (uri := _uri(part)) is not None and (ref := parse_url_ref(uri, http)) is not None]
 
 
-def _is_image(part: dict[str, Any]) -> bool:
+def _is_image(part: dict[str, Any], http: HttpRefs) -> bool:
     for slot in (("inline_data", "inlineData"), ("file_data", "fileData")):
         data = _either(part, *slot)
         mime = _either(data, "mime_type", "mimeType") if isinstance(data, dict) else None
         if isinstance(mime, str) and mime.lower().startswith("image/"):
             return True
     uri = _uri(part)
-    return uri is not None and uri.startswith(URL_SCHEME)
+    return uri is not None and (uri.startswith(URL_SCHEME) or http.rest(uri) is not None)
 
 
-def count_images(body: Json) -> int:
+def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:
     """Every image part in ``body["contents"]``, function responses included: inline or file
-    data of an ``image/`` type, or an ``attachment:`` reference (whose type the proxy knows)."""
-    return sum(1 for _, _, part, _ in _parts(body) if _is_image(part))
+    data of an ``image/`` type, or a reference (``attachment:`` or under ``http``: the proxy
+    knows its type)."""
+    return sum(1 for _, _, part, _ in _parts(body) if _is_image(part, http))
 
 
 def _inline(part: dict[str, Any], inline: Inline) -> dict[str, Any]:

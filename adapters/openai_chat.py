@@ -1,9 +1,11 @@
 """OpenAI Chat Completions wire format (adapters layer, pure data mapping).
 
 References sit in ``image_url.url`` of ``image_url`` parts, in any message's content list,
-including ``tool`` messages. A resolved image becomes a ``data:`` URL (``detail`` and other keys
-kept); a placeholder becomes a ``text`` part. ``PROFILE`` and ``rejection`` (what the API accepts
-in images, and its answers refusing one) serve the Responses adapter too.
+including ``tool`` messages, and in ``file.file_id`` of ``file`` parts (``sha256:<hex>``). A
+resolved image becomes a ``data:`` URL (``detail`` and other keys kept; a ``file`` part becomes an
+``image_url`` part, the one shape that carries an image); a placeholder becomes a ``text`` part.
+``PROFILE`` and ``rejection`` (what the API accepts in images, and its answers refusing one) serve
+the Responses adapter too.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Final
 from projectionist.adapters.base import (SCAN_CHARS, Inline, Inliner, Json, Known, PlainInline, Site, content_lists,
                                          error_object, known_pattern, part_pointer, patch)
 from projectionist.adapters.responses import member
-from projectionist.policy.model import Outcome, parse_url_ref
+from projectionist.policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
 from projectionist.policy.profile import Profile, Rejection
 
 NAME: Final = "openai_chat"
@@ -67,30 +69,47 @@ _KEYS: Final = frozenset({"content", "output"})
 
 
 def _image_parts(body: Json) -> Iterator[tuple[list[Json], int, dict[str, Any]]]:
-    """Every ``image_url`` part of ``body`` (its content list, its index, the part), in document order."""
+    """Every ``image_url`` and ``file`` part of ``body`` (its content list, its index, the part),
+    in document order."""
     for content in content_lists(body.get("messages") if isinstance(body, dict) else None):
         for index, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") == "image_url":
+            if isinstance(part, dict) and part.get("type") in ("image_url", "file"):
                 yield content, index, part
 
 
-def find_refs(body: Json) -> list[Site]:
-    """Every ``attachment:`` image reference in ``body``, in document order."""
-    sites: list[Site] = []
-    for content, index, part in _image_parts(body):
-        slot = part.get("image_url")
-        url = slot.get("url") if isinstance(slot, dict) else slot
-        if isinstance(url, str) and (ref := parse_url_ref(url)) is not None:
-            sites.append(Site(content, index, ref))
-    return sites
+def _file_id(part: dict[str, Any]) -> str | None:
+    slot = part.get("file")
+    file_id = slot.get("file_id") if isinstance(slot, dict) else None
+    return file_id if isinstance(file_id, str) else None
 
 
-def count_images(body: Json) -> int:
-    """Every ``image_url`` part in ``body``, whatever its URL (a reference, ``data:``, http(s))."""
-    return sum(1 for _ in _image_parts(body))
+def _ref(part: dict[str, Any], http: HttpRefs) -> ImageRef | None:
+    if part["type"] == "file":
+        file_id = _file_id(part)
+        return parse_file_id(file_id) if file_id is not None else None
+    slot = part.get("image_url")
+    url = slot.get("url") if isinstance(slot, dict) else slot
+    return parse_url_ref(url, http) if isinstance(url, str) else None
+
+
+def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
+    """Every image reference in ``body`` (``attachment:`` or ``http``'s URLs, ``sha256:`` file
+    ids), in document order."""
+    return [Site(content, index, ref) for content, index, part in _image_parts(body)
+            if (ref := _ref(part, http)) is not None]
+
+
+def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:
+    """Every ``image_url`` part in ``body``, whatever its URL (a reference, ``data:``, http(s)),
+    and every ``file`` part naming an attachment (the provider's own files need not be images)."""
+    return sum(1 for _, _, part in _image_parts(body)
+               if part["type"] == "image_url" or (_file_id(part) or "").startswith(ID_PREFIX))
 
 
 def _image_part(part: dict[str, Any], inline: Inline) -> dict[str, Any]:
+    if part["type"] == "file":
+        kept = {k: v for k, v in part.items() if k not in ("type", "file")}
+        return {"type": "image_url", **kept, "image_url": {"url": inline.data_url()}}
     slot = part.get("image_url")
     kept = {k: v for k, v in slot.items() if k != "url"} if isinstance(slot, dict) else {}
     return {**part, "image_url": {"url": inline.data_url(), **kept}}

@@ -1,11 +1,13 @@
 """OpenAI Responses wire format (adapters layer, pure data mapping).
 
-References sit in ``input_image`` parts as ``image_url: "attachment:..."`` or
-``file_id: "sha256:..."``: in message content, in ``function_call_output`` and
-``custom_tool_call_output`` output lists, and in ``prompt.variables``; and in the
-``computer_screenshot`` output of a ``computer_call_output``. A resolved image becomes a ``data:``
-URL (``detail`` kept). A placeholder becomes ``input_text``; a screenshot slot cannot hold text,
-so there it becomes a blank 1x1 image and the text follows the item as a user message.
+References sit in ``input_image`` parts as ``image_url: "attachment:..."`` (or an HTTP reference)
+or ``file_id: "sha256:..."``, and in ``input_file`` parts as ``file_id: "sha256:..."``: in message
+content, in ``function_call_output`` and ``custom_tool_call_output`` output lists, and in
+``prompt.variables``; and in the ``computer_screenshot`` output of a ``computer_call_output``. A
+resolved image becomes a ``data:`` URL (``detail`` kept; an ``input_file`` becomes an
+``input_image``, the shape that carries an image, with ``detail: "auto"``). A placeholder becomes
+``input_text``; a screenshot slot cannot hold text, so there it becomes a blank 1x1 image and the
+text follows the item as a user message.
 Errors, auth, image limits and image refusals are OpenAI's, shared with the Chat Completions adapter.
 """
 
@@ -18,7 +20,8 @@ from typing import Any, Final
 from projectionist.adapters import openai_chat
 from projectionist.adapters.base import Host, Inliner, Json, PlainInline, Site, inliner, insert_after
 from projectionist.adapters.responses import member
-from projectionist.policy.model import ImageRef, Outcome, Resolved, parse_file_id, parse_url_ref
+from projectionist.policy.model import (ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, Resolved, parse_file_id,
+                                        parse_url_ref)
 
 NAME: Final = "openai_responses"
 FORMAT: Final = "openai"
@@ -47,14 +50,26 @@ def _is(part: Json, kind: str) -> bool:
     return isinstance(part, dict) and part.get("type") == kind
 
 
-def _ref(part: Json, kind: str) -> ImageRef | None:
+def _file_id(part: Json) -> str | None:
+    file_id = part.get("file_id")
+    return file_id if isinstance(file_id, str) else None
+
+
+def _is_file_ref(part: Json, kind: str) -> bool:
+    """An ``input_file`` naming an attachment, where an ``input_image`` may stand."""
+    return kind == "input_image" and _is(part, "input_file") and (_file_id(part) or "").startswith(ID_PREFIX)
+
+
+def _ref(part: Json, kind: str, http: HttpRefs) -> ImageRef | None:
+    if _is_file_ref(part, kind):
+        return parse_file_id(part["file_id"])
     if not _is(part, kind):
         return None
     url = part.get("image_url")
-    if isinstance(url, str) and (ref := parse_url_ref(url)) is not None:
+    if isinstance(url, str) and (ref := parse_url_ref(url, http)) is not None:
         return ref
-    file_id = part.get("file_id")
-    return parse_file_id(file_id) if isinstance(file_id, str) else None
+    file_id = _file_id(part)
+    return parse_file_id(file_id) if file_id is not None else None
 
 
 #: A place an image part may sit: its parent (a list or a dict), its index or key, the part there,
@@ -85,19 +100,22 @@ def _slots(body: Json) -> Iterator[_Slot]:
             yield from ((nested, index, part, "input_image", None) for index, part in enumerate(nested))
 
 
-def find_refs(body: Json) -> list[Site]:
+def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
     """Every image reference in ``input`` and ``prompt.variables``, in document order."""
     return [Site(parent, index, ref, host) for parent, index, part, kind, host in _slots(body)
-            if (ref := _ref(part, kind)) is not None]
+            if (ref := _ref(part, kind, http)) is not None]
 
 
-def count_images(body: Json) -> int:
+def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:
     """Every ``input_image`` (and computer screenshot) in ``input`` and ``prompt.variables``,
-    whatever it carries (a reference, a ``data:`` or http(s) URL, a provider file id)."""
-    return sum(1 for _, _, part, kind, _ in _slots(body) if _is(part, kind))
+    whatever it carries (a reference, a ``data:`` or http(s) URL, a provider file id), and every
+    ``input_file`` naming an attachment (the provider's own files need not be images)."""
+    return sum(1 for _, _, part, kind, _ in _slots(body) if _is(part, kind) or _is_file_ref(part, kind))
 
 
 def _image(part: dict[str, Any], url: Json) -> dict[str, Any]:
+    if part.get("type") == "input_file":
+        return {"type": "input_image", "image_url": url, "detail": "auto"}
     return {**{k: v for k, v in part.items() if k not in ("image_url", "file_id")}, "image_url": url}
 
 

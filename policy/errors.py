@@ -63,8 +63,9 @@ CODES: Final[dict[str, Code]] = {
     "METHOD_NOT_ALLOWED": Code(405),
     "SESSION_EXISTS": Code(409), "REPLAY_NEEDS_BODY": Code(409), "REPLAY_NOT_REBUILT": Code(409),
     "PAYLOAD_TOO_LARGE": Code(413), "IMAGE_TOO_LARGE": Code(413), "PROJECTED_TOO_LARGE": Code(413), "UNSUPPORTED_ENCODING": Code(415),
-    # an unreadable attachment without a session (409: a recovery whose verification failed)
-    NOT_FOUND: Code(422, also=(409,)), CORRUPT: Code(422, also=(409,)), READ_FAILED: Code(503, also=(409,)),
+    # an unreadable attachment without a session (409: a recovery whose verification failed;
+    # 404: GET /v1/attachments/{id} of an absent object)
+    NOT_FOUND: Code(422, also=(409, 404)), CORRUPT: Code(422, also=(409,)), READ_FAILED: Code(503, also=(409,)),
     # the upstream, the proxy's own storage, contention
     "UPSTREAM_UNAVAILABLE": Code(502), "UPSTREAM_TIMEOUT": Code(504),
     "LOG_UNAVAILABLE": Code(503, "the session log is unavailable; retry"),

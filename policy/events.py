@@ -127,6 +127,8 @@ class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
     ``shape`` holds short digests of the projected body with images reduced to their ids, per
     top-level member and per item of top-level lists, so a reconstruction that no longer matches
     can name the first differing path. ``inbound_blob`` is set in ``full`` recording mode.
+    ``public_urls`` are the proxy's public URLs when some reference of the call was an HTTP URL
+    under one of them (replay recognises exactly those, whatever the configuration says since).
     """
 
     request_id: str
@@ -141,6 +143,7 @@ class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
     refs: tuple[RefRecord, ...] = ()
     shape: tuple[tuple[str, str], ...] = ()
     inbound_blob: str | None = None
+    public_urls: tuple[str, ...] = ()
 
 
 class ResponseRecorded(msgspec.Struct, frozen=True, omit_defaults=True):

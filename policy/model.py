@@ -1,7 +1,8 @@
 """Value types of the projection domain: references, stored images, outcomes (policy layer, pure).
 
 A reference's lifecycle is a type: an ``ImageRef`` found in a request becomes either ``Resolved``
-(verified bytes to inline) or ``Placeholder`` (text derived from the log).
+(verified bytes to inline) or ``Placeholder`` (text derived from the log). ``HttpRefs`` says which
+http(s) URLs are references too: data the proxy hands in, never read from configuration here.
 """
 
 from __future__ import annotations
@@ -22,10 +23,15 @@ Failure = Literal["not_found", "corrupt", "read_failed", "rejected"]
 
 ID_PREFIX: Final = "sha256:"
 URL_SCHEME: Final = "attachment:"
+#: Where the HTTP form of a reference lives under a public URL: ``{public_url}/v1/attachments/<id>``.
+ATTACHMENTS_PATH: Final = "/v1/attachments/"
 MEDIA_TYPES: Final = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 _ID_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
 _SESSION_RE: Final = re.compile(r"[\x21-\x7e]{1,256}")
+#: ``/s/{session}/v1/attachments/`` after a public URL: the session one literal path segment of
+#: visible ASCII (no ``/``, ``?``, ``#``, ``%``; not ``.`` or ``..``).
+_SESSION_PATH: Final = re.compile(r"/s/(?!\.\.?/)[\x21\x22\x24\x26-\x2e\x30-\x3e\x40-\x7e]{1,256}/v1/attachments/")
 
 
 class ImageRef(msgspec.Struct, frozen=True):
@@ -81,15 +87,39 @@ def check_session_id(value: str) -> str:
     return value
 
 
-def parse_url_ref(url: str) -> ImageRef | None:
-    """Parse the URL form ``attachment:sha256:<hex>[?name=<url-encoded>]``.
+class HttpRefs(msgspec.Struct, frozen=True):
+    """The http(s) URLs that are references: ``{base}/v1/attachments/sha256:<hex>[?name=]`` (and
+    ``{base}/s/{session}/v1/attachments/...``) for each ``base`` of this proxy's public URLs.
 
-    Returns None for anything that is not an ``attachment:`` URL (it passes through untouched);
-    raises ``INVALID_ATTACHMENT_REF`` for a malformed one, which is the client's error.
-    """
-    if not url.startswith(URL_SCHEME):
+    A URL counts only when it starts with a base exactly (scheme, host, port and path prefix as
+    spelled, no trailing slash): a lookalike host, another port, a ``..`` or percent-encoded
+    spelling of the path is an ordinary URL. What follows the attachments path must be a reference
+    exactly as in the ``attachment:`` form, or it is ``INVALID_ATTACHMENT_REF``."""
+
+    bases: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, *public_urls: str | None) -> HttpRefs:
+        return cls(tuple(base for u in public_urls if u and (base := u.rstrip("/"))))
+
+    def rest(self, url: str) -> str | None:
+        """What follows the attachments path of ``url`` if ``url`` lies under one of the bases."""
+        for base in self.bases:
+            if not url.startswith(base):
+                continue
+            if url.startswith(ATTACHMENTS_PATH, len(base)):
+                return url[len(base) + len(ATTACHMENTS_PATH):]
+            if (session := _SESSION_PATH.match(url, len(base))) is not None:
+                return url[session.end():]
         return None
-    rest = url[len(URL_SCHEME):]
+
+
+#: No http(s) URL is a reference (replay of a call that had none, pure callers).
+NO_HTTP: Final = HttpRefs()
+
+
+def _reference(rest: str) -> ImageRef:
+    """``sha256:<hex>[?name=<url-encoded>]``, the part of a reference after its scheme or path."""
     ident, sep, query = rest.partition("?")
     check_id(ident)
     name: str | None = None
@@ -103,6 +133,20 @@ def parse_url_ref(url: str) -> ImageRef | None:
                 raise AttachmentError(INVALID_REF, "attachment reference takes only one 'name' parameter")
             name = value
     return ImageRef(ident, name or None)
+
+
+def parse_url_ref(url: str, http: HttpRefs = NO_HTTP) -> ImageRef | None:
+    """Parse the URL form ``attachment:sha256:<hex>[?name=<url-encoded>]``, or its HTTP form
+    under one of ``http``'s bases.
+
+    Returns None for anything else (it passes through untouched); raises
+    ``INVALID_ATTACHMENT_REF`` for a malformed reference, which is the client's error.
+    """
+    if url.startswith(URL_SCHEME):
+        return _reference(url[len(URL_SCHEME):])
+    if http.bases and (rest := http.rest(url)) is not None:
+        return _reference(rest)
+    return None
 
 
 def parse_file_id(file_id: str) -> ImageRef | None:

@@ -73,6 +73,8 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     shutdown_grace: Seconds = 10.0
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     ready_timeout: Seconds = 2.0
+    #: Where clients reach this proxy (``http(s)://host[:port][/path]``); '' is the listen address.
+    public_url: str = ""
 
 
 class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -193,6 +195,16 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def log_path(self) -> Path:
         return Path(self.log.path) if self.log.path else self.data_dir / "sessions.sqlite3"
 
+    @property
+    def public_url(self) -> str:
+        """The base of the HTTP form of references (``{public_url}/v1/attachments/<id>``), without
+        a trailing slash: ``server.public_url`` as ``check_public_url`` normalised it, else the
+        listen address (an IPv6 host in brackets; no host is all interfaces, reached as localhost)."""
+        if self.server.public_url:
+            return self.server.public_url
+        host = self.server.host or "localhost"
+        return f"http://[{host}]:{self.server.port}" if ":" in host else f"http://{host}:{self.server.port}"
+
     def upstream_key(self, name: str, environ: Mapping[str, str] = os.environ) -> str:
         """The configured key for upstream ``name`` ('' means: forward the client's own)."""
         upstream = self.upstreams[name]
@@ -248,7 +260,23 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
         raise InvalidRequest(f"invalid configuration: {exc}", code="INVALID_CONFIG") from None
     config = msgspec.structs.replace(config, upstreams={**_default_upstreams(), **config.upstreams})
     check_upstreams(config)
+    if config.server.public_url:
+        server = msgspec.structs.replace(config.server, public_url=check_public_url(config.server.public_url))
+        config = msgspec.structs.replace(config, server=server)
     return config
+
+
+def check_public_url(configured: str) -> str:
+    """``server.public_url`` as clients will spell it back: ``http(s)://host[:port][/path]``, no
+    credentials, query or fragment; scheme and host in lowercase, a default port dropped (as URL
+    libraries that validate image URLs write it), no trailing slash."""
+    try:
+        url = base_url(configured)
+    except InvalidRequest:
+        raise InvalidRequest("server.public_url must be http(s)://host[:port][/path]", code="INVALID_CONFIG") from None
+    if url.raw_user is not None or url.raw_password is not None:
+        raise InvalidRequest("server.public_url must not hold credentials", code="INVALID_CONFIG")
+    return str(url).rstrip("/")
 
 
 def check_upstreams(config: Config) -> None:

@@ -23,7 +23,7 @@ from projectionist.proxy.http.readiness import READINESS, Readiness, readyz
 from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.http.ui import add_ui_routes
-from projectionist.proxy.http.uploads import upload
+from projectionist.proxy.http.uploads import download, upload
 from projectionist.proxy.observe.metrics import Metrics, OpCounter
 from projectionist.proxy.sessionlog.base import Log
 from projectionist.proxy.sessionlog.cached import CachedLog
@@ -144,6 +144,7 @@ def create_app(
     router = app.router
     router.add_post("/v1/attachments", upload, name="attachments.create")
     router.add_post(gemini_files.UPLOAD_ROUTE, gemini_files.upload, name="gemini.upload")  # no client token: see there
+    router.add_get("/v1/attachments/{id}", download, name="attachments.get")  # and HEAD
     add_admin_routes(router)
     add_ui_routes(router)
     router.add_get("/healthz", healthz, allow_head=False, name="healthz")

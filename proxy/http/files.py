@@ -37,7 +37,7 @@ from aiohttp import web
 
 from projectionist.adapters import anthropic_messages, openai_chat
 from projectionist.adapters.base import FilesFormat, WireFormat
-from projectionist.policy.errors import NOT_FOUND, AttachmentError, ImageRejected, InvalidRequest, NotFound, UpstreamError
+from projectionist.policy.errors import ImageRejected, InvalidRequest, NotFound, UpstreamError
 from projectionist.policy.model import ID_PREFIX, check_id
 from projectionist.proxy.stores.admission import IMAGE_TOO_LARGE, header_info
 from projectionist.proxy.http.bodies import encoding_of, inflate, parse_form
@@ -48,7 +48,7 @@ from projectionist.proxy.stores.base import LIST_MAX, AttachmentMeta
 from projectionist.proxy.upstream.outgoing import outgoing_headers, target_url
 from projectionist.proxy.upstream.relay import client_error, forward_headers
 from projectionist.proxy.upstream.target import Upstream
-from projectionist.proxy.http.uploads import clean_name
+from projectionist.proxy.http.uploads import clean_name, serve_image
 
 FILES_PATH: Final = re.compile(r"(?:/v1)?/files(?:/(?P<id>[^/]+)(?P<content>/content)?)?")
 MULTIPART_SLACK: Final = 64 * 1024
@@ -115,13 +115,7 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
             raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
         return _json(_files(upstream.format).file_deleted(file_id))
     if match["content"]:
-        try:
-            image = await store.read_image(file_id)
-        except AttachmentError as error:
-            if error.code == NOT_FOUND:
-                raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND") from None
-            raise
-        return web.Response(body=image.data, content_type=image.media_type)
+        return await serve_image(request, file_id, NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND"))
     meta = await store.stat(file_id)
     if meta is None:
         raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")

@@ -69,7 +69,7 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
 
     async def built_and_recorded(attempt: int) -> tuple[Built, Recorder | None]:
         built = await build(fmt, raw, run, describe=recording, max_references=policy.max_references,
-                            max_projected_bytes=policy.max_projected_bytes)
+                            max_projected_bytes=policy.max_projected_bytes, http=services.http_refs)
         if built.projection is not None:
             _account(request, services, built.projection, time.perf_counter() - started)
         if not (session_id and built.described is not None):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from projectionist.policy.model import HttpRefs
 from projectionist.policy.probe import Prober
 from projectionist.proxy.config import Config
 from projectionist.proxy.http.auth import Guard
@@ -47,6 +48,8 @@ class Services:
 
     def __post_init__(self) -> None:
         self.prober = Prober(self.config.policy.retryable_probe_after)
+        #: The http(s) URLs that are references: the ones under this proxy's public URL.
+        self.http_refs = HttpRefs.of(self.config.public_url)
         server = self.config.server
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
         record = self.config.record

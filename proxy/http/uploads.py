@@ -1,9 +1,12 @@
-"""``POST /v1/attachments``: admit raw or multipart image bytes into the store (proxy layer).
+"""``POST /v1/attachments``: admit raw or multipart image bytes into the store; ``GET`` (and
+``HEAD``) ``/v1/attachments/{id}``: serve them back, verified (proxy layer).
 
-Answers ``{id, media_type, bytes, width, height, name?, url, variants}`` where ``url`` is the
-ready-to-paste ``attachment:`` reference (carrying the display name) and ``variants`` the variants
-made of it so far (target -> variant id). Admission itself (magic bytes, limits,
-atomic publish) is the store's job; this module only gets the bytes out of HTTP, bounded.
+The upload answers ``{id, media_type, bytes, width, height, name?, url, href, variants}`` where
+``url`` is the ready-to-paste ``attachment:`` reference (carrying the display name), ``href`` the
+same reference as an http(s) URL under ``server.public_url`` (for clients whose helpers validate
+or fetch image URLs) and ``variants`` the variants made of it so far (target -> variant id).
+Admission itself (magic bytes, limits, atomic publish) is the store's job; this module only gets
+the bytes out of HTTP, bounded, and back (``serve_image``, shared with the Files API's content).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from projectionist.policy.errors import InvalidRequest
-from projectionist.policy.model import StoredImage
+from projectionist.policy.errors import NOT_FOUND, AttachmentError, InvalidRequest, ProjectionistError
+from projectionist.policy.model import ATTACHMENTS_PATH, StoredImage, check_id
 from projectionist.proxy.http.bodies import encoding_of, form_parts, parse_form, read_body
 from projectionist.proxy.http.middleware import context
 from projectionist.proxy.http.services import SERVICES
@@ -40,13 +43,16 @@ def clean_name(name: str | None) -> str | None:
     return name
 
 
-def describe(image: StoredImage, name: str | None, variants: dict[str, str] | None = None) -> dict[str, Any]:
-    url = f"attachment:{image.id}" + (f"?name={quote(name, safe='')}" if name else "")
+def describe(image: StoredImage, name: str | None, variants: dict[str, str] | None = None,
+             public_url: str | None = None) -> dict[str, Any]:
+    query = f"?name={quote(name, safe='')}" if name else ""
     out: dict[str, Any] = {"id": image.id, "media_type": image.media_type, "bytes": image.bytes,
                            "width": image.width, "height": image.height}
     if name:
         out["name"] = name
-    out["url"] = url
+    out["url"] = f"attachment:{image.id}{query}"
+    if public_url:
+        out["href"] = f"{public_url}{ATTACHMENTS_PATH}{image.id}{query}"
     out["variants"] = variants or {}
     return out
 
@@ -78,4 +84,40 @@ async def upload(request: web.Request) -> web.StreamResponse:
     image = await app.store.admit(data, declared, name=name)
     context(request).fields.update(attachment=image.id[:15], bytes=image.bytes)
     variants = await app.variants.of(image.id)  # the same bytes uploaded again keep theirs
-    return web.Response(body=msgspec.json.encode(describe(image, name, variants)), content_type="application/json")
+    return web.Response(body=msgspec.json.encode(describe(image, name, variants, app.config.public_url)),
+                        content_type="application/json")
+
+
+#: An id names its bytes for good: any cache may keep them (``private`` when clients need a token).
+IMMUTABLE = "max-age=31536000, immutable"
+
+
+async def serve_image(request: web.Request, attachment_id: str, missing: ProjectionistError) -> web.Response:
+    """An attachment's bytes after a full verified read of the store (never the cache), typed as
+    admitted, with its id as ``ETag``. An absent object raises ``missing``; a corrupt or unreadable
+    one its attachment error: bytes that fail verification are never served. A request that
+    already holds them (``If-None-Match``) gets 304 while the object exists."""
+    services = request.app[SERVICES]
+    etag = f'"{attachment_id}"'
+    scope = "private" if services.guard.clients_required else "public"
+    headers = {"ETag": etag, "Cache-Control": f"{scope}, {IMMUTABLE}"}
+    if etag in (t.strip() for t in request.headers.get("If-None-Match", "").split(",")):
+        if await services.store.stat(attachment_id) is None:
+            raise missing
+        return web.Response(status=304, headers=headers)
+    try:
+        image = await services.store.read_image(attachment_id)
+    except AttachmentError as error:
+        if error.code == NOT_FOUND:
+            raise missing from None
+        raise
+    return web.Response(body=image.data, content_type=image.media_type, headers=headers)
+
+
+async def download(request: web.Request) -> web.StreamResponse:
+    """``GET``/``HEAD /v1/attachments/{id}``: the HTTP form of a reference, served."""
+    request.app[SERVICES].guard.require_client(request.headers, request.query)
+    attachment_id = check_id(request.match_info["id"])
+    context(request).fields.update(attachment=attachment_id[:15])
+    missing = ProjectionistError(f"no attachment {attachment_id[:15]}", code=NOT_FOUND, status=404)
+    return await serve_image(request, attachment_id, missing)

@@ -92,14 +92,17 @@ def shape(body: Json) -> tuple[tuple[str, str], ...]:
 
 
 class Described(msgspec.Struct, frozen=True):
+    """``public_urls``: the bases of the HTTP references the call had (none: it had none)."""
+
     projected_digest: str
     refs: tuple[RefRecord, ...]
     shape: tuple[tuple[str, str], ...]
+    public_urls: tuple[str, ...] = ()
 
 
-def of_tree(rendered: Json, refs: tuple[RefRecord, ...]) -> Described:
+def of_tree(rendered: Json, refs: tuple[RefRecord, ...], public_urls: tuple[str, ...] = ()) -> Described:
     """A projected call, from its rendered tree (no second decode, no base64 hashed)."""
-    return Described(sha256_id(RECORD.encode(rendered)), refs, shape(rendered))
+    return Described(sha256_id(RECORD.encode(rendered)), refs, shape(rendered), public_urls)
 
 
 def of_raw(raw: bytes) -> Described:

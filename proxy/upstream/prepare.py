@@ -17,7 +17,7 @@ import msgspec
 
 from projectionist.adapters.base import WireFormat
 from projectionist.policy.errors import InvalidRequest, PayloadTooLarge
-from projectionist.policy.model import ImageRef, Resolved, StoredImage
+from projectionist.policy.model import ATTACHMENTS_PATH, NO_HTTP, HttpRefs, ImageRef, Resolved, StoredImage
 from projectionist.policy.projection import Projection
 from projectionist.proxy.stores.cache import inline
 from projectionist.proxy.upstream.describe import (
@@ -112,6 +112,11 @@ def may_hold_refs(raw: bytes) -> bool:
     return b"sha256:" in raw or (b"\\" in raw and b"\\u" in raw)  # memchr first: most bodies have no escape
 
 
+def _may_hold_http(raw: bytes) -> bool:
+    """Cheap pre-check: an HTTP reference spells the attachments path, unless JSON-escaped."""
+    return ATTACHMENTS_PATH.encode() in raw or b"\\/" in raw or b"\\u" in raw
+
+
 def _too_many(limit: int) -> NoReturn:
     raise InvalidRequest(f"more than {limit} distinct attachment references in one request", code="TOO_MANY_REFERENCES")
 
@@ -126,28 +131,33 @@ def decode_json(raw: bytes) -> Any:
 
 
 async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False,
-                max_references: int | None = None, max_projected_bytes: int | None = None) -> Built:
+                max_references: int | None = None, max_projected_bytes: int | None = None,
+                http: HttpRefs = NO_HTTP) -> Built:
     """The upstream body for ``raw``: the original bytes without references, else projected.
 
-    The body is decoded at most once; with ``describe`` the record's view (digest, reference
-    paths and outcomes, shape) comes from that same tree. More than ``max_references`` distinct
-    references is the client's error, refused before anything is read; so is a body whose inlined
-    images would pass ``max_projected_bytes`` (one image referenced a thousand times is a
-    thousand copies), refused before it is built."""
+    ``http`` names the http(s) URLs that are references too (this proxy's public URLs; every
+    HTTP reference spells ``sha256:``, so the raw pre-check still finds it). The body is decoded
+    at most once; with ``describe`` the record's view (digest, reference paths and outcomes,
+    shape, and the public URLs when an HTTP reference was among them) comes from that same tree.
+    More than ``max_references`` distinct references is the client's error, refused before
+    anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
+    image referenced a thousand times is a thousand copies), refused before it is built."""
     if not may_hold_refs(raw):
         return Built(raw, None, of_raw(raw) if describe else None)
     if max_references is not None and raw.count(b"sha256:") > max_references \
             and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
         _too_many(max_references)
     decoded = decode_json(raw)
-    sites = fmt.find_refs(decoded)
+    sites = fmt.find_refs(decoded, http)
     if not sites:
         return Built(raw, None, of_decoded(raw, decoded) if describe else None)
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
         _too_many(max_references)
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
+    # replay must find the same references: the record keeps the public URLs that made some of them
+    via_http = describe and bool(http.bases) and _may_hold_http(raw) and len(fmt.find_refs(decoded)) != len(sites)
     # all of its images, client-inlined ones too, count only for a many-image rule: one walk less
-    images = max(fmt.count_images(decoded), len(sites)) if fmt.PROFILE.many_images is not None else len(sites)
+    images = max(fmt.count_images(decoded, http), len(sites)) if fmt.PROFILE.many_images is not None else len(sites)
     projection = await run([site.ref for site in sites], images)
     if max_projected_bytes is not None:
         inlined = sum(4 * -(-o.image.bytes // 3) for o in projection.outcomes if isinstance(o, Resolved))
@@ -158,6 +168,7 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     # a variant stands for its original: rejections and records speak of the reference's id
     origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
     fmt.render(sites, projection.outcomes, lambda image: _Tracked(inline(image), origin.get(id(image), image.id), seen))
-    described = of_tree(decoded, ref_records(sites, paths, projection.outcomes)) if describe else None
+    described = of_tree(decoded, ref_records(sites, paths, projection.outcomes),
+                        http.bases if via_http else ()) if describe else None
     return Built(UPSTREAM.encode(decoded), projection, described, decoded, seen)
 

@@ -89,7 +89,7 @@ class Recording:
             method=call.method, path=call.path,
             log_seq=projection.state.last_seq if projection is not None else 0,
             inbound_digest=inbound, projected_digest=described.projected_digest,
-            refs=described.refs, shape=described.shape,
+            refs=described.refs, shape=described.shape, public_urls=described.public_urls,
             inbound_blob=inbound if self.mode == "full" else None,  # content-addressed: known now
         )
         self._put(_Pending(call.session_id, call.request_id, data, raw if self.mode == "full" else None))

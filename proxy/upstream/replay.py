@@ -23,7 +23,7 @@ from projectionist.adapters.responses import documents
 from projectionist.policy.errors import AttachmentError, Conflict, InvalidRequest, NotFound
 from projectionist.policy.events import Event, RequestEvent, RequestRecorded, ResponseEvent, ResponseRecorded
 from projectionist.policy.fold import fold
-from projectionist.policy.model import ImageRef
+from projectionist.policy.model import HttpRefs, ImageRef
 from projectionist.policy.ports import SessionLog
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.config import Config
@@ -136,7 +136,8 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
 
     base = Rebuilt(session, event.seq, record, source, matches=False, response=response)
     try:
-        built = await build(fmt, inbound, run, describe=True)
+        # the HTTP references the call had are the ones under the public URLs it recorded
+        built = await build(fmt, inbound, run, describe=True, http=HttpRefs(record.public_urls))
     except AttachmentError as error:
         path = next((r.path for r in record.refs if r.attachment_id == error.attachment_id), "")
         return msgspec.structs.replace(base, first_difference=path,

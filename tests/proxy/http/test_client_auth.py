@@ -52,6 +52,8 @@ STRANGER_REQUESTS = [
     ("POST", "/v1beta/models/g:generateContent", {"contents": []}),
     ("GET", "/v1/models", None),
     ("POST", "/v1/attachments", None),
+    ("GET", "/v1/attachments/sha256:" + "a" * 64, None),
+    ("HEAD", "/v1/attachments/sha256:" + "a" * 64, None),
     ("GET", "/v1/files/sha256:" + "a" * 64 + "/content", None),
     ("GET", "/v1/files/sha256:" + "a" * 64, None),
     ("DELETE", "/v1/files/sha256:" + "a" * 64, None),

@@ -170,7 +170,8 @@ def test_check_path_and_base_join_unit() -> None:
 @pytest.mark.parametrize(("method", "path"), [
     ("POST", "/admin/sessions"), ("DELETE", "/admin/sessions/s1"), ("POST", "/admin/sesions/s1/fork"),
     ("DELETE", "/admin/sessions/s1/events"), ("GET", "/admin"), ("PUT", "/admin/x/y/z"),
-    ("GET", "/v1/attachments/sha256:abc"), ("DELETE", "/v1/attachments"), ("POST", "/healthz"), ("PUT", "/metrics"),
+    ("PUT", "/v1/attachments/sha256:abc"), ("GET", "/v1/attachments/sha256:abc/x"), ("DELETE", "/v1/attachments"),
+    ("POST", "/healthz"), ("PUT", "/metrics"),
     ("POST", "/readyz"), ("GET", "/readyz/x"),
 ])
 async def test_routes_the_proxy_owns_are_answered_locally_never_forwarded(
