@@ -69,6 +69,8 @@ class ReadTimeout(TimeoutError):
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; hands what it reads to the answer in flight, if any."""
 
+    __slots__ = ("client", "origin", "transport", "answer", "idle_since", "lost", "_write_paused", "_drain")
+
     def __init__(self, client: Client, origin: Origin) -> None:
         self.client = client
         self.origin = origin
@@ -131,6 +133,11 @@ class Response:
     """One answer: ``status``, ``reason``, ``headers`` (as sent: names keep their case, repeated
     fields stay), ``content_length``, ``content_type``, and its body through ``iter_any()`` /
     ``read()``. ``release()`` (idempotent) gives the connection back only after a whole body."""
+
+    __slots__ = ("status", "reason", "headers", "content_length", "content_type", "_conn", "_loop", "_parser",
+                 "_head_only", "_raw", "_reason", "_head", "_head_ready", "_interim", "_buffer", "_size", "_waiter",
+                 "_done", "_error", "_keep_alive", "_until_eof", "_paused", "_any_byte", "_released", "_body",
+                 "_read_timeout", "_timer", "_last")
 
     def __init__(self, conn: _Connection, method: str, read_timeout: float) -> None:
         self.status = 0
