@@ -336,11 +336,9 @@ class Response:
                 self._conn.transport.resume_reading()
         return data
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    def iter_any(self) -> AsyncIterator[bytes]:
         """The body in chunks as they arrive; at its end the connection goes back to the pool."""
-        while chunk := await self.readany():
-            yield chunk
-        self.release()
+        return _Chunks(self)
 
     async def read(self) -> bytes:
         """The whole body; the connection then goes back to the pool."""
@@ -372,6 +370,26 @@ class Response:
 
     async def __aexit__(self, *_: object) -> None:
         self.release()
+
+
+class _Chunks:
+    """``iter_any()``: an iterator object, not an async generator, so one left unfinished (the
+    client went away) needs no finalizer task."""
+
+    __slots__ = ("_answer",)
+
+    def __init__(self, answer: Response) -> None:
+        self._answer = answer
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._answer.readany()
+        if not chunk:
+            self._answer.release()
+            raise StopAsyncIteration
+        return chunk
 
 
 _EMPTY: Final[CIMultiDictProxy[str]] = CIMultiDictProxy(CIMultiDict())
