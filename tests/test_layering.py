@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 IO_LIBRARIES = {"aiohttp", "multidict", "yarl", "sqlite3", "asyncpg", "aiobotocore", "botocore", "PIL",
-                "socket", "structlog", "logging", "prometheus_client", "httpx"}
+                "socket", "structlog", "logging", "prometheus_client", "httpx", "httptools"}
 P = "projectionist.proxy"
 #: What each part may NOT import (besides the standard library and third-party packages).
 FORBIDDEN: dict[str, set[str]] = {

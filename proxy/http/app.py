@@ -1,7 +1,7 @@
 """The application factory: ``create_app(config) -> web.Application`` (proxy layer).
 
 Wires routes to handlers behind one middleware (``http.middleware``), opens the store and log,
-and keeps one ``ClientSession`` per upstream for the app's life (``cleanup_ctx``). Run it with ``handler_cancellation=True`` (the CLI and
+and keeps one ``Client`` (a connection pool) per upstream for the app's life (``cleanup_ctx``). Run it with ``handler_cancellation=True`` (the CLI and
 ``run_app`` helper here do) so a client disconnect cancels in-flight reads.
 """
 

@@ -23,6 +23,7 @@ from yarl import URL
 
 from projectionist.policy.errors import UpstreamError
 from projectionist.proxy.observe.logger import get_logger
+from projectionist.proxy.upstream.client import Client, ClientError, Response
 
 #: RFC 9110 §7.6.1 hop-by-hop fields, plus the ones aiohttp recomputes for each leg.
 HOP_BY_HOP = frozenset({
@@ -118,7 +119,7 @@ class Timing:
 
 async def relay(
     request: web.Request,
-    session: aiohttp.ClientSession,
+    session: Client,
     url: URL,
     body: Body,
     headers: CIMultiDict[str],
@@ -169,19 +170,19 @@ async def relay(
 
 
 def client_error(exc: BaseException) -> UpstreamError | None:
-    """The one translation of aiohttp's client errors (connect, timeout, refused, bad URL) into
-    the proxy's; None for anything that is not one."""
+    """The one translation of the upstream clients' errors (connect, timeout, refused, bad URL,
+    broken answer: ours in ``client``, aiohttp's for replay) into the proxy's; None for anything
+    that is not one."""
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamError("upstream timed out before responding", code="UPSTREAM_TIMEOUT")
-    if isinstance(exc, aiohttp.ClientError):
+    if isinstance(exc, (ClientError, aiohttp.ClientError)):
         return UpstreamError(f"upstream unreachable: {type(exc).__name__}")
     return None
 
 
-async def _send(session: aiohttp.ClientSession, method: str, url: URL, body: Body,
-                headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
+async def _send(session: Client, method: str, url: URL, body: Body, headers: CIMultiDict[str]) -> Response:
     try:
-        return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
+        return await session.request(method, url, data=body, headers=headers)
     except Exception as exc:
         translated = client_error(exc)
         if translated is None:
@@ -189,12 +190,12 @@ async def _send(session: aiohttp.ClientSession, method: str, url: URL, body: Bod
         raise translated from None
 
 
-def _small(answer: aiohttp.ClientResponse) -> bool:
+def _small(answer: Response) -> bool:
     length = answer.content_length
     return length is not None and length <= WHOLE_BODY_MAX and answer.content_type != "text/event-stream"
 
 
-async def _read_some(answer: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+async def _read_some(answer: Response, limit: int) -> tuple[bytes, bool]:
     """Up to about ``limit`` bytes of the body, and whether that is all of it. Nothing has been
     sent yet: a body that breaks off is an ``UpstreamError`` in the client's own shape."""
     chunks: list[bytes] = []
@@ -205,23 +206,23 @@ async def _read_some(answer: aiohttp.ClientResponse, limit: int) -> tuple[bytes,
             size += len(chunk)
             if size > limit:
                 return b"".join(chunks), False
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (ClientError, asyncio.TimeoutError) as exc:
         raise (client_error(exc) or UpstreamError("upstream response broke off")) from None
     return b"".join(chunks), True
 
 
-async def _whole(answer: aiohttp.ClientResponse, observer: Observer | None, request_id: str,
+async def _whole(answer: Response, observer: Observer | None, request_id: str,
                  timing: Timing) -> web.StreamResponse:
     """A small sized body, read before the response starts: a body that breaks off on the way is
     still an ``UpstreamError`` the client gets in its own shape, as nothing has been sent yet."""
     try:
         data = await answer.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (ClientError, asyncio.TimeoutError) as exc:
         raise (client_error(exc) or UpstreamError("upstream response broke off")) from None
     return await _complete_whole(answer, data, observer, request_id, timing)
 
 
-async def _complete_whole(answer: aiohttp.ClientResponse, data: bytes, observer: Observer | None, request_id: str,
+async def _complete_whole(answer: Response, data: bytes, observer: Observer | None, request_id: str,
                           timing: Timing) -> web.StreamResponse:
     response = _response_head(web.Response(status=answer.status, reason=answer.reason), answer, request_id, timing)
     response.body = data
@@ -232,7 +233,7 @@ async def _complete_whole(answer: aiohttp.ClientResponse, data: bytes, observer:
     return response
 
 
-def _response_head(response: _R, answer: aiohttp.ClientResponse, request_id: str, timing: Timing) -> _R:
+def _response_head(response: _R, answer: Response, request_id: str, timing: Timing) -> _R:
     """``response`` with the upstream's end-to-end headers, the request id and the overhead."""
     skip = _skipped(answer.headers, frozenset())
     out = response.headers
@@ -248,14 +249,14 @@ def _response_head(response: _R, answer: aiohttp.ClientResponse, request_id: str
     return response
 
 
-async def _chunks(first: bytes, answer: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+async def _chunks(first: bytes, answer: Response) -> AsyncIterator[bytes]:
     if first:
         yield first
     async for chunk in answer.content.iter_any():
         yield chunk
 
 
-async def _stream(request: web.Request, response: web.StreamResponse, answer: aiohttp.ClientResponse,
+async def _stream(request: web.Request, response: web.StreamResponse, answer: Response,
                   observer: Observer | None, request_id: str, first: bytes = b"") -> None:
     """Relay the body (``first``: what was read of it already); tell ``observer`` each chunk, and
     that the body is complete before the client can have all of it (before the last byte of a
@@ -277,7 +278,7 @@ async def _stream(request: web.Request, response: web.StreamResponse, answer: ai
                 await response.write(chunk)
             except ConnectionError:
                 return  # the client went away; nothing left to tell it
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (ClientError, asyncio.TimeoutError) as exc:
         get_logger().warning("upstream_stream_broken", error=type(exc).__name__, request_id=request_id)
         abort(request)  # no terminating chunk: the client sees a cut stream
         return

@@ -1,28 +1,23 @@
-"""One configured upstream: its base URL, its key, and its single ``ClientSession`` (proxy layer)."""
+"""One configured upstream: its base URL, its key, and its single HTTP ``Client`` (proxy layer)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import aiohttp
-
+from projectionist.proxy.upstream.client import Client
 from projectionist.proxy.upstream.urls import Base
 
 
-def new_session(connect_timeout: float, read_timeout: float) -> aiohttp.ClientSession:
-    """The one ``ClientSession`` an upstream keeps for the app's life, with explicit timeouts."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-    )
+def new_session(connect_timeout: float, read_timeout: float) -> Client:
+    """The one client (and connection pool) an upstream keeps for the app's life, with explicit
+    timeouts. It adds no User-Agent, Accept-Encoding or Content-Type and decompresses nothing."""
+    return Client(connect_timeout, read_timeout)
 
 
 @dataclass
 class Upstream:
     """One configured upstream (``base``: its parsed URL, the only origin requests to it may
-    have) and, while the app runs, its single ``ClientSession``."""
+    have) and, while the app runs, its single ``Client``."""
 
     name: str
     format: str
@@ -30,13 +25,13 @@ class Upstream:
     api_key: str
     connect_timeout: float
     read_timeout: float
-    client: aiohttp.ClientSession | None = None
+    client: Client | None = None
 
     def __post_init__(self) -> None:
         self.base = Base(self.url)
 
     @property
-    def session(self) -> aiohttp.ClientSession:
+    def session(self) -> Client:
         if self.client is None:
             raise RuntimeError(f"upstream {self.name!r} used outside the app's lifetime")
         return self.client

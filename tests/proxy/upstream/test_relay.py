@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 from unittest import mock
 
-import aiohttp
 from aiohttp.http_writer import StreamWriter
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 from yarl import URL
 
+from projectionist.proxy.upstream.client import Client
 from projectionist.proxy.upstream.relay import Timing, relay
 from tests.fakes import FakeUpstream
 
@@ -27,10 +28,13 @@ async def test_client_gone_before_the_response_starts_is_not_an_error(upstream: 
     request = make_mocked_request("POST", "/v1/chat/completions", writer=writer, protocol=protocol,
                                   transport=transport)
     body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    async with aiohttp.ClientSession() as session:
+    session = Client(5, 30)
+    try:
         timing = Timing(time.perf_counter())
         response = await relay(request, session, URL(upstream.url + "/v1/chat/completions"),
-                               aiohttp.JsonPayload(body), CIMultiDict({"Content-Type": "application/json"}), timing)
+                               json.dumps(body).encode(), CIMultiDict({"Content-Type": "application/json"}), timing)
+    finally:
+        await session.close()
     assert timing.status == 200  # the upstream was called and answered
     assert upstream.last.json() == body
     assert response.status == 200

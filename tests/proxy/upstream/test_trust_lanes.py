@@ -12,11 +12,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 from yarl import URL
 
 import projectionist.proxy.http.app as http_app
+from projectionist.proxy.upstream.client import Client, Response
 from projectionist.proxy.upstream.target import new_session
 from projectionist.proxy.observe.logger import redact_url as redact
 from projectionist.proxy.upstream.urls import Base, check_path
@@ -28,20 +28,19 @@ MakeHarness = Callable[..., Awaitable[Harness]]
 
 @pytest.fixture
 def attempted(monkeypatch: pytest.MonkeyPatch) -> list[URL]:
-    """Every URL the proxy's upstream sessions are asked to request, in order."""
+    """Every URL the proxy's upstream clients are asked to request, in order."""
     urls: list[URL] = []
 
-    def traced(connect_timeout: float, read_timeout: float) -> aiohttp.ClientSession:
-        session = new_session(connect_timeout, read_timeout)
-        trace = aiohttp.TraceConfig()
+    def traced(connect_timeout: float, read_timeout: float) -> Client:
+        client = new_session(connect_timeout, read_timeout)
+        send = client.request
 
-        async def start(_: aiohttp.ClientSession, __: Any, params: aiohttp.TraceRequestStartParams) -> None:
-            urls.append(params.url)
+        async def request(method: str, url: URL, **kwargs: Any) -> Response:
+            urls.append(url)
+            return await send(method, url, **kwargs)
 
-        trace.on_request_start.append(start)
-        trace.freeze()
-        session._trace_configs.append(trace)
-        return session
+        client.request = request  # type: ignore[method-assign]
+        return client
 
     monkeypatch.setattr(http_app, "new_session", traced)
     return urls
