@@ -6,8 +6,10 @@ call; ``relay.client_error`` remains the one place its errors become ``UpstreamE
 Errors: ``ClientError`` (``ConnectError``, ``ServerDisconnected``, ``ResponseError`` for malformed
 framing, ``PayloadError`` for a cut body, ``RequestBodyError``) and ``TimeoutError``
 (``ConnectTimeout``, ``ReadTimeout``). A request written to a reused idle connection that the server
-closes before any byte of an answer is sent once more on a fresh connection (never a streamed body
-already begun); the same close on a fresh connection is an error.
+closes before any byte of an answer is sent once more on a fresh connection when its method is
+idempotent (as aiohttp did; a POST the server may have read is never sent twice: the client gets
+a 502 and its own retry policy decides), and never a streamed body already begun; the same close
+on a fresh connection is an error.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ IDLE_TIMEOUT: Final = 30.0
 #: Methods aiohttp sends ``Content-Length: 0`` for when there is no body; the others send none.
 _NO_LENGTH: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _DEFAULT_PORT: Final = {"http": 80, "https": 443}
+#: Methods sent once more after a reused connection closed before answering (RFC 9110 §9.2.2).
+IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 class ClientError(Exception):
@@ -447,7 +451,7 @@ class Client:
             except ServerDisconnected:
                 answer._abandon()
                 conn.close()
-                if reused and attempt == 1 and not answer._any_byte and not began[0]:
+                if reused and attempt == 1 and not answer._any_byte and not began[0] and method in IDEMPOTENT:
                     continue  # the server closed it while idle: once more on a fresh connection
                 raise
             except BaseException:

@@ -3,10 +3,11 @@ answer byte-exact scripts, so framing (sized, chunked, close-delimited, HEAD, 20
 (reuse, LIFO, idle close, the one retry on a stale connection), timeouts, cancellation, flow control
 both ways and TLS are checked on the wire, not through another client library.
 
-Retry decision: a request on a *reused* connection that the server closes before any answer byte
-is sent once more on a fresh connection (a server that read the request and then closed without a
-byte looks the same, so it gets the request twice: at most once more, never for a streamed body
-already begun); on a *fresh* connection the same close is an error at once.
+Retry decision: a request with an idempotent method on a *reused* connection that the server
+closes before any answer byte is sent once more on a fresh connection (never a streamed body
+already begun). A POST is not: a server that read it and then closed without a byte looks the
+same, and an LLM call sent twice is billed twice, so it is a 502 and the client's own retry policy
+decides. On a *fresh* connection the same close is an error at once.
 """
 
 from __future__ import annotations
@@ -270,10 +271,19 @@ def stale_after(answers: int) -> Serve:
 async def test_a_stale_reused_connection_is_retried_once_on_a_fresh_one(serve: MakeServer, client: Client) -> None:
     server = await serve(stale_after(1))
     await (await client.request("GET", server.url)).read()
-    answer = await client.request("POST", server.url, data=b"second")
+    answer = await client.request("PUT", server.url, data=b"second")
     assert await answer.read() == b"ok"
     assert [index for index, _ in server.requests] == [1, 1, 2]  # the second request, sent again on connection 2
     assert server.requests[1][1] == server.requests[2][1]
+
+
+async def test_a_post_on_a_stale_connection_is_never_sent_twice(serve: MakeServer, client: Client) -> None:
+    server = await serve(stale_after(1))
+    await (await client.request("GET", server.url)).read()
+    with pytest.raises(ServerDisconnected) as error:
+        await client.request("POST", server.url, data=b"a completion, billed once")
+    assert [index for index, _ in server.requests] == [1, 1]  # read once on the reused connection, not again
+    assert client_error(error.value).code == "UPSTREAM_UNAVAILABLE"  # type: ignore[union-attr]
 
 
 async def test_no_retry_on_a_fresh_connection_nor_twice(serve: MakeServer, client: Client) -> None:
@@ -287,7 +297,7 @@ async def test_no_retry_on_a_fresh_connection_nor_twice(serve: MakeServer, clien
     await (await client.request("GET", twice.url)).read()
     twice.serve = stale_after(0)  # the fresh connection closes too
     with pytest.raises(ServerDisconnected):
-        await client.request("POST", twice.url, data=b"x")
+        await client.request("PUT", twice.url, data=b"x")
     assert [index for index, _ in twice.requests] == [1, 1, 2]
 
 
@@ -301,7 +311,7 @@ async def test_a_streamed_body_already_begun_is_never_retried(serve: MakeServer,
             consumed.append(part)
             yield part
     with pytest.raises(ServerDisconnected):
-        await client.request("POST", server.url, data=body())
+        await client.request("PUT", server.url, data=body())  # idempotent, yet its body is gone
     assert consumed == [b"one", b"two"] and server.connections == 1  # no second connection, no second pass
 
 
