@@ -32,7 +32,7 @@ async def test_metrics_count_requests_reads_quarantines_retries_and_cache_hits(h
     harness.store.script = fail_with(READ_FAILED, times=2)
     await harness.chat("secret-session-xyz", flaky)
     m = await scrape(harness)
-    assert m['projectionist_requests_total{route="openai_chat",status="200"}'] == 3
+    assert m['projectionist_requests_total{route="openai_chat",status="200",upstream="openai"}'] == 3
     assert m['projectionist_quarantines_total{failure="not_found"}'] == 1
     assert m['projectionist_quarantines_total{failure="read_failed"}'] == 1
     assert m['projectionist_store_reads_total{result="ok"}'] == 1
@@ -40,7 +40,8 @@ async def test_metrics_count_requests_reads_quarantines_retries_and_cache_hits(h
     assert m['projectionist_store_reads_total{result="read_failed"}'] == 2
     assert m["projectionist_store_retries_total"] == 1
     assert m["projectionist_cache_hits_total"] == 1
-    assert m["projectionist_projection_seconds_count"] == 3 and m["projectionist_upstream_seconds_count"] == 3
+    assert m["projectionist_projection_seconds_count"] == 3
+    assert m['projectionist_upstream_seconds_count{upstream="openai"}'] == 3
     assert m["projectionist_in_flight_requests"] == 0
 
 
@@ -49,8 +50,9 @@ async def test_session_and_attachment_ids_never_become_labels(harness: Harness) 
     await harness.chat("secret-session-xyz", gone)
     text = await (await harness.client.get("/metrics")).text()
     assert "secret-session-xyz" not in text and gone[7:] not in text
-    labels = set(re.findall(r"(\w+)=\"", text))
-    assert labels <= {"route", "status", "failure", "result", "kind", "op", "le", "outcome"}
+    ours = "\n".join(line for line in text.splitlines() if line.startswith("projectionist_"))
+    labels = set(re.findall(r"(\w+)=\"", ours))
+    assert labels <= {"route", "status", "upstream", "model", "failure", "result", "kind", "op", "le", "outcome"}
 
 
 async def test_a_quarantined_reference_costs_zero_store_reads(harness: Harness) -> None:
