@@ -45,8 +45,7 @@ def reported(usage: Callable[[Json], dict[str, Any] | None], body: bytes,
     found: dict[str, Any] | None = None
     model: str | None = None
     if "event-stream" in content_type:
-        docs = [doc for line in body.splitlines() if line.startswith(b"data:") and b"sage" in line
-                for doc in _json_or_none(line[5:])]
+        docs = [doc for data in _usage_events(body) for doc in _json_or_none(data)]
     else:  # one document; Gemini's streamGenerateContent without ?alt=sse answers a list of them
         docs = [doc for whole in _json_or_none(body) for doc in (whole if isinstance(whole, list) else [whole])]
     for doc in docs:
@@ -54,6 +53,21 @@ def reported(usage: Callable[[Json], dict[str, Any] | None], body: bytes,
             found = {**(found or {}), **part}
             model = model or _model(doc)
     return found, model
+
+
+def _usage_events(body: bytes) -> list[bytes]:
+    """The ``data:`` of each SSE line that mentions ``usage`` (or ``usageMetadata``): found by
+    searching the body, not by splitting a long stream into all its lines."""
+    found: list[bytes] = []
+    at = body.find(b"sage")
+    while at != -1:
+        start = max(body.rfind(b"\n", 0, at), body.rfind(b"\r", 0, at)) + 1
+        ends = [i for i in (body.find(b"\n", at), body.find(b"\r", at)) if i != -1]
+        end = min(ends) if ends else len(body)
+        if body.startswith(b"data:", start):
+            found.append(body[start + 5:end])
+        at = body.find(b"sage", end)
+    return found
 
 
 def _json_or_none(data: bytes) -> list[Any]:
