@@ -47,7 +47,8 @@ class Tracing:
     """This app's tracer: spans of proxied calls, batched to an OTLP/HTTP collector."""
 
     def __init__(self, endpoint: str, service_name: str, *, exporter: SpanExporter | None = None) -> None:
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        # shut down with the app (``close``), not at exit: an exit hook would keep every app's provider
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}), shutdown_on_exit=False)
         self.provider.add_span_processor(BatchSpanProcessor(exporter or OTLPSpanExporter(traces_url(endpoint))))
         self.tracer = self.provider.get_tracer("projectionist")
 

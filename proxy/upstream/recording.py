@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import msgspec
 
+from projectionist.adapters.base import WireFormat
 from projectionist.adapters.responses import reported
 from projectionist.policy.errors import ProjectionistError
 from projectionist.policy.events import RequestRecorded, ResponseRecorded
@@ -272,8 +273,8 @@ class Meter:
     async def body_complete(self, status: int) -> None:
         self.complete = True
 
-    def reported(self, fmt: Any) -> tuple[dict[str, Any] | None, str | None]:
-        """The usage and the model the answer reported, by ``fmt``'s (a ``WireFormat``) reader."""
+    def reported(self, fmt: WireFormat) -> tuple[dict[str, Any] | None, str | None]:
+        """The usage and the model the answer reported, by ``fmt``'s reader."""
         if self._reported is None:
             capture = self.capture
             self._reported = reported(fmt.usage, capture.body(), capture.content_type) if capture.size \
