@@ -165,6 +165,13 @@ class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     json: bool = True
 
 
+class TelemetryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """OpenTelemetry traces: off ("") or an OTLP/HTTP collector's URL (needs ``projectionist[otel]``)."""
+
+    otlp_endpoint: str = ""
+    service_name: str = "projectionist"
+
+
 def _default_upstreams() -> dict[str, UpstreamConfig]:
     return {
         "openai": UpstreamConfig("openai", "https://api.openai.com"),
@@ -182,6 +189,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cache: CacheConfig = CacheConfig()
     record: RecordConfig = RecordConfig()
     policy: PolicyConfig = PolicyConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     @property
     def data_dir(self) -> Path:

@@ -7,14 +7,16 @@ and keeps one ``Client`` (a connection pool) per upstream for the app's life (``
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from projectionist.adapters import openai_chat
 from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
-from projectionist.proxy.config import Config
+from projectionist.proxy.config import Config, TelemetryConfig
 from projectionist.proxy.http import gemini_files
 from projectionist.proxy.http.admin import add_admin_routes
 from projectionist.proxy.http.auth import Guard, client_unauthorized
@@ -33,6 +35,9 @@ from projectionist.proxy.stores.base import Store
 from projectionist.proxy.stores.cache import CachedStore, VerifiedCache
 from projectionist.proxy.stores.filesystem import FilesystemStore
 from projectionist.proxy.upstream.target import Upstream, new_session
+
+if TYPE_CHECKING:
+    from projectionist.proxy.observe.tracing import Tracing
 
 
 def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store:
@@ -64,6 +69,20 @@ def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
                                  code="INVALID_CONFIG")
         return PostgresLog(dsn, schema=pg.schema, min_size=pg.min_size, max_size=pg.max_size, timeout=pg.timeout)
     return SqliteLog(config.log_path, busy_timeout=config.log.busy_timeout)
+
+
+def open_tracing(telemetry: TelemetryConfig) -> Tracing | None:
+    """The configured tracer, or None (and no opentelemetry import) when tracing is off."""
+    if not telemetry.otlp_endpoint:
+        return None
+    if not telemetry.otlp_endpoint.startswith(("http://", "https://")):
+        raise InvalidRequest("telemetry.otlp_endpoint must be an http(s):// URL", code="INVALID_CONFIG")
+    try:
+        from projectionist.proxy.observe.tracing import Tracing
+    except ImportError:
+        raise InvalidRequest("telemetry.otlp_endpoint needs the OpenTelemetry packages: "
+                             "pip install 'projectionist[otel]'", code="INVALID_CONFIG") from None
+    return Tracing(telemetry.otlp_endpoint, telemetry.service_name)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -133,6 +152,7 @@ def create_app(
         guard=Guard(config.client_tokens(environ), config.admin_token(environ),
                     (server.session_header, *server.session_header_aliases)),
         metrics=counters,
+        tracing=open_tracing(config.telemetry),
     )
     app = web.Application(client_max_size=server.client_max_size,
                           middlewares=[context_middleware(counters, QUIET)],
@@ -187,3 +207,5 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await services.reader.close()
         await services.store.close()
         await services.log.close()
+        if services.tracing is not None:  # the last spans go out (blocking I/O: off the loop)
+            await asyncio.to_thread(services.tracing.close)

@@ -15,7 +15,7 @@ import itertools
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
@@ -28,6 +28,9 @@ from projectionist.proxy.observe.logger import get_logger, request_lines
 from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.upstream.relay import REQUEST_ID_HEADER, abort
 
+if TYPE_CHECKING:  # imported only when tracing is configured
+    from projectionist.proxy.observe.tracing import CallSpan
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ERROR_CODE_HEADER = "x-projectionist-error-code"
 #: Request ids: a random per-process prefix and a counter (unique across replicas, cheap to make).
@@ -37,9 +40,10 @@ _ids = itertools.count(1)
 
 class Context:
     """One request as the proxy sees it: id, start time, route name, the wire format its errors
-    take, the canonical log line's fields, and the response once it has started."""
+    take, the canonical log line's fields, the response once it has started, and the call's span
+    when tracing is on."""
 
-    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response")
+    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response", "trace")
 
     def __init__(self, route: str) -> None:
         self.request_id = f"{_ID_PREFIX}{next(_ids):010x}"
@@ -49,6 +53,7 @@ class Context:
         #: The canonical log line's fields: handlers add counts and codes, never payloads.
         self.fields: dict[str, Any] = {}
         self.response: web.StreamResponse | None = None
+        self.trace: CallSpan | None = None
 
 
 CONTEXT = web.RequestKey("projectionist.context", Context)
@@ -92,13 +97,17 @@ def context_middleware(metrics: Metrics, quiet: frozenset[str]) -> Any:
         except ProjectionistError as error:
             response = _failed(request, ctx, metrics, error)
         except asyncio.CancelledError:
-            metrics.answered(ctx.route, "cancelled")
+            metrics.answered(ctx.route, "cancelled", ctx.fields.get("upstream", ""))
             _log_line(request, ctx, status=None, cancelled=True)
+            if ctx.trace is not None:
+                ctx.trace.end(None, ctx.fields)
             raise
         except Exception as exc:
             translated = _translate(exc)
             if translated is None:
                 if isinstance(exc, HTTPException):
+                    if ctx.trace is not None:
+                        ctx.trace.end(exc.status, ctx.fields)
                     raise
                 get_logger().exception("unhandled_error", request_id=ctx.request_id, route=ctx.route)
                 translated = InternalError("internal error; see the proxy log")
@@ -107,9 +116,11 @@ def context_middleware(metrics: Metrics, quiet: frozenset[str]) -> Any:
             metrics.in_flight -= 1
         if not response.prepared:
             response.headers[REQUEST_ID_HEADER] = ctx.request_id
-        metrics.answered(ctx.route, response.status)
+        metrics.answered(ctx.route, response.status, ctx.fields.get("upstream", ""))
         if request_lines():
             _log_line(request, ctx, status=response.status)
+        if ctx.trace is not None:
+            ctx.trace.end(response.status, ctx.fields)
         return response
 
     return middleware
@@ -137,6 +148,7 @@ async def note_started(request: web.Request, response: web.StreamResponse) -> No
 
 
 def _log_line(request: web.Request, ctx: Context, **extra: Any) -> None:
+    """The canonical line; ``path`` is the raw path without its query (where keys may travel)."""
     duration_ms = round((time.perf_counter() - ctx.started) * 1000, 3)
-    get_logger().info("request", method=request.method, duration_ms=duration_ms, route=ctx.route,
-                      request_id=ctx.request_id, **extra, **ctx.fields)
+    get_logger().info("request", method=request.method, path=request.rel_url.raw_path, duration_ms=duration_ms,
+                      route=ctx.route, request_id=ctx.request_id, **extra, **ctx.fields)

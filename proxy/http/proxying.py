@@ -3,32 +3,42 @@
 Each ends in the one stage, ``upstream.relay.relay``. ``relay_projected`` runs the policy first
 (``upstream.prepare.build``) and lets a ``Recorder`` watch the call; ``relay_unchanged`` streams
 the request body upstream as it arrives (its ``Content-Length`` kept, so upstreams that refuse
-chunked uploads still work).
+chunked uploads still work). A projected call's answer is watched for the usage and model it
+reports (the recorder's reading, or a ``Meter``'s without one): the log line, the token counters
+and the call's span get them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from typing import Final
+from urllib.parse import unquote
 
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
 from projectionist.adapters.base import WireFormat
+from projectionist.adapters.responses import tokens
 from projectionist.policy.errors import ProjectionistError
 from projectionist.policy.model import ImageRef, Placeholder, Resolved, check_session_id
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.http.bodies import read_body
-from projectionist.proxy.http.middleware import context
+from projectionist.proxy.http.middleware import Context, context
 from projectionist.proxy.http.resend import Resend
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.upstream.outgoing import outgoing_headers, recorded_path, target_url
 from projectionist.proxy.upstream.prepare import Built, build
-from projectionist.proxy.upstream.recording import CallInfo, Recorder
+from projectionist.proxy.upstream.recording import CallInfo, Meter, Recorder
 from projectionist.proxy.upstream.relay import Body, Timing, relay
 from projectionist.proxy.upstream.target import Upstream
 
 CHUNK = 64 * 1024
+#: The model a Gemini method's path names (``/v1beta/models/{model}:generateContent``).
+_GEMINI_MODEL: Final = re.compile(r"/models/([^/:]+):")
+#: The longest model name the log line and the span repeat.
+MODEL_MAX: Final = 128
 
 
 def session_of(headers: MultiMapping[str], names: tuple[str, ...]) -> str | None:
@@ -83,12 +93,29 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
         return built.body, recorder
 
     built, recorder = await built_and_recorded(1)
+    model = _requested_model(fmt, raw_path, built.tree)
+    if model is not None:
+        ctx.fields["model"] = model
+        if ctx.trace is not None:
+            ctx.trace.requested(model)
     screen = None
     if session_id and built.projection is not None and any(isinstance(o, Resolved) for o in built.projection.outcomes):
         screen = Resend(services, fmt, session_id, built, list(seen_refs), recorder, again, ctx.fields)
     headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
     headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
-    return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder, screen=screen)
+    return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder, screen=screen,
+                            meter=Meter() if recorder is None else None)
+
+
+def _requested_model(fmt: WireFormat, raw_path: str, tree: object) -> str | None:
+    """The model a request names where it costs nothing to find: Gemini's path, or the body the
+    projection decoded anyway (a body that was not decoded is not decoded for this)."""
+    if fmt.FORMAT == "gemini":
+        found = _GEMINI_MODEL.search(raw_path)
+        model: object = unquote(found[1]) if found is not None else None
+    else:
+        model = tree.get("model") if isinstance(tree, dict) else None
+    return model[:MODEL_MAX] if isinstance(model, str) and model else None
 
 
 async def relay_unchanged(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
@@ -109,20 +136,23 @@ async def relay_body(
     headers: CIMultiDict[str] | None = None,
     recorder: Recorder | None = None,
     screen: Resend | None = None,
+    meter: Meter | None = None,
 ) -> web.StreamResponse:
     """Relay ``body`` to ``upstream`` and the answer back; timing goes to the log line and metrics,
     and the recorder (if any) hears how the call ended. A ``screen`` may send the call once more
-    (an image the upstream refused); then its recorder is the one that hears."""
+    (an image the upstream refused); then its recorder is the one that hears. What the answer
+    reports (usage, model) is read from the recorder, else from ``meter``."""
     services = request.app[SERVICES]
     ctx = context(request)
-    ctx.fields["upstream"] = upstream.name
     timing = Timing(ctx.started)
     url = target_url(raw_path, request.rel_url.raw_query_string, fmt, upstream, services.guard)
     if headers is None:
         headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
+    if ctx.trace is not None:
+        ctx.trace.inject(headers)
     try:
         response = await relay(request, upstream.session, url, body, headers, timing,
-                               request_id=ctx.request_id, observer=recorder, screen=screen)
+                               request_id=ctx.request_id, observer=recorder or meter, screen=screen)
     except ProjectionistError as error:
         recorder = screen.recorder if screen is not None else recorder
         if recorder is not None:
@@ -136,22 +166,47 @@ async def relay_body(
     finally:
         ctx.fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
         if timing.status is not None:
-            services.metrics.upstream.observe(timing.headers_s)
+            services.metrics.upstream_answered(upstream.name, timing.headers_s)
     recorder = screen.recorder if screen is not None else recorder
+    watched = recorder or meter
+    if watched is not None:
+        _reported(ctx, services, upstream.name, fmt, watched)
     if recorder is not None:
         await recorder.finished(response.status)
     return response
 
 
+def _reported(ctx: Context, services: Services, upstream: str, fmt: WireFormat, meter: Meter) -> None:
+    """The usage and model an answer reported: to the log line, the token counters (by the
+    model the answer names, else the one the request named) and the span."""
+    usage, model = meter.reported(fmt)
+    if usage is None:
+        return
+    input_tokens, output_tokens = tokens(usage)
+    if input_tokens is not None:
+        ctx.fields["input_tokens"] = input_tokens
+    if output_tokens is not None:
+        ctx.fields["output_tokens"] = output_tokens
+    services.metrics.used(upstream, model or ctx.fields.get("model"), input_tokens, output_tokens)
+    if ctx.trace is not None:
+        ctx.trace.answered(model=model[:MODEL_MAX] if model else None, input_tokens=input_tokens,
+                           output_tokens=output_tokens)
+
+
 def _account(request: web.Request, services: Services, projection: Projection, seconds: float) -> None:
-    context(request).fields.update(
+    ctx = context(request)
+    placeholders = sum(isinstance(o, Placeholder) for o in projection.outcomes)
+    ctx.fields.update(
         refs=len(projection.outcomes),
         reads=projection.reads,
         quarantined=[q.failure for q in projection.recorded],
         lifted=len(projection.lifted),
-        placeholders=sum(isinstance(o, Placeholder) for o in projection.outcomes),
+        placeholders=placeholders,
         variants=len(projection.pinned),
     )
+    if ctx.trace is not None:
+        ctx.trace.projection(seconds, references=len(projection.outcomes), reads=projection.reads,
+                             quarantines=len(projection.recorded), placeholders=placeholders)
     metrics = services.metrics
     metrics.projection.observe(seconds)
     for quarantine in projection.recorded:

@@ -90,6 +90,7 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
         ctx.route = "unknown_upstream"
         check_name(name)
         raise NotFound(f"no upstream named {name!r}", code="UNKNOWN_UPSTREAM")
+    ctx.fields["upstream"] = upstream.name
     if guard_owned and owned(raw_path):
         raise NotFound("no such route", code="ROUTE_NOT_FOUND")
     if request.method not in METHODS:
@@ -107,4 +108,8 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
         ctx.route, handler = "files", lambda: gemini_files.handle(request, fmt, upstream, raw_path, path)
     else:
         ctx.route, handler = "passthrough", lambda: relay_unchanged(request, fmt, upstream, raw_path)
+    if services.tracing is not None:  # the middleware ends the span, with the answer's status
+        ctx.trace = services.tracing.call(request.headers, method=request.method, path=request.rel_url.raw_path,
+                                          route=ctx.route, upstream=upstream.name, upstream_format=upstream.format,
+                                          request_id=ctx.request_id)
     return await handler()

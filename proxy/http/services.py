@@ -7,6 +7,7 @@ this hub; the layers below it get what they need as arguments.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -24,6 +25,9 @@ from projectionist.proxy.stores.variants import Variants
 from projectionist.proxy.upstream.recording import Recording
 from projectionist.proxy.upstream.target import Upstream
 
+if TYPE_CHECKING:  # imported only when tracing is configured
+    from projectionist.proxy.observe.tracing import Tracing
+
 
 @dataclass
 class Services:
@@ -39,6 +43,8 @@ class Services:
     upstreams: dict[str, Upstream]
     guard: Guard
     metrics: Metrics
+    #: Traces of proxied calls, when ``[telemetry] otlp_endpoint`` is set.
+    tracing: Tracing | None = None
     recording: Recording = field(init=False)
     variants: Variants = field(init=False)
     #: What each upstream format accepted in each session (for attributing a refusal).

@@ -2,23 +2,31 @@
 
 The hot path only bumps plain ints (the app is one event loop: no locks needed); a collector turns
 them into Prometheus families when scraped. Labels are low-cardinality by construction: route
-names, HTTP statuses, failure classes, read results and operation names. Session and attachment
-ids never become labels. ``OpCounter`` is the exception to "no locks": the store and log backends
-count what they send to their service where they send it, some of it on worker threads.
+names, HTTP statuses, configured upstream names, failure classes, read results, operation names,
+and model names capped per app (``model_label``). Session and attachment ids never become labels.
+``OpCounter`` is the exception to "no locks": the store and log backends count what they send to
+their service where they send it, some of it on worker threads. The registry also carries
+prometheus-client's process, platform and GC collectors (``process_*``, ``python_*``).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Final, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, GCCollector, PlatformCollector,
+                               ProcessCollector, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Distinct ``model`` label values one app admits (models come from clients and upstreams);
+#: later ones, and any name that is not 1-100 of ``MODEL_CHARS``, count as ``other``.
+MODEL_LABELS: Final = 100
+MODEL_CHARS: Final = re.compile(r"[A-Za-z0-9._:/@+-]{1,100}")
 
 
 class Histogram:
@@ -36,12 +44,15 @@ class Histogram:
         self.total += seconds
         self.count += 1
 
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
-        running, buckets = 0, []
+    def buckets(self) -> list[tuple[str, float]]:
+        running, buckets = 0, list[tuple[str, float]]()
         for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.counts):
             running += n
             buckets.append((bound, running))
-        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.total)
+        return buckets
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        return HistogramMetricFamily(name, documentation, buckets=self.buckets(), sum_value=self.total)
 
 
 class Watched(Protocol):
@@ -77,7 +88,8 @@ class OpCounter:
 
 class Metrics:
     def __init__(self) -> None:
-        self.requests: Counter[tuple[str, str]] = Counter()
+        #: Answers by (route, status, upstream name; "" for the proxy's own routes).
+        self.requests: Counter[tuple[str, str, str]] = Counter()
         self.in_flight = 0
         self.quarantines: Counter[str] = Counter()
         self.store_reads: Counter[str] = Counter()
@@ -93,7 +105,11 @@ class Metrics:
         self.variants_pinned = 0
         self.errors_after_start = 0
         self.projection = Histogram()
-        self.upstream = Histogram()
+        #: Time to the upstream's response headers, by upstream name.
+        self.upstream: dict[str, Histogram] = {}
+        #: Tokens the upstreams' answers reported, by (upstream, model label, "input" | "output").
+        self.tokens: Counter[tuple[str, str, str]] = Counter()
+        self._models: set[str] = set()
         #: The store's and the log's own counts (``create_app`` wires the backends' counters).
         self.store_ops = OpCounter()
         self.log_round_trips = OpCounter()
@@ -101,16 +117,52 @@ class Metrics:
         self.watch: Watched | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
-    def answered(self, route: str, status: int | str) -> None:
-        self.requests[route, str(status)] += 1
+    def answered(self, route: str, status: int | str, upstream: str = "") -> None:
+        self.requests[route, str(status), upstream] += 1
+
+    def upstream_answered(self, upstream: str, seconds: float) -> None:
+        """An upstream's response headers arrived ``seconds`` after the request was sent."""
+        histogram = self.upstream.get(upstream)
+        if histogram is None:
+            histogram = self.upstream[upstream] = Histogram()
+        histogram.observe(seconds)
+
+    def used(self, upstream: str, model: str | None, input_tokens: int | None, output_tokens: int | None) -> None:
+        """The tokens one answer of ``upstream`` reported using, for ``model``."""
+        label = self.model_label(model)
+        if input_tokens:
+            self.tokens[upstream, label, "input"] += input_tokens
+        if output_tokens:
+            self.tokens[upstream, label, "output"] += output_tokens
+
+    def model_label(self, model: str | None) -> str:
+        """``model`` as a label value: ``unknown`` when not known; ``other`` once ``MODEL_LABELS``
+        names are taken, or for a name that is not 1-100 of ``MODEL_CHARS``."""
+        if not model:
+            return "unknown"
+        if model in self._models:
+            return model
+        if len(self._models) >= MODEL_LABELS or MODEL_CHARS.fullmatch(model) is None:
+            return "other"
+        self._models.add(model)
+        return model
 
     def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily("projectionist_requests", "Requests answered, by route and HTTP status",
-                                       labels=["route", "status"])
-        for (route, status), n in sorted(self.requests.items()):
-            requests.add_metric([route, status], n)
+        requests = CounterMetricFamily("projectionist_requests", "Requests answered, by route, HTTP status and "
+                                       "upstream (empty for the proxy's own routes)",
+                                       labels=["route", "status", "upstream"])
+        for (route, status, upstream), n in sorted(self.requests.items()):
+            requests.add_metric([route, status, upstream], n)
         yield requests
+        tokens = CounterMetricFamily("projectionist_tokens", "Tokens the upstreams' answers reported, by upstream, "
+                                     "model and kind (input, output)", labels=["upstream", "model", "kind"])
+        for (upstream, model, kind), n in sorted(self.tokens.items()):
+            tokens.add_metric([upstream, model, kind], n)
+        yield tokens
         yield GaugeMetricFamily("projectionist_in_flight_requests", "Requests being handled now", value=self.in_flight)
         yield _by("projectionist_quarantines", "Quarantine events this replica recorded, by failure class",
                   "failure", self.quarantines)
@@ -156,8 +208,11 @@ class Metrics:
                   "transactions sent), by operation, counted by the log itself", "op", self.log_round_trips.snapshot())
         yield self.projection.family("projectionist_projection_seconds",
                                      "Time to project a request body (reads, log, render, encode)")
-        yield self.upstream.family("projectionist_upstream_seconds",
-                                   "Time from sending a request upstream to its response headers")
+        latency = HistogramMetricFamily("projectionist_upstream_seconds", "Time from sending a request upstream "
+                                        "to its response headers, by upstream", labels=["upstream"])
+        for name, histogram in sorted(self.upstream.items()):
+            latency.add_metric([name], histogram.buckets(), histogram.total)
+        yield latency
 
     def exposition(self) -> tuple[bytes, str]:
         """The Prometheus text of every family, and its content type."""

@@ -25,7 +25,8 @@ from typing import Any, Final
 
 import msgspec
 
-from projectionist.adapters.responses import usage_of
+from projectionist.adapters.base import WireFormat
+from projectionist.adapters.responses import reported
 from projectionist.policy.errors import ProjectionistError
 from projectionist.policy.events import RequestRecorded, ResponseRecorded
 from projectionist.policy.projection import Projection
@@ -254,19 +255,14 @@ class CallInfo(msgspec.Struct, frozen=True):
     path: str
 
 
-class Recorder:
-    """Watches one recorded call's response (a relay ``Observer``) and queues its
-    ``response/recorded`` event once the call ended (``finished``, ``failed``, ``cancelled``):
-    never in the request's wait."""
+class Meter:
+    """Watches a relayed response (a relay ``Observer``) for what it reports of itself: its
+    usage and model, read once, from the first ``limit`` bytes of it, when first asked."""
 
-    def __init__(self, recording: Recording, call: CallInfo) -> None:
-        self.recording = recording
-        self.call = call
-        full = recording.mode == "full"
-        self.capture = Capture(recording.max_response_bytes if full else USAGE_SCAN_BYTES)
-        self.full = full
+    def __init__(self, limit: int = USAGE_SCAN_BYTES) -> None:
+        self.capture = Capture(limit)
         self.complete = False
-        self.recorded = False
+        self._reported: tuple[dict[str, Any] | None, str | None] | None = None
 
     def chunk(self, data: bytes) -> None:
         self.capture.add(data)
@@ -276,6 +272,27 @@ class Recorder:
 
     async def body_complete(self, status: int) -> None:
         self.complete = True
+
+    def reported(self, fmt: WireFormat) -> tuple[dict[str, Any] | None, str | None]:
+        """The usage and the model the answer reported, by ``fmt``'s reader."""
+        if self._reported is None:
+            capture = self.capture
+            self._reported = reported(fmt.usage, capture.body(), capture.content_type) if capture.size \
+                else (None, None)
+        return self._reported
+
+
+class Recorder(Meter):
+    """Watches one recorded call's response and queues its ``response/recorded`` event once the
+    call ended (``finished``, ``failed``, ``cancelled``): never in the request's wait."""
+
+    def __init__(self, recording: Recording, call: CallInfo) -> None:
+        full = recording.mode == "full"
+        super().__init__(recording.max_response_bytes if full else USAGE_SCAN_BYTES)
+        self.recording = recording
+        self.call = call
+        self.full = full
+        self.recorded = False
 
     async def finished(self, status: int) -> None:
         """The relay returned; a body that did not come through whole is ``INCOMPLETE``."""
@@ -297,8 +314,7 @@ class Recorder:
         latency = round((time.perf_counter() - self.call.started) * 1000, 3)
         keep = self.full and status is not None
         data = ResponseRecorded(self.call.request_id, 0, status, latency,
-                                usage_of(self.call.fmt.usage, body, self.capture.content_type)
-                                if status is not None else None,
+                                self.reported(self.call.fmt)[0] if status is not None else None,
                                 error_code, sha256_id(body) if keep else None, self.capture.truncated)
         self.recording._put(_Pending(self.call.session_id, self.call.request_id, data, body if keep else None))
 

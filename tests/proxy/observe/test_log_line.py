@@ -1,0 +1,68 @@
+"""The canonical log line: the raw path (never its query), the model where the proxy read it
+anyway, and the tokens the answer reported."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from structlog.testing import capture_logs
+
+from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
+from tests.conftest import Harness
+from tests.fakes import FakeUpstream
+from tests.imaging import make_image, ref_id
+
+
+async def logged(harness: Harness, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+    with capture_logs() as logs:
+        resp = await harness.client.request(method, url, **kwargs)
+        await resp.read()
+    [line] = [entry for entry in logs if entry["event"] == "request"]
+    return line
+
+
+async def test_a_projected_call_logs_its_path_model_and_tokens_and_never_its_query(harness: Harness) -> None:
+    aid = await harness.admit(make_image(color=30))
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"attachment:{aid}"}},
+        {"type": "image_url", "image_url": {"url": f"attachment:{ref_id(make_image(color=31))}"}}]}]}
+    line = await logged(harness, "POST", "/v1/chat/completions?api_key=sk-in-the-query&x=1", json=body,
+                        headers={"X-Session-Id": "log-line"})
+    assert line["path"] == "/v1/chat/completions"
+    assert (line["model"], line["input_tokens"], line["output_tokens"]) == ("gpt-4o-mini", 10, 7)
+    assert (line["refs"], line["placeholders"], line["upstream"]) == (2, 1, "openai")
+    assert "sk-in-the-query" not in repr(line)
+
+
+async def test_a_body_without_references_is_not_decoded_for_its_model(harness: Harness) -> None:
+    line = await logged(harness, "POST", "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": []})
+    assert "model" not in line and "refs" not in line  # sent as it came
+    assert (line["input_tokens"], line["output_tokens"]) == (10, 7)  # the answer was read: it is small
+
+
+async def test_a_stream_logs_the_tokens_its_events_reported(harness: Harness) -> None:
+    line = await logged(harness, "POST", "/v1/messages", headers={"anthropic-version": "2023-06-01"},
+                        json={"model": "claude-x", "max_tokens": 9, "stream": True, "messages": []})
+    assert (line["input_tokens"], line["output_tokens"]) == (10, harness.upstream.chunks)
+
+
+async def test_gemini_names_its_model_in_the_path(make_harness: Callable[..., Awaitable[Harness]],
+                                                  upstream: FakeUpstream) -> None:
+    harness = await make_harness(**{"upstreams.gemini": {"format": "gemini", "url": upstream.url}})
+    path = "/v1beta/models/gemini-2.5-flash:generateContent"
+    line = await logged(harness, "POST", f"{path}?key=AIza-secret", json={"contents": []})
+    assert (line["path"], line["model"], line["input_tokens"], line["output_tokens"]) == (path, "gemini-2.5-flash", 10, 7)
+    assert "AIza-secret" not in repr(line)
+
+
+async def test_a_pass_through_call_logs_its_path_only(harness: Harness) -> None:
+    line = await logged(harness, "GET", "/v1/models?key=abc")
+    assert line["path"] == "/v1/models" and line["route"] == "passthrough"
+    assert not {"model", "input_tokens", "output_tokens"} & set(line)
+
+
+async def test_the_proxy_s_own_routes_log_their_path(harness: Harness) -> None:
+    line = await logged(harness, "GET", "/admin/sessions/s1/events?after=0", headers={"Authorization": "Bearer admintok"})
+    assert (line["path"], line["status"]) == ("/admin/sessions/s1/events", 200)
+    assert "upstream" not in line
