@@ -31,7 +31,6 @@ import mimetypes
 import re
 from typing import Any, Final
 
-import aiohttp
 import msgspec
 from aiohttp import web
 
@@ -196,7 +195,8 @@ async def _upstream_list(request: web.Request, fmt: WireFormat, upstream: Upstre
     url = target_url(raw_path, request.rel_url.raw_query_string, fmt, upstream, services.guard)
     cap = services.config.server.client_max_size
     try:
-        async with upstream.session.get(url, headers=headers, allow_redirects=False) as answer:
+        answer = await upstream.session.request("GET", url, headers=headers)
+        try:
             context(request).fields["upstream_status"] = answer.status
             chunks, size = [], 0
             async for chunk in answer.content.iter_any():
@@ -205,8 +205,13 @@ async def _upstream_list(request: web.Request, fmt: WireFormat, upstream: Upstre
                 if size > cap:
                     raise UpstreamError("upstream file list exceeds the configured client_max_size")
             body, status, head = b"".join(chunks), answer.status, forward_headers(answer.headers)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise (client_error(exc) or UpstreamError("upstream response broke off")) from None
+        finally:
+            answer.release()
+    except Exception as exc:
+        translated = client_error(exc)
+        if translated is None:
+            raise
+        raise translated from None
     if status in NO_FILES_API:
         return [], False
     try:
