@@ -25,6 +25,9 @@ ID_PREFIX: Final = "sha256:"
 URL_SCHEME: Final = "attachment:"
 #: Where the HTTP form of a reference lives under a public URL: ``{public_url}/v1/attachments/<id>``.
 ATTACHMENTS_PATH: Final = "/v1/attachments/"
+#: The file extension of each admitted media type, which the HTTP form of a reference may carry.
+EXTENSION_OF: Final = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
+EXTENSIONS: Final = frozenset({*EXTENSION_OF.values(), "jpeg"})
 MEDIA_TYPES: Final = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 _ID_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
@@ -118,9 +121,19 @@ class HttpRefs(msgspec.Struct, frozen=True):
 NO_HTTP: Final = HttpRefs()
 
 
-def _reference(rest: str) -> ImageRef:
-    """``sha256:<hex>[?name=<url-encoded>]``, the part of a reference after its scheme or path."""
+def split_extension(ident: str) -> str:
+    """An id without the image file extension the HTTP form may carry (``sha256:<hex>.png``): URL
+    helpers that guess a type from the path's extension (``instructor``'s ``Image.from_url``)
+    take such a URL without fetching it. Anything else is returned unchanged, for ``check_id``."""
+    stem, dot, extension = ident.rpartition(".")
+    return stem if dot and extension in EXTENSIONS and len(stem) == len(ID_PREFIX) + 64 else ident
+
+
+def _reference(rest: str, http: bool = False) -> ImageRef:
+    """``sha256:<hex>[?name=<url-encoded>]``, the part of a reference after its scheme or path
+    (the HTTP form may add an image extension to the id)."""
     ident, sep, query = rest.partition("?")
+    ident = split_extension(ident) if http else ident
     check_id(ident)
     name: str | None = None
     if sep:
@@ -145,7 +158,7 @@ def parse_url_ref(url: str, http: HttpRefs = NO_HTTP) -> ImageRef | None:
     if url.startswith(URL_SCHEME):
         return _reference(url[len(URL_SCHEME):])
     if http.bases and (rest := http.rest(url)) is not None:
-        return _reference(rest)
+        return _reference(rest, http=True)
     return None
 
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
 from projectionist.policy.errors import NOT_FOUND, AttachmentError, InvalidRequest, ProjectionistError
-from projectionist.policy.model import ATTACHMENTS_PATH, StoredImage, check_id
+from projectionist.policy.model import ATTACHMENTS_PATH, EXTENSION_OF, StoredImage, check_id, split_extension
 from projectionist.proxy.http.bodies import encoding_of, form_parts, parse_form, read_body
 from projectionist.proxy.http.middleware import context
 from projectionist.proxy.http.services import SERVICES
@@ -52,7 +52,9 @@ def describe(image: StoredImage, name: str | None, variants: dict[str, str] | No
         out["name"] = name
     out["url"] = f"attachment:{image.id}{query}"
     if public_url:
-        out["href"] = f"{public_url}{ATTACHMENTS_PATH}{image.id}{query}"
+        extension = EXTENSION_OF.get(image.media_type)
+        suffix = f".{extension}" if extension else ""
+        out["href"] = f"{public_url}{ATTACHMENTS_PATH}{image.id}{suffix}{query}"
     out["variants"] = variants or {}
     return out
 
@@ -117,7 +119,7 @@ async def serve_image(request: web.Request, attachment_id: str, missing: Project
 async def download(request: web.Request) -> web.StreamResponse:
     """``GET``/``HEAD /v1/attachments/{id}``: the HTTP form of a reference, served."""
     request.app[SERVICES].guard.require_client(request.headers, request.query)
-    attachment_id = check_id(request.match_info["id"])
+    attachment_id = check_id(split_extension(request.match_info["id"]))
     context(request).fields.update(attachment=attachment_id[:15])
     missing = ProjectionistError(f"no attachment {attachment_id[:15]}", code=NOT_FOUND, status=404)
     return await serve_image(request, attachment_id, missing)

@@ -36,6 +36,9 @@ DATA_URL = "data:image/png;base64,cG5n"
     (f"{BASE}/v1/attachments/{ID}?name=shot%20one.png", "shot one.png"),
     (f"{BASE}/s/agent-7/v1/attachments/{ID}", None),
     (f"{BASE}/s/agent-7/v1/attachments/{ID}?name=a.png", "a.png"),
+    (f"{BASE}/v1/attachments/{ID}.png", None),                     # the extension the upload's href carries
+    (f"{BASE}/v1/attachments/{ID}.jpeg?name=p.jpeg", "p.jpeg"),
+    (f"{BASE}/s/agent-7/v1/attachments/{ID}.webp", None),
 ])
 def test_urls_under_the_public_url_are_references(url: str, name: str | None) -> None:
     assert parse_url_ref(url, HTTP) == ImageRef(ID, name)
@@ -74,12 +77,21 @@ def test_other_urls_pass_through(url: str) -> None:
     f"{BASE}/v1/attachments/{ID}?name=a&name=b",
     f"{BASE}/v1/attachments/{ID}?size=large",
     f"{BASE}/s/x/v1/attachments/sha256:{HEX[:-1]}",
+    f"{BASE}/v1/attachments/{ID}.svg",                    # not an admitted image type's extension
+    f"{BASE}/v1/attachments/{ID}.PNG",
+    f"{BASE}/v1/attachments/{ID}.png.png",
+    f"{BASE}/v1/attachments/sha256:{HEX[:-1]}.png",
 ])
 def test_a_malformed_reference_under_the_prefix_is_the_clients_error(url: str) -> None:
     with pytest.raises(AttachmentError) as info:
         parse_url_ref(url, HTTP)
     assert info.value.code == "INVALID_ATTACHMENT_REF"
     assert parse_url_ref(url) is None
+
+
+def test_the_extension_belongs_to_the_http_form_only() -> None:
+    with pytest.raises(AttachmentError):
+        parse_url_ref(f"attachment:{ID}.png", HTTP)  # the attachment: form is the id, exactly
 
 
 def test_a_public_url_with_a_path_is_a_prefix_of_whole_segments() -> None:

@@ -64,7 +64,7 @@ async def sent(harness: Harness, path: str, body: dict[str, Any], session: str =
 async def test_every_format_projects_the_href_exactly_like_the_attachment_url(web: Harness, fmt: str) -> None:
     data = make_image(color=150)
     answer = await upload(web, data, "shot one.png")
-    assert answer["href"] == f"{DEFAULT}/v1/attachments/{ref_id(data)}?name=shot%20one.png"
+    assert answer["href"] == f"{DEFAULT}/v1/attachments/{ref_id(data)}.png?name=shot%20one.png"
     path, body = FORMATS[fmt]
     by_href = await sent(web, path, body(answer["href"]))
     by_url = await sent(web, path, body(answer["url"]))
@@ -113,6 +113,8 @@ async def test_other_urls_pass_through_untouched(web: Harness, url: str) -> None
     "sha256%3A" + "ab" * 32,                     # a percent-encoded id
     "../attachments/sha256:" + "ab" * 32,        # '..' after the prefix
     "sha256:" + "ab" * 32 + "?name=a&x=1",
+    "sha256:" + "ab" * 32 + ".exe",             # not an image extension
+    "sha256:" + "ab" * 32 + ".png.png",
 ])
 @pytest.mark.parametrize("fmt", ["openai_chat", "gemini"])
 async def test_a_malformed_href_is_invalid_attachment_ref(web: Harness, tail: str, fmt: str) -> None:
@@ -129,7 +131,7 @@ async def test_a_configured_public_url_is_the_only_prefix(make_harness: MakeHarn
     harness = await make_harness(**{"server.public_url": "HTTPS://Proxy.Example:443/llm/"})
     data = make_image(color=153)
     answer = await upload(harness, data)
-    assert answer["href"] == f"https://proxy.example/llm/v1/attachments/{answer['id']}"
+    assert answer["href"] == f"https://proxy.example/llm/v1/attachments/{answer['id']}.png"
     path, body = FORMATS["openai_chat"]
     parts = msgspec.json.decode(await sent(harness, path, body(answer["href"])))["messages"][0]["content"]
     assert parts[1]["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(data).decode()
@@ -155,6 +157,10 @@ async def test_get_serves_the_verified_bytes_and_refuses_bad_ones(harness: Harne
     assert resp.headers["Content-Type"] == "image/png"
     assert resp.headers["ETag"] == f'"{answer["id"]}"'
     assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
+    assert href.endswith(".png?name=a.png")  # the extension a type-guessing helper reads
+    for spelling in (answer["id"], answer["id"] + ".jpeg"):  # the extension is no part of the id
+        plain = await harness.client.get(f"/v1/attachments/{spelling}")
+        assert plain.status == 200 and await plain.read() == data and plain.headers["Content-Type"] == "image/png"
     head = await harness.client.head(f"/v1/attachments/{answer['id']}")
     assert head.status == 200 and head.headers["Content-Length"] == str(len(data)) and await head.read() == b""
     again = await harness.client.get(f"/v1/attachments/{answer['id']}", headers={"If-None-Match": resp.headers["ETag"]})
@@ -177,7 +183,7 @@ async def test_get_serves_the_verified_bytes_and_refuses_bad_ones(harness: Harne
 
 
 @pytest.mark.parametrize("path", ["/v1/attachments/sha256:abc", "/v1/attachments/SHA256:" + "ab" * 32,
-                                  "/v1/attachments/..%2Fmetrics"])
+                                  "/v1/attachments/..%2Fmetrics", "/v1/attachments/sha256:" + "ab" * 32 + ".svg"])
 async def test_get_of_a_malformed_id_is_400(harness: Harness, path: str) -> None:
     resp = await harness.client.get(path)
     assert resp.status == 400 and resp.headers["x-projectionist-error-code"] == "INVALID_ATTACHMENT_REF"

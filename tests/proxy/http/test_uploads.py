@@ -24,7 +24,7 @@ async def test_raw_upload_answers_the_reference(harness: Harness) -> None:
     assert await resp.json() == {
         "id": ref_id(data), "media_type": "image/webp", "bytes": len(data), "width": 7, "height": 5,
         "name": "my shot.webp", "url": f"attachment:{ref_id(data)}?name=my%20shot.webp",
-        "href": f"http://127.0.0.1:8787/v1/attachments/{ref_id(data)}?name=my%20shot.webp", "variants": {}}
+        "href": f"http://127.0.0.1:8787/v1/attachments/{ref_id(data)}.webp?name=my%20shot.webp", "variants": {}}
     assert (await harness.store.read_image(ref_id(data))).data == data
 
 
