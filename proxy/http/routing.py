@@ -32,10 +32,9 @@ from urllib.parse import unquote
 
 from aiohttp import web
 from multidict import MultiMapping
-
-from projectionist.adapters.registry import SPEAKS, projecting
 from yarl import URL
 
+from projectionist.adapters.registry import SPEAKS, projecting
 from projectionist.policy.errors import NotFound, ProjectionistError
 from projectionist.policy.model import check_session_id
 from projectionist.proxy.http import files, gemini_files
@@ -133,8 +132,6 @@ async def _unprefixed(request: web.Request, rest: str) -> web.StreamResponse:
 
 
 def _require_client(request: web.Request) -> None:
-    # until the client is known, errors take the shape the request itself speaks: a stranger
-    # learns nothing about which named upstreams exist or what format they are
     if not request.app[SERVICES].guard.is_client(request.headers, request.query):
         context(request).route = "unauthenticated"
         raise client_unauthorized()
@@ -143,6 +140,8 @@ def _require_client(request: web.Request) -> None:
 async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owned: bool = False) -> web.StreamResponse:
     services = request.app[SERVICES]
     ctx = context(request)
+    # until the client is known, errors take the shape the request itself speaks: a stranger
+    # learns nothing about which named upstreams exist or what format they are
     ctx.fmt = SPEAKS[format_spoken(unquote(raw_path), request.headers, request.query)]
     _require_client(request)
     upstream = services.upstreams.get(name)
