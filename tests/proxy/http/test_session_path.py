@@ -277,18 +277,21 @@ async def test_attachment_uploads_under_the_prefix_work_as_without_it(harness: H
     plain = await harness.client.post("/v1/attachments?name=shot.png", data=data, headers={"Content-Type": "image/png"})
     assert described == await plain.json() and described["name"] == "shot.png"
     assert await harness.store.stat(described["id"]) is not None
-    # the rest of /v1/attachments is answered as without the prefix (the owned catch-all): 404, 405
-    for method, path in (("GET", "/v1/attachments/nope"), ("GET", "/v1/attachments")):
+    served = await harness.client.get(f"{PREFIX}/v1/attachments/{described['id']}")  # the HTTP form's GET
+    assert served.status == 200 and await served.read() == data
+    # the rest of /v1/attachments is answered as without the prefix, refusals included
+    for method, path in (("GET", "/v1/attachments/nope"), ("GET", "/v1/attachments"), ("PUT", "/v1/attachments/x/y")):
         prefixed = await harness.client.request(method, f"{PREFIX}{path}")
         unprefixed = await harness.client.request(method, path)
         assert (prefixed.status, await error_code(prefixed)) == (unprefixed.status, await error_code(unprefixed))
-        assert prefixed.status in (404, 405)
+        assert prefixed.status in (400, 404, 405)
     assert harness.upstream.received == []
 
 
 OWNED_UNDER_PREFIX = [
     ("GET", f"{PREFIX}/admin/sessions/{SID}/events"),
     ("GET", f"{PREFIX}/healthz"),
+    ("GET", f"{PREFIX}/readyz"),
     ("GET", f"{PREFIX}/metrics"),
     ("GET", f"{PREFIX}/ADMIN/sessions"),
     ("GET", f"{PREFIX}//admin/sessions"),
