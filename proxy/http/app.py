@@ -22,7 +22,7 @@ from projectionist.proxy.http.admin import add_admin_routes
 from projectionist.proxy.http.auth import Guard, client_unauthorized
 from projectionist.proxy.http.middleware import context, context_middleware, error_response, note_started
 from projectionist.proxy.http.readiness import READINESS, Readiness, readyz
-from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named
+from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.http.ui import add_ui_routes
 from projectionist.proxy.http.uploads import download, upload
@@ -177,6 +177,7 @@ def create_app(
     for path in HOT_PATHS:  # plain routes resolve by one dict lookup; same dispatch as the catch-all
         router.add_route("*", path, dispatch_default)
     router.add_route("*", "/u/{tail:" + ANY + "}", dispatch_named)
+    router.add_route("*", "/s/{tail:" + ANY + "}", dispatch_session)
     router.add_route("*", "/{tail:" + ANY + "}", dispatch_default)
     return app
 

@@ -21,7 +21,7 @@ from multidict import CIMultiDict, MultiMapping
 
 from projectionist.adapters.base import WireFormat
 from projectionist.adapters.responses import tokens
-from projectionist.policy.errors import ProjectionistError
+from projectionist.policy.errors import InvalidRequest, ProjectionistError
 from projectionist.policy.model import ImageRef, Placeholder, Resolved, check_session_id
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.http.bodies import read_body
@@ -39,21 +39,29 @@ CHUNK = 64 * 1024
 _GEMINI_MODEL: Final = re.compile(r"/models/([^/:]+):")
 #: The longest model name the log line and the span repeat.
 MODEL_MAX: Final = 128
+#: The session a ``/s/{session}/`` path prefix named (``http.routing``), already checked.
+PATH_SESSION = web.RequestKey("projectionist.path_session", str)
 
 
-def session_of(headers: MultiMapping[str], names: tuple[str, ...]) -> str | None:
+def session_of(headers: MultiMapping[str], names: tuple[str, ...], in_path: str | None = None) -> str | None:
+    """The request's session: the first session header present, or the one its path names; a
+    header and a path that name different sessions are the client's error."""
     for name in names:
         value = headers.get(name)
         if value is not None:
-            return check_session_id(value)
-    return None
+            session = check_session_id(value)
+            if in_path is not None and session != in_path:
+                raise InvalidRequest(f"the {name} header and the /s/{{session}}/ path name different sessions",
+                                     code="SESSION_CONFLICT")
+            return session
+    return in_path
 
 
 async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
     services = request.app[SERVICES]
     ctx = context(request)
     raw = await read_body(request)
-    session_id = session_of(request.headers, services.session_headers)
+    session_id = session_of(request.headers, services.session_headers, request.get(PATH_SESSION))
     ctx.fields.update(adapter=fmt.NAME, session=session_id)
     started = time.perf_counter()
     seen_refs: list[ImageRef] = []

@@ -8,10 +8,17 @@ in the raw path). Any other path goes to a default upstream, by this rule, first
    (``/v1/models/{m}:{method}``), an ``x-goog-api-key`` header or a ``key`` query parameter: ``gemini``;
 3. everything else: ``openai``.
 
+``/s/{session}/...`` names the session in the path, for clients that can only be given a base URL
+(``.../s/{session}/v1`` for OpenAI's SDK, ``.../s/{session}`` for Anthropic's, ``.../s/{session}/u/{name}/v1``):
+the segment, read from the raw path and percent-decoded once, must be a valid session id and
+agree with a session header if there is one; the rest of the path is then routed exactly as it
+would be without the prefix. Under the prefix, ``/v1/attachments...`` is answered by the proxy's
+own attachment routes, as without it; any other path the proxy owns is 404 ``ROUTE_NOT_FOUND``.
+
 Every route here needs a client token when client tokens are configured, its raw path must pass
 ``upstream.urls.check_path``, and its method must be an ordinary one, before anything is sent.
-A path the proxy owns, in any spelling (``/ADMIN``, ``//admin``, ``/admin;x``, ``/v1%2Fattachments``),
-is answered here and never forwarded. A POST to a projecting path of the upstream's format goes
+A path the proxy owns, in any spelling (``/ADMIN``, ``//admin``, ``/admin;x``, ``/v1%2Fattachments``,
+``/%73/x``), is answered here and never forwarded. A POST to a projecting path of the upstream's format goes
 through the policy (generation and the token-counting endpoints that take the same body); the
 Files API is handled in ``http.files`` (Gemini's in ``http.gemini_files``); everything else passes through unchanged.
 """
@@ -25,13 +32,15 @@ from urllib.parse import unquote
 
 from aiohttp import web
 from multidict import MultiMapping
+from yarl import URL
 
 from projectionist.adapters.registry import SPEAKS, projecting
 from projectionist.policy.errors import NotFound, ProjectionistError
+from projectionist.policy.model import check_session_id
 from projectionist.proxy.http import files, gemini_files
 from projectionist.proxy.http.auth import client_unauthorized
 from projectionist.proxy.http.middleware import context
-from projectionist.proxy.http.proxying import relay_projected, relay_unchanged
+from projectionist.proxy.http.proxying import PATH_SESSION, relay_projected, relay_unchanged, session_of
 from projectionist.proxy.http.services import SERVICES
 from projectionist.proxy.upstream.urls import check_name, check_path
 
@@ -41,8 +50,11 @@ HOT_PATHS: Final = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 #: Methods that may go upstream (TRACE and CONNECT never do: an echo of the headers would hand
 #: a server-held key back to the client).
 METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-#: Paths the proxy owns (lowercase, as segments), under any spelling.
-OWNED: Final = (("admin",), ("healthz",), ("readyz",), ("metrics",), ("v1", "attachments"))
+#: Paths the proxy owns (lowercase, as segments), under any spelling; ``s`` is the session prefix.
+OWNED: Final = (("admin",), ("healthz",), ("readyz",), ("metrics",), ("v1", "attachments"), ("s",))
+SESSION_PREFIX: Final = "/s/"
+#: The one owned path a ``/s/{session}/`` prefix may lead to, spelled literally: as without the prefix.
+ATTACHMENTS: Final = "/v1/attachments"
 
 
 def format_spoken(path: str, headers: MultiMapping[str], query: MultiMapping[str]) -> str:
@@ -69,11 +81,60 @@ async def dispatch_default(request: web.Request) -> web.StreamResponse:
 
 
 async def dispatch_named(request: web.Request) -> web.StreamResponse:
+    return await dispatch(request, *_named(request.rel_url.raw_path))
+
+
+def _named(raw_path: str) -> tuple[str, str]:
     """``/u/{name}/{tail}``, read from the raw path: the name must be spelled literally, and the
     tail is the raw rest of the path (never a slice of a decoded name)."""
-    raw_path = request.rel_url.raw_path
     name, _, tail = raw_path[len("/u/"):].partition("/") if raw_path.startswith("/u/") else ("", "", "")
-    return await dispatch(request, name, "/" + tail)
+    return name, "/" + tail
+
+
+async def dispatch_session(request: web.Request) -> web.StreamResponse:
+    """``/s/{session}/{rest}``: the session named in the raw path, then ``rest`` routed as if it
+    had come without the prefix (which never travels upstream, nor into a record)."""
+    raw_path = request.rel_url.raw_path
+    literal = raw_path.startswith(SESSION_PREFIX)
+    segment, slash, rest = raw_path[len(SESSION_PREFIX):].partition("/")
+    rest = slash + rest
+    ctx = context(request)
+    ctx.fmt = SPEAKS[format_spoken(unquote(rest), request.headers, request.query)]
+    _require_client(request)
+    if not literal:  # /%73/x/...: aiohttp matched the decoded path; the prefix must be spelled as is
+        raise NotFound("no such route", code="ROUTE_NOT_FOUND")
+    check_path(raw_path)  # a '.' or '..' segment, the session's included, in any encoding
+    session = check_session_id(unquote(segment))
+    session_of(request.headers, request.app[SERVICES].session_headers, session)  # a header that disagrees
+    request[PATH_SESSION] = session
+    ctx.fields["session"] = session
+    if not rest:
+        raise NotFound("nothing to route after /s/{session}", code="ROUTE_NOT_FOUND")
+    if rest == ATTACHMENTS or rest.startswith(ATTACHMENTS + "/"):
+        return await _unprefixed(request, rest)
+    if unquote(rest).startswith("/u/"):
+        return await dispatch(request, *_named(rest))
+    return await dispatch(request, format_spoken(unquote(rest), request.headers, request.query), rest,
+                          guard_owned=True)
+
+
+async def _unprefixed(request: web.Request, rest: str) -> web.StreamResponse:
+    """``rest`` answered by whichever route takes it without the prefix (the proxy's own)."""
+    inner = request.clone(rel_url=URL.build(path=rest, query_string=request.rel_url.raw_query_string, encoded=True))
+    match = await request.app.router.resolve(inner)
+    if match.http_exception is not None:
+        raise NotFound("no such route", code="ROUTE_NOT_FOUND")
+    match.add_app(request.app)
+    match.freeze()
+    inner._match_info = match  # what aiohttp's own dispatch sets (``web.Application._handle``)
+    context(request).route = match.route.name or context(request).route
+    return await match.handler(inner)
+
+
+def _require_client(request: web.Request) -> None:
+    if not request.app[SERVICES].guard.is_client(request.headers, request.query):
+        context(request).route = "unauthenticated"
+        raise client_unauthorized()
 
 
 async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owned: bool = False) -> web.StreamResponse:
@@ -82,9 +143,7 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
     # until the client is known, errors take the shape the request itself speaks: a stranger
     # learns nothing about which named upstreams exist or what format they are
     ctx.fmt = SPEAKS[format_spoken(unquote(raw_path), request.headers, request.query)]
-    if not services.guard.is_client(request.headers, request.query):
-        ctx.route = "unauthenticated"
-        raise client_unauthorized()
+    _require_client(request)
     upstream = services.upstreams.get(name)
     if upstream is None:
         ctx.route = "unknown_upstream"
