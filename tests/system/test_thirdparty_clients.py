@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +26,29 @@ from tests.imaging import make_image
 from tests.thirdparty import clients_python, run_client
 
 
+MakeLive = Callable[..., Awaitable[Harness]]
+
+
 @pytest.fixture
-async def live(aiohttp_client: Any, make_config: Callable[..., Config], upstream: FakeUpstream,
-               unused_tcp_port: int) -> Harness:
+def make_live(aiohttp_client: Any, make_config: Callable[..., Config], upstream: FakeUpstream,
+              unused_tcp_port: int) -> MakeLive:
     """A proxy listening on a port chosen first, so that its ``public_url`` (where ``href``s point)
     is its real address; it records every call's metadata; ``gemini`` is the fake upstream too."""
-    public = f"http://127.0.0.1:{unused_tcp_port}"
-    config = make_config(**{"server.public_url": public, "record.mode": "metadata",
-                            "upstreams.gemini": {"format": "gemini", "url": upstream.url}})
-    store = CountingStore(open_store(config))
-    client = await aiohttp_client(create_app(config, store=store, log=open_log(config)),
-                                  server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
-    assert str(client.make_url("")).rstrip("/") == public
-    return Harness(client, store, upstream)
+    async def make(**overrides: Any) -> Harness:
+        public = f"http://127.0.0.1:{unused_tcp_port}"
+        config = make_config(**{"server.public_url": public, "record.mode": "metadata",
+                                "upstreams.gemini": {"format": "gemini", "url": upstream.url}, **overrides})
+        store = CountingStore(open_store(config))
+        client = await aiohttp_client(create_app(config, store=store, log=open_log(config)),
+                                      server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
+        assert str(client.make_url("")).rstrip("/") == public
+        return Harness(client, store, upstream)
+    return make
+
+
+@pytest.fixture
+async def live(make_live: MakeLive) -> Harness:
+    return await make_live()
 
 
 class Image:
@@ -58,10 +68,11 @@ class Image:
         return f'[image unavailable: not_found; "{name}" ({self.id[:15]})]'
 
 
-async def upload(live: Harness, color: int, name: str) -> Image:
+async def upload(live: Harness, color: int, name: str, token: str | None = None) -> Image:
     data = make_image(color=color)
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
     resp = await live.client.post("/v1/attachments", data=data, params={"name": name},
-                                  headers={"Content-Type": "image/png"})
+                                  headers={"Content-Type": "image/png", **auth})
     assert resp.status == 200, await resp.text()
     image = Image(data, await resp.json())
     assert image.href.startswith(str(live.client.make_url("/v1/attachments/sha256:")))
@@ -139,6 +150,30 @@ async def test_llm_cli_sends_the_href_and_its_next_turn_gets_the_placeholder(liv
     assert [refs(c) for c in calls] == [[(shot.id, "inlined"), (later.id, "inlined")],
                                         [(shot.id, "inlined"), (later.id, "placeholder")]]
     assert await quarantined(live, "llm") == [later.id]
+
+
+async def test_llm_behind_client_tokens_takes_the_href_with_its_type_given(
+    make_live: MakeLive, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With client tokens, ``llm``'s key is the client token and the proxy holds the provider key.
+    ``-a URL`` fails at llm's own HEAD, which carries no credential; ``--at URL image/png`` sends
+    no HEAD and works."""
+    monkeypatch.setenv("PROJECTIONIST_CLIENT_TOKENS", "ct-llm")
+    monkeypatch.setenv("TEST_OPENAI_KEY", "sk-held-by-the-proxy")
+    live = await make_live(**{"upstreams.openai": {"format": "openai", "url": upstream.url,
+                                                   "api_key_env": "TEST_OPENAI_KEY"}})
+    shot = await upload(live, 14, "shot.png", token="ct-llm")
+    python, env = clients_python(), {**openai_env(live, "llm-guarded"), "OPENAI_API_KEY": "ct-llm"}
+    with pytest.raises(AssertionError, match="401 Unauthorized"):
+        await run_client(python, "", env, home=tmp_path, args=("llm", "-m", "gpt-4o", "describe", "-a", shot.href))
+    assert live.upstream.received == []
+    answer = await run_client(python, "", env, home=tmp_path,
+                              args=("llm", "-m", "gpt-4o", "describe", "--at", shot.href, "image/png", "--no-stream"))
+    assert answer.strip() == "Hello from the fake upstream."
+    assert chat_parts(live) == [text("describe"), image_url(shot)]
+    assert live.upstream.last.headers["Authorization"] == "Bearer sk-held-by-the-proxy"
+    [call] = await records(live, "llm-guarded")
+    assert refs(call) == [(shot.id, "inlined")]
 
 
 LITELLM = """
