@@ -131,9 +131,10 @@ def text(value: str) -> dict[str, Any]:
 
 
 async def test_llm_cli_sends_the_href_and_its_next_turn_gets_the_placeholder(live: Harness, tmp_path: Path) -> None:
-    """``llm -a URL`` HEADs the URL for its type and passes it on as an ``image_url``; ``--at URL
-    TYPE`` skips the HEAD. ``llm -c`` re-sends the whole conversation from its own database, so an
-    image that vanished between turns is found by the proxy, quarantined, and replaced."""
+    """``llm -a URL`` HEADs the URL for its type (a vanished image fails there, in llm) and passes
+    it on as an ``image_url``; ``--at URL TYPE`` skips the HEAD. ``llm -c`` re-sends the whole
+    conversation from its own database, so an image that vanished between turns is found by the
+    proxy, quarantined, and replaced."""
     shot, later = await upload(live, 1, "shot.png"), await upload(live, 2, "later.png")
     python, env = clients_python(), openai_env(live, "llm")
     first = await run_client(python, "", env, home=tmp_path,
@@ -142,6 +143,9 @@ async def test_llm_cli_sends_the_href_and_its_next_turn_gets_the_placeholder(liv
     assert chat_parts(live) == [text("describe"), image_url(shot), image_url(later)]
     assert live.upstream.last.json()["stream"] is True
     await live.remove(later.id)
+    with pytest.raises(AssertionError, match="404 Not Found"):  # a new -a of it fails at llm's own HEAD
+        await run_client(python, "", env, home=tmp_path, args=("llm", "-m", "gpt-4o", "again", "-a", later.href))
+    assert len(live.upstream.received) == 1
     second = await run_client(python, "", env, home=tmp_path, args=("llm", "-c", "and now?", "--no-stream"))
     assert second.strip() == "Hello from the fake upstream."
     assert chat_parts(live) == [text("describe"), image_url(shot), text(later.placeholder("later.png"))]
@@ -194,6 +198,7 @@ ask("anthropic href", "anthropic/claude-sonnet-4-5", os.environ["HREF"])
 ask("anthropic gone", "anthropic/claude-sonnet-4-5", os.environ["GONE"])
 ask("gemini url", "gemini/gemini-2.5-flash", os.environ["URL"])
 ask("gemini href", "gemini/gemini-2.5-flash", os.environ["HREF"])
+ask("gemini gone", "gemini/gemini-2.5-flash", os.environ["GONE"])
 print("RESULT " + json.dumps(results))
 """
 
@@ -218,6 +223,7 @@ async def test_litellm_passes_references_on_its_openai_route_and_downloads_hrefs
         "anthropic gone": "error: BadRequestError",     # its own download got the proxy's 404
         "gemini url": "error: APIConnectionError",      # "Invalid image received", never sent
         "gemini href": "ok: Hello from the fake Gemini upstream.",
+        "gemini gone": "error: ImageFetchError",        # its own download got the proxy's 404
     }
     by_path = {r.path_qs: r.json() for r in live.upstream.received}
     assert len(live.upstream.received) == len(by_path) == 3
