@@ -306,11 +306,17 @@ class PostgresLog:
                 await asyncio.wait_for(conn.add_listener(self.channel, self._notice), self._timeout)
                 self.watch.renewed()
                 delay = 0.5
-                while not ended.is_set():
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can turn the task's own
+                # cancellation into a TimeoutError, which the suppress below then swallowed, and a
+                # closing log waited for this loop forever. ``_closed`` is checked too, so a
+                # swallowed cancellation still ends the loop within one ping period.
+                while not ended.is_set() and not self._closed:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(ended.wait(), self.ping_every)
+                        async with asyncio.timeout(self.ping_every):
+                            await ended.wait()
                         break
-                    await asyncio.wait_for(conn.fetchval(self._sql["watch"]), self._timeout)
+                    async with asyncio.timeout(self._timeout):
+                        await conn.fetchval(self._sql["watch"])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
