@@ -181,8 +181,8 @@ class Response:
     # llhttp's callbacks (the parser calls them from ``feed_data``)
 
     def on_message_begin(self) -> None:
-        if self._done:  # a second answer on the same connection, unasked for
-            self._keep_alive = False
+        if self._done:  # a second answer on the same connection, unasked for: parse none of it
+            raise _Trailing
 
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
@@ -242,11 +242,13 @@ class Response:
         try:
             self._parser.feed_data(data)
         except (HttpParserError, HttpParserUpgrade) as exc:
-            if self._head.done():
-                self._fail(PayloadError(f"malformed response body: {exc}"))
-            else:
-                self._fail(ResponseError(f"malformed response: {exc}"))
-            return
+            if not self._done:
+                if self._head.done():
+                    self._fail(PayloadError(f"malformed response body: {exc}"))
+                else:
+                    self._fail(ResponseError(f"malformed response: {exc}"))
+                return
+            self._keep_alive = False  # the answer was whole; what followed it in the same read is none
         if self._head_ready and not self._head.done():
             self._head.set_result(None)
         if self._done:
@@ -374,6 +376,10 @@ class Response:
 
     async def __aexit__(self, *_: object) -> None:
         self.release()
+
+
+class _Trailing(Exception):
+    """Raised from llhttp's callback when a second answer begins after this one's end."""
 
 
 class _Chunks:

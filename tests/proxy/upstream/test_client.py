@@ -578,3 +578,20 @@ async def test_release_before_the_end_closes_and_close_is_idempotent(serve: Make
     assert client.idle_connections() == 0
     await asyncio.sleep(0.05)
     assert server.closed == 1
+
+
+async def test_a_second_answer_in_the_same_read_neither_rewrites_the_first_nor_is_pooled(
+        serve: MakeServer, client: Client) -> None:
+    # An upstream that sends bytes past a sized body in the same segment: they are no answer to
+    # anything. They must not rewrite this answer's status or headers, and the connection must
+    # not go back to the pool, where they could become the next request's answer.
+    server = await serve(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\n\r\nhi"
+                                   b"HTTP/1.1 500 Evil\r\nContent-Length: 0\r\nX-Evil: 1\r\n\r\n"))
+    answer = await client.request("GET", server.url)
+    assert (answer.status, answer.reason) == (200, "OK") and "X-Evil" not in answer.headers
+    assert answer.headers["Content-Length"] == "2" and await answer.read() == b"hi"
+    assert client.idle_connections() == 0
+    garbage = await serve(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi\x00not http"))
+    answer = await client.request("GET", garbage.url)  # the answer itself was whole and valid
+    assert answer.status == 200 and await answer.read() == b"hi" and client.idle_connections() == 0
+
