@@ -28,6 +28,9 @@ Origin = tuple[str, str, int]
 
 #: Buffered answer bytes past which the connection stops reading until the consumer catches up.
 READ_BUFFER: Final = 256 * 1024
+#: Bytes an answer's head may take (status lines and headers, interim answers included) before it
+#: is refused: aiohttp refused lines over 8 KiB; without a bound llhttp buffers an endless head.
+MAX_HEAD: Final = 64 * 1024
 #: An idle keep-alive connection is closed after this long: shorter than common servers' own
 #: keep-alive (60 s and more), so the server rarely closes one under a request.
 IDLE_TIMEOUT: Final = 30.0
@@ -141,7 +144,7 @@ class Response:
     __slots__ = ("status", "reason", "headers", "content_length", "content_type", "_conn", "_loop", "_parser",
                  "_head_only", "_raw", "_reason", "_head", "_head_ready", "_interim", "_buffer", "_size", "_waiter",
                  "_done", "_error", "_keep_alive", "_until_eof", "_paused", "_any_byte", "_released", "_body",
-                 "_read_timeout", "_timer", "_last")
+                 "_read_timeout", "_timer", "_last", "_head_bytes")
 
     def __init__(self, conn: _Connection, method: str, read_timeout: float) -> None:
         self.status = 0
@@ -172,6 +175,7 @@ class Response:
         self._read_timeout = read_timeout
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0
+        self._head_bytes = 0
 
     @property
     def content(self) -> Response:
@@ -249,6 +253,11 @@ class Response:
                     self._fail(ResponseError(f"malformed response: {exc}"))
                 return
             self._keep_alive = False  # the answer was whole; what followed it in the same read is none
+        if not self._head_ready:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD:
+                self._fail(ResponseError(f"the response head is over {MAX_HEAD} bytes"))
+                return
         if self._head_ready and not self._head.done():
             self._head.set_result(None)
         if self._done:

@@ -595,3 +595,25 @@ async def test_a_second_answer_in_the_same_read_neither_rewrites_the_first_nor_i
     answer = await client.request("GET", garbage.url)  # the answer itself was whole and valid
     assert answer.status == 200 and await answer.read() == b"hi" and client.idle_connections() == 0
 
+
+async def test_an_answer_head_without_end_is_refused_not_buffered(serve: MakeServer, client: Client) -> None:
+    sent = [0]
+
+    async def endless_headers(conn: Conn) -> None:
+        await conn.request()
+        await conn.send(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(4096):  # 32 MiB of header lines, never a blank line
+            await conn.send(b"X-Pad: " + b"a" * 8185 + b"\r\n")
+            sent[0] += 8194
+    server = await serve(endless_headers)
+    with pytest.raises(ResponseError, match="head"):
+        await client.request("GET", server.url)
+    assert sent[0] < 16 * 1024 * 1024  # refused long before its end (loopback buffers hold a few MiB)
+
+    async def interim_flood(conn: Conn) -> None:
+        await conn.request()
+        for _ in range(100_000):
+            await conn.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+    flood = await serve(interim_flood)
+    with pytest.raises(ResponseError, match="head"):
+        await client.request("POST", flood.url, data=b"x")
