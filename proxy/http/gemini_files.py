@@ -75,7 +75,7 @@ def _declared(request: web.Request) -> tuple[str, int] | None:
     media_type = headers.get("X-Goog-Upload-Header-Content-Type", "").split(";", 1)[0].strip().lower()
     size = headers.get("X-Goog-Upload-Header-Content-Length", "")
     limit = request.app[SERVICES].config.store.limits.max_bytes
-    if media_type not in ADMITTED or not size.isdigit() or not 0 < int(size) <= limit:
+    if media_type not in ADMITTED or not (size.isascii() and size.isdigit()) or not 0 < int(size) <= limit:
         return None
     return media_type, int(size)
 

@@ -247,3 +247,14 @@ async def test_other_file_names_pass_through_and_a_bad_sha256_name_is_refused(gh
     [sent] = gharness.upstream.received
     assert (sent.method, sent.path_qs) == ("GET", "/v1beta/files/abc-123")
     assert sent.headers["x-goog-api-key"] == "g-key"
+
+
+async def test_a_declared_size_of_non_ascii_digits_opens_no_upload_here(gharness: Harness) -> None:
+    # str.isdigit() is true of '²', which int() refuses: the start is not ours to admit (forwarded
+    # as any other), never a 500.
+    for size in ["²", "1²", "١٠٠"]:
+        headers = {**START, "X-Goog-Upload-Header-Content-Length": size,
+                   "X-Goog-Upload-Header-Content-Type": "image/png", "X-Session-Id": SID}
+        started = await gharness.client.post("/upload/v1beta/files", json={"file": {}}, headers=headers)
+        assert started.status == 200 and "X-Goog-Upload-URL" not in started.headers, size
+    assert len(gharness.upstream.received) == 3 and len(gharness.app[SERVICES].uploads) == 0
