@@ -258,3 +258,20 @@ async def test_a_declared_size_of_non_ascii_digits_opens_no_upload_here(gharness
         started = await gharness.client.post("/upload/v1beta/files", json={"file": {}}, headers=headers)
         assert started.status == 200 and "X-Goog-Upload-URL" not in started.headers, size
     assert len(gharness.upstream.received) == 3 and len(gharness.app[SERVICES].uploads) == 0
+
+
+async def test_the_upload_url_is_under_the_configured_public_url(make_harness: MakeHarness, upstream: FakeUpstream) -> None:
+    # Behind a TLS terminator at a path prefix, the origin the request reached (http, no prefix)
+    # would send the upload's credential and bytes in clear text, or to another application.
+    harness = await make_harness(**{"upstreams.gemini": {"format": "gemini", "url": upstream.url},
+                                    "server.public_url": "https://llm.example.com/proxy"})
+    png = make_image(width=20, height=10, color=3)
+    headers = {**START, "X-Goog-Upload-Header-Content-Length": str(len(png)),
+               "X-Goog-Upload-Header-Content-Type": "image/png", "Host": "attacker.example"}
+    started = await harness.client.post("/upload/v1beta/files", json={"file": {}}, headers=headers)
+    assert started.status == 200
+    url = started.headers["X-Goog-Upload-URL"]
+    assert url.startswith("https://llm.example.com/proxy/v1/attachments/uploads/"), url
+    path = url.removeprefix("https://llm.example.com/proxy")
+    done = await harness.client.post(path, data=png, headers={"X-Goog-Upload-Command": "upload, finalize"})
+    assert done.status == 200 and (await done.json())["file"]["name"] == f"files/sha256-{ref_id(png)[7:]}"
