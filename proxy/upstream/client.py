@@ -5,11 +5,12 @@ call; ``relay.client_error`` remains the one place its errors become ``UpstreamE
 
 Errors: ``ClientError`` (``ConnectError``, ``ServerDisconnected``, ``ResponseError`` for malformed
 framing, ``PayloadError`` for a cut body, ``RequestBodyError``) and ``TimeoutError``
-(``ConnectTimeout``, ``ReadTimeout``). A request written to a reused idle connection that the server
-closes before any byte of an answer is sent once more on a fresh connection when its method is
-idempotent (as aiohttp did; a POST the server may have read is never sent twice: the client gets
-a 502 and its own retry policy decides), and never a streamed body already begun; the same close
-on a fresh connection is an error.
+(``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout`` for a streamed body the server stopped
+reading). A request written to a reused idle connection that the server closes before any byte
+of an answer is sent once more on a fresh connection when its method is idempotent (as aiohttp
+did; a POST the server may have read is never sent twice: the client gets a 502 and its own retry
+policy decides), and never a streamed body already begun; the same close on a fresh connection is
+an error.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class ReadTimeout(TimeoutError):
     """The server was silent for ``read_timeout`` while an answer (head or body) was awaited."""
 
 
+class WriteTimeout(TimeoutError):
+    """The server read nothing of a streamed request body for ``read_timeout``."""
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; hands what it reads to the answer in flight, if any."""
 
@@ -119,11 +124,15 @@ class _Connection(asyncio.Protocol):
             self._drain.set_result(None)
 
     async def drain(self) -> None:
-        """Wait while the transport's write buffer is over its high-water mark."""
+        """Wait while the transport's write buffer is over its high-water mark, at most
+        ``read_timeout`` at a time: a server that reads nothing is as silent as one that says nothing."""
         while self._write_paused and not self.lost:
             self._drain = self.client.loop.create_future()
             try:
-                await self._drain
+                async with asyncio.timeout(self.client.read_timeout):
+                    await self._drain
+            except TimeoutError:
+                raise WriteTimeout(f"the upstream read none of the request for {self.client.read_timeout:g} s") from None
             finally:
                 self._drain = None
         if self.lost:
@@ -535,9 +544,11 @@ class Client:
                     transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
                 await conn.drain()
         except ClientError:
-            if answer._head.done() and answer._error is None and answer._error is None:
+            if answer._head.done() and answer._error is None:
                 answer._keep_alive = False  # answered before the body was all sent: keep the answer
                 return
+            raise
+        except WriteTimeout:
             raise
         except Exception as exc:
             raise RequestBodyError(f"the request body failed: {type(exc).__name__}") from exc

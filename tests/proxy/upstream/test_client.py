@@ -617,3 +617,29 @@ async def test_an_answer_head_without_end_is_refused_not_buffered(serve: MakeSer
     flood = await serve(interim_flood)
     with pytest.raises(ResponseError, match="head"):
         await client.request("POST", flood.url, data=b"x")
+
+
+async def test_an_upstream_that_reads_none_of_a_streamed_body_times_out(serve: MakeServer) -> None:
+    # A slowloris upstream on the request side: it accepts and never reads. The write buffer stays
+    # full; without a bound the call (and the client's connection) waited for ever.
+    stop = asyncio.Event()
+
+    async def deaf(conn: Conn) -> None:
+        await stop.wait()
+    server = await serve(deaf)
+    client = Client(2.0, 0.5)
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(1024):  # 64 MiB: more than any socket buffer holds
+            yield b"y" * 65536
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError) as timed_out:
+            async with asyncio.timeout(10):
+                await client.request("POST", server.url, data=body())
+        assert time.monotonic() - started < 5
+        assert client_error(timed_out.value).code == "UPSTREAM_TIMEOUT"  # type: ignore[union-attr]
+        assert client.idle_connections() == 0
+    finally:
+        stop.set()
+        await client.close()
