@@ -16,6 +16,7 @@ an error.
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Final
@@ -81,12 +82,13 @@ class WriteTimeout(TimeoutError):
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; hands what it reads to the answer in flight, if any."""
 
-    __slots__ = ("client", "origin", "transport", "answer", "idle_since", "lost", "_write_paused", "_drain")
+    __slots__ = ("client", "origin", "transport", "fd", "answer", "idle_since", "lost", "_write_paused", "_drain")
 
     def __init__(self, client: Client, origin: Origin) -> None:
         self.client = client
         self.origin = origin
         self.transport: asyncio.Transport | None = None
+        self.fd = -1
         self.answer: Response | None = None
         self.idle_since = 0.0
         self.lost = False
@@ -95,6 +97,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
 
     def data_received(self, data: bytes) -> None:
         if self.answer is None:  # bytes nobody asked for: this connection is not clean any more
@@ -445,6 +449,7 @@ class Client:
         self._all: set[_Connection] = set()
         self._hosts: dict[Origin, str] = {}
         self._sweeper: asyncio.TimerHandle | None = None
+        self._poller = select.poll() if hasattr(select, "poll") else None
         self.closed = False
 
     async def request(self, method: str, url: URL, *, data: Body = None,
@@ -589,11 +594,22 @@ class Client:
             if conn.lost or conn.transport is None or conn.transport.is_closing():
                 conn.close()
                 continue
-            if now - conn.idle_since >= self.idle_timeout:
+            if now - conn.idle_since >= self.idle_timeout or self._unread(conn):
                 conn.close()
                 continue
             return conn
         return None
+
+    def _unread(self, conn: _Connection) -> bool:
+        """Bytes (or the close) arrived on an idle connection while the loop was busy and nobody
+        read them yet: sent now, the request would take those stray bytes for its answer."""
+        if self._poller is None or conn.fd < 0:
+            return False
+        self._poller.register(conn.fd, select.POLLIN)
+        try:
+            return bool(self._poller.poll(0))
+        finally:
+            self._poller.unregister(conn.fd)
 
     def _recycle(self, conn: _Connection) -> None:
         conn.answer = None

@@ -13,10 +13,12 @@ decides. On a *fresh* connection the same close is an error at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -643,3 +645,35 @@ async def test_an_upstream_that_reads_none_of_a_streamed_body_times_out(serve: M
     finally:
         stop.set()
         await client.close()
+
+
+
+async def test_bytes_that_arrived_while_the_loop_was_busy_are_no_answer_to_the_next_request(client: Client) -> None:
+    # An upstream that sends a stray answer after a sized one, in its own segment: if the event
+    # loop was busy (other requests' CPU work) when it arrived, nothing had read it yet, and the
+    # next request on the pooled connection took it as its own answer. The server runs in a
+    # thread of its own, so it sends while this loop is blocked.
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        for answers in ([OK, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTALE"],
+                        [b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal"]):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                for n, answer in enumerate(answers):
+                    if n:
+                        time.sleep(0.02)
+                    conn.sendall(answer)
+                with contextlib.suppress(OSError):  # the next request, or the close (a reset: bytes unread)
+                    conn.recv(65536)
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    url = URL.build(scheme="http", host="127.0.0.1", port=port)
+    try:
+        assert await (await client.request("GET", url)).read() == b"ok"
+        time.sleep(0.2)  # the loop busy elsewhere while the stray bytes arrive
+        assert await (await client.request("GET", url)).read() == b"real"
+    finally:
+        listener.close()
