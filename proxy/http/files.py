@@ -173,7 +173,7 @@ def _limit(raw: str | None) -> int:
     low, high = LIST_LIMITS
     if raw is None:
         return high
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
         raise InvalidRequest(f"limit must be an integer from {low} to {high}", code="INVALID_QUERY")
     return int(raw)
 

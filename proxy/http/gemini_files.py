@@ -6,8 +6,9 @@ On a ``gemini``-format upstream (also under ``/u/{name}/``):
   ``X-Goog-Upload-Command: start`` whose declared type (``X-Goog-Upload-Header-Content-Type``) is
   png, jpeg, gif or webp and whose declared size (``X-Goog-Upload-Header-Content-Length``) is at
   most ``store.limits.max_bytes`` opens an upload here (``http.resumable``) and answers with its
-  ``X-Goog-Upload-URL``, ``{origin}/v1/attachments/uploads/{token}``. Anything else (other types,
-  larger files, other upload protocols) is forwarded unchanged: the bytes then go to Google.
+  ``X-Goog-Upload-URL``, ``{server.public_url}/v1/attachments/uploads/{token}`` (unset: the
+  origin the request reached). Anything else (other types, larger files, other upload protocols)
+  is forwarded unchanged: the bytes then go to Google.
 - The SDK sends the bytes there (``upload`` at an offset, ``upload, finalize`` with the last
   chunk; ``query`` and ``cancel`` are answered too). Finalizing admits them like every other upload
   (magic bytes decide, the declared type must agree, the store's limits apply) and answers
@@ -75,7 +76,7 @@ def _declared(request: web.Request) -> tuple[str, int] | None:
     media_type = headers.get("X-Goog-Upload-Header-Content-Type", "").split(";", 1)[0].strip().lower()
     size = headers.get("X-Goog-Upload-Header-Content-Length", "")
     limit = request.app[SERVICES].config.store.limits.max_bytes
-    if media_type not in ADMITTED or not size.isdigit() or not 0 < int(size) <= limit:
+    if media_type not in ADMITTED or not (size.isascii() and size.isdigit()) or not 0 < int(size) <= limit:
         return None
     return media_type, int(size)
 
@@ -113,8 +114,10 @@ async def _start(request: web.Request, media_type: str, size: int) -> web.Respon
     name = described.get("display_name", described.get("displayName")) if isinstance(described, dict) else None
     token = request.app[SERVICES].uploads.open(media_type, size, clean_name(name if isinstance(name, str) else None))
     context(request).fields.update(files="upload_started")
-    url = request.url.origin().join(request.app.router["gemini.upload"].url_for(token=token))
-    return web.Response(headers={"X-Goog-Upload-URL": str(url), STATUS: "active"})
+    path = request.app.router["gemini.upload"].url_for(token=token)
+    public = request.app[SERVICES].config.server.public_url  # where clients reach us, when configured
+    url = f"{public}{path}" if public else str(request.url.origin().join(path))
+    return web.Response(headers={"X-Goog-Upload-URL": url, STATUS: "active"})
 
 
 async def upload(request: web.Request) -> web.StreamResponse:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -35,6 +36,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ERROR_CODE_HEADER = "x-projectionist-error-code"
 #: Request ids: a random per-process prefix and a counter (unique across replicas, cheap to make).
 _ID_PREFIX = secrets.token_hex(3)
+#: The token of a Gemini upload URL (``gemini_files.UPLOAD_ROUTE``), under a session prefix too.
+_UPLOAD_TOKEN = re.compile(r"(/v1/attachments/uploads/)[^/]+")
 _ids = itertools.count(1)
 
 
@@ -148,7 +151,9 @@ async def note_started(request: web.Request, response: web.StreamResponse) -> No
 
 
 def _log_line(request: web.Request, ctx: Context, **extra: Any) -> None:
-    """The canonical line; ``path`` is the raw path without its query (where keys may travel)."""
+    """The canonical line; ``path`` is the raw path without its query (where keys may travel) and
+    without the token of a Gemini upload URL (that upload's only credential)."""
     duration_ms = round((time.perf_counter() - ctx.started) * 1000, 3)
-    get_logger().info("request", method=request.method, path=request.rel_url.raw_path, duration_ms=duration_ms,
+    path = _UPLOAD_TOKEN.sub(r"\1***", request.rel_url.raw_path)
+    get_logger().info("request", method=request.method, path=path, duration_ms=duration_ms,
                       route=ctx.route, request_id=ctx.request_id, **extra, **ctx.fields)

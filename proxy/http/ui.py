@@ -86,7 +86,7 @@ def valid(guard: Guard, cookie: str | None, now: float) -> bool:
     if not guard.admin_token or not cookie:
         return False
     expires, _, mac = cookie.partition(".")
-    if not expires.isdigit() or int(expires) < now:
+    if not (expires.isascii() and expires.isdigit()) or int(expires) < now:
         return False
     return hmac.compare_digest(mac.encode(), _mac(guard, f"session|{expires}").encode())
 
@@ -208,7 +208,7 @@ def _int_query(request: web.Request, name: str) -> int | None:
     value = request.query.get(name)
     if value is None or value == "":
         return None
-    if not value.isdigit() or int(value) >= 2**62:
+    if not (value.isascii() and value.isdigit()) or int(value) >= 2**62:
         raise InvalidRequest(f"'{name}' must be a non-negative integer", code="INVALID_QUERY")
     return int(value)
 

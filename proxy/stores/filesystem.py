@@ -143,6 +143,9 @@ class FilesystemStore:
         self.reads = Lane("reads", lanes.reads, read_timeout, lanes.queue_timeout)
         self.stamp_lane = Lane("stamps", lanes.stamps, lanes.stamp_timeout, lanes.queue_timeout)
         self.writes = Lane("writes", lanes.writes, lanes.write_timeout, lanes.queue_timeout)
+        #: Listings (the Files APIs' lists) walk many records at a client's asking: one thread of
+        #: their own, so a record that hangs costs the listing, never the stamp checks and stats.
+        self.listing = Lane("listing", 1, lanes.stamp_timeout, lanes.queue_timeout)
 
     # -- paths -----------------------------------------------------------------------------------
 
@@ -209,7 +212,7 @@ class FilesystemStore:
         directory listing per shard it walks and one record read per object, no bytes."""
         after_hex = check_id(after)[len(ID_PREFIX):] if after is not None else ""
         try:
-            return await self.stamp_lane.run(partial(self._list_sync, after_hex, max(0, min(limit, LIST_MAX))))
+            return await self.listing.run(partial(self._list_sync, after_hex, max(0, min(limit, LIST_MAX))))
         except TimeoutError:
             raise Unavailable(f"{UNAVAILABLE}: listing timed out", code=UNAVAILABLE) from None
         except OSError as exc:
@@ -295,7 +298,7 @@ class FilesystemStore:
 
     @property
     def lanes(self) -> tuple[Lane, ...]:
-        return (self.reads, self.stamp_lane, self.writes)
+        return (self.reads, self.stamp_lane, self.writes, self.listing)
 
     async def close(self) -> None:
         """Stop the lanes' idle threads; a thread still blocked in the OS is a daemon and lets the

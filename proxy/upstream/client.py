@@ -5,16 +5,18 @@ call; ``relay.client_error`` remains the one place its errors become ``UpstreamE
 
 Errors: ``ClientError`` (``ConnectError``, ``ServerDisconnected``, ``ResponseError`` for malformed
 framing, ``PayloadError`` for a cut body, ``RequestBodyError``) and ``TimeoutError``
-(``ConnectTimeout``, ``ReadTimeout``). A request written to a reused idle connection that the server
-closes before any byte of an answer is sent once more on a fresh connection when its method is
-idempotent (as aiohttp did; a POST the server may have read is never sent twice: the client gets
-a 502 and its own retry policy decides), and never a streamed body already begun; the same close
-on a fresh connection is an error.
+(``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout`` for a streamed body the server stopped
+reading). A request written to a reused idle connection that the server closes before any byte
+of an answer is sent once more on a fresh connection when its method is idempotent (as aiohttp
+did; a POST the server may have read is never sent twice: the client gets a 502 and its own retry
+policy decides), and never a streamed body already begun; the same close on a fresh connection is
+an error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Final
@@ -28,6 +30,9 @@ Origin = tuple[str, str, int]
 
 #: Buffered answer bytes past which the connection stops reading until the consumer catches up.
 READ_BUFFER: Final = 256 * 1024
+#: Bytes an answer's head may take (status lines and headers, interim answers included) before it
+#: is refused: aiohttp refused lines over 8 KiB; without a bound llhttp buffers an endless head.
+MAX_HEAD: Final = 64 * 1024
 #: An idle keep-alive connection is closed after this long: shorter than common servers' own
 #: keep-alive (60 s and more), so the server rarely closes one under a request.
 IDLE_TIMEOUT: Final = 30.0
@@ -70,15 +75,20 @@ class ReadTimeout(TimeoutError):
     """The server was silent for ``read_timeout`` while an answer (head or body) was awaited."""
 
 
+class WriteTimeout(TimeoutError):
+    """The server read nothing of a streamed request body for ``read_timeout``."""
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; hands what it reads to the answer in flight, if any."""
 
-    __slots__ = ("client", "origin", "transport", "answer", "idle_since", "lost", "_write_paused", "_drain")
+    __slots__ = ("client", "origin", "transport", "fd", "answer", "idle_since", "lost", "_write_paused", "_drain")
 
     def __init__(self, client: Client, origin: Origin) -> None:
         self.client = client
         self.origin = origin
         self.transport: asyncio.Transport | None = None
+        self.fd = -1
         self.answer: Response | None = None
         self.idle_since = 0.0
         self.lost = False
@@ -87,6 +97,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
 
     def data_received(self, data: bytes) -> None:
         if self.answer is None:  # bytes nobody asked for: this connection is not clean any more
@@ -116,11 +128,15 @@ class _Connection(asyncio.Protocol):
             self._drain.set_result(None)
 
     async def drain(self) -> None:
-        """Wait while the transport's write buffer is over its high-water mark."""
+        """Wait while the transport's write buffer is over its high-water mark, at most
+        ``read_timeout`` at a time: a server that reads nothing is as silent as one that says nothing."""
         while self._write_paused and not self.lost:
             self._drain = self.client.loop.create_future()
             try:
-                await self._drain
+                async with asyncio.timeout(self.client.read_timeout):
+                    await self._drain
+            except TimeoutError:
+                raise WriteTimeout(f"the upstream read none of the request for {self.client.read_timeout:g} s") from None
             finally:
                 self._drain = None
         if self.lost:
@@ -141,7 +157,7 @@ class Response:
     __slots__ = ("status", "reason", "headers", "content_length", "content_type", "_conn", "_loop", "_parser",
                  "_head_only", "_raw", "_reason", "_head", "_head_ready", "_interim", "_buffer", "_size", "_waiter",
                  "_done", "_error", "_keep_alive", "_until_eof", "_paused", "_any_byte", "_released", "_body",
-                 "_read_timeout", "_timer", "_last")
+                 "_read_timeout", "_timer", "_last", "_head_bytes")
 
     def __init__(self, conn: _Connection, method: str, read_timeout: float) -> None:
         self.status = 0
@@ -172,6 +188,7 @@ class Response:
         self._read_timeout = read_timeout
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0
+        self._head_bytes = 0
 
     @property
     def content(self) -> Response:
@@ -181,8 +198,8 @@ class Response:
     # llhttp's callbacks (the parser calls them from ``feed_data``)
 
     def on_message_begin(self) -> None:
-        if self._done:  # a second answer on the same connection, unasked for
-            self._keep_alive = False
+        if self._done:  # a second answer on the same connection, unasked for: parse none of it
+            raise _Trailing
 
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
@@ -242,11 +259,18 @@ class Response:
         try:
             self._parser.feed_data(data)
         except (HttpParserError, HttpParserUpgrade) as exc:
-            if self._head.done():
-                self._fail(PayloadError(f"malformed response body: {exc}"))
-            else:
-                self._fail(ResponseError(f"malformed response: {exc}"))
-            return
+            if not self._done:
+                if self._head.done():
+                    self._fail(PayloadError(f"malformed response body: {exc}"))
+                else:
+                    self._fail(ResponseError(f"malformed response: {exc}"))
+                return
+            self._keep_alive = False  # the answer was whole; what followed it in the same read is none
+        if not self._head_ready:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD:
+                self._fail(ResponseError(f"the response head is over {MAX_HEAD} bytes"))
+                return
         if self._head_ready and not self._head.done():
             self._head.set_result(None)
         if self._done:
@@ -376,6 +400,10 @@ class Response:
         self.release()
 
 
+class _Trailing(Exception):
+    """Raised from llhttp's callback when a second answer begins after this one's end."""
+
+
 class _Chunks:
     """``iter_any()``: an iterator object, not an async generator, so one left unfinished (the
     client went away) needs no finalizer task."""
@@ -421,6 +449,7 @@ class Client:
         self._all: set[_Connection] = set()
         self._hosts: dict[Origin, str] = {}
         self._sweeper: asyncio.TimerHandle | None = None
+        self._poller = select.poll() if hasattr(select, "poll") else None
         self.closed = False
 
     async def request(self, method: str, url: URL, *, data: Body = None,
@@ -520,9 +549,11 @@ class Client:
                     transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
                 await conn.drain()
         except ClientError:
-            if answer._head.done() and answer._error is None and answer._error is None:
+            if answer._head.done() and answer._error is None:
                 answer._keep_alive = False  # answered before the body was all sent: keep the answer
                 return
+            raise
+        except WriteTimeout:
             raise
         except Exception as exc:
             raise RequestBodyError(f"the request body failed: {type(exc).__name__}") from exc
@@ -563,11 +594,22 @@ class Client:
             if conn.lost or conn.transport is None or conn.transport.is_closing():
                 conn.close()
                 continue
-            if now - conn.idle_since >= self.idle_timeout:
+            if now - conn.idle_since >= self.idle_timeout or self._unread(conn):
                 conn.close()
                 continue
             return conn
         return None
+
+    def _unread(self, conn: _Connection) -> bool:
+        """Bytes (or the close) arrived on an idle connection while the loop was busy and nobody
+        read them yet: sent now, the request would take those stray bytes for its answer."""
+        if self._poller is None or conn.fd < 0:
+            return False
+        self._poller.register(conn.fd, select.POLLIN)
+        try:
+            return bool(self._poller.poll(0))
+        finally:
+            self._poller.unregister(conn.fd)
 
     def _recycle(self, conn: _Connection) -> None:
         conn.answer = None

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from google import genai
 from google.genai import errors, types
+from structlog.testing import capture_logs
 
 from projectionist.proxy.http.resumable import Uploads
 from projectionist.proxy.http.services import SERVICES
@@ -247,3 +248,53 @@ async def test_other_file_names_pass_through_and_a_bad_sha256_name_is_refused(gh
     [sent] = gharness.upstream.received
     assert (sent.method, sent.path_qs) == ("GET", "/v1beta/files/abc-123")
     assert sent.headers["x-goog-api-key"] == "g-key"
+
+
+async def test_a_declared_size_of_non_ascii_digits_opens_no_upload_here(gharness: Harness) -> None:
+    # str.isdigit() is true of '²', which int() refuses: the start is not ours to admit (forwarded
+    # as any other), never a 500.
+    for size in ["²", "1²", "١٠٠"]:
+        headers = {**START, "X-Goog-Upload-Header-Content-Length": size,
+                   "X-Goog-Upload-Header-Content-Type": "image/png", "X-Session-Id": SID}
+        started = await gharness.client.post("/upload/v1beta/files", json={"file": {}}, headers=headers)
+        assert started.status == 200 and "X-Goog-Upload-URL" not in started.headers, size
+    assert len(gharness.upstream.received) == 3 and len(gharness.app[SERVICES].uploads) == 0
+
+
+async def test_the_upload_url_is_under_the_configured_public_url(make_harness: MakeHarness, upstream: FakeUpstream) -> None:
+    # Behind a TLS terminator at a path prefix, the origin the request reached (http, no prefix)
+    # would send the upload's credential and bytes in clear text, or to another application.
+    harness = await make_harness(**{"upstreams.gemini": {"format": "gemini", "url": upstream.url},
+                                    "server.public_url": "https://llm.example.com/proxy"})
+    png = make_image(width=20, height=10, color=3)
+    headers = {**START, "X-Goog-Upload-Header-Content-Length": str(len(png)),
+               "X-Goog-Upload-Header-Content-Type": "image/png", "Host": "attacker.example"}
+    started = await harness.client.post("/upload/v1beta/files", json={"file": {}}, headers=headers)
+    assert started.status == 200
+    url = started.headers["X-Goog-Upload-URL"]
+    assert url.startswith("https://llm.example.com/proxy/v1/attachments/uploads/"), url
+    path = url.removeprefix("https://llm.example.com/proxy")
+    done = await harness.client.post(path, data=png, headers={"X-Goog-Upload-Command": "upload, finalize"})
+    assert done.status == 200 and (await done.json())["file"]["name"] == f"files/sha256-{ref_id(png)[7:]}"
+
+
+async def test_the_upload_url_s_token_never_reaches_the_log(gharness: Harness) -> None:
+    # The token in the upload URL is the upload's only credential: whoever reads the log line
+    # could send or cancel the bytes of an upload under way.
+    png = make_image(width=20, height=10, color=5)
+    headers = {**START, "X-Goog-Upload-Header-Content-Length": str(len(png)),
+               "X-Goog-Upload-Header-Content-Type": "image/png", "X-Session-Id": SID}
+    with capture_logs() as logs:
+        started = await gharness.client.post("/upload/v1beta/files", json={"file": {}}, headers=headers)
+        token = started.headers["X-Goog-Upload-URL"].rsplit("/", 1)[1]
+        for prefix in ("", f"/s/{SID}"):
+            query = await gharness.client.post(f"{prefix}/v1/attachments/uploads/{token}",
+                                               headers={"X-Goog-Upload-Command": "query"})
+            assert query.status == 200
+        done = await gharness.client.post(f"/v1/attachments/uploads/{token}", data=png,
+                                          headers={"X-Goog-Upload-Command": "upload, finalize"})
+        assert done.status == 200
+    lines = [entry for entry in logs if entry["event"] == "request"]
+    assert len(lines) == 4 and not any(token in repr(entry) for entry in logs)
+    assert [line["path"] for line in lines[1:]] == ["/v1/attachments/uploads/***", f"/s/{SID}/v1/attachments/uploads/***",
+                                                    "/v1/attachments/uploads/***"]

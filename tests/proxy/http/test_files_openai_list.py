@@ -164,3 +164,12 @@ async def test_named_openai_upstream_lists_too(make_harness: MakeHarness, aiohtt
         page = await client.files.list(purpose="vision")
     assert [f.id for f in page.data] == ["file-up02", *ours]
     assert [p for p, _ in fake.hits] == ["/v1/files?purpose=vision"]
+
+
+async def test_a_limit_of_non_ascii_digits_is_the_clients_error(listing: tuple[Harness, OpenAIFiles]) -> None:
+    harness, fake = listing
+    for limit in ["²", "1²", "١٠"]:  # str.isdigit() is true of each, int() refuses the first two
+        resp = await harness.client.get("/v1/files", params={"limit": limit})
+        assert resp.status == 400, limit
+        assert (await resp.json())["error"]["code"] == "INVALID_QUERY"
+    assert fake.hits == []

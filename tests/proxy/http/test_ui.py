@@ -273,3 +273,14 @@ async def test_list_page_and_recovery_on_either_backend(harness: Harness) -> Non
     rows = dict(re.findall(r'<a href="/admin/ui/sessions/(b\d)">b\d</a></td><td class="num">\d+</td>'
                            r'<td class="num">(\d+)</td>', listing))
     assert rows == {"b1": "0", "b2": "1"} and "2 sessions, 1 with quarantined images" in listing
+
+
+@pytest.mark.parametrize("cookie", ["².ab", "1²³.ab", "١٢٣٤٥٦٧٨٩٠١٢.ab"])
+async def test_a_cookie_of_non_ascii_digits_is_no_sign_in_not_a_crash(harness: Harness, cookie: str) -> None:
+    # str.isdigit() is true of '²', which int() refuses: a stranger's cookie must not be a 500.
+    assert not ui.valid(Guard((), "admintok"), cookie, 1_900_000_000.0)
+    resp = await harness.client.get("/admin/ui", headers={"Cookie": f"{ui.COOKIE}={cookie}"}, allow_redirects=False)
+    assert resp.status == 303 and resp.headers["Location"].startswith("/admin/ui/login")
+    for query in ["sessions/s1?after=²", "sessions/s1/replay?seq=²"]:
+        page = await harness.client.get(f"/admin/ui/{query}", headers={"Authorization": "Bearer admintok"})
+        assert page.status == 400 and page.headers["X-Projectionist-Error-Code"] == "INVALID_QUERY", query

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import builtins
+import contextlib
 import errno
 import os
 import threading
@@ -18,6 +19,7 @@ import pytest
 
 from projectionist.policy.errors import AttachmentError, Unavailable
 from projectionist.policy.ports import AttachmentStore
+from projectionist.proxy.config import LanesConfig
 from projectionist.proxy.stores import filesystem as fsstore
 from projectionist.proxy.stores.admission import header_info
 from projectionist.proxy.stores.filesystem import FilesystemStore
@@ -389,3 +391,27 @@ async def test_closed_store_refuses_work(tmp_path: Path) -> None:
     await s.close()
     with pytest.raises(RuntimeError):
         await s.read_image(stored.id)
+
+
+
+async def test_a_hung_listing_costs_the_listing_alone(tmp_path: Path) -> None:
+    # files.list walks admission records: one that hangs (a FIFO nobody writes, as a hung disk
+    # would) held a stamps-lane thread per listing, so a client that listed a few times took
+    # the lane, and with it stats, the cache's stamp checks and readiness, down for every object.
+    store = FilesystemStore(tmp_path / "store", lanes=LanesConfig(stamps=2, stamp_timeout=0.3, queue_timeout=0.2))
+    try:
+        hung = (await store.admit(make_image(10, 10, color=1), "image/png", name="a.png")).id
+        good = (await store.admit(make_image(10, 14, color=3), "image/png", name="c.png")).id
+        record = obj_paths(store, hung)[1]
+        record.unlink()
+        os.mkfifo(record)
+        for _ in range(4):
+            with pytest.raises(Unavailable):
+                await store.list_admitted()
+        assert store.stamp_lane.stuck == 0
+        assert await store.stat(good) is not None and await store.stamps([good]) != [None]
+        await store.ping()
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(os.open(record, os.O_WRONLY | os.O_NONBLOCK))
+        await store.close()

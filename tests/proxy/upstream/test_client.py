@@ -13,10 +13,12 @@ decides. On a *fresh* connection the same close is an error at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -578,3 +580,100 @@ async def test_release_before_the_end_closes_and_close_is_idempotent(serve: Make
     assert client.idle_connections() == 0
     await asyncio.sleep(0.05)
     assert server.closed == 1
+
+
+async def test_a_second_answer_in_the_same_read_neither_rewrites_the_first_nor_is_pooled(
+        serve: MakeServer, client: Client) -> None:
+    # An upstream that sends bytes past a sized body in the same segment: they are no answer to
+    # anything. They must not rewrite this answer's status or headers, and the connection must
+    # not go back to the pool, where they could become the next request's answer.
+    server = await serve(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\n\r\nhi"
+                                   b"HTTP/1.1 500 Evil\r\nContent-Length: 0\r\nX-Evil: 1\r\n\r\n"))
+    answer = await client.request("GET", server.url)
+    assert (answer.status, answer.reason) == (200, "OK") and "X-Evil" not in answer.headers
+    assert answer.headers["Content-Length"] == "2" and await answer.read() == b"hi"
+    assert client.idle_connections() == 0
+    garbage = await serve(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi\x00not http"))
+    answer = await client.request("GET", garbage.url)  # the answer itself was whole and valid
+    assert answer.status == 200 and await answer.read() == b"hi" and client.idle_connections() == 0
+
+
+async def test_an_answer_head_without_end_is_refused_not_buffered(serve: MakeServer, client: Client) -> None:
+    sent = [0]
+
+    async def endless_headers(conn: Conn) -> None:
+        await conn.request()
+        await conn.send(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(4096):  # 32 MiB of header lines, never a blank line
+            await conn.send(b"X-Pad: " + b"a" * 8185 + b"\r\n")
+            sent[0] += 8194
+    server = await serve(endless_headers)
+    with pytest.raises(ResponseError, match="head"):
+        await client.request("GET", server.url)
+    assert sent[0] < 16 * 1024 * 1024  # refused long before its end (loopback buffers hold a few MiB)
+
+    async def interim_flood(conn: Conn) -> None:
+        await conn.request()
+        for _ in range(100_000):
+            await conn.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+    flood = await serve(interim_flood)
+    with pytest.raises(ResponseError, match="head"):
+        await client.request("POST", flood.url, data=b"x")
+
+
+async def test_an_upstream_that_reads_none_of_a_streamed_body_times_out(serve: MakeServer) -> None:
+    # A slowloris upstream on the request side: it accepts and never reads. The write buffer stays
+    # full; without a bound the call (and the client's connection) waited for ever.
+    stop = asyncio.Event()
+
+    async def deaf(conn: Conn) -> None:
+        await stop.wait()
+    server = await serve(deaf)
+    client = Client(2.0, 0.5)
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(1024):  # 64 MiB: more than any socket buffer holds
+            yield b"y" * 65536
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError) as timed_out:
+            async with asyncio.timeout(10):
+                await client.request("POST", server.url, data=body())
+        assert time.monotonic() - started < 5
+        assert client_error(timed_out.value).code == "UPSTREAM_TIMEOUT"  # type: ignore[union-attr]
+        assert client.idle_connections() == 0
+    finally:
+        stop.set()
+        await client.close()
+
+
+
+async def test_bytes_that_arrived_while_the_loop_was_busy_are_no_answer_to_the_next_request(client: Client) -> None:
+    # An upstream that sends a stray answer after a sized one, in its own segment: if the event
+    # loop was busy (other requests' CPU work) when it arrived, nothing had read it yet, and the
+    # next request on the pooled connection took it as its own answer. The server runs in a
+    # thread of its own, so it sends while this loop is blocked.
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        for answers in ([OK, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTALE"],
+                        [b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal"]):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                for n, answer in enumerate(answers):
+                    if n:
+                        time.sleep(0.02)
+                    conn.sendall(answer)
+                with contextlib.suppress(OSError):  # the next request, or the close (a reset: bytes unread)
+                    conn.recv(65536)
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    url = URL.build(scheme="http", host="127.0.0.1", port=port)
+    try:
+        assert await (await client.request("GET", url)).read() == b"ok"
+        time.sleep(0.2)  # the loop busy elsewhere while the stray bytes arrive
+        assert await (await client.request("GET", url)).read() == b"real"
+    finally:
+        listener.close()
