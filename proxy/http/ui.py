@@ -185,8 +185,10 @@ async def post_login(request: web.Request) -> web.StreamResponse:
                                 content_type="text/html", headers={ERROR_CODE_HEADER: "ADMIN_UNAUTHORIZED"})
         return _secured(response)
     response = web.Response(status=303, headers={"Location": target})
+    # Secure when the browser came over TLS, here or at a terminator in front (an https public_url)
+    secure = request.secure or services.config.public_url.startswith("https://")
     response.set_cookie(COOKIE, issue(services.guard, time.time()), max_age=TTL, path=UI, httponly=True,
-                        samesite="Strict", secure=request.secure)
+                        samesite="Strict", secure=secure)
     return _secured(response)
 
 

@@ -98,6 +98,13 @@ async def test_a_wrong_token_sets_no_cookie_and_the_right_one_a_derived_strict_c
     assert page.status == 200 and "<h1>Sessions</h1>" in await page.text()
 
 
+async def test_the_cookie_is_secure_behind_a_tls_terminator(make_harness: Any) -> None:
+    plain = await make_harness()
+    assert "Secure" not in (await sign_in(plain)).headers["Set-Cookie"]  # plain http: a Secure one never returns
+    behind = await make_harness(**{"server.public_url": "https://llm.example.com/proxy"})
+    assert "Secure" in (await sign_in(behind)).headers["Set-Cookie"]
+
+
 @pytest.mark.parametrize("target", ["https://evil.example/", "//evil.example/admin/ui", "/admin/uix",
                                     "/admin/ui/../../v1/x\\y", "javascript:alert(1)"])
 async def test_sign_in_only_sends_the_browser_to_an_inspector_page(harness: Harness, target: str) -> None:
