@@ -25,6 +25,10 @@ from tests.fakes import COMPLETION, CountingStore, FakeUpstream
 from tests.imaging import make_image
 from tests.thirdparty import clients_python, run_client
 
+# The first of these tests builds .venv-clients when .ci/run has not (pip, from PyPI): minutes on a
+# slow network, beyond the suite's 300 s per test.
+pytestmark = pytest.mark.timeout(1800)
+
 
 MakeLive = Callable[..., Awaitable[Harness]]
 
