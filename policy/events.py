@@ -239,6 +239,11 @@ def envelope(seq: int, time: str, data: EventData) -> KnownEvent:
     return _ENVELOPES[type(data)](seq=seq, time=time, data=data)  # type: ignore[arg-type]
 
 
+def type_of(event: Event) -> str:
+    """An event's type as stored, whether this version knows it or not."""
+    return event.type if isinstance(event, UnknownEvent) else str(type(event).__struct_config__.tag)
+
+
 def event_type(data: EventData) -> str:
     tag = _ENVELOPES[type(data)].__struct_config__.tag
     assert isinstance(tag, str)

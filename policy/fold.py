@@ -28,11 +28,11 @@ from projectionist.policy.events import (
     RecoveredEvent,
     Rejected,
     RejectedEvent,
-    UnknownEvent,
     Variant,
     VariantEvent,
+    type_of,
 )
-from projectionist.policy.model import ImageRef
+from projectionist.policy.model import ImageRef, short_id
 
 
 class SessionState(msgspec.Struct, frozen=True):
@@ -109,7 +109,7 @@ class _Folding:
             self.variants = {(v.attachment_id, v.target): v for v in event.data.variants}
             self.unsaved = 0
             return
-        if (event.type if isinstance(event, UnknownEvent) else type(event).__struct_config__.tag) not in RECORD_TYPES:
+        if type_of(event) not in RECORD_TYPES:
             self.unsaved += 1
 
     def state(self, last_seq: int) -> SessionState:
@@ -176,7 +176,7 @@ def placeholder(ref: ImageRef, quarantine: Quarantine | Rejected) -> str:
     Example: ``[image unavailable: not_found; "shot.png" (sha256:1a2b3c4d)]``.
     """
     name = ref.name if ref.name is not None else quarantine.name
-    short = ref.id[: len("sha256:") + 8]
+    short = short_id(ref.id)
     if name:
         quoted = msgspec.json.encode(name).decode()
         return f"[image unavailable: {quarantine.failure}; {quoted} ({short})]"

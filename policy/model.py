@@ -76,6 +76,11 @@ def is_valid_id(attachment_id: str) -> bool:
     return _ID_RE.fullmatch(attachment_id) is not None
 
 
+def short_id(attachment_id: str) -> str:
+    """An id as placeholders, logs and tables name it: ``sha256:`` + 8 hex."""
+    return attachment_id[:len(ID_PREFIX) + 8]
+
+
 def check_id(attachment_id: str) -> str:
     """Return the id unchanged, or raise ``INVALID_ATTACHMENT_REF``."""
     if not is_valid_id(attachment_id):

@@ -25,9 +25,10 @@ from projectionist.policy.events import (
     RequestEvent,
     ResponseEvent,
     ResponseRecorded,
-    UnknownEvent,
     VariantEvent,
+    type_of,
 )
+from projectionist.policy.model import short_id as short
 from projectionist.policy.fold import SessionState
 from projectionist.proxy.sessionlog.summary import SessionSummary
 
@@ -42,13 +43,14 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _id(attachment_id: str) -> str:
+    """An id shortened as placeholders name it, the whole of it on hover."""
+    return f'<code title="{_e(attachment_id)}">{_e(short(attachment_id))}</code>'
+
+
 def session_url(session: str, tail: str = "", **query: object) -> str:
     url = f"{UI}/sessions/{quote(session, safe='')}{tail}"
     return f"{url}?{urlencode(query)}" if query else url
-
-
-def short(attachment_id: str) -> str:
-    return attachment_id[:15]
 
 
 def page(title: str, body: str, *, csrf: str = "", signed_in: bool = True) -> str:
@@ -128,7 +130,7 @@ def _held(session: str, state: SessionState) -> str:
         rows.append(
             f'<tr class="held" data-aid="{_e(aid)}"><td class="thumb"><img class="thumb" alt="" width="80" height="80" '
             f'src="{UI}/attachments/{_e(quote(aid, safe=""))}/thumb"></td>'
-            f'<td><code title="{_e(aid)}">{_e(short(aid))}</code><br>{_e(name) if name else "<i>no name</i>"}</td>'
+            f'<td>{_id(aid)}<br>{_e(name) if name else "<i>no name</i>"}</td>'
             f'<td class="failure">{_e(failure)}{" (retryable)" if retryable else ""}</td><td>{_e(since)}</td>'
             f'<td><button type="button" class="recover" data-url="{_e(action)}">Recover</button>'
             '<div class="result" role="status"></div></td></tr>')
@@ -168,18 +170,11 @@ def _timeline(session: str, events: list[Event]) -> str:
             continue
         kind, cells = _describe(session, event, answers)
         rows.append(f'<tr class="ev {kind}" id="seq-{event.seq}"><td class="num">{event.seq}</td>'
-                    f'<td class="time">{_e(event.time)}</td><td class="type">{_e(_type(event))}</td><td>{cells}</td></tr>')
+                    f'<td class="time">{_e(event.time)}</td><td class="type">{_e(type_of(event))}</td><td>{cells}</td></tr>')
     if not rows:
         return '<p class="empty">No events.</p>'
     return ('<table id="timeline"><thead><tr><th>seq</th><th>time</th><th>event</th><th></th></tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
-
-
-def _type(event: Event) -> str:
-    if isinstance(event, UnknownEvent):
-        return event.type
-    tag = type(event).__struct_config__.tag
-    return str(tag)
 
 
 def _describe(session: str, event: Event, answers: dict[int | str, ResponseRecorded]) -> tuple[str, str]:
@@ -201,16 +196,16 @@ def _describe(session: str, event: Event, answers: dict[int | str, ResponseRecor
     if isinstance(event, QuarantineEvent):
         q = event.data
         name = f' "{_e(q.name)}"' if q.name else ""
-        return "quarantine", (f'<code title="{_e(q.attachment_id)}">{_e(short(q.attachment_id))}</code>{name}: '
+        return "quarantine", (f'{_id(q.attachment_id)}{name}: '
                               f'{_e(q.failure)}{" (retryable)" if q.retryable else ""}')
     if isinstance(event, RecoveredEvent):
         d = event.data
-        return "recovered", (f'<code title="{_e(d.attachment_id)}">{_e(short(d.attachment_id))}</code> verified: '
+        return "recovered", (f'{_id(d.attachment_id)} verified: '
                              f'{_e(d.media_type)}, {d.bytes} bytes, {d.width}×{d.height}'
                              f'{" (automatic)" if d.automatic else ""}')
     if isinstance(event, RejectedEvent):
         j = event.data
-        return "rejected", (f'<code title="{_e(j.attachment_id)}">{_e(short(j.attachment_id))}</code> refused by '
+        return "rejected", (f'{_id(j.attachment_id)} refused by '
                             f'{_e(j.format)} ({j.suspects} suspect{"s" if j.suspects != 1 else ""})')
     if isinstance(event, ForkedEvent):
         f = event.data

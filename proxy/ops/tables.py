@@ -21,9 +21,10 @@ from projectionist.policy.events import (
     RejectedEvent,
     RequestEvent,
     ResponseEvent,
-    UnknownEvent,
     VariantEvent,
+    type_of,
 )
+from projectionist.policy.model import short_id as short
 from projectionist.proxy.sessionlog.summary import SessionSummary
 
 
@@ -47,18 +48,8 @@ def sessions_table(found: Sequence[SessionSummary]) -> str:
 
 
 def timeline_table(events: Sequence[Event]) -> str:
-    rows = [(str(e.seq), e.time, e.type if isinstance(e, UnknownEvent) else _tag(e), describe(e)) for e in events]
+    rows = [(str(e.seq), e.time, type_of(e), describe(e)) for e in events]
     return table(("SEQ", "TIME", "TYPE", "SUMMARY"), rows, right=frozenset({0}))
-
-
-def _tag(event: Event) -> str:
-    tag = type(event).__struct_config__.tag
-    return str(tag)
-
-
-def short(attachment_id: str) -> str:
-    """An id as the placeholder names it: ``sha256:`` + 8 hex."""
-    return attachment_id[:15]
 
 
 def _name(name: str | None) -> str:
