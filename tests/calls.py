@@ -1,5 +1,6 @@
 """One chat call through a proxy harness, recorded in a session, and the same on a raw socket
-(shared by the replay and response-integrity tests)."""
+(shared by the replay and response-integrity tests); any request on a raw socket, for bytes no
+client library would send (the trust-lane and session-path tests)."""
 
 from __future__ import annotations
 
@@ -25,15 +26,31 @@ async def call(harness: Harness, body: bytes, session: str = "r", path: str = "/
     return harness.upstream.last.body
 
 
-async def raw_exchange(harness: Harness, body: bytes, *, session: str, method: str = "POST") -> bytes:
-    """Send ``body`` to chat completions with a session on a raw socket; every byte the proxy sent
-    back (no client library can hide a spliced or cut response)."""
+async def raw_bytes(harness: Harness, data: bytes) -> bytes:
+    """Send ``data`` on a raw socket to the harness's server; every byte it sent back until it
+    closed (no client library can hide a spliced or cut response)."""
     server = harness.client.server
     reader, writer = await asyncio.open_connection(server.host, server.port)
-    writer.write(method.encode() + b" /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: " + session.encode()
-                 + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    writer.write(data)
     await writer.drain()
     answer = await asyncio.wait_for(reader.read(), 15)
     writer.close()
     return answer
+
+
+async def raw_exchange(harness: Harness, body: bytes, *, session: str, method: str = "POST") -> bytes:
+    """Send ``body`` to chat completions with a session on a raw socket; the raw answer."""
+    return await raw_bytes(harness, method.encode() + b" /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: "
+                           + session.encode() + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+async def raw_request(harness: Harness, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """``head`` (request line and headers, each ending in CRLF) and ``body`` as they are, framed by
+    a Content-Length; the answer's status, headers (lowercase names) and body."""
+    answer = await raw_bytes(harness, head + b"Content-Length: " + str(len(body)).encode()
+                             + b"\r\nConnection: close\r\n\r\n" + body)
+    head_bytes, _, payload = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head_bytes.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, payload

@@ -4,12 +4,10 @@ reaches the upstream; bad ids, header conflicts, dot segments and the proxy's ow
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 import pytest
 from structlog.testing import capture_logs
 from yarl import URL
@@ -17,7 +15,8 @@ from yarl import URL
 from tests.conftest import ADMIN, Harness
 from tests.fakes import FakeUpstream
 from tests.imaging import make_image, ref_id
-from tests.proxy.http.test_routing import ROUTES, Recorder, recorder, who
+from tests import calls
+from tests.proxy.http.test_routing import ROUTES, Recorder, recorder, routed, three, who  # noqa: F401  (fixtures, by name)
 
 MakeHarness = Callable[..., Awaitable[Harness]]
 SID = "path-sess"
@@ -58,31 +57,11 @@ async def error_code(resp: Any) -> str:
 async def raw_request(harness: Harness, method: str, target: str, body: bytes = b"",
                       headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     """Bytes no client library would send as they are (literal dot segments): status, headers, body."""
-    server = harness.client.server
-    reader, writer = await asyncio.open_connection(server.host, server.port)
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    writer.write(f"{method} {target} HTTP/1.1\r\nHost: x\r\n{extra}Content-Length: {len(body)}\r\n"
-                 "Connection: close\r\n\r\n".encode() + body)
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    head, _, payload = answer.partition(b"\r\n\r\n")
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    found = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    return int(status_line.split()[1]), found, payload
+    return await calls.raw_request(harness, f"{method} {target} HTTP/1.1\r\nHost: x\r\n{extra}".encode(), body)
 
 
 # --- routing: the rest of the path, as without the prefix -------------------------------------------
-
-@pytest.fixture
-async def three(aiohttp_server: Any) -> dict[str, Recorder]:
-    return {name: await recorder(aiohttp_server, name) for name in ("openai", "anthropic", "gemini")}
-
-
-@pytest.fixture
-async def routed(make_harness: MakeHarness, three: dict[str, Recorder]) -> Harness:
-    return await make_harness(**{f"upstreams.{name}": {"format": name, "url": rec.url} for name, rec in three.items()})
-
 
 @pytest.mark.parametrize(("expected", "method", "path_qs", "headers", "body"), ROUTES,
                          ids=[f"{e}:{m} {p} {sorted(h)}" for e, m, p, h, _ in ROUTES])

@@ -8,7 +8,6 @@ where connections would land, not only on what the fake upstream happened to rec
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from projectionist.proxy.upstream.target import new_session
 from projectionist.proxy.observe.logger import redact_url as redact
 from projectionist.proxy.upstream.urls import Base, check_path
 from projectionist.policy.errors import InvalidRequest
+from tests.calls import raw_request
 from tests.conftest import ADMIN, Harness
 
 MakeHarness = Callable[..., Awaitable[Harness]]
@@ -116,7 +116,7 @@ async def test_names_that_are_not_spelled_literally_are_refused_in_the_openai_sh
 async def test_paths_with_dot_segments_in_any_encoding_are_refused(
         lanes: Harness, attempted: list[URL], path: str, method: str) -> None:
     # sent as raw bytes: client libraries would normalise literal dot segments away first
-    status, headers, body = await _raw_request(
+    status, headers, body = await raw_request(
         lanes, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode(),
         b'{"model": "m", "messages": []}')
     assert status == 400, body
@@ -200,7 +200,7 @@ async def test_the_admin_token_and_the_proxy_token_header_are_never_forwarded(
 
 async def test_an_authority_looking_path_on_a_default_route_stays_a_path(lanes: Harness, attempted: list[URL],
                                                                          upstream: Any) -> None:
-    status, _, _ = await _raw_request(lanes, b"GET //127.0.0.2:1/v1/models HTTP/1.1\r\nHost: x\r\n")
+    status, _, _ = await raw_request(lanes, b"GET //127.0.0.2:1/v1/models HTTP/1.1\r\nHost: x\r\n")
     assert status == 200
     [url] = attempted
     assert url.origin() == URL(upstream.url).origin() and url.raw_path == "//127.0.0.2:1/v1/models"
@@ -235,30 +235,15 @@ async def test_credential_query_parameters_never_reach_the_session_log(
     assert recorded[0]["data"]["path"] == path.removeprefix("/u/oai").removeprefix("/u/claude") + "?keep=1"
 
 
-async def _raw_request(harness: Harness, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
-    """Send bytes no well-behaved client library would send; the answer's status, headers
-    (lowercase names) and body."""
-    server = harness.client.server
-    reader, writer = await asyncio.open_connection(server.host, server.port)
-    writer.write(head + b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    head_bytes, _, payload = answer.partition(b"\r\n\r\n")
-    status_line, *lines = head_bytes.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    return int(status_line.split()[1]), headers, payload
-
-
 async def test_an_admin_token_that_is_not_utf8_is_a_401_not_a_500(harness: Harness) -> None:
-    status, _, body = await _raw_request(
+    status, _, body = await raw_request(
         harness, b"GET /admin/sessions/s/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\x80\r\n")
     assert status == 401 and b"ADMIN_UNAUTHORIZED" in body
 
 
 async def test_a_files_upload_whose_content_type_is_not_latin1_is_a_400(harness: Harness) -> None:
     form = b"--\xc4\x80\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nvision\r\n--\xc4\x80--\r\n"
-    status, _, body = await _raw_request(
+    status, _, body = await raw_request(
         harness, b"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=\xc4\x80\r\n",
         form)
     assert status == 400 and b"INVALID_CONTENT_TYPE" in body
@@ -320,7 +305,7 @@ async def test_a_proxy_token_in_a_credential_parameter_of_any_case_is_never_forw
 @pytest.mark.parametrize("value", ["Bearer\tadmintok", "admintok", "Bearer  admintok ", "bearer admintok",
                                    "Token admintok"])
 async def test_a_proxy_token_in_an_odd_header_spelling_is_never_forwarded(lanes: Harness, value: str) -> None:
-    status, _, _ = await _raw_request(lanes, f"GET /u/oai/v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: {value}\r\n"
+    status, _, _ = await raw_request(lanes, f"GET /u/oai/v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: {value}\r\n"
                                       .encode())
     assert status == 200
     assert "admintok" not in str(lanes.upstream.last.headers)
@@ -331,7 +316,7 @@ async def test_a_proxy_token_in_an_odd_header_spelling_is_never_forwarded(lanes:
                                   "/v1%2Fattachments", "/V1/Attachments/x", "/%61dmin/x", "/%2561dmin/x"])
 async def test_owned_paths_in_any_spelling_are_answered_locally(
         lanes: Harness, attempted: list[URL], path: str) -> None:
-    status, headers, _ = await _raw_request(
+    status, headers, _ = await raw_request(
         lanes, f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admintok\r\n".encode(), b"{}")
     assert status == 404 and headers["x-projectionist-error-code"] == "ROUTE_NOT_FOUND"
     assert attempted == [] and lanes.upstream.received == []
@@ -339,7 +324,7 @@ async def test_owned_paths_in_any_spelling_are_answered_locally(
 
 @pytest.mark.parametrize("method", ["TRACE", "CONNECT", "PROPFIND"])
 async def test_unusual_methods_are_not_forwarded(lanes: Harness, attempted: list[URL], method: str) -> None:
-    status, headers, _ = await _raw_request(lanes, f"{method} /u/vllm1/v1/models HTTP/1.1\r\nHost: x\r\n".encode())
+    status, headers, _ = await raw_request(lanes, f"{method} /u/vllm1/v1/models HTTP/1.1\r\nHost: x\r\n".encode())
     if method == "CONNECT":  # its target is an authority: aiohttp itself routes it nowhere
         assert status in (400, 404, 405)
     else:
