@@ -21,6 +21,7 @@ from projectionist.proxy.stores.filesystem import FilesystemStore
 from tests.backends import BACKENDS
 from tests.conftest import Harness
 from tests.imaging import make_image
+from tests.system.test_hung_storage import unhang, until
 
 MakeHarness = Callable[..., Awaitable[Harness]]
 READY = {"status": "ready", "checks": {"log": "ok", "store": "ok"}}
@@ -47,18 +48,6 @@ def hold_a_stat(harness: Harness, attachment_id: str) -> Path:
     return record
 
 
-def release(fifo: Path) -> None:
-    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
 async def test_a_hung_store_is_unready_within_the_timeout_with_one_probe_in_flight(make_harness: MakeHarness) -> None:
     harness = await make_harness(**{"server.ready_timeout": 0.4,
                                     "store.lanes": {"stamps": 2, "queue_timeout": 30.0, "stamp_timeout": 60.0}})
@@ -81,7 +70,7 @@ async def test_a_hung_store_is_unready_within_the_timeout_with_one_probe_in_flig
                             "failing": {"store": "timeout"}}]  # one line per change, not per probe
     finally:
         for fifo in fifos:
-            release(fifo)
+            unhang(fifo)
     await asyncio.gather(*held)
     await until(lambda: store.stamp_lane.in_use == 0, "the stamp lane free again")
     assert store.ops.snapshot()["stat"] == stats + 1  # three checks, one probe (queued behind the hung stats)

@@ -21,7 +21,6 @@ from projectionist.policy.events import (
     EventData,
     ForkedEvent,
     QuarantineEvent,
-    ResponseEvent,
     ResponseRecorded,
 )
 from projectionist.policy.fold import (
@@ -34,6 +33,7 @@ from projectionist.policy.fold import (
 )
 from projectionist.policy.ports import StateRead
 from projectionist.policy.projection import refresh
+from projectionist.proxy.sessionlog.base import SessionStats
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.postgres import PostgresLog
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
@@ -56,6 +56,7 @@ class CountingLog:
     def __init__(self, inner: SqliteLog | PostgresLog) -> None:
         self.inner = inner
         self.state_rows = 0
+        self.state_reads = 0
         self.full_rows = 0
         self.full_reads = 0
 
@@ -67,8 +68,12 @@ class CountingLog:
 
     async def read_state(self, session_id: str, after_seq: int = 0) -> StateRead:
         read = await self.inner.read_state(session_id, after_seq)
+        self.state_reads += 1
         self.state_rows += len(read.events)
         return read
+
+    async def session_stats(self, session: str | None = None, limit: int | None = None) -> list[SessionStats]:
+        return await self.inner.session_stats(session, limit)
 
     async def append(self, session_id: str, expected_seq: int | None, data: Any, *, durable: bool = True) -> list[Event]:
         return await self.inner.append(session_id, expected_seq, data, durable=durable)

@@ -9,6 +9,7 @@ from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.postgres import PostgresLog
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
 from projectionist.proxy.sessionlog.summary import SessionSummary, summaries, summary
+from tests.proxy.sessionlog.test_long_session import CountingLog
 from tests.proxy.sessionlog.test_log_contract import (  # noqa: F401  (fixtures, used by name)
     ID_A,
     ID_B,
@@ -20,21 +21,6 @@ from tests.proxy.sessionlog.test_log_contract import (  # noqa: F401  (fixtures,
     rec,
     record,
 )
-
-
-class StateReads:
-    """Counts the state reads a ``CachedLog`` sends to its backend."""
-
-    def __init__(self, inner: SqliteLog | PostgresLog) -> None:
-        self.inner = inner
-        self.count = 0
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-    async def read_state(self, session_id: str, after_seq: int = 0) -> object:
-        self.count += 1
-        return await self.inner.read_state(session_id, after_seq)
 
 
 def rejected(attachment_id: str) -> Rejected:
@@ -49,7 +35,7 @@ async def test_summaries_count_events_and_standing_quarantines(log: SqliteLog | 
     await log.append("b", 0, [q(ID_C), rejected(ID_A)])              # :02 a store failure and a rejection
     variant = Variant(ID_B, "anthropic@2000", ID_C, "image/png", 10, 1, 1, "r")
     await log.append("c", 0, [variant])                              # :03 nothing quarantined
-    counting = StateReads(log)
+    counting = CountingLog(log)
     cached = CachedLog(counting)  # type: ignore[arg-type]
 
     found = await summaries(cached)
@@ -58,17 +44,17 @@ async def test_summaries_count_events_and_standing_quarantines(log: SqliteLog | 
         SessionSummary("b", events=2, quarantined=2, last_seq=2, last_activity="2024-01-01T00:00:02.000Z"),
         SessionSummary("a", events=4, quarantined=1, last_seq=4, last_activity="2024-01-01T00:00:01.000Z"),
     ]
-    assert counting.count == 3
+    assert counting.state_reads == 3
     # asked again: every fold is cached at its session's last seq, nothing is read but the counts
-    assert await summaries(cached) == found and counting.count == 3
-    assert await summary(cached, "b") == found[1] and counting.count == 3
+    assert await summaries(cached) == found and counting.state_reads == 3
+    assert await summary(cached, "b") == found[1] and counting.state_reads == 3
     assert [s.session for s in await summaries(cached, limit=1)] == ["c"]
 
     # a recovery elsewhere: the next summary reads just what came after its fold
     await log.append("b", 2, [rec(ID_C)])
     after = await summary(cached, "b")
     assert after is not None and (after.events, after.quarantined, after.last_seq) == (3, 1, 3)
-    assert counting.count == 4
+    assert counting.state_reads == 4
     assert await summary(cached, "nobody") is None
 
 
