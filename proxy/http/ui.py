@@ -12,7 +12,7 @@ store read, never the stored bytes themselves.
 
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 import hashlib
 import hmac
 import io
@@ -29,7 +29,7 @@ from PIL import Image
 from projectionist.adapters.redact import shorten
 from projectionist.policy.errors import READ_FAILED, AttachmentError, InvalidRequest, NotFound, ProjectionistError, Unauthorized
 from projectionist.policy.fold import EMPTY
-from projectionist.policy.model import check_id, check_session_id
+from projectionist.policy.model import check_id, check_session_id, short_id
 from projectionist.policy.projection import refresh
 from projectionist.proxy.http import admin
 from projectionist.proxy.http.auth import Guard
@@ -44,6 +44,7 @@ from projectionist.proxy.http.ui_pages import (
     session_page,
     sessions_page,
 )
+from projectionist.proxy.lanes import Busy
 from projectionist.proxy.sessionlog.summary import summaries
 from projectionist.proxy.upstream.replay import rebuild
 
@@ -276,7 +277,10 @@ async def thumbnail(request: web.Request) -> web.StreamResponse:
         if error.code == READ_FAILED:
             raise
         raise NotFound(f"no verified bytes for {attachment_id[:15]} ({error.code})", code="FILE_NOT_FOUND") from None
-    png = await asyncio.to_thread(make_thumbnail, image.data)
+    try:  # Pillow's work on the variants lane: bounded, timed, never the default executor
+        png = await services.variants.lane.run(partial(make_thumbnail, image.data))
+    except TimeoutError:
+        raise Busy(f"rendering the thumbnail of {short_id(attachment_id)} timed out", code="STORE_BUSY") from None
     return _secured(web.Response(body=png, content_type="image/png", headers={"ETag": etag}), cache)
 
 

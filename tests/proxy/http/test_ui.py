@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -212,6 +213,20 @@ async def test_a_thumbnail_is_a_small_reencoded_png_of_verified_bytes_only(harne
     assert missing.status == 404
     bad = await harness.client.get("/admin/ui/attachments/sha256:zz/thumb")
     assert bad.status == 400 and (await bad.json())["error"]["code"] == "INVALID_ATTACHMENT_REF"
+
+
+async def test_a_thumbnail_that_renders_too_long_is_a_retryable_503(make_harness: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    harness = await make_harness(**{"policy.variant_timeout": 0.2})
+    aid = await harness.admit(make_image(8, 8, color=4))
+    release = threading.Event()
+    monkeypatch.setattr(ui, "make_thumbnail", lambda data: release.wait(5) and b"late")  # Pillow stuck on a hostile image
+    await sign_in(harness)
+    try:
+        resp = await harness.client.get(f"/admin/ui/attachments/{aid}/thumb")
+        assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+        assert (await resp.json())["error"]["code"] == "STORE_BUSY"
+    finally:
+        release.set()
 
 
 async def test_the_timeline_shows_a_window_of_the_log(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
