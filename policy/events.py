@@ -8,6 +8,7 @@ defaults (msgspec schema evolution); an event type this version does not know de
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Final, Literal
 
 import msgspec
@@ -120,6 +121,21 @@ class RefRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     variant: str | None = None
 
 
+class ResponseRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The outcome of one proxied call (whole-value: it names its request by id and seq, or by id
+    alone with ``request_seq = 0`` when both records were written in one append, the request first,
+    or when it is carried in its request's own record)."""
+
+    request_id: str
+    request_seq: int
+    status: int | None
+    latency_ms: float
+    usage: dict[str, object] | None = None
+    error_code: str | None = None
+    response_blob: str | None = None
+    response_truncated: bool = False
+
+
 class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
     """The request part of one proxied call, appended before the upstream call.
 
@@ -129,6 +145,9 @@ class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
     can name the first differing path. ``inbound_blob`` is set in ``full`` recording mode.
     ``public_urls`` are the proxy's public URLs when some reference of the call was an HTTP URL
     under one of them (replay recognises exactly those, whatever the configuration says since).
+    ``response`` is the call's outcome when the writer had it by the time it wrote the request:
+    one row per call, the common case; otherwise a ``response/recorded`` event follows
+    (``answer`` reads either).
     """
 
     request_id: str
@@ -144,20 +163,7 @@ class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
     shape: tuple[tuple[str, str], ...] = ()
     inbound_blob: str | None = None
     public_urls: tuple[str, ...] = ()
-
-
-class ResponseRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
-    """The outcome of one proxied call (whole-value: it names its request by id and seq, or by id
-    alone with ``request_seq = 0`` when both records were written in one append, the request first)."""
-
-    request_id: str
-    request_seq: int
-    status: int | None
-    latency_ms: float
-    usage: dict[str, object] | None = None
-    error_code: str | None = None
-    response_blob: str | None = None
-    response_truncated: bool = False
+    response: ResponseRecorded | None = None
 
 
 class _Envelope(msgspec.Struct, frozen=True, tag_field="type"):
@@ -262,3 +268,22 @@ def decode_event(raw: bytes | str) -> Event:
         if unknown.type in _KNOWN_TYPES:
             raise  # a known type with a bad body is corruption, not evolution
         return unknown
+
+
+def answers(events: Iterable[Event]) -> dict[int | str, ResponseRecorded]:
+    """Every call's outcome among ``events``, by the seq of its request record and, for an
+    outcome that names its request by id alone (written in one append with it), by request id.
+    An outcome carried in its request's own record is found under that record's seq."""
+    found: dict[int | str, ResponseRecorded] = {}
+    for event in events:
+        if isinstance(event, RequestEvent):
+            if event.data.response is not None:
+                found[event.seq] = event.data.response
+        elif isinstance(event, ResponseEvent):
+            found[event.data.request_seq or event.data.request_id] = event.data
+    return found
+
+
+def answer(request: RequestEvent, found: Mapping[int | str, ResponseRecorded]) -> ResponseRecorded | None:
+    """The outcome of the call ``request`` records, from ``answers`` (None: not recorded, or not yet)."""
+    return request.data.response or found.get(request.seq) or found.get(request.data.request_id)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from projectionist.policy.events import Event, Rejected, RequestEvent, ResponseEvent
+from projectionist.policy.events import Event, Rejected, RequestEvent, ResponseEvent, ResponseRecorded
 from projectionist.policy.profile import Rejection
 
 
@@ -62,6 +62,10 @@ class Acceptance:
             if isinstance(event, RequestEvent):
                 if self.format_of(event.data.adapter) == self.upstream_format:
                     inlined = frozenset(r.attachment_id for r in event.data.refs if r.outcome == "inlined")
+                    if event.data.response is not None:  # the call's outcome in the same record
+                        if _accepted(event.data.response):
+                            self.accepted |= inlined
+                        continue
                     self._by_seq[event.seq] = (event.data.request_id, inlined)
                     self._by_id[event.data.request_id] = event.seq
                     if len(self._by_seq) > self.pending_max:
@@ -74,8 +78,12 @@ class Acceptance:
                 if found is None:
                     continue
                 self._by_id.pop(found[0], None)
-                if answer.status is not None and 200 <= answer.status < 300:
+                if _accepted(answer):
                     self.accepted |= found[1]
+
+
+def _accepted(answer: ResponseRecorded) -> bool:
+    return answer.status is not None and 200 <= answer.status < 300
 
 
 def message_digest(message: str) -> str:

@@ -144,6 +144,9 @@ class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     queue_size: Size = 10_000
     #: Seconds the record writer lets records gather before it writes a batch (0: write at once).
     batch_wait: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05
+    #: Seconds a call's request record waits for the call's outcome, so a call that ends by then
+    #: is one row; a longer call's request is written then, its outcome later (0: at once).
+    hold: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -54,3 +54,23 @@ async def raw_request(harness: Harness, head: bytes, body: bytes = b"") -> tuple
     status_line, *lines = head_bytes.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
     return int(status_line.split()[1]), headers, payload
+
+
+Json = dict[str, Any]
+
+
+def recorded_calls(events: list[Json]) -> list[tuple[Json, Json | None]]:
+    """Each recorded call among ``events`` (the log as JSON), in log order: its request record and
+    its outcome, wherever the writer put it: in the request record (the call had ended when its
+    record was written: one row) or in a ``response/recorded`` event of its own."""
+    later: dict[int | str, Json] = {}
+    for event in events:
+        if event["type"] == "response/recorded":
+            later[event["data"]["request_seq"] or event["data"]["request_id"]] = event["data"]
+    return [(e, e["data"].get("response") or later.get(e["seq"]) or later.get(e["data"]["request_id"]))
+            for e in events if e["type"] == "request/recorded"]
+
+
+def state_kinds(events: list[Json]) -> list[str]:
+    """The types of ``events`` but the response records (which may or may not be rows of their own)."""
+    return [e["type"] for e in events if e["type"] != "response/recorded"]

@@ -60,7 +60,7 @@ class Services:
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
         record = self.config.record
         self.recording = Recording(self.log, self.store, record.mode, record.max_response_bytes, self.metrics,
-                                   record.queue_size, batch_wait=record.batch_wait)
+                                   record.queue_size, batch_wait=record.batch_wait, hold=record.hold)
         policy = self.config.policy
         self.variants = Variants(self.store, self.reader, threads=policy.variant_threads,
                                  timeout=policy.variant_timeout, queue_timeout=self.config.store.lanes.queue_timeout)

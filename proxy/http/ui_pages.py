@@ -26,6 +26,8 @@ from projectionist.policy.events import (
     ResponseEvent,
     ResponseRecorded,
     VariantEvent,
+    answer,
+    answers,
     type_of,
 )
 from projectionist.policy.model import short_id as short
@@ -160,15 +162,13 @@ def _pager(session: str, first: int, events: list[Event], last_seq: int) -> str:
 
 def _timeline(session: str, events: list[Event]) -> str:
     calls = {e.seq: e.data.request_id for e in events if isinstance(e, RequestEvent)}
-    answers: dict[int | str, ResponseRecorded] = {}
-    for event in events:  # a response is shown on its call's row when the call is in the window
-        if isinstance(event, ResponseEvent) and (event.data.request_seq in calls or event.data.request_id in calls.values()):
-            answers[event.data.request_seq or event.data.request_id] = event.data
+    # a response is shown on its call's row when the call is in the window
+    found = {key: outcome for key, outcome in answers(events).items() if key in calls or key in calls.values()}
     rows = []
     for event in events:
-        if isinstance(event, ResponseEvent) and (event.data.request_seq or event.data.request_id) in answers:
+        if isinstance(event, ResponseEvent) and (event.data.request_seq or event.data.request_id) in found:
             continue
-        kind, cells = _describe(session, event, answers)
+        kind, cells = _describe(session, event, found)
         rows.append(f'<tr class="ev {kind}" id="seq-{event.seq}"><td class="num">{event.seq}</td>'
                     f'<td class="time">{_e(event.time)}</td><td class="type">{_e(type_of(event))}</td><td>{cells}</td></tr>')
     if not rows:
@@ -177,12 +177,12 @@ def _timeline(session: str, events: list[Event]) -> str:
             f'<tbody>{"".join(rows)}</tbody></table>')
 
 
-def _describe(session: str, event: Event, answers: dict[int | str, ResponseRecorded]) -> tuple[str, str]:
+def _describe(session: str, event: Event, found: dict[int | str, ResponseRecorded]) -> tuple[str, str]:
     """The row class and the detail cell of one event."""
     if isinstance(event, RequestEvent):
         r = event.data
-        answer = answers.get(event.seq) or answers.get(r.request_id)
-        status = "—" if answer is None else f"{answer.status}" + (f" {answer.error_code}" if answer.error_code else "")
+        outcome = answer(event, found)
+        status = "—" if outcome is None else f"{outcome.status}" + (f" {outcome.error_code}" if outcome.error_code else "")
         refs = "".join(f'<li><code>{_e(ref.path)}</code> <code>{_e(short(ref.attachment_id))}</code> {_e(ref.outcome)}'
                        f'{f" ({_e(ref.failure)})" if ref.failure else ""}{f" as {_e(short(ref.variant))}" if ref.variant else ""}</li>'
                        for ref in r.refs)

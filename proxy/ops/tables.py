@@ -21,6 +21,7 @@ from projectionist.policy.events import (
     RejectedEvent,
     RequestEvent,
     ResponseEvent,
+    ResponseRecorded,
     VariantEvent,
     type_of,
 )
@@ -61,25 +62,31 @@ def _clean(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _outcome(r: ResponseRecorded) -> str:
+    parts = [f"HTTP {r.status}" if r.status is not None else "no status", f"{r.latency_ms:.0f} ms"]
+    if r.error_code:
+        parts.append(r.error_code)
+    usage = " ".join(f"{k}={v}" for k, v in (r.usage or {}).items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool))
+    if usage:
+        parts.append(f"usage {_clean(usage)}")
+    if r.response_blob:
+        parts.append("body recorded" + (" (truncated)" if r.response_truncated else ""))
+    return "; ".join(parts)
+
+
 def describe(event: Event) -> str:
     """One short line about ``event``: what a reader of the timeline needs, never a body."""
     if isinstance(event, RequestEvent):
         d = event.data
         outcomes = Counter(ref.outcome for ref in d.refs)
         refs = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items())) or "none"
-        return f"{d.method} {_clean(d.path)} -> {d.upstream} ({d.adapter}); refs: {refs}; request {d.request_id}"
+        call = f"{d.method} {_clean(d.path)} -> {d.upstream} ({d.adapter}); refs: {refs}"
+        if d.response is not None:  # the call's outcome in the same record
+            call += f" => {_outcome(d.response)}"
+        return f"{call}; request {d.request_id}"
     if isinstance(event, ResponseEvent):
-        r = event.data
-        parts = [f"HTTP {r.status}" if r.status is not None else "no status", f"{r.latency_ms:.0f} ms"]
-        if r.error_code:
-            parts.append(r.error_code)
-        usage = " ".join(f"{k}={v}" for k, v in (r.usage or {}).items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool))
-        if usage:
-            parts.append(f"usage {_clean(usage)}")
-        if r.response_blob:
-            parts.append("body recorded" + (" (truncated)" if r.response_truncated else ""))
-        return "; ".join(parts) + f"; request {r.request_id}"
+        return f"{_outcome(event.data)}; request {event.data.request_id}"
     if isinstance(event, QuarantineEvent):
         q = event.data
         return f"{short(q.attachment_id)} {q.failure}{_name(q.name)}" + (" (retryable)" if q.retryable else "")

@@ -6,8 +6,10 @@ For a request with a session and ``record.mode`` other than ``off``:
   the inbound body, the digest of the projected body, every reference with its path and outcome,
   and the *shape* (short digests per top-level member and list item) that lets a replay name the
   first differing path; in ``full`` mode the inbound body is stored as a blob;
-- after the response, a ``response/recorded`` event: status, latency, usage; in ``full`` mode the
-  response body (for SSE the concatenated stream) as a blob.
+- after the response, its outcome: status, latency, usage; in ``full`` mode the response body
+  (for SSE the concatenated stream) as a blob. The writer batches records, so a call that ends
+  before its request record is written (nearly every one) is one row: the outcome rides in the
+  request record (``response``). A call still running then gets a ``response/recorded`` event.
 
 What a request record says of the body (its projected digest, reference paths, shape) comes
 from ``upstream.describe``, computed on the very tree that became the upstream body. Records are
@@ -55,7 +57,8 @@ class Recording:
     """
 
     def __init__(self, log: SessionLog, store: Store, mode: str, max_response_bytes: int, metrics: Metrics,
-                 queue_size: int = 10_000, batch: int = 1024, *, batch_wait: float = 0.0) -> None:
+                 queue_size: int = 10_000, batch: int = 1024, *, batch_wait: float = 0.0,
+                 hold: float = 0.0) -> None:
         self.log = log
         self.store = store
         self.mode = mode
@@ -64,6 +67,10 @@ class Recording:
         self.queue_size = queue_size
         self.batch = batch
         self.batch_wait = batch_wait
+        self.hold = hold
+        #: Calls in flight whose request record is held back for their outcome (see ``start``),
+        #: in the order they started.
+        self._held: dict[Recorder, None] = {}
         self._queue: deque[_Pending] = deque()
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -81,8 +88,13 @@ class Recording:
         return self.mode != "off"
 
     def start(self, call: CallInfo, raw: bytes, described: Described, projection: Projection | None) -> Recorder:
-        """Queue the ``request/recorded`` event of this call (written before its response
-        record, never in the request's own wait); the ``Recorder`` then watches the response."""
+        """The ``request/recorded`` event of this call, never written in the request's own wait;
+        the ``Recorder`` then watches the response.
+
+        The record is held back until the call ends, for ``hold`` seconds at most: a call that
+        ends by then is one row (its outcome in the request record), queued once; a longer call's
+        request record is queued when the hold runs out and its outcome follows as a
+        ``response/recorded`` event. With no hold the request record is queued now."""
         # a body sent unchanged (nothing projected) was hashed already: its projected digest is its own
         inbound = described.projected_digest if projection is None else sha256_id(raw)
         data = RequestRecorded(
@@ -93,13 +105,20 @@ class Recording:
             refs=described.refs, shape=described.shape, public_urls=described.public_urls,
             inbound_blob=inbound if self.mode == "full" else None,  # content-addressed: known now
         )
-        self._put(_Pending(call.session_id, call.request_id, data, raw if self.mode == "full" else None))
-        return Recorder(self, call)
+        pending = _Pending(call.session_id, call.request_id, data, (raw,) if self.mode == "full" else ())
+        recorder = Recorder(self, call)
+        if self.hold <= 0:
+            self._put(pending)
+            return recorder
+        recorder.held = pending
+        recorder.timer = asyncio.get_running_loop().call_later(self.hold, recorder.release)
+        self._held[recorder] = None
+        return recorder
 
     def _put(self, pending: _Pending) -> None:
         if len(self._queue) >= self.queue_size:
-            self._dropped("request" if isinstance(pending.data, RequestRecorded) else "response",
-                          "QUEUE_FULL", pending.request_id)
+            for kind in _kinds(pending.data):
+                self._dropped(kind, "QUEUE_FULL", pending.request_id)
             return
         self._queue.append(pending)
         self._unwritten[pending.session_id] += 1
@@ -127,7 +146,10 @@ class Recording:
             self._draining -= 1
 
     async def close(self) -> None:
-        """Write what is queued, then stop the writer (the app is shutting down)."""
+        """Queue the held request records of calls still in flight, write what is queued, then
+        stop the writer (the app is shutting down)."""
+        for recorder in list(self._held):
+            recorder.release()
         await self.drain()
         if self._writer is not None:
             self._writer.cancel()
@@ -180,45 +202,60 @@ class Recording:
         """A session's queued records, in order, their blobs stored first, in one append."""
         ready: list[_Pending] = []
         for pending in items:
-            if pending.blob is not None:
-                try:
-                    await self.store.put_blob(pending.blob)
-                except Exception as exc:
-                    self._dropped(_kind(pending.data), exc, pending.request_id)
-                    continue
+            try:
+                for blob in pending.blobs:
+                    await self.store.put_blob(blob)
+            except Exception as exc:
+                for kind in _kinds(pending.data):
+                    self._dropped(kind, exc, pending.request_id)
+                continue
             ready.append(pending)
         await self._append(session_id, ready)
 
     async def _append(self, session_id: str, group: list[_Pending]) -> None:
-        """One append for the group. A response names its request by seq when that was written
-        in an earlier append, else by ``request_seq = 0``: its request is in this same append,
-        before it, and ``request_id`` joins the two."""
-        written: list[_Pending] = []
+        """One append for the group. A call whose request and response are both in it is one
+        row: the response rides in its request's record. Otherwise a response names its request
+        by seq when that was written in an earlier append, else by ``request_seq = 0``: its
+        request is in this same append, before it, and ``request_id`` joins the two."""
+        rows: list[list[_Pending]] = []  # the pendings each record stands for
         data: list[RequestRecorded | ResponseRecorded] = []
-        in_group = {p.request_id for p in group if isinstance(p.data, RequestRecorded)}
+        at: dict[str, int] = {}  # request records of this group, by request id: their index
         for pending in group:
             record = pending.data
             if isinstance(record, ResponseRecorded):
-                seq = 0 if pending.request_id in in_group else self._seqs.get(pending.request_id)
+                index = at.pop(pending.request_id, None)
+                if index is not None:  # one row for the call
+                    request = data[index]
+                    assert isinstance(request, RequestRecorded)
+                    data[index] = msgspec.structs.replace(request, response=record)
+                    rows[index].append(pending)
+                    continue
+                seq = self._seqs.get(pending.request_id)
                 if seq is None:  # its request record was dropped: so is this one
                     self._dropped("response", "REQUEST_NOT_RECORDED", pending.request_id)
                     continue
                 record = msgspec.structs.replace(record, request_seq=seq)
-            written.append(pending)
+            else:
+                at[pending.request_id] = len(data)
+            rows.append([pending])
             data.append(record)
         if not data:
             return
         try:
             events = await self.log.append(session_id, None, data, durable=False)
         except Exception as exc:
-            for pending, record in zip(written, data):
-                self._dropped(_kind(record), exc, pending.request_id)
+            for pendings in rows:
+                for pending in pendings:
+                    for kind in _kinds(pending.data):
+                        self._dropped(kind, exc, pending.request_id)
             return
-        self._remember(written, events)
+        self._remember(rows, events)
 
-    def _remember(self, written: list[_Pending], events: list[Any]) -> None:
-        for pending, event in zip(written, events):
-            if isinstance(pending.data, RequestRecorded):
+    def _remember(self, rows: list[list[_Pending]], events: list[Any]) -> None:
+        """The seqs of request records whose response is still to come."""
+        for pendings, event in zip(rows, events):
+            pending = pendings[0]
+            if len(pendings) == 1 and isinstance(pending.data, RequestRecorded):
                 self._seqs[pending.request_id] = event.seq
                 while len(self._seqs) > 4 * self.queue_size:
                     self._seqs.popitem(last=False)
@@ -229,17 +266,20 @@ class Recording:
         get_logger().warning("record_dropped", kind=kind, error=code, request_id=request_id)
 
 
-def _kind(record: RequestRecorded | ResponseRecorded) -> str:
-    return "request" if isinstance(record, RequestRecorded) else "response"
+def _kinds(record: RequestRecorded | ResponseRecorded) -> tuple[str, ...]:
+    """What a dropped record loses: a request, a response, or a whole call (both)."""
+    if isinstance(record, ResponseRecorded):
+        return ("response",)
+    return ("request",) if record.response is None else ("request", "response")
 
 
 class _Pending(msgspec.Struct):
-    """One record waiting for the writer (and the body its blob holds, in ``full`` mode)."""
+    """One record waiting for the writer (and the bodies its blobs hold, in ``full`` mode)."""
 
     session_id: str
     request_id: str
     data: RequestRecorded | ResponseRecorded
-    blob: bytes | None = None
+    blobs: tuple[bytes, ...] = ()
 
 
 class CallInfo(msgspec.Struct, frozen=True):
@@ -293,6 +333,19 @@ class Recorder(Meter):
         self.call = call
         self.full = full
         self.recorded = False
+        #: The request record, while it is held back for the call's outcome.
+        self.held: _Pending | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def release(self) -> None:
+        """Queue the held request record alone (the hold ran out, or the app is closing)."""
+        held, self.held = self.held, None
+        if held is None:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.recording._held.pop(self, None)
+        self.recording._put(held)
 
     async def finished(self, status: int) -> None:
         """The relay returned; a body that did not come through whole is ``INCOMPLETE``."""
@@ -316,7 +369,18 @@ class Recorder(Meter):
         data = ResponseRecorded(self.call.request_id, 0, status, latency,
                                 self.reported(self.call.fmt)[0] if status is not None else None,
                                 error_code, sha256_id(body) if keep else None, self.capture.truncated)
-        self.recording._put(_Pending(self.call.session_id, self.call.request_id, data, body if keep else None))
+        blobs = (body,) if keep else ()
+        held, self.held = self.held, None
+        if held is None:  # its request record was queued on its own: this one names it
+            self.recording._put(_Pending(self.call.session_id, self.call.request_id, data, blobs))
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.recording._held.pop(self, None)
+        request = held.data
+        assert isinstance(request, RequestRecorded)
+        self.recording._put(_Pending(held.session_id, held.request_id,
+                                     msgspec.structs.replace(request, response=data), held.blobs + blobs))
 
 
 class Capture:

@@ -21,7 +21,15 @@ from multidict import CIMultiDict
 from projectionist.adapters.registry import ADAPTERS
 from projectionist.adapters.responses import documents
 from projectionist.policy.errors import AttachmentError, Conflict, InvalidRequest, NotFound
-from projectionist.policy.events import Event, RequestEvent, RequestRecorded, ResponseEvent, ResponseRecorded
+from projectionist.policy.events import (
+    Event,
+    RequestEvent,
+    RequestRecorded,
+    ResponseEvent,
+    ResponseRecorded,
+    answer,
+    answers,
+)
 from projectionist.policy.fold import fold
 from projectionist.policy.model import HttpRefs, ImageRef
 from projectionist.policy.ports import SessionLog
@@ -81,9 +89,7 @@ def _pick(events: list[Event], seq: int | None, request_id: str | None = None
         where = f"at seq {seq}" if seq is not None else "in this session"
         raise NotFound(f"no recorded request {where}", code="NOT_RECORDED")
     event = requests[-1]
-    responses = [e.data for e in events if isinstance(e, ResponseEvent) and (
-        e.data.request_seq == event.seq or e.data.request_seq == 0 and e.data.request_id == event.data.request_id)]
-    return event, responses[-1] if responses else None
+    return event, answer(event, answers(e for e in events if isinstance(e, ResponseEvent)))
 
 
 def locate(recorded: RequestRecorded, rebuilt: Described) -> str:

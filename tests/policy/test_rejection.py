@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+import msgspec
+
 from projectionist.policy.decide import Done, Pin, Read, Record, Vary, decide
 from projectionist.policy.errors import NOT_FOUND, AttachmentError
 from projectionist.policy.events import (
@@ -64,6 +66,21 @@ def test_accepted_images_are_the_inlined_refs_of_successful_calls_of_the_same_fo
         folded.add(events[:3])  # folded as the events come: a response may follow in a later read
         folded.add(events[3:])  # type: ignore[arg-type]
         assert folded.accepted == expected
+
+
+def test_a_call_recorded_in_one_row_counts_by_the_outcome_it_carries() -> None:
+    fmt = {"openai_chat": "openai"}.get
+
+    def whole(seq: int, rid: str, status: int, aid: str) -> object:
+        request = _request(seq, rid, "openai_chat", (aid, "inlined")).data  # type: ignore[attr-defined]
+        return envelope(seq, "t", msgspec.structs.replace(request, response=ResponseRecorded(rid, 0, status, 1.0)))
+
+    folded = Acceptance("openai", fmt)
+    folded.add([whole(1, "r1", 200, A), whole(2, "r2", 400, B),  # type: ignore[list-item]
+                _request(3, "r3", "openai_chat", (C, "inlined"))])  # still running: no outcome yet
+    assert folded.accepted == {A}
+    folded.add([envelope(4, "t", ResponseRecorded("r3", 3, 200, 1.0))])
+    assert folded.accepted == {A, C}
 
 
 def test_a_rejection_holds_for_its_format_and_recovery_lifts_all_of_an_images_quarantines() -> None:

@@ -15,6 +15,7 @@ import pytest
 from projectionist.policy.rejection import message_digest
 from projectionist.proxy.http.services import SERVICES
 from projectionist.proxy.upstream.replay import rebuild
+from tests.calls import recorded_calls
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 from tests.refusing import OPENAI_MESSAGE
@@ -183,7 +184,7 @@ async def test_both_calls_are_recorded_and_replay_rebuilds_each_byte_for_byte(ma
     await services.recording.drain()
     events = await harness.events("s9")
     calls = {e["data"]["request_id"]: e for e in events if e["type"] == "request/recorded"}
-    answers = {e["data"]["request_id"]: e["data"]["status"] for e in events if e["type"] == "response/recorded"}
+    answers = {r["data"]["request_id"]: outcome and outcome["status"] for r, outcome in recorded_calls(events)}
     assert answers[request_id] == 400 and answers[f"{request_id}.2"] == 200
     for rid, sent in ((request_id, refused), (f"{request_id}.2", resent)):
         rebuilt = await rebuild(services.log, services.store, "s9", calls[rid]["seq"])

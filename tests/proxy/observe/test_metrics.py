@@ -11,6 +11,7 @@ from aiohttp import web
 from projectionist.policy.errors import READ_FAILED
 from projectionist.proxy.observe.metrics import MODEL_LABELS, Metrics
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
+from tests.calls import recorded_calls
 from tests.conftest import Harness
 from tests.fakes import FakeUpstream, fail_with
 from tests.imaging import make_image, ref_id
@@ -131,7 +132,7 @@ async def test_recorded_calls_are_metered_once_by_their_recorder(
     assert m['projectionist_tokens_total{kind="input",model="fake-model",upstream="anthropic"}'] == 20
     assert m['projectionist_tokens_total{kind="output",model="fake-model",upstream="anthropic"}'] == \
         7 + harness.upstream.chunks
-    recorded = [e["data"]["usage"] for e in await harness.events("r") if e["type"] == "response/recorded"]
+    recorded = [outcome["usage"] for _, outcome in recorded_calls(await harness.events("r")) if outcome]
     assert recorded == [{"input_tokens": 10, "output_tokens": 7}, {"input_tokens": 10, "output_tokens": 5}]
 
 

@@ -18,6 +18,7 @@ import pytest
 from projectionist.policy.errors import InvalidRequest
 from projectionist.proxy.config import Config, load_config
 from tests.backends import free_port
+from tests.calls import recorded_calls, state_kinds
 from tests.commands import cli
 from tests.fakes import FakeUpstream
 from tests.imaging import make_image, ref_id
@@ -65,19 +66,21 @@ async def test_serve_projects_records_and_the_admin_verbs_see_it(served: tuple[s
             assert resp.status == 200
         async with http.get(f"{base}/admin/sessions/cli/events", headers={"Authorization": "Bearer env-token"}) as resp:
             assert resp.status == 200
-            kinds = [e["type"] for e in (await resp.json())["events"]]
-    # recording is on by default: the quarantine, then the call's request and response records
-    assert kinds == ["attachment/quarantine", "request/recorded", "response/recorded"]
+            events = (await resp.json())["events"]
+    # recording is on by default: the quarantine, then the call's record with its outcome
+    assert state_kinds(events) == ["attachment/quarantine", "request/recorded"]
+    assert [outcome is not None for _, outcome in recorded_calls(events)] == [True]
     assert upstream.last.json()["messages"][0]["content"][0]["text"] == \
         f'[image unavailable: not_found; "x.png" ({gone[:15]})]'
 
     rc, out, _ = await cli("events", "cli", "--data-dir", str(data))
     assert rc == 0
-    event, request_record, response_record = msgspec.json.decode(out)["events"]
+    event, *records = msgspec.json.decode(out)["events"]
     assert event["type"] == "attachment/quarantine" and event["data"]["name"] == "x.png"
+    [(request_record, outcome)] = recorded_calls(records)
     assert request_record["data"]["refs"] == [{"path": "/messages/0/content/0", "attachment_id": gone,
                                                "outcome": "placeholder", "failure": "not_found"}]
-    assert response_record["data"]["status"] == 200 and response_record["data"]["usage"]["total_tokens"] == 17
+    assert outcome is not None and outcome["status"] == 200 and outcome["usage"]["total_tokens"] == 17
 
     rc, out, _ = await cli("quarantine", "cli", "--data-dir", str(data))
     assert rc == 0 and msgspec.json.decode(out)["quarantined"][0]["attachment_id"] == gone

@@ -24,8 +24,10 @@ from projectionist.policy.events import (
     ResponseRecorded,
     Variant,
     encode_event,
+    envelope,
 )
 from projectionist.proxy.ops import cli
+from projectionist.proxy.ops.tables import describe
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
 from projectionist.proxy.stores.filesystem import FilesystemStore
 
@@ -181,3 +183,14 @@ def test_every_verb_and_every_flag_has_help(capsys: pytest.CaptureFixture[str]) 
         assert f"{choice.dest} {' '.join(str(choice.help).split())}" in text  # each verb with its one line
     for prog, sub in _parsers(parser)[1:]:
         assert sub.description, prog
+
+
+def test_a_call_recorded_in_one_row_shows_its_outcome_on_its_own_line() -> None:
+    outcome = ResponseRecorded("r1", 0, 200, 41.6, usage={"prompt_tokens": 5})
+    request = RequestRecorded(request_id="r1", route="openai_chat", adapter="openai_chat", upstream="openai",
+                              method="POST", path="/v1/chat/completions", log_seq=0, inbound_digest=BLOB,
+                              projected_digest=BLOB, refs=(RefRecord("/messages/0/content/1", A, "inlined"),),
+                              response=outcome)
+    assert describe(envelope(1, "t", request)) == (
+        "POST /v1/chat/completions -> openai (openai_chat); refs: 1 inlined => HTTP 200; 42 ms; usage prompt_tokens=5;"
+        " request r1")

@@ -1,6 +1,8 @@
 """The record writer gathers records for ``batch_wait`` before it writes them, so light traffic
-pays one transaction for many calls; a drain (the admin API, shutdown) never waits for the
-interval; a full batch goes at once; a full queue drops and counts, never blocks."""
+pays one transaction for many calls, and a call that ended by then is one row; a drain (the admin
+API, shutdown) never waits for the interval; a full batch goes at once; a full queue drops and
+counts, never blocks; a call still running when its request is written gets its own response
+record, naming that request's seq."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from projectionist.adapters import openai_chat
-from projectionist.policy.events import EventData, envelope
+from projectionist.policy.events import EventData, RequestRecorded, ResponseRecorded, envelope
 from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.upstream.describe import of_raw
-from projectionist.proxy.upstream.recording import CallInfo, Recording
+from projectionist.proxy.upstream.recording import CallInfo, Recorder, Recording
 
 
 class AppendsLog:
@@ -22,22 +24,34 @@ class AppendsLog:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
         self.seq: dict[str, int] = {}
+        self.rows: list[EventData] = []
 
     async def append(self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *,
                      durable: bool = True) -> list[Any]:
         self.calls.append((session_id, len(data)))
+        self.rows += data
         start = self.seq.get(session_id, 0)
         self.seq[session_id] = start + len(data)
         return [envelope(start + i, "2026-01-01T00:00:00Z", item) for i, item in enumerate(data, 1)]
 
 
-def record(recording: Recording, index: int, session: str = "s") -> None:
+def start(recording: Recording, index: int, session: str = "s") -> Recorder:
     raw = b'{"model": "m", "messages": []}'
     call = CallInfo(session, f"req-{index}", time.perf_counter(), "openai_chat", openai_chat, "openai", "POST",
                     "/v1/chat/completions")
     recorder = recording.start(call, raw, of_raw(raw), None)
     recorder.complete = True
-    recorder._record(200, None)
+    return recorder
+
+
+def record(recording: Recording, index: int, session: str = "s") -> None:
+    start(recording, index, session)._record(200, None)
+
+
+def whole_calls(log: AppendsLog) -> list[str]:
+    """The request ids of the rows that hold a whole call (the request with its response)."""
+    return [row.request_id for row in log.rows if isinstance(row, RequestRecorded) and row.response is not None
+            and row.response.request_id == row.request_id and row.response.status == 200]
 
 
 def writer(batch_wait: float, queue_size: int = 10_000, batch: int = 256) -> tuple[Recording, AppendsLog]:
@@ -53,7 +67,8 @@ async def test_records_of_light_traffic_gather_into_one_write() -> None:
         await asyncio.sleep(0.01)  # calls a few milliseconds apart, as at concurrency 1
     assert log.calls == []  # nothing written yet: the writer is gathering
     await asyncio.sleep(1.0)
-    assert sum(n for _, n in log.calls) == 10 and len(log.calls) <= 2  # requests, then their responses
+    assert len(log.calls) == 1  # one transaction
+    assert whole_calls(log) == [f"req-{i}" for i in range(5)]  # one row per call, its response in it
     await recording.close()
 
 
@@ -71,18 +86,19 @@ async def test_a_drain_never_waits_for_the_interval() -> None:
     record(recording, 1)
     started = time.monotonic()
     await asyncio.wait_for(recording.drain(), 5)
-    assert time.monotonic() - started < 5 and sum(n for _, n in log.calls) == 2
+    assert time.monotonic() - started < 5 and whole_calls(log) == ["req-1"]
     await recording.close()
 
 
 async def test_a_full_batch_goes_at_once() -> None:
     recording, log = writer(batch_wait=30.0, batch=8)
-    for index in range(4):  # 8 records
+    for index in range(5):  # 10 records: a full batch and two more
         record(recording, index)
     await asyncio.sleep(0.2)
-    assert sum(n for _, n in log.calls) >= 4  # the request records went without waiting 30 s
+    assert whole_calls(log)[:4] == [f"req-{i}" for i in range(4)]  # the full batch went without waiting 30 s
+    assert len(log.calls) == 2 and log.calls[0] == ("s", 4)  # 8 records, 4 rows, then the rest
     await recording.close()
-    assert sum(n for _, n in log.calls) == 8  # their responses waited for the next batch (their seqs)
+    assert whole_calls(log) == [f"req-{i}" for i in range(5)]
 
 
 async def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
@@ -91,4 +107,69 @@ async def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
         record(recording, index)
     assert recording.metrics.records_dropped["request"] + recording.metrics.records_dropped["response"] == 2
     await recording.close()
-    assert sum(n for _, n in log.calls) == 4
+    assert whole_calls(log) == ["req-0", "req-1"] and len(log.rows) == 2
+
+
+async def test_a_call_still_running_when_its_request_is_written_gets_a_response_record_of_its_own() -> None:
+    recording, log = writer(batch_wait=0.0)
+    recorder = start(recording, 7)
+    await recording.drain()  # the request record is written while the call runs
+    recorder._record(200, None)
+    await recording.drain()
+    [request, response] = log.rows
+    assert isinstance(request, RequestRecorded) and request.response is None
+    assert isinstance(response, ResponseRecorded)
+    assert (response.request_id, response.request_seq, response.status) == ("req-7", 1, 200)  # names its seq
+    await recording.close()
+
+
+def holding(hold: float) -> tuple[Recording, AppendsLog]:
+    log = AppendsLog()
+    return Recording(log, None, "metadata", 1024, Metrics(), batch_wait=0.0,  # type: ignore[arg-type]
+                     hold=hold), log
+
+
+async def test_a_held_request_record_waits_for_its_outcome_and_the_call_is_one_row() -> None:
+    recording, log = holding(hold=5.0)
+    recorder = start(recording, 1)
+    await asyncio.sleep(0.1)
+    await recording.drain()
+    assert log.rows == []  # held back while the call runs: nothing queued yet
+    recorder._record(200, None)
+    await recording.drain()
+    assert whole_calls(log) == ["req-1"] and len(log.rows) == 1
+    await recording.close()
+
+
+async def test_a_call_longer_than_the_hold_gets_its_request_written_then_its_outcome_later() -> None:
+    recording, log = holding(hold=0.1)
+    recorder = start(recording, 2)
+    await asyncio.sleep(0.3)
+    await recording.drain()
+    [request] = log.rows  # the hold ran out during the call
+    assert isinstance(request, RequestRecorded) and request.response is None
+    recorder._record(200, None)
+    await recording.drain()
+    [_, response] = log.rows
+    assert isinstance(response, ResponseRecorded) and (response.request_seq, response.status) == (1, 200)
+    await recording.close()
+
+
+async def test_closing_writes_the_held_requests_of_calls_still_in_flight() -> None:
+    recording, log = holding(hold=60.0)
+    start(recording, 3)
+    start(recording, 4)
+    await recording.close()
+    assert [(r.request_id, r.response) for r in log.rows if isinstance(r, RequestRecorded)] == [
+        ("req-3", None), ("req-4", None)]
+
+
+async def test_a_whole_call_the_queue_cannot_take_counts_as_a_request_and_a_response_dropped() -> None:
+    log = AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), queue_size=1,  # type: ignore[arg-type]
+                          batch_wait=30.0, hold=30.0)
+    record(recording, 1)
+    record(recording, 2)  # the queue holds one record: the first call's
+    assert dict(recording.metrics.records_dropped) == {"request": 1, "response": 1}
+    await recording.close()
+    assert whole_calls(log) == ["req-1"]

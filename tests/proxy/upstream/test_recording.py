@@ -1,4 +1,5 @@
-"""Traffic recording: request/recorded before the upstream call, response/recorded after it."""
+"""Traffic recording: request/recorded before the upstream call, its outcome after it (in the same
+row when the call ended before the writer took its request record, else in response/recorded)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from projectionist.policy.fold import fold
 from projectionist.proxy.http.services import SERVICES
-from tests.conftest import BACKENDS, Harness
+from tests.calls import recorded_calls, state_kinds
+from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 
 pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -46,9 +48,10 @@ async def test_metadata_records_the_request_before_and_the_response_after(make_h
     resp = await post(harness, body, Authorization="Bearer sk-secret-key")
     assert resp.status == 200
     await resp.read()
-    quarantine, request, response = await harness.events("rec")
-    assert (quarantine["type"], request["type"], response["type"]) == (
-        "attachment/quarantine", "request/recorded", "response/recorded")
+    events = await harness.events("rec")
+    assert state_kinds(events) == ["attachment/quarantine", "request/recorded"]
+    [(request, outcome)] = recorded_calls(events)
+    assert outcome is not None
     data = request["data"]
     assert data["request_id"] == resp.headers["x-projectionist-request-id"]
     assert (data["route"], data["adapter"], data["upstream"], data["method"], data["path"]) == (
@@ -58,8 +61,8 @@ async def test_metadata_records_the_request_before_and_the_response_after(make_h
         {"path": "/messages/0/content/1", "attachment_id": ok, "outcome": "inlined"},
         {"path": "/messages/0/content/2", "attachment_id": gone, "outcome": "placeholder", "failure": "not_found"}]
     assert [path for path, _ in data["shape"]] == ["/model", "/stream", "/messages", "/messages/0"]
-    outcome = response["data"]
-    # one append held both records: the response names its request by id (request_seq 0, request first)
+    # in the request's own record, or in one of its own naming the request by seq, or by id (request_seq 0)
+    # when one append held both
     assert outcome["request_seq"] in (0, request["seq"]) and outcome["request_id"] == data["request_id"]
     assert outcome["status"] == 200 and outcome["latency_ms"] > 0 and "response_blob" not in outcome
     assert outcome["usage"] == {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
@@ -83,11 +86,12 @@ async def test_full_mode_keeps_inbound_and_streamed_response_as_blobs(make_harne
         {"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": ok}}]}]})
     resp = await post(harness, body, path="/v1/messages", **{"x-api-key": "sk-ant-secret"})
     streamed = await resp.read()
-    request, response = await harness.events("rec")
+    [(request, outcome)] = recorded_calls(await harness.events("rec"))
     store = harness.app[SERVICES].store
+    assert outcome is not None
     assert await store.get_blob(request["data"]["inbound_blob"]) == body
-    assert await store.get_blob(response["data"]["response_blob"]) == streamed
-    assert response["data"]["usage"]["output_tokens"] == harness.upstream.chunks
+    assert await store.get_blob(outcome["response_blob"]) == streamed
+    assert outcome["usage"]["output_tokens"] == harness.upstream.chunks
     everything = repr(await harness.events("rec")).encode() + body + streamed
     assert b"sk-ant-secret" not in everything and base64.b64encode(data)[:40] not in everything
 
@@ -105,9 +109,9 @@ async def test_an_unreachable_upstream_is_recorded_as_such(make_harness: MakeHar
                                     "upstreams.openai": {"format": "openai", "url": "http://127.0.0.1:9"}})
     resp = await post(harness, chat_body())
     assert resp.status == 502
-    request, response = await harness.events("rec")
-    assert response["data"]["status"] is None and response["data"]["error_code"] == "UPSTREAM_UNAVAILABLE"
-    assert response["data"]["request_seq"] in (0, request["seq"]) and response["data"]["request_id"] == request["data"]["request_id"]
+    [(request, outcome)] = recorded_calls(await harness.events("rec"))
+    assert outcome is not None and outcome["status"] is None and outcome["error_code"] == "UPSTREAM_UNAVAILABLE"
+    assert outcome["request_seq"] in (0, request["seq"]) and outcome["request_id"] == request["data"]["request_id"]
 
 
 async def test_records_never_change_what_is_projected(make_harness: MakeHarness) -> None:
@@ -121,7 +125,8 @@ async def test_records_never_change_what_is_projected(make_harness: MakeHarness)
     assert len(set(bodies)) == 1
     await harness.app[SERVICES].recording.drain()  # records are written off the request path
     events = await harness.app[SERVICES].log.read("rec")
-    assert [e.seq for e in events] == list(range(1, 8))  # 1 quarantine + 3 x (request, response)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert len(recorded_calls([msgspec.to_builtins(e) for e in events])) == 3  # 1 quarantine + 3 calls
     assert list(fold(events).quarantined) == [gone]
 
 
@@ -130,6 +135,31 @@ async def test_a_gemini_key_in_the_query_is_not_recorded(make_harness: MakeHarne
                                     "upstreams.gemini": {"format": "gemini", "url": upstream.url}})
     body = msgspec.json.encode({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
     await post(harness, body, path="/v1beta/models/g:generateContent?key=g-secret&alt=sse")
-    [request, _] = await harness.events("rec")
+    [(request, _)] = recorded_calls(await harness.events("rec"))
     assert request["data"]["path"] == "/v1beta/models/g:generateContent?alt=sse"
     assert "g-secret" not in repr(await harness.events("rec"))
+
+
+async def test_a_call_longer_than_the_hold_is_recorded_in_two_rows_and_read_as_one_call(
+        make_harness: MakeHarness) -> None:
+    harness = await make_harness(**{"record.mode": "full", "record.hold": 0.1, "record.batch_wait": 0.0})
+    quick = chat_body()
+    await post(harness, quick)  # ends well within the hold: one row
+    harness.upstream.chunks, harness.upstream.chunk_delay = 10, 0.05  # streams for half a second
+    slow = chat_body(stream=True)
+    resp = await post(harness, slow)
+    assert resp.status == 200
+    events = await harness.events("rec")
+    assert [e["type"] for e in events] == ["request/recorded", "request/recorded", "response/recorded"]
+    (first, first_outcome), (second, second_outcome) = recorded_calls(events)
+    assert first["data"]["response"] == first_outcome and first_outcome["status"] == 200
+    assert "response" not in second["data"] and second_outcome == events[2]["data"]
+    assert second_outcome["request_seq"] == second["seq"] and second_outcome["status"] == 200
+    for seq, outcome in ((first["seq"], first_outcome), (second["seq"], second_outcome)):
+        answer = await harness.client.get("/admin/sessions/rec/replay", params={"seq": seq}, headers=ADMIN)
+        report = await answer.json()
+        assert answer.status == 200 and report["matches"] is True
+        assert report["recorded_response"] == outcome  # replay finds each call's outcome, wherever it is
+    page = await harness.client.get("/admin/ui/sessions/rec", headers=ADMIN)
+    text = await page.text()
+    assert page.status == 200 and text.count('class="status">200<') == 2 and "response/recorded" not in text

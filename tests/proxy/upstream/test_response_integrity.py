@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from projectionist.policy.errors import Unavailable
-from projectionist.policy.events import ResponseRecorded
+from projectionist.policy.events import RequestRecorded, ResponseRecorded
 from projectionist.proxy.http.services import SERVICES
 from tests.calls import raw_exchange
 from tests.conftest import BACKENDS, Harness
@@ -64,7 +64,8 @@ async def test_a_recording_that_fails_mid_stream_never_splices_an_error(
         real_append = services.log.append
 
         async def append(session_id: str, expected: int | None, data: Any, *, durable: bool = True) -> Any:
-            if any(isinstance(d, ResponseRecorded) for d in data):
+            if any(isinstance(d, ResponseRecorded) or isinstance(d, RequestRecorded) and d.response is not None
+                   for d in data):  # a response record, or a call's one row that carries it
                 failures.append("append")
                 if fault == "record_append_raises":  # a foreign error, as a lost unique-key race raised one
                     raise RuntimeError("duplicate key value violates unique constraint")

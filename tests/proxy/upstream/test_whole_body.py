@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from projectionist.proxy.upstream.relay import WHOLE_BODY_MAX
-from tests.calls import raw_exchange
+from tests.calls import raw_exchange, recorded_calls
 from tests.conftest import Harness
 
 MakeHarness = Callable[..., Awaitable[Harness]]
@@ -85,9 +85,8 @@ async def test_a_small_answer_goes_back_with_the_upstreams_head_once(make_harnes
     assert header_lines(answer, b"content-length") == [b"Content-Length: " + str(len(body)).encode()]
     assert header_lines(answer, b"x-upstream") == [b"X-Upstream: yes"]
     assert answer.partition(b"\r\n\r\n")[2] == body
-    events = await harness.events("whole")
-    assert [e["data"]["status"] for e in events if e["type"] == "response/recorded"] == [200]
-    assert [e["data"]["usage"] for e in events if e["type"] == "response/recorded"][0]["prompt_tokens"] == 3
+    [(_, outcome)] = recorded_calls(await harness.events("whole"))
+    assert outcome is not None and outcome["status"] == 200 and outcome["usage"]["prompt_tokens"] == 3
 
 
 async def test_a_small_answer_that_breaks_off_is_an_error_in_the_clients_shape(
@@ -98,8 +97,8 @@ async def test_a_small_answer_that_breaks_off_is_an_error_in_the_clients_shape(
                                      headers={"X-Session-Id": "whole"})
     assert resp.status == 502
     assert (await resp.json())["error"]["code"] == "UPSTREAM_UNAVAILABLE"
-    events = await harness.events("whole")
-    assert [e["data"]["error_code"] for e in events if e["type"] == "response/recorded"] == ["UPSTREAM_UNAVAILABLE"]
+    [(_, outcome)] = recorded_calls(await harness.events("whole"))
+    assert outcome is not None and outcome["error_code"] == "UPSTREAM_UNAVAILABLE"
 
 
 async def test_a_large_answer_that_breaks_off_is_a_cut_stream(make_harness: MakeHarness,
