@@ -23,7 +23,6 @@ from projectionist.proxy.stores.cache import inline
 from projectionist.proxy.upstream.describe import (
     UPSTREAM,
     Described,
-    of_decoded,
     of_raw,
     of_tree,
     ref_records,
@@ -150,7 +149,7 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     decoded = decode_json(raw)
     sites = fmt.find_refs(decoded, http)
     if not sites:
-        return Built(raw, None, of_decoded(raw, decoded) if describe else None)
+        return Built(raw, None, of_raw(raw) if describe else None)
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
         _too_many(max_references)
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything

@@ -69,8 +69,10 @@ class Recording:
         self.batch_wait = batch_wait
         self.hold = hold
         #: Calls in flight whose request record is held back for their outcome (see ``start``),
-        #: in the order they started.
-        self._held: dict[Recorder, None] = {}
+        #: in the order they started, with the loop time each hold runs out; one timer (the
+        #: sweep) releases those whose hold ran out, not one timer per call.
+        self._held: dict[Recorder, float] = {}
+        self._sweep_at: asyncio.TimerHandle | None = None
         self._queue: deque[_Pending] = deque()
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -111,9 +113,23 @@ class Recording:
             self._put(pending)
             return recorder
         recorder.held = pending
-        recorder.timer = asyncio.get_running_loop().call_later(self.hold, recorder.release)
-        self._held[recorder] = None
+        loop = asyncio.get_running_loop()
+        self._held[recorder] = loop.time() + self.hold
+        if self._sweep_at is None:
+            self._sweep_at = loop.call_later(self.hold, self._sweep)
         return recorder
+
+    def _sweep(self) -> None:
+        """Queue the request records whose hold ran out (the oldest first), and look again when
+        the next one runs out."""
+        self._sweep_at = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for recorder, until in list(self._held.items()):
+            if until > now:
+                self._sweep_at = loop.call_at(until, self._sweep)
+                return
+            recorder.release()
 
     def _put(self, pending: _Pending) -> None:
         if len(self._queue) >= self.queue_size:
@@ -150,6 +166,9 @@ class Recording:
         stop the writer (the app is shutting down)."""
         for recorder in list(self._held):
             recorder.release()
+        if self._sweep_at is not None:
+            self._sweep_at.cancel()
+            self._sweep_at = None
         await self.drain()
         if self._writer is not None:
             self._writer.cancel()
@@ -335,15 +354,12 @@ class Recorder(Meter):
         self.recorded = False
         #: The request record, while it is held back for the call's outcome.
         self.held: _Pending | None = None
-        self.timer: asyncio.TimerHandle | None = None
 
     def release(self) -> None:
         """Queue the held request record alone (the hold ran out, or the app is closing)."""
         held, self.held = self.held, None
         if held is None:
             return
-        if self.timer is not None:
-            self.timer.cancel()
         self.recording._held.pop(self, None)
         self.recording._put(held)
 
@@ -374,8 +390,6 @@ class Recorder(Meter):
         if held is None:  # its request record was queued on its own: this one names it
             self.recording._put(_Pending(self.call.session_id, self.call.request_id, data, blobs))
             return
-        if self.timer is not None:
-            self.timer.cancel()
         self.recording._held.pop(self, None)
         request = held.data
         assert isinstance(request, RequestRecorded)

@@ -1,0 +1,50 @@
+"""The record's view of a body sent unchanged: its shape comes from slices of the client's bytes
+(no tree built, nothing encoded again), the same digests as the tree's for compact JSON, and a
+replay of the same bytes names the first differing member."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from projectionist.policy.events import RequestRecorded
+from projectionist.proxy.upstream.describe import of_raw, raw_shape, shape
+from projectionist.proxy.upstream.replay import locate
+
+BODY = {"model": "m", "a/b~": 1, "messages": [{"role": "user", "content": "hi"}, {"role": "x", "content": [1, 2]}]}
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                       max_size=3), max_leaves=10)
+
+
+@given(st.dictionaries(st.text(max_size=4), json_values, max_size=4))
+def test_the_shape_of_compact_bytes_is_the_shape_of_their_tree(body: dict[str, object]) -> None:
+    raw = msgspec.json.encode(body)
+    assert raw_shape(raw) == shape(msgspec.json.decode(raw))
+
+
+def test_a_pretty_printed_body_is_shaped_by_its_own_bytes_and_paths() -> None:
+    compact, pretty = msgspec.json.encode(BODY), json.dumps(BODY, indent=2).encode()
+    assert [p for p, _ in raw_shape(pretty) or ()] == ["/model", "/a~1b~0", "/messages", "/messages/0", "/messages/1"]
+    assert dict(raw_shape(pretty) or ())["/model"] == dict(raw_shape(compact) or ())["/model"]
+    assert raw_shape(pretty) == raw_shape(pretty) and of_raw(pretty).shape == raw_shape(pretty)
+
+
+def test_a_body_that_is_not_an_object_falls_back_to_the_tree_or_the_bytes() -> None:
+    assert raw_shape(b"[1, 2]") is None and raw_shape(b"{bad") is None
+    assert of_raw(b"[1, 2]").shape == shape([1, 2])
+    assert [p for p, _ in of_raw(b"{bad").shape] == [""]
+
+
+def test_a_changed_message_is_named_by_the_first_differing_path() -> None:
+    changed = {**BODY, "messages": [BODY["messages"][0], {"role": "x", "content": [1, 3]}]}  # type: ignore[index]
+    old, new = of_raw(msgspec.json.encode(BODY)), of_raw(msgspec.json.encode(changed))
+    assert old.projected_digest != new.projected_digest
+    recorded = RequestRecorded("r", "openai_chat", "openai_chat", "openai", "POST", "/v1/chat/completions", 0,
+                               old.projected_digest, old.projected_digest, shape=old.shape)
+    assert locate(recorded, new) == "/messages"  # the member, listed before its items
+    assert [p for p, d in old.shape if dict(new.shape)[p] != d] == ["/messages", "/messages/1"]
