@@ -79,7 +79,7 @@ class Lane:
             raise self._busy(f"the {self.name} lane is full ({self.size} calls in it, {self.stuck} stuck)") from None
         loop = asyncio.get_running_loop()
         job: _Job[_T] = _Job(fn, loop)
-        self._start_threads()
+        self.start()
         self._jobs.put(job)
         try:
             await asyncio.shield(job.started)  # immediate: there is a thread for every place
@@ -94,8 +94,9 @@ class Lane:
                 self.stuck += 1
             raise
 
-    def _start_threads(self) -> None:
-        """One thread per place, started on first use (so no call ever waits for a thread)."""
+    def start(self) -> None:
+        """One thread per place, started on first use (so no call ever waits for a thread), or
+        before it, by a backend's start-up (so no first request pays for them either)."""
         while len(self._threads) < self.size:
             thread = threading.Thread(target=self._work, name=f"lane-{self.name}-{len(self._threads)}", daemon=True)
             self._threads.append(thread)

@@ -208,6 +208,11 @@ class CountingStore:
     async def variants(self, attachment_id: str) -> dict[str, str]:
         return await self.inner.variants(attachment_id)
 
+    async def start(self) -> None:  # the app's start-up warms the real store as it would in production
+        start = getattr(self.inner, "start", None)
+        if start is not None:
+            await start()
+
     async def ping(self) -> None:
         await self.inner.ping()
 

@@ -192,6 +192,9 @@ def _ops_of(backend: object) -> OpCounter:
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     await services.log.start()  # PostgreSQL: pool and schema now, or on first use if the database is down
+    start = getattr(services.store, "start", None)  # the store's threads or client (a test double has none)
+    if start is not None:
+        await start()
     warm_up()  # Pillow's plugins: start-up pays for them, not the first request
     for upstream in services.upstreams.values():
         upstream.client = new_session(upstream.connect_timeout, upstream.read_timeout)

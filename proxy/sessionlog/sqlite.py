@@ -8,6 +8,7 @@ Each job sent to a lane thread (one transaction, or one read) is one round trip,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import threading
@@ -201,10 +202,12 @@ class SqliteLog:
         await self._run(lambda conn: conn.execute(_PING).fetchall(), self._reads, op="ping")
 
     async def start(self) -> None:
-        """Open the file and create its schema now rather than on the first request, and a
-        connection of the read lane too (the first request's state read would pay for it)."""
+        """Open the file and create its schema now rather than on the first request, and each
+        read lane thread's connection with the state read prepared on it (the first request's
+        state read would pay for them)."""
         await self._run(lambda conn: None, op="open")
-        await self._run(lambda conn: None, self._reads, op="open")
+        await asyncio.gather(*(self._run(partial(self._read_state_job, "", 0), self._reads, op="open")
+                               for _ in range(self._reads.size)))
 
     async def close(self) -> None:
         """Let queued jobs finish, close the connections and stop the lanes. Idempotent."""

@@ -281,6 +281,12 @@ class FilesystemStore:
         except OSError as exc:
             raise Unavailable(f"{code}: variant index {kind} failed ({_errname(exc)})", code=code) from None
 
+    async def start(self) -> None:
+        """Start-up: the read and stamp lanes' threads now, so a process's first request does not
+        start them."""
+        self.reads.start()
+        self.stamp_lane.start()
+
     async def ping(self) -> None:
         """Readiness: one stat of the objects directory on the stamp lane (a hung disk holds the
         lane; a missing or unreadable directory fails it)."""

@@ -216,6 +216,11 @@ class S3Store:
         record = _record(head.get("Metadata") or {})
         return None if record is None else msgspec.structs.replace(record, id=attachment_id)
 
+    async def start(self) -> None:
+        """Start-up: the S3 client now (botocore loads its service model), so a process's first
+        request does not build it; nothing is sent."""
+        await self.client()
+
     async def ping(self) -> None:
         """Readiness: a list of at most one key on the stamp lane. Unlike a HEAD of an absent key
         (a 404 either way), it fails when the bucket is missing or the credentials are refused."""

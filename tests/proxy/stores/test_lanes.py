@@ -94,7 +94,7 @@ async def test_a_call_whose_caller_left_before_it_started_never_runs() -> None:
 
 def test_lane_threads_never_hold_the_process() -> None:
     lane = Lane("reads", 3, timeout=None, queue_timeout=1.0)
-    lane._start_threads()
+    lane.start()
     assert len(lane._threads) == 3 and all(t.daemon for t in lane._threads)
     lane.close()
 
