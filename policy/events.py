@@ -25,7 +25,7 @@ VARIANT: Final = "attachment/variant"
 REJECTED: Final = "attachment/rejected"
 
 
-class Quarantine(msgspec.Struct, frozen=True, omit_defaults=True):
+class Quarantine(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """An image the store could not give: it holds for every upstream."""
 
     attachment_id: str
@@ -34,7 +34,7 @@ class Quarantine(msgspec.Struct, frozen=True, omit_defaults=True):
     name: str | None = None
 
 
-class Rejected(msgspec.Struct, frozen=True, omit_defaults=True):
+class Rejected(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """An image an upstream refused: it holds only for upstreams of that ``format``; ``suspects``
     is how many images the refusal was put down to, ``message_digest`` the sha256 of the
     provider's message. An event type of its own (not a quarantine ``failure``), so a replica
@@ -55,7 +55,7 @@ class Rejected(msgspec.Struct, frozen=True, omit_defaults=True):
         return False
 
 
-class Recovered(msgspec.Struct, frozen=True, omit_defaults=True):
+class Recovered(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """A lifted quarantine, with what the verified read found; ``automatic`` when a retryable
     quarantine was lifted by a probe rather than by an operator."""
 
@@ -67,7 +67,7 @@ class Recovered(msgspec.Struct, frozen=True, omit_defaults=True):
     automatic: bool = False
 
 
-class Variant(msgspec.Struct, frozen=True):
+class Variant(msgspec.Struct, frozen=True, gc=False):
     """The variant of an image this session sends to upstreams of one ``target`` (a profile and
     its side limit, ``anthropic@2000``): which stored object, what it is, and the ``recipe`` that
     made it. Pinned in the log, so a restart, a fork or a replay sends the same bytes whatever the
@@ -83,19 +83,19 @@ class Variant(msgspec.Struct, frozen=True):
     recipe: str
 
 
-class Forked(msgspec.Struct, frozen=True):
+class Forked(msgspec.Struct, frozen=True, gc=False):
     parent: str
     at_seq: int
 
 
-class Held(msgspec.Struct, frozen=True):
+class Held(msgspec.Struct, frozen=True, gc=False):
     """One standing quarantine of a checkpoint, with the time of the event behind it."""
 
     quarantine: Quarantine
     since: str
 
 
-class Checkpoint(msgspec.Struct, frozen=True):
+class Checkpoint(msgspec.Struct, frozen=True, gc=False):
     """The whole folded state at this event's seq: the standing quarantines in fold order.
 
     Derived, never a decision: the fold takes it as the state (so a cold fold can start at the
@@ -110,7 +110,7 @@ class Checkpoint(msgspec.Struct, frozen=True):
     rejected: tuple[Rejected, ...] = ()
 
 
-class RefRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+class RefRecord(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """What one reference of a recorded request became: ``inlined`` (as the stored ``variant``
     when one was sent instead of the original) or ``placeholder``."""
 
@@ -121,7 +121,7 @@ class RefRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     variant: str | None = None
 
 
-class ResponseRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
+class ResponseRecorded(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """The outcome of one proxied call (whole-value: it names its request by id and seq, or by id
     alone with ``request_seq = 0`` when both records were written in one append, the request first,
     or when it is carried in its request's own record)."""
@@ -136,7 +136,7 @@ class ResponseRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
     response_truncated: bool = False
 
 
-class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
+class RequestRecorded(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """The request part of one proxied call, appended before the upstream call.
 
     ``log_seq`` is the last seq of the log state the projection used (replay folds up to it);
@@ -166,7 +166,7 @@ class RequestRecorded(msgspec.Struct, frozen=True, omit_defaults=True):
     response: ResponseRecorded | None = None
 
 
-class _Envelope(msgspec.Struct, frozen=True, tag_field="type"):
+class _Envelope(msgspec.Struct, frozen=True, tag_field="type", gc=False):
     seq: int
     time: str
 
@@ -203,7 +203,7 @@ class RejectedEvent(_Envelope, frozen=True, tag=REJECTED):
     data: Rejected
 
 
-class UnknownEvent(msgspec.Struct, frozen=True):
+class UnknownEvent(msgspec.Struct, frozen=True, gc=False):
     """An event of a type this version does not know; kept verbatim, ignored by the fold."""
 
     seq: int

@@ -251,6 +251,8 @@ class Response:
     # the connection's side
 
     def _feed(self, data: bytes) -> None:
+        if self._released:  # nothing more to read into
+            return
         self._any_byte = True
         self._last = self._loop.time()
         if self._done:  # bytes after the answer's end: the connection is not clean
@@ -390,6 +392,10 @@ class Response:
             conn.client._recycle(conn)
         else:
             conn.close()
+        # The parser holds this answer's callbacks (bound methods): a cycle that only the cyclic
+        # GC would free, with the head, headers and futures hanging off it, on every call.
+        # Nothing is fed to an answer once released.
+        del self._parser
 
     close = release  # aiohttp's name; a body not read whole closes the connection either way
 

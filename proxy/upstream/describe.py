@@ -115,7 +115,7 @@ def raw_shape(raw: bytes) -> tuple[tuple[str, str], ...] | None:
     return tuple(out)
 
 
-class Described(msgspec.Struct, frozen=True):
+class Described(msgspec.Struct, frozen=True, gc=False):
     """``public_urls``: the bases of the HTTP references the call had (none: it had none)."""
 
     projected_digest: str

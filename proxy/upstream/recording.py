@@ -292,7 +292,7 @@ def _kinds(record: RequestRecorded | ResponseRecorded) -> tuple[str, ...]:
     return ("request",) if record.response is None else ("request", "response")
 
 
-class _Pending(msgspec.Struct):
+class _Pending(msgspec.Struct, gc=False):
     """One record waiting for the writer (and the bodies its blobs hold, in ``full`` mode)."""
 
     session_id: str
@@ -301,7 +301,7 @@ class _Pending(msgspec.Struct):
     blobs: tuple[bytes, ...] = ()
 
 
-class CallInfo(msgspec.Struct, frozen=True):
+class CallInfo(msgspec.Struct, frozen=True, gc=False):
     """What a record says about the call itself (never headers, keys or tokens)."""
 
     session_id: str

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import gc
 import ipaddress
 import socket
 import ssl
@@ -677,3 +678,27 @@ async def test_bytes_that_arrived_while_the_loop_was_busy_are_no_answer_to_the_n
         assert await (await client.request("GET", url)).read() == b"real"
     finally:
         listener.close()
+
+
+async def test_an_answer_read_whole_leaves_no_cycle_for_the_collector(serve: MakeServer, client: Client) -> None:
+    """Every call of a busy proxy leaves nothing for the cyclic GC: the parser's callbacks would
+    tie each answer (its head, headers and futures) into a cycle until a collection, which at a
+    few thousand calls a second cost about 5% of the CPU."""
+    server = await serve(answering(OK))
+    gc.collect()
+    gc.disable()
+    try:
+        for method in ("GET", "POST", "GET", "POST"):
+            answer = await client.request(method, server.url, data=b"{}" if method == "POST" else None)
+            assert await answer.read() == b"ok"
+        streamed = await client.request("GET", server.url)
+        assert [chunk async for chunk in streamed.iter_any()] == [b"ok"]
+        streamed.release()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if type(o).__name__ in ("Response", "HttpResponseParser")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
