@@ -25,7 +25,7 @@ from aiohttp.web_exceptions import HTTPException
 from projectionist.adapters import openai_chat
 from projectionist.adapters.base import WireFormat
 from projectionist.policy.errors import InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
-from projectionist.proxy.observe.logger import get_logger, request_lines
+from projectionist.proxy.observe.logger import get_logger, request_line, request_lines
 from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.upstream.relay import REQUEST_ID_HEADER, abort
 
@@ -157,5 +157,5 @@ def _log_line(request: web.Request, ctx: Context, **extra: Any) -> None:
     path = request.rel_url.raw_path
     if "/uploads/" in path:  # the substitution costs a microsecond; nearly every path has no token
         path = _UPLOAD_TOKEN.sub(r"\1***", path)
-    get_logger().info("request", method=request.method, path=path, duration_ms=duration_ms,
-                      route=ctx.route, request_id=ctx.request_id, **extra, **ctx.fields)
+    request_line({"method": request.method, "path": path, "duration_ms": duration_ms, "route": ctx.route,
+                  "request_id": ctx.request_id, **extra, **ctx.fields})

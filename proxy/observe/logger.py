@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
 
 import msgspec
 import structlog
@@ -20,11 +21,12 @@ from yarl import URL
 def setup_logging(level: str = "info", json: bool = True, *, pid: bool = False) -> None:
     """Configure structlog for a process (call once, from the CLI); with ``pid``, every line names
     the process that wrote it (the processes of ``serve --workers`` share one stderr)."""
-    global _request_lines
+    global _request_lines, _direct
     _request_lines = logging.getLevelNamesMapping()[level.upper()] <= logging.INFO
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer(serializer=_encode) if json else structlog.dev.ConsoleRenderer(colors=False)
     )
+    out = structlog.BytesLogger(sys.stderr.buffer) if json else None
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -34,10 +36,41 @@ def setup_logging(level: str = "info", json: bool = True, *, pid: bool = False) 
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.BytesLoggerFactory(sys.stderr.buffer) if json
-        else structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=(lambda *_: out) if out is not None else structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+    chain = structlog.get_config()["processors"]  # the very list: a test's capture_logs empties it in place
+    _direct = _Direct(chain, renderer, out, os.getpid() if pid else None) if out is not None else None
+
+
+class _Direct(NamedTuple):
+    """What ``request_line`` needs to write the JSON line structlog would, without its chain."""
+
+    chain: list[Any]
+    renderer: Any
+    out: structlog.BytesLogger
+    pid: int | None
+
+
+_direct: _Direct | None = None
+
+
+def request_line(fields: dict[str, Any]) -> None:
+    """The canonical per-request line, at level info: the line the JSON chain of ``setup_logging``
+    would write (the same keys in the same order, the same encoder and file, under its lock),
+    written straight, as a busy proxy writes one per request and the chain cost about 5 us of
+    its 120. Through structlog like any other line when the chain is not that one (console
+    output, a test's ``capture_logs``)."""
+    direct = _direct
+    if direct is None or not direct.chain or direct.chain[-1] is not direct.renderer:
+        _LOGGER.info("request", **fields)
+        return
+    fields["event"] = "request"
+    fields["level"] = "info"
+    fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    if direct.pid is not None:
+        fields["pid"] = direct.pid
+    direct.out.msg(_encode(fields))
 
 
 def _with_pid(pid: int) -> structlog.typing.Processor:

@@ -3,11 +3,18 @@ anyway, and the tokens the answer reported."""
 
 from __future__ import annotations
 
+import io
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+import msgspec
+import pytest
+import structlog
 from structlog.testing import capture_logs
 
+from projectionist.proxy.observe import logger
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import FakeUpstream
@@ -66,3 +73,31 @@ async def test_the_proxy_s_own_routes_log_their_path(harness: Harness) -> None:
     line = await logged(harness, "GET", "/admin/sessions/s1/events?after=0", headers={"Authorization": "Bearer admintok"})
     assert (line["path"], line["status"]) == ("/admin/sessions/s1/events", 200)
     assert "upstream" not in line
+
+
+@pytest.mark.parametrize("pid", [False, True])
+def test_the_request_line_written_straight_is_the_line_structlog_writes(
+        pid: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    buffer = io.BytesIO()
+    stderr = io.TextIOWrapper(buffer)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(logger, "_LOGGER", structlog.get_logger("projectionist"))  # not cached by another test
+    monkeypatch.setattr(logger, "_request_lines", logger._request_lines)  # the process's logging, as it was
+    monkeypatch.setattr(logger, "_direct", logger._direct)
+    before = structlog.get_config()
+    fields = {"method": "POST", "path": "/v1/chat/completions", "duration_ms": 1.25, "route": "openai_chat",
+              "request_id": "abc", "status": 200, "session": "s", "quarantined": ["not_found"], "odd": Path("/x")}
+    try:
+        logger.setup_logging("info", json=True, pid=pid)
+        logger.request_line(dict(fields))  # straight: no processor chain
+        structlog.get_logger("test").info("request", **fields)  # through the chain (a proxy not cached yet)
+        with capture_logs() as captured:  # a capture empties the chain in place: the line goes through it
+            logger.request_line(dict(fields))
+        written = buffer.getvalue()
+    finally:
+        structlog.configure(**before)
+    straight, chained = (msgspec.json.decode(line) for line in written.splitlines())
+    assert straight.pop("timestamp")[:4] == chained.pop("timestamp")[:4] == "20" + "26"[:2]
+    assert list(straight.items()) == list(chained.items())  # the same keys, in the same order
+    assert straight["odd"] == "/x" and ("pid" in straight) is pid and straight["level"] == "info"
+    assert [entry["event"] for entry in captured] == ["request"]
