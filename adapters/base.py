@@ -7,7 +7,7 @@ so rendering replaces exactly that slot and every other field survives unchanged
 
 from __future__ import annotations
 
-import base64
+import pybase64
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +37,7 @@ class PlainInline:
 
     def __init__(self, image: StoredImage) -> None:
         self.media_type = image.media_type
-        self._b64 = base64.b64encode(image.data).decode("ascii")
+        self._b64 = pybase64.b64encode(image.data).decode("ascii")
 
     def data_url(self) -> str:
         return f"data:{self.media_type};base64,{self._b64}"

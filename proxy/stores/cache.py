@@ -23,7 +23,7 @@ Entries hold the JSON values adapters splice (a data URL, or the bare base64 str
 from __future__ import annotations
 
 import asyncio
-import base64
+import pybase64
 import hashlib
 import math
 import time
@@ -77,7 +77,7 @@ class Encoded:
 
     @classmethod
     def of(cls, image: StoredImage) -> Encoded:
-        return cls(image.media_type, base64.b64encode(image.data))
+        return cls(image.media_type, pybase64.b64encode(image.data))
 
     def _digits(self) -> bytes | memoryview:
         if self._b64 is not None:
