@@ -125,10 +125,13 @@ class Recording:
         self._sweep_at = None
         loop = asyncio.get_running_loop()
         now = loop.time()
-        for recorder, until in list(self._held.items()):
+        expired: list[Recorder] = []
+        for recorder, until in self._held.items():  # oldest first: stop at the first still held
             if until > now:
                 self._sweep_at = loop.call_at(until, self._sweep)
-                return
+                break
+            expired.append(recorder)
+        for recorder in expired:
             recorder.release()
 
     def _put(self, pending: _Pending) -> None:

@@ -173,3 +173,17 @@ async def test_a_whole_call_the_queue_cannot_take_counts_as_a_request_and_a_resp
     assert dict(recording.metrics.records_dropped) == {"request": 1, "response": 1}
     await recording.close()
     assert whole_calls(log) == ["req-1"]
+
+
+async def test_each_hold_runs_out_on_its_own_time_oldest_first() -> None:
+    recording, log = holding(hold=0.3)
+    start(recording, 1)
+    await asyncio.sleep(0.2)
+    start(recording, 2)
+    await asyncio.sleep(0.2)  # the first call's hold ran out, not the second's
+    await recording.drain()
+    assert [r.request_id for r in log.rows] == ["req-1"]
+    await asyncio.sleep(0.2)
+    await recording.drain()
+    assert [r.request_id for r in log.rows] == ["req-1", "req-2"]
+    await recording.close()
