@@ -26,6 +26,7 @@ from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispat
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.http.ui import add_ui_routes
 from projectionist.proxy.http.uploads import download, upload
+from projectionist.proxy.observe.logger import get_logger
 from projectionist.proxy.observe.metrics import Metrics, OpCounter
 from projectionist.proxy.sessionlog.base import Log
 from projectionist.proxy.sessionlog.cached import CachedLog
@@ -194,7 +195,10 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await services.log.start()  # PostgreSQL: pool and schema now, or on first use if the database is down
     start = getattr(services.store, "start", None)  # the store's threads or client (a test double has none)
     if start is not None:
-        await start()
+        try:
+            await start()
+        except Exception as exc:  # a saving, not a check: readiness names a store that cannot work
+            get_logger().warning("store_warm_up_failed", error=type(exc).__name__)
     warm_up()  # Pillow's plugins: start-up pays for them, not the first request
     for upstream in services.upstreams.values():
         upstream.client = new_session(upstream.connect_timeout, upstream.read_timeout)

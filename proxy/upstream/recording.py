@@ -252,7 +252,7 @@ class Recording:
                     data[index] = msgspec.structs.replace(request, response=record)
                     rows[index].append(pending)
                     continue
-                seq = self._seqs.get(pending.request_id)
+                seq = self._seqs.pop(pending.request_id, None)  # one response per request
                 if seq is None:  # its request record was dropped: so is this one
                     self._dropped("response", "REQUEST_NOT_RECORDED", pending.request_id)
                     continue
@@ -277,7 +277,9 @@ class Recording:
         """The seqs of request records whose response is still to come."""
         for pendings, event in zip(rows, events):
             pending = pendings[0]
-            if len(pendings) == 1 and isinstance(pending.data, RequestRecorded):
+            # a whole call (its outcome merged here or at its end) waits for nothing: remembering
+            # it would push out the seqs of long calls still running
+            if len(pendings) == 1 and isinstance(pending.data, RequestRecorded) and pending.data.response is None:
                 self._seqs[pending.request_id] = event.seq
                 while len(self._seqs) > 4 * self.queue_size:
                     self._seqs.popitem(last=False)

@@ -136,3 +136,13 @@ async def test_readyz_is_owned_open_and_quiet(make_harness: MakeHarness) -> None
         resp = await harness.client.request(method, path, headers={"Authorization": "Bearer sk-x"})
         assert resp.status == status, (method, path, await resp.text())
     assert harness.upstream.received == []
+
+
+async def test_a_store_whose_warm_up_fails_leaves_the_proxy_up_and_unready(make_harness: MakeHarness) -> None:
+    # The start-up warm-up (the S3 client built before the first request) is a saving, not a
+    # check: a store it cannot warm (here an endpoint without a scheme, which botocore refuses
+    # when it builds the client) must not stop the process; readiness names it, as it did before.
+    harness = await make_harness(**{"store.kind": "s3", "store.s3": {"endpoint": "minio:9000", "bucket": "b"}})
+    status, body, _ = await readyz(harness)
+    assert status == 503 and body["checks"]["log"] == "ok" and body["checks"]["store"] != "ok"
+    assert (await harness.client.get("/healthz")).status == 200

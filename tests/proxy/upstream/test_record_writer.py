@@ -187,3 +187,22 @@ async def test_each_hold_runs_out_on_its_own_time_oldest_first() -> None:
     await recording.drain()
     assert [r.request_id for r in log.rows] == ["req-1", "req-2"]
     await recording.close()
+
+
+async def test_a_long_call_s_outcome_is_kept_however_many_whole_calls_end_meanwhile() -> None:
+    # Only a request record written alone waits for a response naming its seq: whole calls
+    # (one row) must not push a long call's seq out of the writer's memory (4 x queue_size).
+    log = AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), queue_size=2,  # type: ignore[arg-type]
+                          batch_wait=0.0, hold=0.1)
+    long = start(recording, 0)
+    await asyncio.sleep(0.3)  # the hold ran out: its request record is written alone
+    await recording.drain()
+    for index in range(1, 20):  # a busy proxy: many short calls end while the long one streams
+        record(recording, index)
+        await recording.drain()
+    long._record(200, None)
+    await recording.close()
+    assert dict(recording.metrics.records_dropped) == {}
+    [response] = [r for r in log.rows if isinstance(r, ResponseRecorded)]
+    assert (response.request_id, response.request_seq, response.status) == ("req-0", 1, 200)
