@@ -86,7 +86,8 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     path = recorded_path(raw_path, request.rel_url.raw_query_string)
 
     async def built_and_recorded(attempt: int) -> tuple[Built, Recorder | None]:
-        built = await build(fmt, raw, run, describe=recording, max_references=policy.max_references,
+        built = await build(fmt, raw, run, describe=recording, shape_unchanged=False,
+                            max_references=policy.max_references,
                             max_projected_bytes=policy.max_projected_bytes, http=services.http_refs)
         if built.projection is not None:
             _account(request, services, built.projection, time.perf_counter() - started)

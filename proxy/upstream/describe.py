@@ -129,8 +129,16 @@ def of_tree(rendered: Json, refs: tuple[RefRecord, ...], public_urls: tuple[str,
     return Described(sha256_id(RECORD.encode(rendered)), refs, shape(rendered), public_urls)
 
 
+def of_unchanged(raw: bytes) -> Described:
+    """What a record keeps of a call sent as the client's own bytes: their digest, and no shape.
+    Its upstream body *is* its inbound body, which a replay has (checked against this digest),
+    so the replay takes the shape from it (``of_raw``) when it needs one: a request pays for a
+    digest per message only where a projection changed the body."""
+    return Described(sha256_id(raw), (), ())
+
+
 def of_raw(raw: bytes) -> Described:
-    """A call sent as the client's own bytes (nothing to project), decoded or not."""
+    """A call sent as the client's own bytes (nothing to project), decoded or not, with its shape."""
     found = raw_shape(raw)
     if found is not None:
         return Described(sha256_id(raw), (), found)

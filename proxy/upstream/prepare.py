@@ -24,6 +24,7 @@ from projectionist.proxy.upstream.describe import (
     UPSTREAM,
     Described,
     of_raw,
+    of_unchanged,
     of_tree,
     ref_records,
     site_paths,
@@ -105,6 +106,10 @@ def carried(built: Built) -> list[tuple[str, str]]:
     return found
 
 
+def _unchanged(raw: bytes, with_shape: bool) -> Described:
+    return of_raw(raw) if with_shape else of_unchanged(raw)
+
+
 def may_hold_refs(raw: bytes) -> bool:
     """Cheap pre-check on raw bytes: every reference spells ``sha256:`` unless JSON-escaped,
     and a body with any ``\\u`` escape is decoded to be sure."""
@@ -129,7 +134,7 @@ def decode_json(raw: bytes) -> Any:
         raise InvalidRequest("request body is not valid JSON", code="INVALID_JSON") from None
 
 
-async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False,
+async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False, shape_unchanged: bool = True,
                 max_references: int | None = None, max_projected_bytes: int | None = None,
                 http: HttpRefs = NO_HTTP) -> Built:
     """The upstream body for ``raw``: the original bytes without references, else projected.
@@ -142,14 +147,14 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
     image referenced a thousand times is a thousand copies), refused before it is built."""
     if not may_hold_refs(raw):
-        return Built(raw, None, of_raw(raw) if describe else None)
+        return Built(raw, None, _unchanged(raw, shape_unchanged) if describe else None)
     if max_references is not None and raw.count(b"sha256:") > max_references \
             and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
         _too_many(max_references)
     decoded = decode_json(raw)
     sites = fmt.find_refs(decoded, http)
     if not sites:
-        return Built(raw, None, of_raw(raw) if describe else None)
+        return Built(raw, None, _unchanged(raw, shape_unchanged) if describe else None)
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
         _too_many(max_references)
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything

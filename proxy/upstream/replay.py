@@ -36,7 +36,7 @@ from projectionist.policy.ports import SessionLog
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.config import Config
 from projectionist.proxy.upstream.prepare import build
-from projectionist.proxy.upstream.describe import Described, sha256_id
+from projectionist.proxy.upstream.describe import Described, of_raw, sha256_id
 from projectionist.adapters.redact import shorten
 from projectionist.proxy.stores.base import Store
 from projectionist.proxy.upstream.relay import HOP_BY_HOP, client_error
@@ -151,6 +151,9 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     described = built.described
     assert described is not None
     matches = described.projected_digest == record.projected_digest
+    if not record.shape and not record.refs and record.projected_digest == record.inbound_digest:
+        # sent unchanged, recorded without a shape: its upstream body was this very inbound body
+        record = msgspec.structs.replace(record, shape=of_raw(inbound).shape)
     return msgspec.structs.replace(
         base, matches=matches, projected_digest=described.projected_digest, body=built.body,
         first_difference=None if matches else locate(record, described),

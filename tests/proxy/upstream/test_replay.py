@@ -212,3 +212,29 @@ async def test_checkpoints_change_no_replay_no_restart_and_no_fork(make_harness:
     assert status == 200 and report["matches"] is True
     quarantine = await (await second.client.get("/admin/sessions/r2/quarantine", headers=ADMIN)).json()
     assert sorted(q["attachment_id"] for q in quarantine["quarantined"]) == sorted(gone)
+
+
+async def test_a_body_sent_unchanged_is_recorded_without_a_shape_and_replay_still_names_the_difference(
+    make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness = await make_harness(**{"record.mode": "metadata"})
+    body = msgspec.json.encode({"model": "m", "messages": [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "sha256 please"}]})
+    await call(harness, body)
+    [(request, _)] = recorded_calls(await harness.events("r"))
+    assert "shape" not in request["data"] and "refs" not in request["data"]  # no digest per message paid
+    resp = await harness.client.post("/admin/sessions/r/replay", json={"inbound": body.decode()}, headers=ADMIN)
+    assert resp.status == 200 and (await resp.json())["matches"] is True
+    # a code change that now rewrites the second message of such a body
+    from projectionist.proxy.upstream import replay as replay_module
+    real_build = replay_module.build
+
+    async def changed(fmt: Any, raw: bytes, run: Any, **kwargs: Any) -> Any:
+        tree = msgspec.json.decode(raw)
+        tree["messages"][1]["content"] = "changed"
+        return await real_build(fmt, msgspec.json.encode(tree), run, **kwargs)
+    monkeypatch.setattr(replay_module, "build", changed)
+    resp = await harness.client.post("/admin/sessions/r/replay", json={"inbound": body.decode()}, headers=ADMIN)
+    report = await resp.json()
+    assert resp.status == 200 and report["matches"] is False
+    assert report["first_difference"] == "/messages"  # the member, from the shape of the verified inbound body
