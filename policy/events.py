@@ -142,7 +142,9 @@ class RequestRecorded(msgspec.Struct, frozen=True, gc=False, omit_defaults=True)
     ``log_seq`` is the last seq of the log state the projection used (replay folds up to it);
     ``shape`` holds short digests of the projected body with images reduced to their ids, per
     top-level member and per item of top-level lists, so a reconstruction that no longer matches
-    can name the first differing path. ``inbound_blob`` is set in ``full`` recording mode.
+    can name the first differing path; a call sent unchanged (no references, the projected digest
+    is the inbound one) records none, as its upstream body is the inbound body a replay holds.
+    ``inbound_blob`` is set in ``full`` recording mode.
     ``public_urls`` are the proxy's public URLs when some reference of the call was an HTTP URL
     under one of them (replay recognises exactly those, whatever the configuration says since).
     ``response`` is the call's outcome when the writer had it by the time it wrote the request:

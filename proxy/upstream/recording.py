@@ -2,10 +2,11 @@
 
 For a request with a session and ``record.mode`` other than ``off``:
 
-- before the upstream call, a ``request/recorded`` event: route, adapter, upstream, the digest of
-  the inbound body, the digest of the projected body, every reference with its path and outcome,
-  and the *shape* (short digests per top-level member and list item) that lets a replay name the
-  first differing path; in ``full`` mode the inbound body is stored as a blob;
+- a ``request/recorded`` event: route, adapter, upstream, the digest of the inbound body, the
+  digest of the projected body, every reference with its path and outcome, and, when a projection
+  changed the body, the *shape* (short digests per top-level member and list item) that lets a
+  replay name the first differing path (a body sent unchanged needs none: replay takes it from the
+  inbound body it holds); in ``full`` mode the inbound body is stored as a blob;
 - after the response, its outcome: status, latency, usage; in ``full`` mode the response body
   (for SSE the concatenated stream) as a blob. The writer batches records, so a call that ends
   before its request record is written (nearly every one) is one row: the outcome rides in the
