@@ -3,6 +3,7 @@ anyway, and the tokens the answer reported."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import sys
 from collections.abc import Awaitable, Callable
@@ -101,3 +102,25 @@ def test_the_request_line_written_straight_is_the_line_structlog_writes(
     assert list(straight.items()) == list(chained.items())  # the same keys, in the same order
     assert straight["odd"] == "/x" and ("pid" in straight) is pid and straight["level"] == "info"
     assert [entry["event"] for entry in captured] == ["request"]
+
+
+async def test_request_lines_of_one_turn_are_one_write_and_keep_their_order_with_other_lines() -> None:
+    class Counting(io.BytesIO):
+        writes = 0
+
+        def write(self, data: Any) -> int:
+            Counting.writes += 1
+            return super().write(data)
+
+    out = logger._Lines(Counting())
+    for n in range(3):
+        out.queue(b'{"n":%d}' % n)
+    assert Counting.writes == 0  # nothing yet: the turn is not over
+    out.msg(b'{"warning":1}')  # another line writes what was queued before it first
+    out.queue(b'{"n":3}')
+    out.queue(b'{"n":4}')
+    await asyncio.sleep(0)  # the turn ends
+    await asyncio.sleep(0)
+    assert out._file.getvalue().splitlines() == [  # type: ignore[attr-defined]
+        b'{"n":0}', b'{"n":1}', b'{"n":2}', b'{"warning":1}', b'{"n":3}', b'{"n":4}']
+    assert Counting.writes == 3  # the three queued lines, the warning, the two queued after it
