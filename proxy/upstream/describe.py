@@ -91,30 +91,6 @@ def shape(body: Json) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-_members: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_items: Final = msgspec.json.Decoder(list[msgspec.Raw])
-
-
-def raw_shape(raw: bytes) -> tuple[tuple[str, str], ...] | None:
-    """``shape`` of a body sent as the client's own bytes, from slices of those bytes: no tree
-    is built and nothing is encoded again, so a long conversation costs a scan and a hash per
-    message. Each digest is of the member's bytes as sent (for compact JSON the same as
-    ``shape``'s). None: not a JSON object."""
-    try:
-        members = _members.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    out: list[tuple[str, str]] = []
-    for key, value in members.items():
-        path = "/" + _escape(key)
-        data = memoryview(value)
-        out.append((path, hashlib.sha256(data).hexdigest()[:16]))
-        if data[:1].tobytes() == b"[":
-            out += [(f"{path}/{i}", hashlib.sha256(memoryview(item)).hexdigest()[:16])
-                    for i, item in enumerate(_items.decode(value))]
-    return tuple(out)
-
-
 class Described(msgspec.Struct, frozen=True, gc=False):
     """``public_urls``: the bases of the HTTP references the call had (none: it had none)."""
 
@@ -138,12 +114,10 @@ def of_unchanged(raw: bytes) -> Described:
 
 
 def of_raw(raw: bytes) -> Described:
-    """A call sent as the client's own bytes (nothing to project), decoded or not, with its shape."""
-    found = raw_shape(raw)
-    if found is not None:
-        return Described(sha256_id(raw), (), found)
+    """A call sent as the client's own bytes (nothing to project), with its shape: what a replay
+    compares a reconstruction with (the request path records ``of_unchanged``)."""
     try:
         tree = _decoder.decode(raw)
     except (msgspec.DecodeError, RecursionError):
         return Described(sha256_id(raw), (), (("", hashlib.sha256(raw).hexdigest()[:16]),))
-    return Described(sha256_id(raw), (), shape(tree))  # JSON, but not an object
+    return Described(sha256_id(raw), (), shape(tree))
