@@ -120,4 +120,9 @@ def of_raw(raw: bytes) -> Described:
         tree = _decoder.decode(raw)
     except (msgspec.DecodeError, RecursionError):
         return Described(sha256_id(raw), (), (("", hashlib.sha256(raw).hexdigest()[:16]),))
+    return of_decoded(raw, tree)
+
+
+def of_decoded(raw: bytes, tree: Json) -> Described:
+    """``of_raw`` of a body already decoded (it held no reference): no second decode."""
     return Described(sha256_id(raw), (), shape(tree))

@@ -23,6 +23,7 @@ from projectionist.proxy.stores.cache import inline
 from projectionist.proxy.upstream.describe import (
     UPSTREAM,
     Described,
+    of_decoded,
     of_raw,
     of_unchanged,
     of_tree,
@@ -106,10 +107,6 @@ def carried(built: Built) -> list[tuple[str, str]]:
     return found
 
 
-def _unchanged(raw: bytes, with_shape: bool) -> Described:
-    return of_raw(raw) if with_shape else of_unchanged(raw)
-
-
 def may_hold_refs(raw: bytes) -> bool:
     """Cheap pre-check on raw bytes: every reference spells ``sha256:`` unless JSON-escaped,
     and a body with any ``\\u`` escape is decoded to be sure."""
@@ -141,20 +138,22 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
 
     ``http`` names the http(s) URLs that are references too (this proxy's public URLs; every
     HTTP reference spells ``sha256:``, so the raw pre-check still finds it). The body is decoded
-    at most once; with ``describe`` the record's view (digest, reference paths and outcomes,
+    at most once; with ``describe`` the record's view (without the shape of a body sent unchanged
+    when not ``shape_unchanged``: the request path, see ``describe.of_unchanged``) (digest, reference paths and outcomes,
     shape, and the public URLs when an HTTP reference was among them) comes from that same tree.
     More than ``max_references`` distinct references is the client's error, refused before
     anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
     image referenced a thousand times is a thousand copies), refused before it is built."""
     if not may_hold_refs(raw):
-        return Built(raw, None, _unchanged(raw, shape_unchanged) if describe else None)
+        return Built(raw, None, (of_raw(raw) if shape_unchanged else of_unchanged(raw)) if describe else None)
     if max_references is not None and raw.count(b"sha256:") > max_references \
             and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
         _too_many(max_references)
     decoded = decode_json(raw)
     sites = fmt.find_refs(decoded, http)
     if not sites:
-        return Built(raw, None, _unchanged(raw, shape_unchanged) if describe else None)
+        return Built(raw, None, (of_decoded(raw, decoded) if shape_unchanged else of_unchanged(raw))
+                     if describe else None)
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
         _too_many(max_references)
     paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
