@@ -28,6 +28,8 @@ from projectionist.policy.events import (
     RecoveredEvent,
     Rejected,
     RejectedEvent,
+    RequestEvent,
+    ResponseEvent,
     Variant,
     VariantEvent,
     type_of,
@@ -64,6 +66,8 @@ class SessionState(msgspec.Struct, frozen=True):
 
 
 EMPTY = SessionState()
+#: The records' event classes: ``_Folding.step`` passes over them first.
+_RECORDS: Final = frozenset({RequestEvent, ResponseEvent})
 
 #: A checkpoint is due once this many state events were folded since the last one (and at least
 #: a quarter as many as the quarantines it would hold: see ``checkpoint_due``). A cold fold then
@@ -89,6 +93,8 @@ class _Folding:
         self.variants = dict(state.variants)
 
     def step(self, event: Event) -> None:
+        if type(event) in _RECORDS:  # most of a log, and they change nothing
+            return
         if isinstance(event, QuarantineEvent):
             self.quarantined[event.data.attachment_id] = event.data
             self.since[event.data.attachment_id] = event.time
@@ -109,7 +115,7 @@ class _Folding:
             self.variants = {(v.attachment_id, v.target): v for v in event.data.variants}
             self.unsaved = 0
             return
-        if type_of(event) not in RECORD_TYPES:
+        if type_of(event) not in RECORD_TYPES:  # a record of a type this version does not know
             self.unsaved += 1
 
     def state(self, last_seq: int) -> SessionState:
