@@ -100,20 +100,11 @@ class Recording:
         ``response/recorded`` event. With no hold the request record is queued now."""
         # a body sent unchanged (nothing projected) was hashed already: its projected digest is its own
         inbound = described.projected_digest if projection is None else sha256_id(raw)
-        data = RequestRecorded(
-            request_id=call.request_id, route=call.route, adapter=call.fmt.NAME, upstream=call.upstream,
-            method=call.method, path=call.path,
-            log_seq=projection.state.last_seq if projection is not None else 0,
-            inbound_digest=inbound, projected_digest=described.projected_digest,
-            refs=described.refs, shape=described.shape, public_urls=described.public_urls,
-            inbound_blob=inbound if self.mode == "full" else None,  # content-addressed: known now
-        )
-        pending = _Pending(call.session_id, call.request_id, data, (raw,) if self.mode == "full" else ())
-        recorder = Recorder(self, call)
+        recorder = Recorder(self, call, _Request(inbound, described, projection.state.last_seq if projection is not None else 0,
+                                                 raw if self.mode == "full" else None))
         if self.hold <= 0:
-            self._put(pending)
+            recorder.release()
             return recorder
-        recorder.held = pending
         loop = asyncio.get_running_loop()
         self._held[recorder] = loop.time() + self.hold
         if self._sweep_at is None:
@@ -258,7 +249,7 @@ class Recording:
                     self._dropped("response", "REQUEST_NOT_RECORDED", pending.request_id)
                     continue
                 record = msgspec.structs.replace(record, request_seq=seq)
-            else:
+            elif record.response is None:  # a request alone: its response may follow
                 at[pending.request_id] = len(data)
             rows.append([pending])
             data.append(record)
@@ -272,7 +263,8 @@ class Recording:
                     for kind in _kinds(pending.data):
                         self._dropped(kind, exc, pending.request_id)
             return
-        self._remember(rows, events)
+        if at:  # requests written alone (a whole call, nearly every row, waits for nothing)
+            self._remember(rows, events)
 
     def _remember(self, rows: list[list[_Pending]], events: list[Any]) -> None:
         """The seqs of request records whose response is still to come."""
@@ -305,6 +297,16 @@ class _Pending(msgspec.Struct, gc=False):
     request_id: str
     data: RequestRecorded | ResponseRecorded
     blobs: tuple[bytes, ...] = ()
+
+
+class _Request(msgspec.Struct, frozen=True, gc=False):
+    """What a call's request record says beyond ``CallInfo``, kept until the record is made
+    (once: with the call's outcome in it, or alone when the hold runs out)."""
+
+    inbound: str
+    described: Described
+    log_seq: int
+    raw: bytes | None  # ``full`` mode: the inbound body, stored as a blob
 
 
 class CallInfo(msgspec.Struct, frozen=True, gc=False):
@@ -351,23 +353,36 @@ class Recorder(Meter):
     """Watches one recorded call's response and queues its ``response/recorded`` event once the
     call ended (``finished``, ``failed``, ``cancelled``): never in the request's wait."""
 
-    def __init__(self, recording: Recording, call: CallInfo) -> None:
+    def __init__(self, recording: Recording, call: CallInfo, request: _Request) -> None:
         full = recording.mode == "full"
         super().__init__(recording.max_response_bytes if full else USAGE_SCAN_BYTES)
         self.recording = recording
         self.call = call
         self.full = full
         self.recorded = False
-        #: The request record, while it is held back for the call's outcome.
-        self.held: _Pending | None = None
+        #: The request record's parts, while it is held back for the call's outcome.
+        self.held: _Request | None = request
 
     def release(self) -> None:
-        """Queue the held request record alone (the hold ran out, or the app is closing)."""
+        """Queue the held request record alone (no hold, the hold ran out, or the app is closing)."""
         held, self.held = self.held, None
         if held is None:
             return
         self.recording._held.pop(self, None)
-        self.recording._put(held)
+        self.recording._put(self._pending(held, None, ()))
+
+    def _pending(self, request: _Request, response: ResponseRecorded | None, blobs: tuple[bytes, ...]) -> _Pending:
+        """The request record of ``request``, with ``response`` in it (one row for the call)."""
+        call, described = self.call, request.described
+        data = RequestRecorded(
+            request_id=call.request_id, route=call.route, adapter=call.fmt.NAME, upstream=call.upstream,
+            method=call.method, path=call.path, log_seq=request.log_seq,
+            inbound_digest=request.inbound, projected_digest=described.projected_digest,
+            refs=described.refs, shape=described.shape, public_urls=described.public_urls,
+            inbound_blob=request.inbound if request.raw is not None else None,  # content-addressed
+            response=response,
+        )
+        return _Pending(call.session_id, call.request_id, data, blobs if request.raw is None else (request.raw, *blobs))
 
     async def finished(self, status: int) -> None:
         """The relay returned; a body that did not come through whole is ``INCOMPLETE``."""
@@ -385,9 +400,9 @@ class Recorder(Meter):
         if self.recorded:
             return
         self.recorded = True
-        body = self.capture.body()
-        latency = round((time.perf_counter() - self.call.started) * 1000, 3)
         keep = self.full and status is not None
+        body = self.capture.body() if keep else b""
+        latency = round((time.perf_counter() - self.call.started) * 1000, 3)
         data = ResponseRecorded(self.call.request_id, 0, status, latency,
                                 self.reported(self.call.fmt)[0] if status is not None else None,
                                 error_code, sha256_id(body) if keep else None, self.capture.truncated)
@@ -397,10 +412,7 @@ class Recorder(Meter):
             self.recording._put(_Pending(self.call.session_id, self.call.request_id, data, blobs))
             return
         self.recording._held.pop(self, None)
-        request = held.data
-        assert isinstance(request, RequestRecorded)
-        self.recording._put(_Pending(held.session_id, held.request_id,
-                                     msgspec.structs.replace(request, response=data), held.blobs + blobs))
+        self.recording._put(self._pending(held, data, blobs))
 
 
 class Capture:
