@@ -25,13 +25,14 @@ Files API is handled in ``http.files`` (Gemini's in ``http.gemini_files``); ever
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Awaitable, Callable
 from typing import Final
 from urllib.parse import unquote
 
 from aiohttp import web
-from multidict import MultiMapping
+from multidict import MultiDict, MultiDictProxy, MultiMapping
 from yarl import URL
 
 from projectionist.adapters.registry import SPEAKS, projecting
@@ -51,6 +52,7 @@ HOT_PATHS: Final = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 #: a server-held key back to the client).
 METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 #: Paths the proxy owns (lowercase, as segments), under any spelling; ``s`` is the session prefix.
+_NO_QUERY: Final[MultiMapping[str]] = MultiDictProxy(MultiDict())
 OWNED: Final = (("admin",), ("healthz",), ("readyz",), ("metrics",), ("v1", "attachments"), ("s",))
 SESSION_PREFIX: Final = "/s/"
 #: The one owned path a ``/s/{session}/`` prefix may lead to, spelled literally: as without the prefix.
@@ -67,16 +69,20 @@ def format_spoken(path: str, headers: MultiMapping[str], query: MultiMapping[str
     return "openai"
 
 
+@functools.lru_cache(maxsize=1024)
 def owned(raw_path: str) -> bool:
     """Whether ``raw_path`` names a path the proxy owns, however it is spelled: any case, extra
-    slashes, ``;`` parameters, percent-encoding (two rounds)."""
+    slashes, ``;`` parameters, percent-encoding (two rounds). A pure function of the path, asked
+    on every proxied request of a handful of paths: the answers of the latest 1,024 are kept."""
     path = unquote(unquote(raw_path)).lower()
     segments = [s.split(";", 1)[0] for s in re.split(r"[/\\]+", path) if s]
     return any(tuple(segments[:len(prefix)]) == prefix for prefix in OWNED)
 
 
 async def dispatch_default(request: web.Request) -> web.StreamResponse:
-    name = format_spoken(request.path, request.headers, request.query)
+    # no query string: no query to parse (``request.query`` builds one on first use)
+    name = format_spoken(request.path, request.headers,
+                         request.query if request.rel_url.raw_query_string else _NO_QUERY)
     return await dispatch(request, name, request.rel_url.raw_path, guard_owned=True)
 
 

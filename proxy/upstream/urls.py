@@ -87,7 +87,10 @@ def filter_query(raw: str, keep: Callable[[str, str], bool]) -> str:
 class Base:
     """A configured upstream base URL, parsed once; the only source of scheme, host and port."""
 
-    __slots__ = ("url", "_path", "_parts")
+    __slots__ = ("url", "_path", "_parts", "_joined")
+
+    #: Joined URLs kept per base: a proxy sends the same few paths again and again.
+    JOINED_KEPT = 256
 
     def __init__(self, configured: str) -> None:
         url = base_url(configured)
@@ -95,9 +98,23 @@ class Base:
         self._path = url.raw_path.rstrip("/")
         self._parts = {"scheme": url.scheme, "user": url.raw_user, "password": url.raw_password,
                        "host": url.host_subcomponent, "port": url.explicit_port}
+        self._joined: dict[tuple[str, str], URL] = {}
 
     def join(self, path: str, query: str = "") -> URL:
-        """The outgoing URL for a client ``path`` (checked here) and raw ``query``."""
+        """The outgoing URL for a client ``path`` (checked here) and raw ``query``. The same
+        inputs always give the same URL, so up to ``JOINED_KEPT`` are kept, the oldest dropped
+        first; a path that was refused is never kept, and is refused again."""
+        key = (path, query)
+        found = self._joined.get(key)
+        if found is not None:
+            return found
+        out = self._join(path, query)
+        if len(self._joined) >= self.JOINED_KEPT:
+            del self._joined[next(iter(self._joined))]  # the oldest
+        self._joined[key] = out
+        return out
+
+    def _join(self, path: str, query: str) -> URL:
         check_path(path)
         out = URL.build(**self._parts, path=self._path + path, query_string=query, encoded=True)  # type: ignore[arg-type]
         if out.origin() != self.url.origin():  # by construction; kept as the rule's last word

@@ -166,6 +166,20 @@ def test_check_path_and_base_join_unit() -> None:
     assert redact("http://h:1/x") == "http://h:1/x"
 
 
+def test_a_joined_url_kept_for_reuse_is_the_one_joined_anew_and_a_refused_path_stays_refused() -> None:
+    base = Base("http://127.0.0.1:19/api")
+    first = base.join("/v1/chat/completions", "a=1")
+    assert base.join("/v1/chat/completions", "a=1") == first == Base("http://127.0.0.1:19/api").join(
+        "/v1/chat/completions", "a=1")
+    assert base.join("/v1/chat/completions", "a=2").raw_query_string == "a=2"  # the query is part of the key
+    for _ in range(2):
+        with pytest.raises(InvalidRequest):
+            base.join("@evil.example/v1", "")
+    for n in range(Base.JOINED_KEPT * 2):  # many paths: the kept ones stay bounded, each still right
+        assert base.join(f"/v1/p{n}").raw_path == f"/api/v1/p{n}"
+    assert len(base._joined) == Base.JOINED_KEPT
+
+
 @pytest.mark.parametrize(("method", "path"), [
     ("POST", "/admin/sessions"), ("DELETE", "/admin/sessions/s1"), ("POST", "/admin/sesions/s1/fork"),
     ("DELETE", "/admin/sessions/s1/events"), ("GET", "/admin"), ("PUT", "/admin/x/y/z"),
