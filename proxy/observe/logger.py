@@ -12,6 +12,7 @@ import atexit
 import logging
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -114,10 +115,28 @@ def request_line(fields: dict[str, Any]) -> None:
         return
     fields["event"] = "request"
     fields["level"] = "info"
-    fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    fields["timestamp"] = _utc_stamp()
     if direct.pid is not None:
         fields["pid"] = direct.pid
     direct.out.queue(_encode(fields))
+
+
+#: The second of the latest stamp and its text up to the seconds (``2026-12-01T02:10:04``).
+_second: tuple[int, str] = (0, "")
+
+
+def _utc_stamp() -> str:
+    """Now, as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it (``datetime.isoformat``
+    with ``Z``: microseconds unless they are zero), with the date and time formatted once a second
+    rather than once a line."""
+    global _second
+    seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
+    second, text = _second
+    if second != seconds:
+        text = datetime.fromtimestamp(seconds, UTC).isoformat()[:-6]  # without "+00:00"
+        _second = (seconds, text)
+    micros = nanos // 1000
+    return f"{text}.{micros:06d}Z" if micros else text + "Z"
 
 
 def _with_pid(pid: int) -> structlog.typing.Processor:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +100,25 @@ def test_the_request_line_written_straight_is_the_line_structlog_writes(
     finally:
         structlog.configure(**before)
     straight, chained = (msgspec.json.decode(line) for line in written.splitlines())
-    assert straight.pop("timestamp")[:4] == chained.pop("timestamp")[:4] == "20" + "26"[:2]
+    stamps = [straight.pop("timestamp"), chained.pop("timestamp")]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z", stamp) for stamp in stamps), stamps
+    written_at = [datetime.fromisoformat(stamp.replace("Z", "+00:00")) for stamp in stamps]
+    assert abs(written_at[0] - written_at[1]) < timedelta(seconds=5) and written_at[0].utcoffset() == timedelta(0)
     assert list(straight.items()) == list(chained.items())  # the same keys, in the same order
     assert straight["odd"] == "/x" and ("pid" in straight) is pid and straight["level"] == "info"
     assert [entry["event"] for entry in captured] == ["request"]
+
+
+@pytest.mark.parametrize("nanos", [1_764_554_404_000_000_000, 1_764_554_404_196_904_123, 1_764_554_405_000_999_999,
+                                   1_767_225_599_999_999_999])
+def test_the_stamp_of_a_line_is_the_one_datetime_isoformat_writes(nanos: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stamp formatted once a second is what structlog's ISO stamper writes at that instant:
+    without a fraction at a whole second, with six digits otherwise, across a change of year."""
+    for offset in (0, 1_000_000_000):  # a second later: the cached date and time move on
+        monkeypatch.setattr(logger.time, "time_ns", lambda: nanos + offset)
+        seconds, nanos_left = divmod(nanos + offset, 1_000_000_000)
+        at = datetime.fromtimestamp(seconds, UTC).replace(microsecond=nanos_left // 1000)
+        assert logger._utc_stamp() == at.isoformat().replace("+00:00", "Z")
 
 
 async def test_request_lines_of_one_turn_are_one_write_and_keep_their_order_with_other_lines() -> None:
