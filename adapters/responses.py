@@ -113,8 +113,12 @@ def tokens(usage: dict[str, Any] | None) -> tuple[int | None, int | None]:
 def _count(usage: dict[str, Any], names: tuple[str, ...], extra: tuple[str, ...]) -> int | None:
     for name in names:
         value = usage.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value + sum(v for k in extra if isinstance(v := usage.get(k), int) and not isinstance(v, bool))
+        if type(value) is int:  # an int, never a bool
+            for also in extra:
+                more = usage.get(also)
+                if type(more) is int:
+                    value += more
+            return value
     return None
 
 
