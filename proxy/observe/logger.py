@@ -121,8 +121,9 @@ def request_line(fields: dict[str, Any]) -> None:
     direct.out.queue(_encode(fields))
 
 
-#: The second of the latest stamp and its text up to the seconds (``2026-12-01T02:10:04``).
-_second: tuple[int, str] = (0, "")
+#: The second of the latest stamp and its text up to the seconds (``2026-12-01T02:10:04``);
+#: none before the first stamp (any int would be a second a clock can read: 1970's first).
+_second: tuple[int | None, str] = (None, "")
 
 
 def _utc_stamp() -> str:

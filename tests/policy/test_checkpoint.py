@@ -20,6 +20,7 @@ from projectionist.policy.events import (
     Recovered,
     Rejected,
     RequestEvent,
+    RequestRecorded,
     ResponseEvent,
     ResponseRecorded,
     UnknownEvent,
@@ -42,7 +43,7 @@ IDS = ["sha256:" + f"{i:02x}" * 32 for i in range(5)]
 
 #: One step of a session: a kind and its parameters; "c" asks for a checkpoint of the fold so far.
 steps = st.lists(
-    st.tuples(st.sampled_from(["q", "r", "rec", "rec", "rec", "fork", "unknown", "c", "rj", "v"]), st.integers(0, 4),
+    st.tuples(st.sampled_from(["q", "r", "rec", "req", "rec", "fork", "unknown", "c", "rj", "v"]), st.integers(0, 4),
               st.sampled_from(["not_found", "corrupt", "read_failed"])),
     max_size=60,
 )
@@ -61,6 +62,9 @@ def _data(kind: str, index: int, failure: str) -> EventData:
         return Variant(IDS[index], target, IDS[(index + len(failure)) % 5], "image/png", 9, 2, 2, "v1")
     if kind == "fork":
         return Forked("parent", index)
+    if kind == "req":
+        return RequestRecorded(f"r{index}", "openai_chat", "openai_chat", "openai", "POST", "/v1/chat/completions",
+                               0, "sha256:" + "1" * 64, "sha256:" + "1" * 64)
     return ResponseRecorded(request_id=f"r{index}", request_seq=1, status=200, latency_ms=1.0)
 
 
@@ -131,6 +135,19 @@ def test_unsaved_counts_state_events_only_and_a_checkpoint_resets_it() -> None:
     assert fold(events).unsaved == 4  # quarantine, fork, unknown, recovered; not the records
     events = build([("q", 0, "corrupt"), ("c", 0, ""), ("q", 1, "corrupt"), ("rec", 0, "")], checkpoints=True)
     assert fold(events).unsaved == 1
+
+
+@pytest.mark.parametrize("kind", sorted(RECORD_TYPES))
+def test_records_count_for_nothing_whether_this_version_decoded_them_or_not(kind: str) -> None:
+    """Records, as their own classes or as ``UnknownEvent`` of a record type, change no state and
+    leave ``unsaved`` as it was; an unknown type that is no record counts."""
+    events = build([("q", 0, "corrupt"), ("req", 1, ""), ("rec", 1, "")], checkpoints=True)
+    assert [type(e) for e in events[1:]] == [RequestEvent, ResponseEvent]
+    events.append(UnknownEvent(4, kind, "2024-01-01T00:01:00.000Z", msgspec.Raw(b"{}")))
+    state = fold(events)
+    assert state.unsaved == 1 and state.last_seq == 4 and list(state.quarantined) == [IDS[0]]
+    assert fold(events[1:], fold(events[:1])) == state
+    assert fold([UnknownEvent(5, "future/state", "t", msgspec.Raw(b"{}"))], state).unsaved == 2
 
 
 def test_a_checkpoint_is_due_every_k_state_events_and_never_more_often_than_its_size() -> None:

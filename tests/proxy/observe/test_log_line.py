@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -119,6 +120,20 @@ def test_the_stamp_of_a_line_is_the_one_datetime_isoformat_writes(nanos: int, mo
         seconds, nanos_left = divmod(nanos + offset, 1_000_000_000)
         at = datetime.fromtimestamp(seconds, UTC).replace(microsecond=nanos_left // 1000)
         assert logger._utc_stamp() == at.isoformat().replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize("nanos", [123_456_789, 0, -999_999_999])
+def test_the_first_stamp_of_a_process_is_right_whatever_second_the_clock_reads(nanos: int) -> None:
+    """A process whose clock reads the first second of 1970 (a board without a real-time clock, a
+    frozen test clock), or the one before it, still stamps its first line with the date and time:
+    no second counts as formatted before one was."""
+    code = ("import time; from projectionist.proxy.observe import logger; "
+            f"time.time_ns = lambda: {nanos}; print(logger._utc_stamp())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[3])
+    seconds, nanos_left = divmod(nanos, 1_000_000_000)
+    at = datetime.fromtimestamp(seconds, UTC).replace(microsecond=nanos_left // 1000)
+    assert done.stdout.strip() == at.isoformat().replace("+00:00", "Z")
 
 
 async def test_request_lines_of_one_turn_are_one_write_and_keep_their_order_with_other_lines() -> None:
