@@ -115,7 +115,8 @@ class _Folding:
             self.variants = {(v.attachment_id, v.target): v for v in event.data.variants}
             self.unsaved = 0
             return
-        if type_of(event) not in RECORD_TYPES:  # a record of a type this version does not know
+        # a state event (a fork, an unknown type); a record of a type not known here counts for nothing
+        if type_of(event) not in RECORD_TYPES:
             self.unsaved += 1
 
     def state(self, last_seq: int) -> SessionState:

@@ -51,8 +51,9 @@ HOT_PATHS: Final = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 #: Methods that may go upstream (TRACE and CONNECT never do: an echo of the headers would hand
 #: a server-held key back to the client).
 METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-#: Paths the proxy owns (lowercase, as segments), under any spelling; ``s`` is the session prefix.
+#: The query of a request without a query string.
 _NO_QUERY: Final[MultiMapping[str]] = MultiDictProxy(MultiDict())
+#: Paths the proxy owns (lowercase, as segments), under any spelling; ``s`` is the session prefix.
 OWNED: Final = (("admin",), ("healthz",), ("readyz",), ("metrics",), ("v1", "attachments"), ("s",))
 SESSION_PREFIX: Final = "/s/"
 #: The one owned path a ``/s/{session}/`` prefix may lead to, spelled literally: as without the prefix.
@@ -69,11 +70,12 @@ def format_spoken(path: str, headers: MultiMapping[str], query: MultiMapping[str
     return "openai"
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)
 def owned(raw_path: str) -> bool:
     """Whether ``raw_path`` names a path the proxy owns, however it is spelled: any case, extra
-    slashes, ``;`` parameters, percent-encoding (two rounds). A pure function of the path, asked
-    on every proxied request of a handful of paths: the answers of the latest 1,024 are kept."""
+    slashes, ``;`` parameters, percent-encoding (two rounds). A pure function of the path (and of
+    the constant ``OWNED``), asked on every proxied request of a handful of paths: the answers of
+    the latest 256 are kept (at most 2 MB of paths at aiohttp's 8 KB request-line limit)."""
     path = unquote(unquote(raw_path)).lower()
     segments = [s.split(";", 1)[0] for s in re.split(r"[/\\]+", path) if s]
     return any(tuple(segments[:len(prefix)]) == prefix for prefix in OWNED)
