@@ -11,6 +11,8 @@ client's error (400 ``INVALID_PATH``), never forwarded.
 
 from __future__ import annotations
 
+import functools
+
 import re
 from collections.abc import Callable
 from typing import Final
@@ -98,21 +100,13 @@ class Base:
         self._path = url.raw_path.rstrip("/")
         self._parts = {"scheme": url.scheme, "user": url.raw_user, "password": url.raw_password,
                        "host": url.host_subcomponent, "port": url.explicit_port}
-        self._joined: dict[tuple[str, str], URL] = {}
+        #: The same inputs always give the same URL: the latest ``JOINED_KEPT`` are kept (an
+        #: exception is never cached, so a refused path is refused again).
+        self._joined = functools.lru_cache(maxsize=self.JOINED_KEPT)(self._join)
 
     def join(self, path: str, query: str = "") -> URL:
-        """The outgoing URL for a client ``path`` (checked here) and raw ``query``. The same
-        inputs always give the same URL, so up to ``JOINED_KEPT`` are kept, the oldest dropped
-        first; a path that was refused is never kept, and is refused again."""
-        key = (path, query)
-        found = self._joined.get(key)
-        if found is not None:
-            return found
-        out = self._join(path, query)
-        if len(self._joined) >= self.JOINED_KEPT:
-            del self._joined[next(iter(self._joined))]  # the oldest
-        self._joined[key] = out
-        return out
+        """The outgoing URL for a client ``path`` (checked here) and raw ``query``."""
+        return self._joined(path, query)
 
     def _join(self, path: str, query: str) -> URL:
         check_path(path)
