@@ -63,9 +63,7 @@ class _Lines(structlog.BytesLogger):
 
     def msg(self, message: bytes) -> None:  # structlog's lines, from any thread
         with self._lock:
-            if self._queued:
-                self._write(b"".join(self._queued))
-                self._queued.clear()
+            self._write_queued_locked()
             self._write(message + b"\n")
             self._flush()
 
@@ -84,10 +82,16 @@ class _Lines(structlog.BytesLogger):
     def write_queued(self) -> None:
         with self._lock:
             self._due = False
-            if self._queued:
-                self._write(b"".join(self._queued))
-                self._queued.clear()
+            if self._write_queued_locked():
                 self._flush()
+
+    def _write_queued_locked(self) -> bool:
+        """Write the queued request lines (the caller holds the lock); whether there were any."""
+        if not self._queued:
+            return False
+        self._write(b"".join(self._queued))
+        self._queued.clear()
+        return True
 
 
 class _Direct(NamedTuple):
