@@ -138,9 +138,10 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
 
     ``http`` names the http(s) URLs that are references too (this proxy's public URLs; every
     HTTP reference spells ``sha256:``, so the raw pre-check still finds it). The body is decoded
-    at most once; with ``describe`` the record's view (without the shape of a body sent unchanged
-    when not ``shape_unchanged``: the request path, see ``describe.of_unchanged``) (digest, reference paths and outcomes,
+    at most once; with ``describe`` the record's view (digest, reference paths and outcomes,
     shape, and the public URLs when an HTTP reference was among them) comes from that same tree.
+    A body sent unchanged gets a shape only with ``shape_unchanged`` (replay); the request path
+    records none (``describe.of_unchanged``).
     More than ``max_references`` distinct references is the client's error, refused before
     anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
     image referenced a thousand times is a thousand copies), refused before it is built."""

@@ -100,8 +100,8 @@ class Recording:
         ``response/recorded`` event. With no hold the request record is queued now."""
         # a body sent unchanged (nothing projected) was hashed already: its projected digest is its own
         inbound = described.projected_digest if projection is None else sha256_id(raw)
-        recorder = Recorder(self, call, _Request(inbound, described, projection.state.last_seq if projection is not None else 0,
-                                                 raw if self.mode == "full" else None))
+        log_seq = projection.state.last_seq if projection is not None else 0
+        recorder = Recorder(self, call, _Request(inbound, described, log_seq, raw if self.mode == "full" else None))
         if self.hold <= 0:
             recorder.release()
             return recorder
@@ -382,7 +382,8 @@ class Recorder(Meter):
             inbound_blob=request.inbound if request.raw is not None else None,  # content-addressed
             response=response,
         )
-        return _Pending(call.session_id, call.request_id, data, blobs if request.raw is None else (request.raw, *blobs))
+        blobs = blobs if request.raw is None else (request.raw, *blobs)  # full mode: the inbound body first
+        return _Pending(call.session_id, call.request_id, data, blobs)
 
     async def finished(self, status: int) -> None:
         """The relay returned; a body that did not come through whole is ``INCOMPLETE``."""
