@@ -14,7 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from projectionist.adapters import anthropic_messages
-from projectionist.adapters.base import Json, Site
+from projectionist.adapters.base import Carried, Json, Site
 from projectionist.policy.model import NO_HTTP, HttpRefs
 from projectionist.policy.profile import Rejection
 
@@ -58,3 +58,23 @@ def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
         if isinstance(request, dict):
             sites += anthropic_messages.find_refs(request.get("params"), http)
     return sites
+
+
+def find_inline(body: Json) -> list[Carried]:
+    """The images the client inlined in every request of the batch (``anthropic_messages``)."""
+    requests = body.get("requests") if isinstance(body, dict) else None
+    found: list[Carried] = []
+    for request in requests if isinstance(requests, list) else ():
+        if isinstance(request, dict):
+            found += anthropic_messages.find_inline(request.get("params"))
+    return found
+
+
+def session_hint(body: Json) -> tuple[str, str] | None:
+    """A batch belongs to no one conversation."""
+    return None
+
+
+def opening(body: Json) -> Json:
+    """None: a batch's requests open many conversations; no session is derived for it."""
+    return None

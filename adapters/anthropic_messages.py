@@ -11,13 +11,14 @@ images, and only an image block carries one); a placeholder becomes a ``text`` b
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
 from typing import Any, Final
 
-from projectionist.adapters.base import (SCAN_CHARS, Inline, Inliner, Json, Known, PlainInline, Site, content_lists,
-                                         error_object, known_pattern, part_pointer, patch)
+from projectionist.adapters.base import (SCAN_CHARS, Carried, Inline, Inliner, Json, Known, PlainInline, Site,
+                                         content_lists, error_object, known_pattern, part_pointer, patch)
 from projectionist.adapters.responses import member
 from projectionist.policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
 from projectionist.policy.profile import Profile, Rejection
@@ -125,6 +126,53 @@ def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
     """Every image reference in ``body``, in document order, tool results included."""
     return [Site(blocks, index, ref) for blocks, index, block in _image_blocks(body)
             if (ref := _source_ref(block.get("source"), http)) is not None]
+
+
+def find_inline(body: Json) -> list[Carried]:
+    """Every image the client inlined itself: an ``image`` block with a ``base64`` source, tool
+    results included, in document order."""
+    found: list[Carried] = []
+    for blocks, index, block in _image_blocks(body):
+        source = block.get("source")
+        if block.get("type") == "image" and isinstance(source, dict) and source.get("type") == "base64" \
+                and isinstance(data := source.get("data"), str):
+            found.append(Carried(blocks, index, source, "data", data, data))
+    return found
+
+
+#: Claude Code's ``metadata.user_id``: ``user_<hex>_account_<uuid or nothing>_session_<uuid>``.
+_CLAUDE_CODE_USER: Final = re.compile(r"user_[0-9a-f]{1,128}_account_[0-9a-f-]{0,64}_session_([0-9a-f-]{8,64})")
+
+
+def session_hint(body: Json) -> tuple[str, str] | None:
+    """The session Claude Code names in ``metadata.user_id``: ``..._session_<uuid>``, or a JSON
+    object with a ``session_id`` (both spellings are sent by its versions)."""
+    metadata = body.get("metadata") if isinstance(body, dict) else None
+    user = metadata.get("user_id") if isinstance(metadata, dict) else None
+    if not isinstance(user, str) or len(user) > 1024:
+        return None
+    found = _CLAUDE_CODE_USER.fullmatch(user)
+    if found is not None:
+        return "claude-code", found[1]
+    if user.startswith("{"):
+        try:
+            decoded = json.loads(user)
+        except ValueError:
+            return None
+        session = decoded.get("session_id") if isinstance(decoded, dict) else None
+        if isinstance(session, str) and session:
+            return "claude-code", session
+    return None
+
+
+def opening(body: Json) -> Json:
+    """The system prompt and the first message."""
+    if not isinstance(body, dict):
+        return None
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    return [body.get("system"), messages[0]]
 
 
 def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:

@@ -66,6 +66,38 @@ class Site:
     host: Host | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """An image the client inlined itself: ``parent[index]`` is its part (where a placeholder
+    goes, as for a ``Site``), ``value`` the JSON string in the body that carries its bytes (a
+    ``data:`` URL or bare base64; ``holder[key]``), ``data`` their base64. Its identity (the
+    sha256 of the decoded bytes) is the proxy's to compute."""
+
+    parent: Any
+    index: int | str
+    holder: Any
+    key: str
+    value: str
+    data: str
+    host: Host | None = None
+
+    def site(self, ref: ImageRef) -> Site:
+        """This part as a ``Site`` carrying ``ref`` (its identity), for ``render``."""
+        return Site(self.parent, self.index, ref, self.host)
+
+
+#: What opens the base64 of a ``data:`` URL, after its media type.
+_DATA_URL: Final = re.compile(r"data:([\w.+-]+/[\w.+-]+)?(?:;[\w-]+=[^;,]*)*;base64,", re.ASCII)
+
+
+def data_url_base64(url: str) -> str | None:
+    """The base64 of a ``data:...;base64,`` URL, or None for any other string."""
+    if not url.startswith("data:"):
+        return None
+    found = _DATA_URL.match(url, 0, 256)
+    return url[found.end():] if found is not None else None
+
+
 class WireFormat(Protocol):
     """What every adapter module provides (modules satisfy this Protocol structurally)."""
 
@@ -85,6 +117,9 @@ class WireFormat(Protocol):
     def PROFILE(self) -> Profile: ...
 
     def find_refs(self, body: Json, http: HttpRefs = ...) -> list[Site]: ...
+    def find_inline(self, body: Json) -> list[Carried]: ...
+    def session_hint(self, body: Json) -> tuple[str, str] | None: ...
+    def opening(self, body: Json) -> Json: ...
     def render(self, sites: list[Site], outcomes: tuple[Outcome, ...], inline: Inliner = ...) -> None: ...
     def error_body(self, code: str, message: str, status: int) -> dict[str, Any]: ...
     def upstream_auth(self, api_key: str) -> dict[str, str]: ...
@@ -145,6 +180,17 @@ def insert_after(placements: Sequence[tuple[Host, Json]]) -> None:
     for host_list, after in lists.values():
         for host_index in sorted(after, reverse=True):
             host_list[host_index + 1:host_index + 1] = after[host_index]
+
+
+def opening_messages(messages: Json, first: str = "user") -> list[Json] | None:
+    """The messages of a conversation up to and including the first one of role ``first``
+    (system prompts before it): what every later turn re-sends unchanged. None without one."""
+    if not isinstance(messages, list):
+        return None
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == first:
+            return messages[:index + 1]
+    return None
 
 
 def content_lists(messages: Json) -> list[list[Json]]:

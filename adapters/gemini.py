@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import quote
 
-from projectionist.adapters.base import (SCAN_CHARS, Host, Inline, Inliner, Json, Known, PlainInline, Site,
+from projectionist.adapters.base import (SCAN_CHARS, Carried, Host, Inline, Inliner, Json, Known, PlainInline, Site,
                                          error_object, inliner, insert_after, known_pattern, part_pointer)
 from projectionist.adapters.responses import member
 from projectionist.policy.model import ID_PREFIX, NO_HTTP, URL_SCHEME, HttpRefs, Outcome, Resolved, parse_url_ref
@@ -33,7 +33,7 @@ VOLATILE: Final = frozenset({"responseId", "createTime"})
 #: The ``File`` name of an admitted attachment: this prefix and the id's hex digest.
 FILE_NAME_PREFIX: Final = "files/sha256-"
 #: Keys of a part that carry or describe its data: dropped when the part becomes placeholder text.
-_DATA_KEYS: Final = frozenset({"file_data", "fileData", "video_metadata", "videoMetadata"})
+_DATA_KEYS: Final = frozenset({"file_data", "fileData", "inline_data", "inlineData", "video_metadata", "videoMetadata"})
 
 _STATUS: Final = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
                   409: "ABORTED", 413: "INVALID_ARGUMENT", 422: "FAILED_PRECONDITION", 429: "RESOURCE_EXHAUSTED",
@@ -105,6 +105,33 @@ def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
     responses included."""
     return [Site(parts, index, ref, host) for parts, index, part, host in _parts(body)
             if (uri := _uri(part)) is not None and (ref := parse_url_ref(uri, http)) is not None]
+
+
+def find_inline(body: Json) -> list[Carried]:
+    """Every image the client inlined itself: ``inline_data`` (or ``inlineData``) of an
+    ``image/`` type, function responses included, in document order."""
+    found: list[Carried] = []
+    for parts, index, part, host in _parts(body):
+        data = _either(part, "inline_data", "inlineData")
+        mime = _either(data, "mime_type", "mimeType") if isinstance(data, dict) else None
+        if isinstance(mime, str) and mime.lower().startswith("image/") and isinstance(b64 := data.get("data"), str):
+            found.append(Carried(parts, index, data, "data", b64, b64, host))
+    return found
+
+
+def session_hint(body: Json) -> tuple[str, str] | None:
+    """The session a Gemini body names: none of its fields is one."""
+    return None
+
+
+def opening(body: Json) -> Json:
+    """The system instruction and the first content."""
+    if not isinstance(body, dict):
+        return None
+    contents = body.get("contents")
+    if not isinstance(contents, list) or not contents:
+        return None
+    return [_either(body, "system_instruction", "systemInstruction"), contents[0]]
 
 
 def _is_image(part: dict[str, Any], http: HttpRefs) -> bool:

@@ -14,8 +14,9 @@ import re
 from collections.abc import Iterator
 from typing import Any, Final
 
-from projectionist.adapters.base import (SCAN_CHARS, Inline, Inliner, Json, Known, PlainInline, Site, content_lists,
-                                         error_object, known_pattern, part_pointer, patch)
+from projectionist.adapters.base import (SCAN_CHARS, Carried, Inline, Inliner, Json, Known, PlainInline, Site,
+                                         content_lists, data_url_base64, error_object, known_pattern,
+                                         opening_messages, part_pointer, patch)
 from projectionist.adapters.responses import member
 from projectionist.policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
 from projectionist.policy.profile import Profile, Rejection
@@ -97,6 +98,29 @@ def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
     ids), in document order."""
     return [Site(content, index, ref) for content, index, part in _image_parts(body)
             if (ref := _ref(part, http)) is not None]
+
+
+def find_inline(body: Json) -> list[Carried]:
+    """Every image the client inlined itself: an ``image_url`` part whose URL is a base64
+    ``data:`` URL, in document order."""
+    found: list[Carried] = []
+    for content, index, part in _image_parts(body):
+        slot = part.get("image_url")
+        holder, key = (slot, "url") if isinstance(slot, dict) else (part, "image_url")
+        url = holder.get(key)
+        if isinstance(url, str) and (data := data_url_base64(url)) is not None:
+            found.append(Carried(content, index, holder, key, url, data))
+    return found
+
+
+def session_hint(body: Json) -> tuple[str, str] | None:
+    """The session a Chat body names: none of its fields is one (``user`` names a person)."""
+    return None
+
+
+def opening(body: Json) -> Json:
+    """The messages up to the first user message (the system prompt before it)."""
+    return opening_messages(body.get("messages") if isinstance(body, dict) else None)
 
 
 def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:

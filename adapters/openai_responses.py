@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from projectionist.adapters import openai_chat
-from projectionist.adapters.base import Host, Inliner, Json, PlainInline, Site, inliner, insert_after
+from projectionist.adapters.base import (Carried, Host, Inliner, Json, PlainInline, Site, data_url_base64, inliner,
+                                         insert_after, opening_messages)
 from projectionist.adapters.responses import member
 from projectionist.policy.model import (ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, Resolved, parse_file_id,
                                         parse_url_ref)
@@ -104,6 +105,40 @@ def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
     """Every image reference in ``input`` and ``prompt.variables``, in document order."""
     return [Site(parent, index, ref, host) for parent, index, part, kind, host in _slots(body)
             if (ref := _ref(part, kind, http)) is not None]
+
+
+def find_inline(body: Json) -> list[Carried]:
+    """Every image the client inlined itself: an ``input_image`` (or computer screenshot) whose
+    ``image_url`` is a base64 ``data:`` URL, in document order."""
+    found: list[Carried] = []
+    for parent, index, part, kind, host in _slots(body):
+        url = part.get("image_url") if _is(part, kind) else None
+        if isinstance(url, str) and (data := data_url_base64(url)) is not None:
+            found.append(Carried(parent, index, part, "image_url", url, data, host))
+    return found
+
+
+def session_hint(body: Json) -> tuple[str, str] | None:
+    """The session a Responses body names: its ``conversation`` (the API's own, ``conv_...``, a
+    string or ``{"id"}``), else its ``prompt_cache_key`` (Codex keys the cache by its session)."""
+    if not isinstance(body, dict):
+        return None
+    conversation = body.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    if isinstance(conversation, str) and conversation:
+        return "conversation", conversation
+    key = body.get("prompt_cache_key")
+    return ("cache-key", key) if isinstance(key, str) and key else None
+
+
+def opening(body: Json) -> Json:
+    """The instructions and the input up to its first user message (a plain string input whole)."""
+    if not isinstance(body, dict):
+        return None
+    items = body.get("input")
+    first = items if isinstance(items, str) else opening_messages(items)
+    return None if first is None else [body.get("instructions"), first]
 
 
 def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:

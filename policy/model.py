@@ -88,6 +88,11 @@ def check_id(attachment_id: str) -> str:
     return attachment_id
 
 
+def is_session_id(value: str) -> bool:
+    """1-256 visible ASCII characters."""
+    return _SESSION_RE.fullmatch(value) is not None
+
+
 def check_session_id(value: str) -> str:
     """A session id is 1-256 visible ASCII characters; anything else is the client's error."""
     if _SESSION_RE.fullmatch(value) is None:
