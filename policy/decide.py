@@ -167,3 +167,17 @@ def names_of(refs: Sequence[ImageRef]) -> dict[str, str | None]:
         if names.get(ref.id) is None:
             names[ref.id] = ref.name
     return names
+
+
+def held_inline(ids: Sequence[str], state: SessionState, upstream_format: str) -> tuple[Placeholder | None, ...]:
+    """What each image the client inlined itself becomes (``ids``: the sha256 of its bytes):
+    the placeholder of the rejection that holds for it on upstreams of ``upstream_format``, or
+    None: sent as the client sent it. Store failures never hold for it: its bytes are in the
+    request, not in the store. Like every outcome, a pure function of the state and the ids."""
+    if not state.rejected:
+        return tuple(None for _ in ids)
+    outcomes: list[Placeholder | None] = []
+    for aid in ids:
+        rejected = state.rejected.get((upstream_format, aid))
+        outcomes.append(None if rejected is None else Placeholder("rejected", placeholder(ImageRef(aid), rejected)))
+    return tuple(outcomes)

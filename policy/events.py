@@ -111,8 +111,10 @@ class Checkpoint(msgspec.Struct, frozen=True, gc=False):
 
 
 class RefRecord(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
-    """What one reference of a recorded request became: ``inlined`` (as the stored ``variant``
-    when one was sent instead of the original) or ``placeholder``."""
+    """What one image of a recorded request became: a reference ``inlined`` (as the stored
+    ``variant`` when one was sent instead of the original) or ``placeholder``; an image the client
+    inlined itself (``attachment_id``: the sha256 of its bytes) ``client``, sent as it came, or
+    ``placeholder`` (``failure``: ``rejected``)."""
 
     path: str
     attachment_id: str

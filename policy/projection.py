@@ -243,6 +243,8 @@ async def project(
       the log for the request's target (the original is then not read), else one ``vary`` makes,
       pinned before this returns. Without ``vary`` (replay) nothing is made: only pins count.
       ``images`` counts all the request's images (client-inlined ones too) for a many-image rule.
+    With no reference but a session, only the state is refreshed: what the images the client
+    inlined itself become depends on it (``decide.held_inline``).
     ``state`` is an optional cached fold for the session; it is refreshed from the log first,
     unless the caller vouches it is ``fresh`` (nothing changed since it was read; a decision that
     turns out stale still meets the conditional append, which reads again);
@@ -250,7 +252,7 @@ async def project(
     quarantine whose probe is due is read once more and, if the read verifies, lifted
     (``attachment/recovered``, ``automatic``) before the projection, in the same request.
     """
-    if not refs:
+    if not refs and not (log is not None and session_id is not None):
         return Projection((), state or EMPTY)
     if session_id is not None and log is None:
         raise ValueError("a session needs a log")

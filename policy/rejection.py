@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Final
 
 from projectionist.policy.events import Event, Rejected, RequestEvent, ResponseEvent, ResponseRecorded
 from projectionist.policy.profile import Rejection
@@ -38,10 +39,14 @@ def suspects(rejection: Rejection, carried: Sequence[tuple[str, str]], accepted:
     return tuple(dict.fromkeys(aid for aid in named if aid not in known))
 
 
+#: The outcomes of a recorded image that went upstream: inlined by the proxy, or the client's own.
+_SENT: Final = frozenset({"inlined", "client"})
+
+
 class Acceptance:
     """The attachment ids an upstream of ``upstream_format`` accepted in one session, folded from
-    its events as they come (``add`` the events past ``last_seq``): the references inlined in
-    recorded calls (``format_of`` maps a record's adapter to its format) whose recorded response
+    its events as they come (``add`` the events past ``last_seq``): the images inlined in
+    recorded calls (by the proxy, or by the client itself) (``format_of`` maps a record's adapter to its format) whose recorded response
     was a success (2xx). Calls still waiting for their response are kept, the oldest dropped past
     ``pending_max``."""
 
@@ -61,7 +66,7 @@ class Acceptance:
             self.last_seq = event.seq
             if isinstance(event, RequestEvent):
                 if self.format_of(event.data.adapter) == self.upstream_format:
-                    inlined = frozenset(r.attachment_id for r in event.data.refs if r.outcome == "inlined")
+                    inlined = frozenset(r.attachment_id for r in event.data.refs if r.outcome in _SENT)
                     if event.data.response is not None:  # the call's outcome in the same record
                         if _accepted(event.data.response):
                             self.accepted |= inlined
