@@ -66,6 +66,10 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     client_max_size: Size = 64 * MiB
     session_header: str = "X-Session-Id"
     session_header_aliases: tuple[str, ...] = ()
+    #: A request that names no session gets the one its client already sends (Claude Code's,
+    #: Codex's, a gateway's session header or body field), or, when it carries images, one derived
+    #: from its conversation's opening (``proxy/http/sessions.py``). Off: such a request is sessionless.
+    client_sessions: bool = True
     sessionless: Literal["fail", "placeholder"] = "fail"
     admin_token: str = ""
     client_tokens_env: str = "PROJECTIONIST_CLIENT_TOKENS"
@@ -161,6 +165,11 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     variant_threads: Size = 2
     #: Seconds one render may take; a render that takes longer sends the original this time.
     variant_timeout: Seconds = 60.0
+    #: Give the images clients inline themselves (base64) their identity, so a refusal of one is
+    #: recorded and later requests get its placeholder instead of it.
+    inline_images: bool = True
+    #: The base64 of client-inlined images kept to find their identity again without hashing.
+    inline_cache_bytes: Size = 64 * MiB
 
 
 class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -210,6 +210,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
                 await upstream.client.close()
                 upstream.client = None
         await app[READINESS].close()
+        await services.close_background()
         await services.recording.close()  # what is queued is written before the log closes
         await services.variants.close()
         await services.reader.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Final
+from typing import Any, Final
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -21,15 +21,17 @@ from multidict import CIMultiDict, MultiMapping
 
 from projectionist.adapters.base import WireFormat
 from projectionist.adapters.responses import tokens
-from projectionist.policy.errors import InvalidRequest, ProjectionistError
-from projectionist.policy.model import ImageRef, Placeholder, Resolved, check_session_id
+from projectionist.policy.errors import ProjectionistError
+from projectionist.policy.model import ImageRef, Placeholder, Resolved
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.http.bodies import read_body
 from projectionist.proxy.http.middleware import Context, context
-from projectionist.proxy.http.resend import Resend
+from projectionist.proxy.http import sessions
+from projectionist.proxy.http.resend import Carrying, Resend, carried_ids
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.upstream.outgoing import outgoing_headers, recorded_path, target_url
-from projectionist.proxy.upstream.prepare import Built, build
+from projectionist.proxy.upstream.outgoing import readable_codings
+from projectionist.proxy.upstream.prepare import Built, build, decode_json, identified, may_hold_inline, may_hold_refs
 from projectionist.proxy.upstream.recording import CallInfo, Meter, Recorder
 from projectionist.proxy.upstream.relay import Body, Timing, relay
 from projectionist.proxy.upstream.target import Upstream
@@ -44,25 +46,43 @@ PATH_SESSION = web.RequestKey("projectionist.path_session", str)
 
 
 def session_of(headers: MultiMapping[str], names: tuple[str, ...], in_path: str | None = None) -> str | None:
-    """The request's session: the first session header present, or the one its path names; a
-    header and a path that name different sessions are the client's error."""
-    for name in names:
-        value = headers.get(name)
-        if value is not None:
-            session = check_session_id(value)
-            if in_path is not None and session != in_path:
-                raise InvalidRequest(f"the {name} header and the /s/{{session}}/ path name different sessions",
-                                     code="SESSION_CONFLICT")
-            return session
-    return in_path
+    """The session the client named on purpose (``sessions.named``): its header (``names[0]``,
+    which must agree with a path that names one), the path, or a configured alias."""
+    found = sessions.named(headers, names[0], names[1:], in_path)
+    return found.id if found is not None else None
+
+
+def _session(request: web.Request, services: Services, fmt: WireFormat, raw: bytes) -> tuple[sessions.Found | None, Any]:
+    """The request's session by ``sessions``' order, and the body when it was decoded for it (a
+    body is decoded here only when it may hold images and nothing before the body named one)."""
+    found = sessions.named(request.headers, services.session_headers[0], services.session_headers[1:],
+                           request.get(PATH_SESSION))
+    if found is not None or not services.config.server.client_sessions:
+        return found, None
+    found = sessions.from_headers(request.headers)
+    if found is not None:
+        return found, None
+    if not (may_hold_inline(raw) or may_hold_refs(raw)):
+        return None, None
+    decoded = decode_json(raw)
+    found = sessions.from_body(fmt, decoded)
+    if found is not None:
+        return found, decoded
+    images = {id(c.value): aid for c, aid in identified(fmt, decoded, services.identities.of)}
+    if not images:  # no image of its own: nothing to derive for (references keep the sessionless policy)
+        return None, decoded
+    return sessions.derived(fmt, request.headers, decoded, images), decoded
 
 
 async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
     services = request.app[SERVICES]
     ctx = context(request)
     raw = await read_body(request)
-    session_id = session_of(request.headers, services.session_headers, request.get(PATH_SESSION))
+    found, decoded = _session(request, services, fmt, raw)
+    session_id = found.id if found is not None else None
     ctx.fields.update(adapter=fmt.NAME, session=session_id)
+    if found is not None and found.source not in ("header", "path"):
+        ctx.fields["session_source"] = found.source
     started = time.perf_counter()
     seen_refs: list[ImageRef] = []
 
@@ -84,21 +104,27 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     recording = bool(session_id) and services.recording.on
     policy = services.config.policy
     path = recorded_path(raw_path, request.rel_url.raw_query_string)
+    identify = services.identities.of if policy.inline_images and session_id else None
 
     async def built_and_recorded(attempt: int) -> tuple[Built, Recorder | None]:
         built = await build(fmt, raw, run, describe=recording, shape_unchanged=False,
                             max_references=policy.max_references,
-                            max_projected_bytes=policy.max_projected_bytes, http=services.http_refs)
+                            max_projected_bytes=policy.max_projected_bytes, http=services.http_refs,
+                            identify=identify, decoded=decode_json(raw) if decoded is not None and attempt > 1 else decoded)
         if built.projection is not None:
-            _account(request, services, built.projection, time.perf_counter() - started)
+            _account(request, services, built, time.perf_counter() - started)
         if not (session_id and built.described is not None):
             return built, None
         request_id = ctx.request_id if attempt == 1 else f"{ctx.request_id}.{attempt}"
         call = CallInfo(session_id, request_id, ctx.started, ctx.route, fmt, upstream.name, request.method, path)
         return built, services.recording.start(call, raw, built.described, built.projection)
 
+    in_flight: list[Carrying] = []
+
     async def again() -> tuple[bytes, Recorder | None]:
         built, recorder = await built_and_recorded(2)
+        for call in in_flight:  # the call sent now carries these (the refused images are placeholders)
+            call.ids = carried_ids(built)
         return built.body, recorder
 
     built, recorder = await built_and_recorded(1)
@@ -108,12 +134,19 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
         if ctx.trace is not None:
             ctx.trace.requested(model)
     screen = None
-    if session_id and built.projection is not None and any(isinstance(o, Resolved) for o in built.projection.outcomes):
+    if session_id and built.images:
         screen = Resend(services, fmt, session_id, built, list(seen_refs), recorder, again, ctx.fields)
     headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
     headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
-    return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder, screen=screen,
-                            meter=Meter() if recorder is None else None)
+    readable_codings(headers)
+    if session_id is None or not built.images:
+        return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder,
+                                screen=screen, meter=Meter() if recorder is None else None)
+    timing = Timing(ctx.started)
+    with services.inflight.carrying(session_id, fmt.FORMAT, carried_ids(built), timing) as call:
+        in_flight.append(call)
+        return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder,
+                                screen=screen, meter=Meter() if recorder is None else None, timing=timing)
 
 
 def _requested_model(fmt: WireFormat, raw_path: str, tree: object) -> str | None:
@@ -146,6 +179,7 @@ async def relay_body(
     recorder: Recorder | None = None,
     screen: Resend | None = None,
     meter: Meter | None = None,
+    timing: Timing | None = None,
 ) -> web.StreamResponse:
     """Relay ``body`` to ``upstream`` and the answer back; timing goes to the log line and metrics,
     and the recorder (if any) hears how the call ended. A ``screen`` may send the call once more
@@ -153,7 +187,7 @@ async def relay_body(
     reports (usage, model) is read from the recorder, else from ``meter``."""
     services = request.app[SERVICES]
     ctx = context(request)
-    timing = Timing(ctx.started)
+    timing = timing or Timing(ctx.started)
     url = target_url(raw_path, request.rel_url.raw_query_string, fmt, upstream, services.guard)
     if headers is None:
         headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
@@ -202,9 +236,13 @@ def _reported(ctx: Context, services: Services, upstream: str, fmt: WireFormat, 
                            output_tokens=output_tokens)
 
 
-def _account(request: web.Request, services: Services, projection: Projection, seconds: float) -> None:
+def _account(request: web.Request, services: Services, built: Built, seconds: float) -> None:
     ctx = context(request)
+    projection = built.projection
+    assert projection is not None
     placeholders = sum(isinstance(o, Placeholder) for o in projection.outcomes)
+    if built.client or built.held:
+        ctx.fields.update(client_images=len(built.client) + built.held, client_placeholders=built.held)
     ctx.fields.update(
         refs=len(projection.outcomes),
         reads=projection.reads,

@@ -8,20 +8,26 @@ built again from the log (the refused images now placeholders) and sent once mor
 byte reached the client. Both calls are recorded. When nothing can be attributed, or recording
 fails, the provider's own error goes back unchanged; a second refusal too.
 
-What an upstream accepted before comes from the session's records (``Acceptances``, folded
-incrementally per session and format). Records are written in batches: attribution first waits
-for this session's queued records and for one batch window of the other replicas'
-(``2 × [record] batch_wait``), so calls that finished before the refusal count.
+The images of a call are the ones the proxy inlined for references and the ones the client
+inlined itself (``upstream.identity``: the sha256 of their bytes), alike: a refusal that names the
+place is exact whatever the image's form. What an upstream accepted before comes from the
+session's records (``Acceptances``, folded incrementally per session and format), and from the
+calls of this process still in flight whose upstream already answered with a success
+(``InFlight``). Records are written in batches: attribution first waits for this session's
+queued records and for one batch window of the other replicas' (``2 × [record] batch_wait``), so
+calls that finished before the refusal count. The bytes of a refused image the client inlined
+are admitted into the store (best effort), so an operator can look at them and recover them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
-from projectionist.adapters.base import WireFormat
+from projectionist.adapters.base import WireFormat, data_url_base64
 from projectionist.adapters.registry import ADAPTERS
 from projectionist.adapters.responses import documents
 from projectionist.policy import rejection as attribution
@@ -33,9 +39,10 @@ from projectionist.policy.profile import Rejection
 from projectionist.policy.projection import reject
 from projectionist.proxy.http.bodies import inflate
 from projectionist.proxy.observe.logger import get_logger
+from projectionist.proxy.upstream.identity import decoded_bytes
 from projectionist.proxy.upstream.prepare import Built, carried, foreign
 from projectionist.proxy.upstream.recording import Recorder
-from projectionist.proxy.upstream.relay import SCREEN_MAX, Observer
+from projectionist.proxy.upstream.relay import SCREEN_MAX, Observer, Timing
 
 if TYPE_CHECKING:
     from projectionist.proxy.http.services import Services
@@ -44,6 +51,8 @@ if TYPE_CHECKING:
 Rebuild = Callable[[], Awaitable[tuple[bytes, Recorder | None]]]
 #: The longest attribution waits for this session's records to be written.
 SETTLE_MAX: Final = 2.0
+#: The longest the admission of a refused image's bytes may take (it never delays the re-send).
+ADMIT_TIMEOUT: Final = 10.0
 
 
 def _format_of(adapter: str) -> str | None:
@@ -69,6 +78,54 @@ class Acceptances:
             self._folds.popitem(last=False)
         fold.add(await log.read(session_id, fold.last_seq))
         return fold.accepted
+
+
+class InFlight:
+    """The images each call of this process carries while it is in flight, by session and
+    upstream format: a call whose upstream answered with a success (2xx) is accepting them at
+    that moment, so a concurrent unnamed refusal is not put down to them."""
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple[str, str], dict[int, Carrying]] = {}
+
+    @contextlib.contextmanager
+    def carrying(self, session_id: str, upstream_format: str, ids: Iterable[str], timing: Timing
+                 ) -> Iterator[Carrying]:
+        """While the block runs, the call timed by ``timing`` carries ``ids`` (a re-send sets
+        what the new call carries: ``Carrying.ids``)."""
+        key = (session_id, upstream_format)
+        calls = self._calls.setdefault(key, {})
+        call = calls[id(timing)] = Carrying(timing, frozenset(ids))
+        try:
+            yield call
+        finally:
+            calls.pop(id(timing), None)
+            if not calls:
+                self._calls.pop(key, None)
+
+    def accepting(self, session_id: str, upstream_format: str) -> set[str]:
+        """The ids carried by this session's calls in flight whose upstream answered 2xx."""
+        accepted: set[str] = set()
+        for call in self._calls.get((session_id, upstream_format), {}).values():
+            if call.timing.status is not None and 200 <= call.timing.status < 300:
+                accepted |= call.ids
+        return accepted
+
+
+class Carrying:
+    """One call in flight: its timing (whose ``status`` says how its upstream answered) and the
+    images its body carries."""
+
+    __slots__ = ("timing", "ids")
+
+    def __init__(self, timing: Timing, ids: frozenset[str]) -> None:
+        self.timing = timing
+        self.ids = ids
+
+
+def carried_ids(built: Built) -> frozenset[str]:
+    """Every image id ``built``'s upstream body carries (proxy-inlined or the client's own)."""
+    return frozenset(aid for _, aid in (built.inlined or {}).values())
 
 
 def _decoded(body: bytes, encoding: str) -> bytes | None:
@@ -116,7 +173,8 @@ class Resend:
         if found is None:
             return None
         if found.site is None and foreign(self.fmt, self.built):
-            # the client inlined images of its own: an unnamed refusal may be about one of those
+            # images without an identity (URLs the provider fetches, provider files, bytes that are
+            # not base64): an unnamed refusal may be about one of those
             self._unattributed()
             return None
         services = self.services
@@ -124,7 +182,9 @@ class Resend:
             await services.recording.settle(self.session_id, SETTLE_MAX)
             await asyncio.sleep(2 * services.config.record.batch_wait)  # the other replicas' last batch
             accepted = await services.acceptances.of(services.log, self.session_id, self.fmt.FORMAT)
-            ids = attribution.suspects(found, carried(self.built), accepted)
+            accepted = accepted | services.inflight.accepting(self.session_id, self.fmt.FORMAT)
+            images = carried(self.built)
+            ids = attribution.suspects(found, images, accepted)
             if not ids:
                 self._unattributed()
                 return None
@@ -141,6 +201,7 @@ class Resend:
         services.metrics.rejections["resent"] += 1
         services.metrics.quarantines["rejected"] += len(new)
         self.fields.update(rejection="resent", suspects=len(ids), rejected=len(new))
+        self._admit({q.attachment_id for q in new})
         await self._close_first(status, content_type, body)
         again, self.recorder = await self.rebuild()
         return again
@@ -149,6 +210,28 @@ class Resend:
     def observer(self) -> Observer | None:
         """The relay's observer of the call in flight: its recorder."""
         return self.recorder
+
+    def _admit(self, ids: set[str]) -> None:
+        """Admit the bytes of the refused images the client inlined itself (each once), in the
+        background: the inspector shows them and a recovery can verify them. A failure (bytes
+        that are no image, a full or hung store) only means the store holds nothing for them."""
+        values = {aid: getattr(value, "value", value) for value, aid in (self.built.inlined or {}).values()
+                  if aid in ids and aid in self.built.client}
+        for aid, value in values.items():
+            if not isinstance(value, str):
+                continue
+            data = decoded_bytes(data_url_base64(value) or value)
+            if data is not None:
+                self.services.background(self._admit_one(aid, data))
+
+    async def _admit_one(self, aid: str, data: bytes) -> None:
+        try:
+            async with asyncio.timeout(ADMIT_TIMEOUT):
+                await self.services.store.admit(data)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            get_logger().info("refused_image_not_admitted", attachment=aid[:15], error=getattr(exc, "code", type(exc).__name__))
 
     def _unattributed(self) -> None:
         self.services.metrics.rejections["unattributed"] += 1

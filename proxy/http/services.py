@@ -6,8 +6,10 @@ this hub; the layers below it get what they need as arguments.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -19,9 +21,10 @@ from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.stores.base import Store
 from projectionist.proxy.stores.cache import CachedStore
-from projectionist.proxy.http.resend import Acceptances
+from projectionist.proxy.http.resend import Acceptances, InFlight
 from projectionist.proxy.http.resumable import Uploads
 from projectionist.proxy.stores.variants import Variants
+from projectionist.proxy.upstream.identity import Identities
 from projectionist.proxy.upstream.recording import Recording
 from projectionist.proxy.upstream.target import Upstream
 
@@ -65,7 +68,23 @@ class Services:
         self.variants = Variants(self.store, self.reader, threads=policy.variant_threads,
                                  timeout=policy.variant_timeout, queue_timeout=self.config.store.lanes.queue_timeout)
         self.acceptances = Acceptances()
+        #: The images of the calls in flight, by session and format (for attributing a refusal).
+        self.inflight = InFlight()
+        #: The identity of the images clients inline themselves, kept for the bytes that come back.
+        self.identities = Identities(policy.inline_cache_bytes)
         self.uploads = Uploads()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` off the request, kept referenced until it ends (cancelled at shutdown)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close_background(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 SERVICES = web.AppKey("projectionist", Services)

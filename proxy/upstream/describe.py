@@ -15,9 +15,9 @@ from typing import Final, Protocol
 
 import msgspec
 
-from projectionist.adapters.base import Json, Site
+from projectionist.adapters.base import Carried, Json, Site
 from projectionist.policy.events import RefRecord
-from projectionist.policy.model import Outcome, Resolved
+from projectionist.policy.model import Outcome, Placeholder, Resolved
 
 
 class Splice(Protocol):
@@ -43,6 +43,28 @@ _decoder: Final = msgspec.json.Decoder()
 
 def sha256_id(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def spliced_id(raw: bytes, images: Sequence[tuple[str, str]]) -> str:
+    """The digest of a body whose images the client inlined itself: the sha256 of ``raw`` with the
+    JSON string of each image (``images``: its value and its identity, in document order) replaced
+    by ``<`` its identity ``>``. It commits to every byte, as ``sha256_id`` of ``raw`` would (an
+    image's identity commits to its bytes), without hashing megabytes of base64 that come back
+    every turn. A value not found verbatim where expected (JSON escapes in it, an order the
+    adapter does not keep) falls back to ``sha256_id(raw)``."""
+    digest = hashlib.sha256()
+    view = memoryview(raw)
+    last = 0
+    for value, aid in images:
+        needle = value.encode("ascii", "replace")
+        at = raw.find(needle[:64], last)
+        if at < 0 or not raw.startswith(needle, at) or raw[at + len(needle):at + len(needle) + 1] != b'"':
+            return sha256_id(raw)
+        digest.update(view[last:at])
+        digest.update(b"<" + aid.encode() + b">")
+        last = at + len(needle)
+    digest.update(view[last:])
+    return "sha256:" + digest.hexdigest()
 
 
 def _escape(token: str) -> str:
@@ -78,6 +100,14 @@ def ref_records(sites: Sequence[Site], paths: Sequence[str], outcomes: Sequence[
     )
 
 
+def client_records(paths: Sequence[str], client: Sequence[tuple[Carried, str]],
+                   held: Sequence[Placeholder | None]) -> tuple[RefRecord, ...]:
+    """What each image the client inlined itself became: ``client`` (sent as it came) or
+    ``placeholder`` (a rejection holds for it). What an upstream accepted is read from these."""
+    return tuple(RefRecord(path, aid, "client") if outcome is None else RefRecord(path, aid, "placeholder", outcome.failure)
+                 for path, (_, aid), outcome in zip(paths, client, held))
+
+
 def shape(body: Json) -> tuple[tuple[str, str], ...]:
     """Short digests of each top-level member, and of each item of a top-level list."""
     if not isinstance(body, dict):
@@ -92,25 +122,34 @@ def shape(body: Json) -> tuple[tuple[str, str], ...]:
 
 
 class Described(msgspec.Struct, frozen=True, gc=False):
-    """``public_urls``: the bases of the HTTP references the call had (none: it had none)."""
+    """``public_urls``: the bases of the HTTP references the call had (none: it had none);
+    ``unchanged``: the upstream body is the inbound body (its digest is the inbound digest);
+    ``inbound_digest``: the inbound body's, when known already (``spliced_id``)."""
 
     projected_digest: str
     refs: tuple[RefRecord, ...]
     shape: tuple[tuple[str, str], ...]
     public_urls: tuple[str, ...] = ()
+    unchanged: bool = False
+    inbound_digest: str | None = None
 
 
-def of_tree(rendered: Json, refs: tuple[RefRecord, ...], public_urls: tuple[str, ...] = ()) -> Described:
-    """A projected call, from its rendered tree (no second decode, no base64 hashed)."""
-    return Described(sha256_id(RECORD.encode(rendered)), refs, shape(rendered), public_urls)
+def of_tree(rendered: Json, refs: tuple[RefRecord, ...], public_urls: tuple[str, ...] = (),
+            inbound_digest: str | None = None) -> Described:
+    """A projected call, from its rendered tree (no second decode, no base64 hashed); the client's
+    own images in it are hashed as ``<`` their identity ``>`` too (``Splice``)."""
+    return Described(sha256_id(RECORD.encode(rendered)), refs, shape(rendered), public_urls,
+                     inbound_digest=inbound_digest)
 
 
-def of_unchanged(raw: bytes) -> Described:
-    """What a record keeps of a call sent as the client's own bytes: their digest, and no shape.
-    Its upstream body *is* its inbound body, which a replay has (checked against this digest),
-    so the replay takes the shape from it (``of_raw``) when it needs one: a request pays for a
-    digest per message only where a projection changed the body."""
-    return Described(sha256_id(raw), (), ())
+def of_unchanged(raw: bytes, refs: tuple[RefRecord, ...] = (), digest: str | None = None) -> Described:
+    """What a record keeps of a call sent as the client's own bytes: their digest (``digest``
+    when known: ``spliced_id``), the images the client inlined (``refs``), and no shape. Its
+    upstream body *is* its inbound body, which a replay has (checked against this digest), so the
+    replay takes the shape from it (``of_raw``) when it needs one: a request pays for a digest per
+    message only where a projection changed the body."""
+    digest = digest or sha256_id(raw)
+    return Described(digest, refs, (), unchanged=True, inbound_digest=digest)
 
 
 def of_raw(raw: bytes) -> Described:
@@ -119,10 +158,12 @@ def of_raw(raw: bytes) -> Described:
     try:
         tree = _decoder.decode(raw)
     except (msgspec.DecodeError, RecursionError):
-        return Described(sha256_id(raw), (), (("", hashlib.sha256(raw).hexdigest()[:16]),))
+        return Described(sha256_id(raw), (), (("", hashlib.sha256(raw).hexdigest()[:16]),), unchanged=True)
     return of_decoded(raw, tree)
 
 
-def of_decoded(raw: bytes, tree: Json) -> Described:
-    """``of_raw`` of a body already decoded (it held no reference): no second decode."""
-    return Described(sha256_id(raw), (), shape(tree))
+def of_decoded(raw: bytes, tree: Json, refs: tuple[RefRecord, ...] = (), digest: str | None = None) -> Described:
+    """``of_raw`` of a body already decoded (it held no reference; ``refs``: the images the
+    client inlined, sent as they came, ``digest``: the body's ``spliced_id``): no second decode."""
+    digest = digest or sha256_id(raw)
+    return Described(digest, refs, shape(tree), unchanged=True, inbound_digest=digest)

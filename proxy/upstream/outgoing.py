@@ -67,3 +67,22 @@ def outgoing_headers(incoming: MultiMapping[str], fmt: WireFormat, upstream: Ups
         return forward_headers(incoming, drop=drop | frozenset(fmt.AUTH_HEADERS),
                                replace=fmt.upstream_auth(upstream.api_key))
     return forward_headers(incoming, drop=drop)
+
+
+#: The content codings the proxy can read back (``bodies.inflate``): what a projected call may
+#: ask its upstream for, so that a refusal is always readable.
+READABLE_CODINGS: Final = frozenset({"gzip", "deflate", "identity"})
+
+
+def readable_codings(headers: CIMultiDict[str]) -> None:
+    """Narrow ``Accept-Encoding`` to the codings the proxy reads, in place: clients offer ``br``
+    and ``zstd`` (Codex: ``zstd,gzip``), which a refusal could come back in unread. What the
+    client offered among the readable ones stays, in its order and weights; none left means
+    ``identity``. Every client that offers ``br`` or ``zstd`` also reads ``gzip`` or plain bytes."""
+    offered = headers.getall("Accept-Encoding", ())
+    if not offered:
+        return
+    kept = [token.strip() for value in offered for token in value.split(",")
+            if token.strip() and token.split(";", 1)[0].strip().lower() in READABLE_CODINGS]
+    headers.popall("Accept-Encoding", None)
+    headers["Accept-Encoding"] = ", ".join(kept) if kept else "identity"

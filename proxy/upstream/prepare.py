@@ -15,40 +15,60 @@ from typing import Any, Final, NamedTuple, NoReturn
 
 import msgspec
 
-from projectionist.adapters.base import WireFormat
+from projectionist.adapters.base import Carried, WireFormat
+from projectionist.policy.decide import held_inline
 from projectionist.policy.errors import InvalidRequest, PayloadTooLarge
 from projectionist.policy.model import ATTACHMENTS_PATH, NO_HTTP, HttpRefs, ImageRef, Resolved, StoredImage
 from projectionist.policy.projection import Projection
-from projectionist.proxy.stores.cache import inline
+from projectionist.proxy.stores.cache import inline as inline_of
 from projectionist.proxy.upstream.describe import (
     UPSTREAM,
     Described,
+    client_records,
     of_decoded,
     of_raw,
     of_unchanged,
     of_tree,
     ref_records,
+    sha256_id,
     site_paths,
+    spliced_id,
 )
 
 _decoder: Final = msgspec.json.Decoder()
+_encoder: Final = msgspec.json.Encoder()
 #: A reference's id as it appears unescaped in raw JSON (the cheap count before decoding).
 _RAW_ID: Final = re.compile(rb"sha256:[0-9a-f]{64}")
 
 #: Runs the policy on a request's references; the second argument counts all of its images.
 Projector = Callable[[list[ImageRef], int], Awaitable[Projection]]
+#: The identity of a client-inlined image's base64 (``identity.Identities.of``), or None.
+Identify = Callable[[str], "str | None"]
+#: The most images the client inlined in one body that get an identity; the rest go as they came.
+MAX_CLIENT_IMAGES: Final = 1000
 
 
 class Built(NamedTuple):
     """An upstream body and what produced it (``projection`` is None when nothing was decoded);
     ``described`` is the record's view of it, when asked for; ``tree`` is the rendered body and
-    ``inlined`` the image values spliced into it, by object id (see ``carried``)."""
+    ``inlined`` the image values in it, by object id (see ``carried``): spliced in by the proxy,
+    or the client's own; ``client`` the ids of the client's own images sent as they came, ``held``
+    how many of its own became placeholders."""
 
     body: bytes
     projection: Projection | None
     described: Described | None = None
     tree: Any = None
     inlined: dict[int, tuple[Any, str]] | None = None
+    client: tuple[str, ...] = ()
+    held: int = 0
+
+    @property
+    def images(self) -> bool:
+        """Whether the upstream body carries an image with an identity (one the proxy inlined, or
+        one the client inlined itself): what a refusal can be attributed to."""
+        return bool(self.client) or (self.projection is not None
+                                     and any(isinstance(o, Resolved) for o in self.projection.outcomes))
 
 
 class _Tracked:
@@ -75,12 +95,14 @@ class _Tracked:
 
 
 def foreign(fmt: WireFormat, built: Built) -> int:
-    """How many images of ``built``'s upstream body the client inlined itself (no reference: the
-    proxy never saw their bytes): every image part but the ones projected. A screenshot slot
-    that holds a blank image for a placeholder counts too (erring towards "maybe the client's")."""
+    """How many images of ``built``'s upstream body have no identity (http(s) URLs the provider
+    fetches, provider file ids, base64 that does not decode): every image part but the ones
+    projected and the client's own the proxy identified. A screenshot slot that holds a blank
+    image for a placeholder counts too (erring towards "maybe one of those")."""
     if built.tree is None or built.projection is None:
         return 0
-    return fmt.count_images(built.tree) - sum(isinstance(o, Resolved) for o in built.projection.outcomes)
+    resolved = sum(isinstance(o, Resolved) for o in built.projection.outcomes)
+    return fmt.count_images(built.tree) - resolved - len(built.client)
 
 
 def carried(built: Built) -> list[tuple[str, str]]:
@@ -105,6 +127,13 @@ def carried(built: Built) -> list[tuple[str, str]]:
         children = [(value, f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}") for key, value in items]
         stack += reversed(children)
     return found
+
+
+def may_hold_inline(raw: bytes) -> bool:
+    """Cheap pre-check on raw bytes: an image the client inlined is base64 (a ``data:...;base64,``
+    URL, or a ``base64`` source; Gemini's ``inline_data`` is base64 by definition). A client
+    that escapes those words in ``\\u`` form gets no identity for its images: they go as they came."""
+    return b"base64" in raw or b"nline" in raw
 
 
 def may_hold_refs(raw: bytes) -> bool:
@@ -133,31 +162,38 @@ def decode_json(raw: bytes) -> Any:
 
 async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False, shape_unchanged: bool = True,
                 max_references: int | None = None, max_projected_bytes: int | None = None,
-                http: HttpRefs = NO_HTTP) -> Built:
-    """The upstream body for ``raw``: the original bytes without references, else projected.
+                http: HttpRefs = NO_HTTP, identify: Identify | None = None, decoded: Any = None) -> Built:
+    """The upstream body for ``raw``: the original bytes when nothing is to change, else projected.
 
     ``http`` names the http(s) URLs that are references too (this proxy's public URLs; every
-    HTTP reference spells ``sha256:``, so the raw pre-check still finds it). The body is decoded
-    at most once; with ``describe`` the record's view (digest, reference paths and outcomes,
+    HTTP reference spells ``sha256:``, so the raw pre-check still finds it). With ``identify``,
+    the images the client inlined itself get their identity (the sha256 of their bytes): each
+    one a rejection holds for on this upstream's format becomes its placeholder, the others go
+    as they came. The body is decoded at most once (``decoded``: already, by the caller); with
+    ``describe`` the record's view (digest, reference paths and outcomes, the client's images,
     shape, and the public URLs when an HTTP reference was among them) comes from that same tree.
     A body sent unchanged gets a shape only with ``shape_unchanged`` (replay); the request path
     records none (``describe.of_unchanged``).
     More than ``max_references`` distinct references is the client's error, refused before
     anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
     image referenced a thousand times is a thousand copies), refused before it is built."""
-    if not may_hold_refs(raw):
+    inline = identify is not None and (decoded is not None or may_hold_inline(raw))
+    if decoded is None and not inline and not may_hold_refs(raw):
         return Built(raw, None, (of_raw(raw) if shape_unchanged else of_unchanged(raw)) if describe else None)
     if max_references is not None and raw.count(b"sha256:") > max_references \
             and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
         _too_many(max_references)
-    decoded = decode_json(raw)
+    if decoded is None:
+        decoded = decode_json(raw)
     sites = fmt.find_refs(decoded, http)
-    if not sites:
+    client = identified(fmt, decoded, identify) if inline and identify is not None else []
+    if not sites and not client:
         return Built(raw, None, (of_decoded(raw, decoded) if shape_unchanged else of_unchanged(raw))
                      if describe else None)
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
         _too_many(max_references)
-    paths = site_paths(decoded, sites) if describe else []  # before rendering moves anything
+    client_sites = [found.site(ImageRef(aid)) for found, aid in client]
+    paths = site_paths(decoded, [*sites, *client_sites]) if describe else []  # before rendering moves anything
     # replay must find the same references: the record keeps the public URLs that made some of them
     via_http = describe and bool(http.bases) and _may_hold_http(raw) and len(fmt.find_refs(decoded)) != len(sites)
     # all of its images, client-inlined ones too, count only for a many-image rule: one walk less
@@ -168,11 +204,65 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
         if inlined > max_projected_bytes:
             raise PayloadTooLarge(f"the images this request references would inline {inlined} bytes of base64, "
                                   f"over max_projected_bytes ({max_projected_bytes})", code="PROJECTED_TOO_LARGE")
-    seen: dict[int, tuple[Any, str]] = {}
+    held = held_inline([aid for _, aid in client], projection.state, fmt.FORMAT)
+    records = ref_records(sites, paths, projection.outcomes) + client_records(paths[len(sites):], client, held)
+    # the inbound digest, without hashing the base64 the client sends again every turn
+    inbound = spliced_id(raw, [(found.value, aid) for found, aid in client]) if describe else None
+    sent = tuple(aid for (_, aid), outcome in zip(client, held) if outcome is None)
+    seen: dict[int, tuple[Any, str]]
+    if not sites and len(sent) == len(client):  # nothing to change: the client's own bytes go
+        seen = {id(found.value): (found.value, aid) for found, aid in client}
+        described = (of_decoded(raw, decoded, records, inbound) if shape_unchanged else
+                     of_unchanged(raw, records, inbound)) if describe else None
+        return Built(raw, projection, described, decoded, seen, sent)
+    seen = {}
+    for (found, aid), outcome in zip(client, held):
+        if outcome is None:  # sent as it came; recorded as its identity
+            kept = found.holder[found.key] = ClientImage(found.value, aid)
+            seen[id(kept)] = (kept, aid)
     # a variant stands for its original: rejections and records speak of the reference's id
     origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
-    fmt.render(sites, projection.outcomes, lambda image: _Tracked(inline(image), origin.get(id(image), image.id), seen))
-    described = of_tree(decoded, ref_records(sites, paths, projection.outcomes),
-                        http.bases if via_http else ()) if describe else None
-    return Built(UPSTREAM.encode(decoded), projection, described, decoded, seen)
+    changed = [*sites, *(site for site, outcome in zip(client_sites, held) if outcome is not None)]
+    outcomes = (*projection.outcomes, *(outcome for outcome in held if outcome is not None))
+    fmt.render(changed, outcomes, lambda image: _Tracked(inline_of(image), origin.get(id(image), image.id), seen))
+    described = of_tree(decoded, records, http.bases if via_http else (), inbound) if describe else None
+    return Built(UPSTREAM.encode(decoded), projection, described, decoded, seen, sent, len(client) - len(sent))
 
+
+class ClientImage:
+    """An image the client inlined itself, in a rendered tree: its JSON string goes upstream as it
+    came (``raw``), and the record's digest takes its identity for it (``digest``), as for a
+    ``Splice``: the base64 that comes back every turn is not hashed again."""
+
+    __slots__ = ("value", "id")
+
+    def __init__(self, value: str, attachment_id: str) -> None:
+        self.value = value
+        self.id = attachment_id
+
+    def raw(self) -> msgspec.Raw:
+        return msgspec.Raw(_encoder.encode(self.value))
+
+    def digest(self) -> str:
+        return self.id
+
+
+def inbound_digest(fmt: WireFormat, raw: bytes, identify: Identify) -> str:
+    """The digest a record keeps of ``raw`` when the client inlined images in it (``spliced_id``):
+    what replay checks a given inbound body against."""
+    try:
+        decoded = decode_json(raw)
+    except InvalidRequest:
+        return sha256_id(raw)
+    return spliced_id(raw, [(found.value, aid) for found, aid in identified(fmt, decoded, identify)])
+
+
+def identified(fmt: WireFormat, decoded: Any, identify: Identify) -> list[tuple[Carried, str]]:
+    """The images the client inlined in ``decoded`` whose base64 gives an identity (others go as
+    they came: the provider judges them), at most ``MAX_CLIENT_IMAGES`` of them."""
+    found: list[tuple[Carried, str]] = []
+    for carried_image in fmt.find_inline(decoded)[:MAX_CLIENT_IMAGES]:
+        aid = identify(carried_image.data)
+        if aid is not None:
+            found.append((carried_image, aid))
+    return found

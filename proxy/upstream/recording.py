@@ -99,7 +99,7 @@ class Recording:
         request record is queued when the hold runs out and its outcome follows as a
         ``response/recorded`` event. With no hold the request record is queued now."""
         # a body sent unchanged (nothing projected) was hashed already: its projected digest is its own
-        inbound = described.projected_digest if projection is None else sha256_id(raw)
+        inbound = described.projected_digest if projection is None else described.inbound_digest or sha256_id(raw)
         log_seq = projection.state.last_seq if projection is not None else 0
         recorder = Recorder(self, call, _Request(inbound, described, log_seq, raw if self.mode == "full" else None))
         if self.hold <= 0:

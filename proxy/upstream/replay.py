@@ -35,8 +35,9 @@ from projectionist.policy.model import HttpRefs, ImageRef
 from projectionist.policy.ports import SessionLog
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.config import Config
-from projectionist.proxy.upstream.prepare import build
+from projectionist.proxy.upstream.prepare import build, inbound_digest
 from projectionist.proxy.upstream.describe import Described, of_raw, sha256_id
+from projectionist.proxy.upstream.identity import Identities
 from projectionist.adapters.redact import shorten
 from projectionist.proxy.stores.base import Store
 from projectionist.proxy.upstream.relay import HOP_BY_HOP, client_error
@@ -127,12 +128,14 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
         if inbound is None:
             raise NotFound(f"the recorded inbound body {record.inbound_blob[:15]} is gone", code="BLOB_NOT_FOUND")
         source = record.inbound_blob
-    if sha256_id(inbound) != record.inbound_digest:
-        raise InvalidRequest("this is not the inbound body of the recorded call (digest differs)",
-                             code="INBOUND_MISMATCH")
     fmt = ADAPTERS.get(record.adapter)
     if fmt is None:
         raise InvalidRequest(f"unknown adapter {record.adapter!r}", code="UNKNOWN_ADAPTER")
+    identities = Identities()
+    # a body with images the client inlined is recorded by its spliced digest (their identities)
+    if sha256_id(inbound) != record.inbound_digest and inbound_digest(fmt, inbound, identities.of) != record.inbound_digest:
+        raise InvalidRequest("this is not the inbound body of the recorded call (digest differs)",
+                             code="INBOUND_MISMATCH")
     state = fold(e for e in events if e.seq <= record.log_seq)
 
     async def run(refs: list[ImageRef], images: int) -> Projection:
@@ -143,7 +146,8 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     base = Rebuilt(session, event.seq, record, source, matches=False, response=response)
     try:
         # the HTTP references the call had are the ones under the public URLs it recorded
-        built = await build(fmt, inbound, run, describe=True, http=HttpRefs(record.public_urls))
+        built = await build(fmt, inbound, run, describe=True, http=HttpRefs(record.public_urls),
+                            identify=identities.of)
     except AttachmentError as error:
         path = next((r.path for r in record.refs if r.attachment_id == error.attachment_id), "")
         return msgspec.structs.replace(base, first_difference=path,
@@ -151,7 +155,8 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     described = built.described
     assert described is not None
     matches = described.projected_digest == record.projected_digest
-    if not record.shape and not record.refs and record.projected_digest == record.inbound_digest:
+    if not record.shape and all(r.outcome == "client" for r in record.refs) \
+            and record.projected_digest == record.inbound_digest:
         # sent unchanged, recorded without a shape: its upstream body was this very inbound body
         record = msgspec.structs.replace(record, shape=of_raw(inbound).shape)
     return msgspec.structs.replace(

@@ -162,7 +162,37 @@ async def test_concurrent_requests_refused_for_one_image_record_one_transition(m
     assert len(quarantines(await harness.events("s8"))) == 1
 
 
-async def test_without_a_session_the_providers_error_goes_back(harness: Harness) -> None:
+async def test_without_any_session_the_providers_error_goes_back(make_harness: Any) -> None:
+    harness = await make_harness(**{"server.client_sessions": False})
+    [bad] = await admitted(harness, 12)
+    harness.upstream.refused[bad] = False
+    resp = await harness.chat(None, bad)
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_image_format"
+    assert harness.upstream.refusals == 1
+
+
+async def test_an_inlined_image_in_a_call_that_names_no_session_is_rescued_in_its_derived_session(
+        make_harness: Any) -> None:
+    harness = await make_harness(**RECORDING)
+    bad = make_image(color=12)
+    harness.upstream.refused[ref_id(bad)] = False
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(bad).decode()}}]}]}
+    first = await harness.client.post("/v1/chat/completions", json=body)
+    assert first.status == 200 and harness.upstream.refusals == 1
+    placeholder = f"[image unavailable: rejected ({ref_id(bad)[:15]})]"
+    assert texts_sent(harness.upstream.last.json()) == ["look", placeholder]
+    again = await harness.client.post("/v1/chat/completions", json=body)  # re-sent: the same derived session
+    assert again.status == 200 and harness.upstream.refusals == 1
+    assert texts_sent(harness.upstream.last.json()) == ["look", placeholder]
+    listed = await (await harness.client.get("/admin/sessions", headers=ADMIN)).json()
+    [derived] = [s["session"] for s in listed["sessions"]]
+    assert derived.startswith("derived:")
+    assert [q["attachment_id"] for q in quarantines(await harness.events(derived))] == [ref_id(bad)]
+
+
+async def test_references_in_a_call_that_names_no_session_keep_the_sessionless_policy(harness: Harness) -> None:
     [bad] = await admitted(harness, 12)
     harness.upstream.refused[bad] = False
     resp = await harness.chat(None, bad)

@@ -1,0 +1,128 @@
+"""Which session a request belongs to, also when its client named none (proxy layer).
+
+Agents send no ``X-Session-Id``, but most already say which conversation a call belongs to. The
+first that applies wins:
+
+1. **named**: the ``/s/{session}/`` path prefix or the session header (``[server] session_header``);
+   the two must agree (else 400 ``SESSION_CONFLICT``). The session is the value as given.
+2. **a configured alias** (``[server] session_header_aliases``): the value as given, never a conflict.
+3. **the client's own session**, from what it sends anyway (``CLIENT_HEADERS``: Claude Code's
+   ``X-Claude-Code-Session-Id``, Codex's ``session-id``, gateway session headers; then the body,
+   read only when the proxy decodes it anyway: Claude Code's ``metadata.user_id``, a Responses
+   ``conversation`` or ``prompt_cache_key``). The session is ``<source>:<value>``.
+4. **derived**, only for a request that carries images it inlined itself (a request of
+   ``attachment:`` references alone keeps ``[server] sessionless``): ``derived:`` and a digest of the client's
+   credential, the wire format and the conversation's first messages (``adapters.<fmt>.opening``),
+   with every inlined image counted by its identity. Two conversations that open alike, sent with
+   the same credential, share a derived session.
+
+A value that is no valid session id (too long, not visible ASCII) stands as its digest. A
+client's own or a derived session never turns a request into an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any, Final, NamedTuple
+
+import msgspec
+from multidict import MultiMapping
+
+from projectionist.adapters.base import WireFormat
+from projectionist.policy.errors import InvalidRequest
+from projectionist.policy.model import check_session_id, is_session_id
+
+#: Headers in which clients name their own session, and the source each one's session is named by.
+CLIENT_HEADERS: Final = (
+    ("x-claude-code-session-id", "claude-code"),  # Claude Code 1.0.x and later
+    ("session-id", "codex"),  # the Codex CLI 0.17x (``thread-id`` carries the same value)
+    ("session_id", "codex"),  # older Codex CLIs
+    ("conversation_id", "codex"),
+    ("x-litellm-session-id", "litellm"),  # LiteLLM proxy clients
+    ("helicone-session-id", "helicone"),  # Helicone gateway clients
+    ("langfuse-session-id", "langfuse"),
+)
+#: The credential headers whose value scopes a derived session (hashed, never kept).
+_CREDENTIALS: Final = ("authorization", "x-api-key", "x-goog-api-key", "api-key", "x-projectionist-token")
+#: The longest client value kept as it is in a session id; a longer one stands as its digest.
+_VALUE_MAX: Final = 200
+_encoder: Final = msgspec.json.Encoder(order="sorted")
+
+
+class Found(NamedTuple):
+    """A request's session and where it came from (the log line's ``session_source``)."""
+
+    id: str
+    source: str
+
+
+def named(headers: MultiMapping[str], header: str, aliases: tuple[str, ...], in_path: str | None) -> Found | None:
+    """Rules 1 and 2: the session the client named on purpose."""
+    value = headers.get(header)
+    if value is not None:
+        session = check_session_id(value)
+        if in_path is not None and session != in_path:
+            raise InvalidRequest(f"the {header} header and the /s/{{session}}/ path name different sessions",
+                                 code="SESSION_CONFLICT")
+        return Found(session, "header")
+    if in_path is not None:
+        return Found(in_path, "path")
+    for alias in aliases:
+        value = headers.get(alias)
+        if value is not None and value:
+            return Found(_scoped("", value), "alias")
+    return None
+
+
+def from_headers(headers: MultiMapping[str]) -> Found | None:
+    """Rule 3, the headers: a client's own session header."""
+    for name, source in CLIENT_HEADERS:
+        value = headers.get(name)
+        if value:
+            return Found(_scoped(source + ":", value), source)
+    return None
+
+
+def from_body(fmt: WireFormat, body: Any) -> Found | None:
+    """Rule 3, the body: the session a client names in its decoded body (``adapters``' hint)."""
+    hint = fmt.session_hint(body)
+    if hint is None:
+        return None
+    source, value = hint
+    return Found(_scoped(source + ":", value), source)
+
+
+def derived(fmt: WireFormat, headers: MultiMapping[str], body: Any, images: Mapping[int, str]) -> Found | None:
+    """Rule 4: a session derived from the conversation's opening (None: the format has none).
+    ``images`` maps the id of each inlined image's JSON string in ``body`` to its identity."""
+    opening = fmt.opening(body)
+    if opening is None:
+        return None
+    digest = hashlib.sha256()
+    digest.update(fmt.FORMAT.encode())
+    for name in _CREDENTIALS:
+        for value in headers.getall(name, ()):
+            digest.update(b"\0" + name.encode() + b"\0" + value.encode("utf-8", "surrogateescape"))
+    digest.update(b"\0\0" + _encoder.encode(_standing(opening, images)))
+    return Found("derived:" + digest.hexdigest()[:32], "derived")
+
+
+def _standing(node: Any, images: Mapping[int, str]) -> Any:
+    """``node`` with every inlined image's base64 replaced by its identity and prompt-cache marks
+    dropped (clients move them from turn to turn): what stays the same on every turn."""
+    if isinstance(node, dict):
+        return {k: _standing(v, images) for k, v in node.items() if k != "cache_control"}
+    if isinstance(node, list):
+        return [_standing(v, images) for v in node]
+    if isinstance(node, str):
+        return images.get(id(node), node)
+    return node
+
+
+def _scoped(prefix: str, value: str) -> str:
+    """``prefix`` + ``value`` when that is a valid session id, else ``prefix`` + its digest."""
+    session = prefix + value
+    if len(value) <= _VALUE_MAX and is_session_id(session):
+        return session
+    return prefix + "sha256-" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]

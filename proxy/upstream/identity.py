@@ -1,0 +1,74 @@
+"""The content identity of an image a client inlined itself: the sha256 of its decoded bytes (proxy layer).
+
+That is the id a reference to those bytes would have, so the policy treats the image as it treats
+a reference: a refusal of it is attributed and recorded, and the placeholder stands in for it on
+every later request that still carries it. Agents re-send their whole history every turn, so the
+same base64 comes back again and again: ``Identities`` keeps the answer for the strings it saw
+last (at most ``max_bytes`` of them), found by a seeded 128-bit xxh3 of the string and confirmed
+by comparing the whole string, so a hit is exact and costs a few microseconds instead of a
+base64 decode and a sha256 of the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from typing import Final
+
+import pybase64
+import xxhash
+
+#: The default bound on the base64 the cache keeps (the strings themselves: a hit compares them).
+MAX_BYTES: Final = 64 * 1024 * 1024
+#: Fewer base64 characters than this hold no image worth naming (a 1x1 PNG is 68 bytes).
+MIN_CHARS: Final = 16
+
+
+class Identities:
+    """``of(base64)``: the attachment id of the bytes, or None when the string is not base64
+    (such an image goes upstream as it came, as the provider would see it)."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self.hits = 0
+        self.misses = 0
+        self._seed = int.from_bytes(os.urandom(8), "little")
+        self._kept: OrderedDict[int, tuple[str, str]] = OrderedDict()
+
+    def of(self, data: str) -> str | None:
+        if len(data) < MIN_CHARS or not data.isascii():
+            return None
+        raw = data.encode("ascii")
+        key = xxhash.xxh3_128_intdigest(raw, self._seed) ^ len(raw)
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] == data:
+            self.hits += 1
+            self._kept.move_to_end(key)
+            return kept[1]
+        self.misses += 1
+        try:
+            decoded = pybase64.b64decode(raw, validate=True)
+        except ValueError:
+            return None
+        if not decoded:
+            return None
+        attachment_id = "sha256:" + hashlib.sha256(decoded).hexdigest()
+        if len(data) <= self.max_bytes:
+            if kept is not None:
+                self.size -= len(kept[0])
+            self._kept[key] = (data, attachment_id)
+            self.size += len(data)
+            while self.size > self.max_bytes:
+                _, (old, _) = self._kept.popitem(last=False)
+                self.size -= len(old)
+        return attachment_id
+
+
+def decoded_bytes(data: str) -> bytes | None:
+    """The bytes of a client-inlined image's base64 (to admit them into the store), or None."""
+    try:
+        return pybase64.b64decode(data.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        return None
