@@ -37,19 +37,26 @@ def requirements() -> list[str]:
     return [f"{name}=={version}" for name, version in sorted(CLIENTS.items())]
 
 
+def pinned_venv(venv: Path, pins: list[str], ready: Path) -> Path:
+    """The interpreter of ``venv`` holding exactly ``pins``, built first (pip, from PyPI) when it
+    is missing or stale; ``ready`` names what was installed. A lock beside it: pytest-xdist
+    workers or two checkouts' runs build it once."""
+    wanted = "\n".join(pins)
+    python = venv / "bin" / "python"
+    with open(venv.with_name(venv.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready.exists() and ready.read_text() == wanted and python.exists():
+            return python
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *pins], check=True)
+        ready.write_text(wanted)
+    return python
+
+
 def clients_python() -> Path:
     """The clients' interpreter, building the environment first if it is missing or stale."""
-    wanted = "\n".join(requirements())
-    python = VENV / "bin" / "python"
-    with open(ROOT / ".venv-clients.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers or two checkouts' runs: one build
-        if _READY.exists() and _READY.read_text() == wanted and python.exists():
-            return python
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements()], check=True)
-        _READY.write_text(wanted)
-    return python
+    return pinned_venv(VENV, requirements(), _READY)
 
 
 #: What every client run gets: no telemetry home calls, no remote price maps, no keys of this machine.

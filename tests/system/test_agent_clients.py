@@ -1,0 +1,231 @@
+"""The real agent CLIs, installed pinned from npm (``tests/agents.py``), configured with nothing but
+the proxy's base URL and a dummy key, against a scripted upstream on loopback
+(``tests/agent_upstream.py``) that refuses their image the way the providers do.
+
+- Claude Code (an old 1.0.x of the "API Error: 400 Could not process image" reports and a current
+  2.1.x): ``ANTHROPIC_BASE_URL=http://127.0.0.1:PORT``, ``claude -p``. The scripted upstream
+  answers the first agent turn with a ``tool_use`` of ``Read`` on ``shot.png`` in the working
+  folder; Claude Code inlines the file as a base64 ``image`` block inside the ``tool_result``
+  (``messages[2].content[0].content[0]``) of its next call.
+- Codex CLI: a custom model provider in ``$CODEX_HOME/config.toml`` (``base_url =
+  http://127.0.0.1:PORT/v1``, ``wire_api = "responses"``), ``codex exec PROMPT -i shot.png``; the
+  image is an ``input_image`` ``data:`` URL in the user message (``input[3].content[1]``).
+
+For each client: a happy path through the proxy; a control run straight at the scripted upstream
+with the refusal on (it must fail as users report, proving the harness can fail); and the rescue
+through the proxy, once with a refusal that names no place and once with one that names it. The
+rescue is what the README promises for a refused image (one ``attachment/rejected`` event, one
+re-send with the placeholder in the image's place), for images the client inlined itself, in
+the session the client carries without naming it to the proxy (Claude Code's own session id,
+Codex's ``session-id`` header).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from projectionist.proxy.config import Config
+from projectionist.proxy.http.app import create_app, open_log, open_store
+from projectionist.proxy.http.services import SERVICES
+from tests.agent_upstream import ANSWER, Seen, ScriptedUpstream
+from tests.agents import CLAUDE_CODE_VERSIONS, CODEX_VERSION, claude_code, codex, codex_config, run_agent
+from tests.conftest import ADMIN, Harness
+from tests.fakes import CountingStore
+from tests.imaging import make_image, ref_id
+from tests.refusing import inlined
+
+# The first run installs the CLIs from npm when .ci/run has not; each run starts a real agent.
+pytestmark = pytest.mark.timeout(900)
+
+CLIENTS = [*(f"claude-code-{v}" for v in CLAUDE_CODE_VERSIONS), f"codex-{CODEX_VERSION}"]
+#: The model calls of each client (the routes the image travels on).
+MODEL_PATHS = {"claude": "/v1/messages", "codex": "/v1/responses"}
+PROMPT = "Describe the screenshot shot.png"
+
+
+@pytest.fixture
+async def scripted(aiohttp_server: Any) -> ScriptedUpstream:
+    fake = ScriptedUpstream()
+    server = await aiohttp_server(fake.app(), host="127.0.0.1")
+    fake.url = str(server.make_url("")).rstrip("/")
+    return fake
+
+
+MakeProxy = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+def make_proxy(aiohttp_client: Any, make_config: Callable[..., Config], scripted: ScriptedUpstream,
+               unused_tcp_port: int) -> MakeProxy:
+    """A live proxy on a port chosen first (its ``public_url`` is its real address), recording
+    every call's metadata, with ``anthropic`` and ``openai`` both at the scripted upstream."""
+    async def make(**overrides: Any) -> Harness:
+        public = f"http://127.0.0.1:{unused_tcp_port}"
+        config = make_config(**{"server.public_url": public, "record.mode": "metadata",
+                                "upstreams.anthropic": {"format": "anthropic", "url": scripted.url},
+                                "upstreams.openai": {"format": "openai", "url": scripted.url}, **overrides})
+        store = CountingStore(open_store(config))
+        client = await aiohttp_client(create_app(config, store=store, log=open_log(config)),
+                                      server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
+        assert str(client.make_url("")).rstrip("/") == public
+        return Harness(client, store, None)  # type: ignore[arg-type]  # the upstream is `scripted`
+    return make
+
+
+def base_url(live: Harness) -> str:
+    return str(live.client.make_url("")).rstrip("/")
+
+
+class Shot:
+    """The image the agent sends: a PNG in its working folder."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.data = make_image(64, 48, color=3)
+        self.path = cwd / "shot.png"
+        self.path.write_bytes(self.data)
+        self.id = ref_id(self.data)
+
+
+async def run(client: str, url: str, cwd: Path, home: Path, scripted: ScriptedUpstream) -> tuple[int, str, str]:
+    """One non-interactive turn of ``client`` whose only configuration is ``url`` (the proxy's
+    or the scripted upstream's base URL) and a dummy key."""
+    home.mkdir(parents=True, exist_ok=True)
+    if client.startswith("claude-code-"):
+        scripted.read_file = str(cwd / "shot.png")
+        argv = [str(claude_code(client.removeprefix("claude-code-"))), "-p", PROMPT, "--allowedTools", "Read"]
+        env = {"HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "sk-ant-dummy"}
+    else:
+        codex_home = home / ".codex"
+        codex_config(codex_home, f"{url}/v1")
+        argv = [str(codex(client.removeprefix("codex-"))), "exec", "--skip-git-repo-check", PROMPT, "-i", "shot.png"]
+        env = {"HOME": str(home), "CODEX_HOME": str(codex_home), "PROJ_API_KEY": "sk-dummy"}
+    return await run_agent(argv, env, cwd, timeout=240)
+
+
+def model_calls(scripted: ScriptedUpstream, client: str) -> list[Seen]:
+    return scripted.requests(MODEL_PATHS[client.split("-", 1)[0]])
+
+
+def carrying(calls: list[Seen], image_id: str) -> list[tuple[int, tuple[str, ...]]]:
+    """(index in ``calls``, place of the image's value) for each call that inlined ``image_id``."""
+    return [(i, path) for i, call in enumerate(calls) if call.body is not None
+            for path, found in inlined(call.body) if found == image_id]
+
+
+def at(body: Any, path: tuple[str, ...]) -> Any:
+    for step in path:
+        body = body[int(step)] if isinstance(body, list) else body[step]
+    return body
+
+
+def block_of(path: tuple[str, ...]) -> tuple[str, ...]:
+    """The content part an image value sits in: ``...content/0/source/data`` -> ``...content/0``
+    (Anthropic), ``...content/1/image_url`` -> ``...content/1`` (Responses)."""
+    for key in ("source", "image_url"):
+        if key in path:
+            return path[:path.index(key)]
+    return path
+
+
+def placeholder(image_id: str) -> re.Pattern[str]:
+    """The rejection placeholder for ``image_id``, with or without a name:
+    ``[image unavailable: rejected; "shot.png" (sha256:1a2b3c4d)]``."""
+    return re.compile(rf'\[image unavailable: rejected(?:; .*)? \(sha256:{image_id[7:15]}\)\]')
+
+
+async def all_events(live: Harness) -> dict[str, list[dict[str, Any]]]:
+    """Every session's events (the proxy names a session the client never named itself)."""
+    await live.app[SERVICES].recording.drain()
+    resp = await live.client.get("/admin/sessions", headers=ADMIN)
+    assert resp.status == 200, await resp.text()
+    return {s["session"]: await live.events(s["session"]) for s in (await resp.json())["sessions"]}
+
+
+def outcome(rc: int, out: str, err: str) -> str:
+    return f"exit {rc}\n--- stdout\n{out[-3000:]}\n--- stderr\n{err[-3000:]}"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_happy_path_through_the_proxy(client: str, scripted: ScriptedUpstream, make_proxy: MakeProxy,
+                                            tmp_path: Path) -> None:
+    """No refusal: the agent, given only the proxy's base URL, finishes its turn with the scripted
+    answer; its image reaches the upstream byte for byte, where the client put it."""
+    live = await make_proxy()
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    shot = Shot(cwd)
+    rc, out, err = await run(client, base_url(live), cwd, tmp_path / "home", scripted)
+    assert rc == 0 and ANSWER in out, outcome(rc, out, err)
+    calls = model_calls(scripted, client)
+    [(_, place)] = carrying(calls, shot.id)
+    assert all(call.status == 200 for call in calls)
+    if client.startswith("claude"):
+        assert place == ("messages", "2", "content", "0", "content", "0", "source", "data")
+        assert at(calls[-1].body, block_of(place))["source"]["media_type"] == "image/png"
+    else:
+        assert place[0] == "input" and place[-1] == "image_url"
+    events = await all_events(live)
+    assert [e for ev in events.values() for e in ev if e["type"] == "attachment/rejected"] == []
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_control_the_refusal_bricks_the_client_without_the_proxy(client: str, scripted: ScriptedUpstream,
+                                                                        tmp_path: Path) -> None:
+    """Straight at the scripted upstream, the refusal fails the run the way users report it
+    ("API Error: 400 ... Could not process image"; Codex: "ERROR: ... unsupported image"): the
+    harness can fail."""
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    shot = Shot(cwd)
+    scripted.refused[shot.id] = False
+    rc, out, err = await run(client, scripted.url, cwd, tmp_path / "home", scripted)
+    said = out + err
+    assert rc != 0, outcome(rc, out, err)
+    assert ANSWER not in out
+    assert ("Could not process image" in said if client.startswith("claude") else "unsupported image" in said), \
+        outcome(rc, out, err)
+    assert scripted.refusals >= 1
+    calls = model_calls(scripted, client)
+    assert all(calls[i].status == 400 for i, _ in carrying(calls, shot.id))
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["unnamed", "named"])
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_the_proxy_rescues_the_session_from_a_refused_image(client: str, named: bool,
+                                                                  scripted: ScriptedUpstream,
+                                                                  make_proxy: MakeProxy, tmp_path: Path) -> None:
+    """The upstream refuses the image the client inlined itself (named: the error names its
+    place, ``messages.2.content.0.tool_result.content.0.image.source.base64`` /
+    ``param: input[3].content[1].image_url``). Through the proxy the run exits 0 with the scripted
+    answer: the image reached the upstream once, the proxy re-sent the call with the rejection
+    placeholder in the image's place, and the log of the client's own session holds exactly one
+    ``attachment/rejected``."""
+    live = await make_proxy()
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    shot = Shot(cwd)
+    scripted.refused[shot.id] = named
+    rc, out, err = await run(client, base_url(live), cwd, tmp_path / "home", scripted)
+    calls = model_calls(scripted, client)
+    hits = carrying(calls, shot.id)
+    assert len(hits) == 1, f"the image reached the upstream {len(hits)} times\n{outcome(rc, out, err)}"
+    [(i, place)] = hits
+    assert calls[i].status == 400 and scripted.refusals == 1
+    assert i + 1 < len(calls), f"nothing was sent after the refusal\n{outcome(rc, out, err)}"
+    resent = calls[i + 1]
+    assert resent.status == 200
+    part = at(resent.body, block_of(place))
+    assert part.get("type") in ("text", "input_text"), part
+    assert placeholder(shot.id).fullmatch(part["text"]), part
+    assert rc == 0 and ANSWER in out, outcome(rc, out, err)
+    events = await all_events(live)
+    rejected = [(sid, e["data"]) for sid, ev in events.items() for e in ev if e["type"] == "attachment/rejected"]
+    assert len(rejected) == 1, rejected
+    assert rejected[0][1]["attachment_id"] == shot.id
+    # the session is the one the client carries itself: Claude Code's session id, Codex's header
+    assert rejected[0][0].startswith("claude-code:" if client.startswith("claude") else "codex:"), rejected

@@ -1,0 +1,254 @@
+"""The real aider CLI (``aider-chat``, ``.venv-aider``: ``tests/aider.py``) pointed at projectionist
+with nothing but a base URL and a dummy key, on its OpenAI route (``openai/gpt-4o``,
+``OPENAI_API_BASE``) and its Anthropic route (``anthropic/claude-sonnet-4-5``,
+``ANTHROPIC_API_BASE``), an image given on its command line. aider inlines the image itself (a
+``data:`` URL, a base64 source) and names no session.
+
+Behind the proxy a scripted upstream (``tests/aider_upstream.py``) answers one scripted reply and
+refuses the image as providers do. Without the proxy aider prints the provider's 400 and the turn
+is lost (it still exits 0). Through the proxy the refusal is rescued: one ``attachment/rejected``
+event in the session the proxy derives, the call re-sent once with the placeholder in the image's
+place, and aider gets its answer.
+
+Everything a run could reach beyond loopback goes to a dead-end proxy (``Trap``) instead, and the
+tests check that nothing tried.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from projectionist.proxy.config import Config
+from projectionist.proxy.http.app import create_app, open_log, open_store
+from projectionist.proxy.http.services import SERVICES
+from tests.aider import AiderRun, run_aider
+from tests.aider_upstream import ANSWER, Call, ScriptedUpstream, Trap
+from tests.conftest import ADMIN, Harness
+from tests.fakes import CountingStore, FakeUpstream
+from tests.imaging import make_image
+from tests.refusing import OPENAI_MESSAGE
+
+# The first of these tests builds .venv-aider when .ci/run has not (pip, from PyPI); each aider run
+# takes a few seconds (litellm's import).
+pytestmark = pytest.mark.timeout(1800)
+
+#: The rejected placeholder: ``[image unavailable: rejected (sha256:1a2b3c4d)]`` for an image the
+#: client inlined with no name, ``[image unavailable: rejected; "shot.png" (sha256:1a2b3c4d)]`` with one.
+PLACEHOLDER = re.compile(r'\[image unavailable: rejected(?:; .*)? \(sha256:(?P<short>[0-9a-f]{8})\)\]')
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    model: str
+    path: str  # the upstream path aider's call reaches
+    format: str  # the upstream format of the proxy's config
+
+    def env(self, base: str) -> dict[str, str]:
+        """aider's configuration: the base URL (the proxy's, or the upstream's) and a dummy key."""
+        if self.name == "openai":
+            return {"OPENAI_API_BASE": base + "/v1", "OPENAI_BASE_URL": base + "/v1", "OPENAI_API_KEY": "sk-dummy"}
+        return {"ANTHROPIC_API_BASE": base, "ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "sk-ant-dummy"}
+
+
+OPENAI = Route("openai", "openai/gpt-4o", "/v1/chat/completions", "openai")
+ANTHROPIC = Route("anthropic", "anthropic/claude-sonnet-4-5", "/v1/messages", "anthropic")
+ROUTES = pytest.mark.parametrize("route", [OPENAI, ANTHROPIC], ids=lambda r: r.name)
+
+
+@dataclass(frozen=True)
+class Shot:
+    data: bytes
+
+    @property
+    def id(self) -> str:
+        return "sha256:" + hashlib.sha256(self.data).hexdigest()
+
+
+@pytest.fixture
+def shot() -> Shot:
+    return Shot(make_image(color=11))
+
+
+@pytest.fixture
+async def scripted(aiohttp_server: Any) -> ScriptedUpstream:
+    fake = ScriptedUpstream()
+    server = await aiohttp_server(fake.app())
+    fake.url = str(server.make_url("")).rstrip("/")
+    return fake
+
+
+@pytest.fixture
+async def trap() -> AsyncIterator[Trap]:
+    trap = await Trap().start()
+    yield trap
+    await trap.stop()
+
+
+MakeProxy = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+def make_proxy(aiohttp_client: Any, make_config: Callable[..., Config], upstream: FakeUpstream,
+               scripted: ScriptedUpstream, unused_tcp_port: int) -> MakeProxy:
+    """A live proxy on loopback whose ``openai`` and ``anthropic`` upstreams are the scripted one;
+    it records every call's metadata (the evidence of what an upstream accepted)."""
+    async def make(**overrides: Any) -> Harness:
+        public = f"http://127.0.0.1:{unused_tcp_port}"
+        config = make_config(**{
+            "server.public_url": public, "record.mode": "metadata",
+            "upstreams.openai": {"format": "openai", "url": scripted.url},
+            "upstreams.anthropic": {"format": "anthropic", "url": scripted.url}, **overrides})
+        store = CountingStore(open_store(config))
+        client = await aiohttp_client(create_app(config, store=store, log=open_log(config)),
+                                      server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
+        return Harness(client, store, upstream)
+    return make
+
+
+def base_url(live: Harness) -> str:
+    return str(live.client.make_url("")).rstrip("/")
+
+
+async def aider(route: Route, base: str, shot: Shot, trap: Trap, tmp_path: Path, *extra: str) -> AiderRun:
+    """One aider turn: ``aider --model M --message "describe the image" shot.png`` in a clean home."""
+    run = await run_aider(["--model", route.model, *extra, "--message", "describe the image", "shot.png"],
+                          {**route.env(base), **trap.env()}, home=tmp_path / "home", files={"shot.png": shot.data})
+    assert trap.requests == [], f"aider tried to leave loopback: {trap.requests}"
+    return run
+
+
+def part_of(call: Call, image_path: tuple[str, ...]) -> Any:
+    """The content part (OpenAI ``image_url`` part, Anthropic ``image`` block) holding an image value."""
+    node: Any = call.body
+    for step in image_path[:4]:  # messages, N, content, M
+        node = node[int(step)] if isinstance(node, list) else node[step]
+    return node
+
+
+def without_part(call: Call, image_path: tuple[str, ...]) -> Any:
+    body = copy.deepcopy(call.body)
+    node = body
+    for step in image_path[:3]:
+        node = node[int(step)] if isinstance(node, list) else node[step]
+    node[int(image_path[3])] = None
+    return body
+
+
+def refusal_text(route: Route, named: bool, image_path: tuple[str, ...]) -> str:
+    """What of the provider's error aider prints (it wraps lines: compare without whitespace)."""
+    if route is OPENAI:
+        return OPENAI_MESSAGE
+    if named:
+        return ".".join(image_path[:4]) + ".image.source.base64.data: Could not process image"
+    return "Could not process image"
+
+
+def squeeze(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+async def sessions(live: Harness) -> list[dict[str, Any]]:
+    resp = await live.client.get("/admin/sessions", headers=ADMIN)
+    assert resp.status == 200, await resp.text()
+    found: list[dict[str, Any]] = (await resp.json())["sessions"]
+    return found
+
+
+@ROUTES
+async def test_aider_directly_against_a_refusing_provider_prints_the_400_and_loses_the_turn(
+    route: Route, scripted: ScriptedUpstream, shot: Shot, trap: Trap, tmp_path: Path
+) -> None:
+    """The control, what users report: no proxy, the provider refuses the image. aider shows
+    litellm's ``BadRequestError`` with the provider's message, sends nothing more (a 400 is not
+    retried, by aider, litellm or the openai SDK) and still exits 0, with no answer."""
+    scripted.refused[shot.id] = False
+    run = await aider(route, scripted.url, shot, trap, tmp_path)
+    assert run.rc == 0, run.output[-3000:]
+    [call] = scripted.calls
+    assert (call.method, call.path) == ("POST", route.path)
+    [(where, found)] = call.images
+    assert found == shot.id
+    assert "litellm.BadRequestError" in run.stdout
+    assert squeeze(refusal_text(route, False, where)) in squeeze(run.stdout)
+    assert ANSWER not in run.output
+    assert scripted.refusals == 1
+
+
+@ROUTES
+async def test_aider_through_the_proxy_gets_its_answer_with_the_image_inlined(
+    route: Route, make_proxy: MakeProxy, scripted: ScriptedUpstream, shot: Shot, trap: Trap, tmp_path: Path
+) -> None:
+    """The happy path: one call, the client's own inlined image reaches the provider unchanged,
+    the streamed answer reaches aider."""
+    live = await make_proxy()
+    run = await aider(route, base_url(live), shot, trap, tmp_path)
+    assert run.rc == 0, run.output[-3000:]
+    assert ANSWER in run.stdout, run.output[-3000:]
+    [call] = scripted.calls
+    assert (call.method, call.path) == ("POST", route.path)
+    assert call.body["stream"] is True
+    [(where, found)] = call.images
+    assert found == shot.id
+    part = part_of(call, where)
+    if route is OPENAI:
+        assert part["type"] == "image_url" and part["image_url"]["url"].startswith("data:image/png;base64,")
+    else:
+        assert part["type"] == "image" and part["source"]["type"] == "base64"
+        assert part["source"]["media_type"] == "image/png"
+    assert scripted.refusals == 0
+
+
+@ROUTES
+@pytest.mark.parametrize("named", [False, True], ids=["unnamed", "named"])
+async def test_aider_through_the_proxy_survives_the_provider_refusing_its_image(
+    route: Route, named: bool, make_proxy: MakeProxy, scripted: ScriptedUpstream, shot: Shot, trap: Trap,
+    tmp_path: Path
+) -> None:
+    """The rescue (the proxy's handling of client-inlined images and of sessions nobody named is
+    being built: these fail until it lands). The provider refuses aider's image, with an error that
+    names no place or one that does (Anthropic ``messages.8.content.1.image.source.base64.data: ...``,
+    OpenAI ``param: "messages[3].content[1].image_url"``). The proxy records one
+    ``attachment/rejected`` in the session it derives, re-sends the call once with the placeholder
+    in the image's place, and aider gets its answer and exits 0."""
+    scripted.refused[shot.id] = named
+    live = await make_proxy()
+    run = await aider(route, base_url(live), shot, trap, tmp_path)
+
+    # (b) what reached the provider: the image inlined, refused; the same call with the placeholder
+    assert [(c.method, c.path) for c in scripted.calls] == [("POST", route.path)] * 2, \
+        f"{[(c.method, c.path) for c in scripted.calls]}\n{run.output[-3000:]}"
+    first, second = scripted.calls
+    [(where, found)] = first.images
+    assert found == shot.id
+    assert scripted.refusals == 1
+    assert second.images == [], "the re-sent call still inlines an image"
+    placeholder = part_of(second, where)
+    assert placeholder["type"] == "text", placeholder
+    match = PLACEHOLDER.fullmatch(placeholder["text"])
+    assert match is not None, placeholder["text"]
+    assert match["short"] == shot.id.removeprefix("sha256:")[:8]
+    assert without_part(second, where) == without_part(first, where), "the re-sent call differs beyond the image"
+
+    # (a) aider got the scripted answer, no error
+    assert run.rc == 0, run.output[-3000:]
+    assert ANSWER in run.stdout, run.output[-3000:]
+    assert "BadRequestError" not in run.output
+
+    # (c) the session the proxy derived (aider names none): exactly one rejection, of this image
+    await live.app[SERVICES].recording.drain()
+    found_sessions = await sessions(live)
+    assert len(found_sessions) == 1, found_sessions
+    events = await live.events(found_sessions[0]["session"])
+    rejected = [e["data"] for e in events if e["type"] == "attachment/rejected"]
+    assert len(rejected) == 1, events
+    assert rejected[0]["attachment_id"] == shot.id
+    assert rejected[0]["format"] == route.format
