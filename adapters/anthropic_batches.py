@@ -22,6 +22,7 @@ NAME: Final = "anthropic_batches"
 FORMAT: Final = "anthropic"
 AUTH_HEADERS: Final = anthropic_messages.AUTH_HEADERS
 AUTH_QUERY: Final = anthropic_messages.AUTH_QUERY
+INLINE_MARKERS: Final = anthropic_messages.INLINE_MARKERS
 render = anthropic_messages.render
 error_body = anthropic_messages.error_body
 upstream_auth = anthropic_messages.upstream_auth

@@ -27,6 +27,8 @@ NAME: Final = "anthropic_messages"
 FORMAT: Final = "anthropic"
 AUTH_HEADERS: Final = ("x-api-key", "authorization")
 AUTH_QUERY: Final[tuple[str, ...]] = ()
+#: What opens the base64 of an image the client inlined, in the raw body (the proxy's cheap scan).
+INLINE_MARKERS: Final = (b'"data":',)
 PATHS: Final = re.compile(r"(?:/v1)?/messages(?:/count_tokens)?")
 VOLATILE: Final = frozenset({"id", "request_id"})
 

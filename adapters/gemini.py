@@ -28,6 +28,8 @@ NAME: Final = "gemini"
 FORMAT: Final = "gemini"
 AUTH_HEADERS: Final = ("x-goog-api-key",)
 AUTH_QUERY: Final = ("key",)
+#: What opens the base64 of an image the client inlined, in the raw body (the proxy's cheap scan).
+INLINE_MARKERS: Final = (b'"data":',)
 PATHS: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)")
 VOLATILE: Final = frozenset({"responseId", "createTime"})
 #: The ``File`` name of an admitted attachment: this prefix and the id's hex digest.

@@ -25,6 +25,8 @@ NAME: Final = "openai_chat"
 FORMAT: Final = "openai"
 AUTH_HEADERS: Final = ("authorization",)
 AUTH_QUERY: Final[tuple[str, ...]] = ()
+#: What opens the base64 of an image the client inlined, in the raw body (the proxy's cheap scan).
+INLINE_MARKERS: Final = (b";base64,",)
 #: The paths that take this format's body (projected).
 PATHS: Final = re.compile(r"(?:/v1)?/chat/completions")
 #: Response members that differ on every call by design.

@@ -28,6 +28,7 @@ NAME: Final = "openai_responses"
 FORMAT: Final = "openai"
 AUTH_HEADERS: Final = openai_chat.AUTH_HEADERS
 AUTH_QUERY: Final[tuple[str, ...]] = ()
+INLINE_MARKERS: Final = openai_chat.INLINE_MARKERS
 error_body = openai_chat.error_body
 upstream_auth = openai_chat.upstream_auth
 rejection = openai_chat.rejection

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
-from projectionist.adapters.base import WireFormat, data_url_base64
+from projectionist.adapters.base import WireFormat
 from projectionist.adapters.registry import ADAPTERS
 from projectionist.adapters.responses import documents
 from projectionist.policy import rejection as attribution
@@ -215,14 +215,11 @@ class Resend:
         """Admit the bytes of the refused images the client inlined itself (each once), in the
         background: the inspector shows them and a recovery can verify them. A failure (bytes
         that are no image, a full or hung store) only means the store holds nothing for them."""
-        values = {aid: getattr(value, "value", value) for value, aid in (self.built.inlined or {}).values()
-                  if aid in ids and aid in self.built.client}
-        for aid, value in values.items():
-            if not isinstance(value, str):
-                continue
-            data = decoded_bytes(data_url_base64(value) or value)
-            if data is not None:
-                self.services.background(self._admit_one(aid, data))
+        for aid, payload in (self.built.payloads or {}).items():
+            if aid in ids:
+                data = decoded_bytes(payload)
+                if data is not None:
+                    self.services.background(self._admit_one(aid, data))
 
     async def _admit_one(self, aid: str, data: bytes) -> None:
         try:

@@ -45,26 +45,42 @@ def sha256_id(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def spliced_id(raw: bytes, images: Sequence[tuple[str, str]]) -> str:
-    """The digest of a body whose images the client inlined itself: the sha256 of ``raw`` with the
-    JSON string of each image (``images``: its value and its identity, in document order) replaced
-    by ``<`` its identity ``>``. It commits to every byte, as ``sha256_id`` of ``raw`` would (an
-    image's identity commits to its bytes), without hashing megabytes of base64 that come back
-    every turn. A value not found verbatim where expected (JSON escapes in it, an order the
-    adapter does not keep) falls back to ``sha256_id(raw)``."""
+def spliced_id(raw: bytes, runs: Sequence[tuple[int, int, str | None]]) -> str:
+    """The digest of a body whose images the client inlined itself: the sha256 of ``raw`` with
+    each base64 run (``runs``: start, end and the image's identity, in byte order, not
+    overlapping) replaced by ``<`` its identity ``>``. It commits to every byte, as ``sha256_id``
+    of ``raw`` would (an identity commits to its bytes), without hashing megabytes of base64
+    that come back every turn. A run without an identity is hashed as it is."""
     digest = hashlib.sha256()
     view = memoryview(raw)
     last = 0
-    for value, aid in images:
-        needle = value.encode("ascii", "replace")
-        at = raw.find(needle[:64], last)
-        if at < 0 or not raw.startswith(needle, at) or raw[at + len(needle):at + len(needle) + 1] != b'"':
-            return sha256_id(raw)
-        digest.update(view[last:at])
+    for start, end, aid in runs:
+        if aid is None:
+            continue
+        digest.update(view[last:start])
         digest.update(b"<" + aid.encode() + b">")
-        last = at + len(needle)
+        last = end
     digest.update(view[last:])
     return "sha256:" + digest.hexdigest()
+
+
+def located(raw: bytes, images: Sequence[tuple[str, str]]) -> list[tuple[int, int, str | None]]:
+    """Where in ``raw`` the base64 of each image lies (``images``: its base64 as decoded, and its
+    identity, in document order), as runs for ``spliced_id``. An image not found verbatim after
+    the previous one (JSON escapes in it, or a short one) is left out: its bytes are hashed as
+    they are."""
+    found: list[tuple[int, int, str | None]] = []
+    last = 0
+    for data, aid in images:
+        if len(data) < 16 or not data.isascii():
+            continue
+        needle = data.encode("ascii")
+        at = raw.find(needle[:64], last)
+        if at < 0 or not raw.startswith(needle, at) or raw[at + len(needle):at + len(needle) + 1] != b'"':
+            continue
+        found.append((at, at + len(needle), aid))
+        last = at + len(needle)
+    return found
 
 
 def _escape(token: str) -> str:

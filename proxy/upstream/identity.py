@@ -35,40 +35,51 @@ class Identities:
         self.hits = 0
         self.misses = 0
         self._seed = int.from_bytes(os.urandom(8), "little")
-        self._kept: OrderedDict[int, tuple[str, str]] = OrderedDict()
+        self._kept: OrderedDict[int, tuple[bytes, str]] = OrderedDict()
 
     def of(self, data: str) -> str | None:
+        """The identity of a decoded JSON string's base64."""
         if len(data) < MIN_CHARS or not data.isascii():
             return None
         raw = data.encode("ascii")
-        key = xxhash.xxh3_128_intdigest(raw, self._seed) ^ len(raw)
+        return self.of_run(raw, 0, len(raw))
+
+    def of_run(self, raw: bytes, start: int, end: int) -> str | None:
+        """The identity of the base64 at ``raw[start:end]``, as it sits in a raw body (no copy on
+        a hit: ``bytes.startswith`` compares in place, where comparing a memoryview would go
+        byte by byte)."""
+        size = end - start
+        if size < MIN_CHARS:
+            return None
+        run = memoryview(raw)[start:end]
+        key = xxhash.xxh3_128_intdigest(run, self._seed) ^ size
         kept = self._kept.get(key)
-        if kept is not None and kept[0] == data:
+        if kept is not None and len(kept[0]) == size and raw.startswith(kept[0], start):
             self.hits += 1
             self._kept.move_to_end(key)
             return kept[1]
         self.misses += 1
         try:
-            decoded = pybase64.b64decode(raw, validate=True)
+            decoded = pybase64.b64decode(run, validate=True)
         except ValueError:
             return None
         if not decoded:
             return None
         attachment_id = "sha256:" + hashlib.sha256(decoded).hexdigest()
-        if len(data) <= self.max_bytes:
+        if size <= self.max_bytes:
             if kept is not None:
                 self.size -= len(kept[0])
-            self._kept[key] = (data, attachment_id)
-            self.size += len(data)
+            self._kept[key] = (bytes(run), attachment_id)
+            self.size += size
             while self.size > self.max_bytes:
                 _, (old, _) = self._kept.popitem(last=False)
                 self.size -= len(old)
         return attachment_id
 
 
-def decoded_bytes(data: str) -> bytes | None:
+def decoded_bytes(data: str | bytes | memoryview) -> bytes | None:
     """The bytes of a client-inlined image's base64 (to admit them into the store), or None."""
     try:
-        return pybase64.b64decode(data.encode("ascii"), validate=True)
+        return pybase64.b64decode(data.encode("ascii") if isinstance(data, str) else data, validate=True)
     except (ValueError, UnicodeEncodeError):
         return None

@@ -78,11 +78,24 @@ def readable_codings(headers: CIMultiDict[str]) -> None:
     """Narrow ``Accept-Encoding`` to the codings the proxy reads, in place: clients offer ``br``
     and ``zstd`` (Codex: ``zstd,gzip``), which a refusal could come back in unread. What the
     client offered among the readable ones stays, in its order and weights; none left means
-    ``identity``. Every client that offers ``br`` or ``zstd`` also reads ``gzip`` or plain bytes."""
+    ``identity`` (a coding offered with ``q=0`` is refused, not offered). Every client that offers
+    ``br`` or ``zstd`` also reads ``gzip`` or plain bytes."""
     offered = headers.getall("Accept-Encoding", ())
     if not offered:
         return
     kept = [token.strip() for value in offered for token in value.split(",")
-            if token.strip() and token.split(";", 1)[0].strip().lower() in READABLE_CODINGS]
+            if token.split(";", 1)[0].strip().lower() in READABLE_CODINGS and not _refused(token)]
     headers.popall("Accept-Encoding", None)
     headers["Accept-Encoding"] = ", ".join(kept) if kept else "identity"
+
+
+def _refused(token: str) -> bool:
+    """A coding offered with ``q=0`` (refused, RFC 9110 §12.5.3)."""
+    for parameter in token.split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                return float(value.strip()) == 0.0
+            except ValueError:
+                return False
+    return False

@@ -18,7 +18,7 @@ import msgspec
 from projectionist.adapters.base import Carried, WireFormat
 from projectionist.policy.decide import held_inline
 from projectionist.policy.errors import InvalidRequest, PayloadTooLarge
-from projectionist.policy.model import ATTACHMENTS_PATH, NO_HTTP, HttpRefs, ImageRef, Resolved, StoredImage
+from projectionist.policy.model import NO_HTTP, HttpRefs, ImageRef, Placeholder, Resolved, StoredImage
 from projectionist.policy.projection import Projection
 from projectionist.proxy.stores.cache import inline as inline_of
 from projectionist.proxy.upstream.describe import (
@@ -31,9 +31,12 @@ from projectionist.proxy.upstream.describe import (
     of_tree,
     ref_records,
     sha256_id,
+    located,
     site_paths,
     spliced_id,
 )
+from projectionist.proxy.upstream.identity import Identities
+from projectionist.proxy.upstream.scan import Scanned, scan
 
 _decoder: Final = msgspec.json.Decoder()
 _encoder: Final = msgspec.json.Encoder()
@@ -42,8 +45,6 @@ _RAW_ID: Final = re.compile(rb"sha256:[0-9a-f]{64}")
 
 #: Runs the policy on a request's references; the second argument counts all of its images.
 Projector = Callable[[list[ImageRef], int], Awaitable[Projection]]
-#: The identity of a client-inlined image's base64 (``identity.Identities.of``), or None.
-Identify = Callable[[str], "str | None"]
 #: The most images the client inlined in one body that get an identity; the rest go as they came.
 MAX_CLIENT_IMAGES: Final = 1000
 
@@ -62,6 +63,10 @@ class Built(NamedTuple):
     inlined: dict[int, tuple[Any, str]] | None = None
     client: tuple[str, ...] = ()
     held: int = 0
+    #: The base64 of each of the client's own images, by identity (admitted when one is refused).
+    payloads: dict[str, Any] | None = None
+    #: Image parts the proxy filled with a blank image of its own (a screenshot's placeholder).
+    blanks: int = 0
 
     @property
     def images(self) -> bool:
@@ -97,12 +102,12 @@ class _Tracked:
 def foreign(fmt: WireFormat, built: Built) -> int:
     """How many images of ``built``'s upstream body have no identity (http(s) URLs the provider
     fetches, provider file ids, base64 that does not decode): every image part but the ones
-    projected and the client's own the proxy identified. A screenshot slot that holds a blank
-    image for a placeholder counts too (erring towards "maybe one of those")."""
+    projected, the client's own the proxy identified and the blanks the proxy put in screenshot
+    slots for their placeholders."""
     if built.tree is None or built.projection is None:
         return 0
     resolved = sum(isinstance(o, Resolved) for o in built.projection.outcomes)
-    return fmt.count_images(built.tree) - resolved - len(built.client)
+    return fmt.count_images(built.tree) - resolved - len(built.client) - built.blanks
 
 
 def carried(built: Built) -> list[tuple[str, str]]:
@@ -142,11 +147,6 @@ def may_hold_refs(raw: bytes) -> bool:
     return b"sha256:" in raw or (b"\\" in raw and b"\\u" in raw)  # memchr first: most bodies have no escape
 
 
-def _may_hold_http(raw: bytes) -> bool:
-    """Cheap pre-check: an HTTP reference spells the attachments path, unless JSON-escaped."""
-    return ATTACHMENTS_PATH.encode() in raw or b"\\/" in raw or b"\\u" in raw
-
-
 def _too_many(limit: int) -> NoReturn:
     raise InvalidRequest(f"more than {limit} distinct attachment references in one request", code="TOO_MANY_REFERENCES")
 
@@ -162,42 +162,47 @@ def decode_json(raw: bytes) -> Any:
 
 async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False, shape_unchanged: bool = True,
                 max_references: int | None = None, max_projected_bytes: int | None = None,
-                http: HttpRefs = NO_HTTP, identify: Identify | None = None, decoded: Any = None) -> Built:
+                http: HttpRefs = NO_HTTP, identities: Identities | None = None, scanned: Scanned | None = None,
+                decoded: Any = None) -> Built:
     """The upstream body for ``raw``: the original bytes when nothing is to change, else projected.
 
     ``http`` names the http(s) URLs that are references too (this proxy's public URLs; every
-    HTTP reference spells ``sha256:``, so the raw pre-check still finds it). With ``identify``,
+    HTTP reference spells ``sha256:``, so the raw pre-check still finds it). With ``identities``,
     the images the client inlined itself get their identity (the sha256 of their bytes): each
     one a rejection holds for on this upstream's format becomes its placeholder, the others go
-    as they came. The body is decoded at most once (``decoded``: already, by the caller); with
+    as they came. Such a body is first scanned (``scan``: its structure without its base64;
+    ``scanned``: by the caller already); it is decoded whole only when something in it is to
+    change, and a body without images at most once (``decoded``: by the caller). With
     ``describe`` the record's view (digest, reference paths and outcomes, the client's images,
-    shape, and the public URLs when an HTTP reference was among them) comes from that same tree.
+    shape, and the public URLs when an HTTP reference was among them) comes from the same tree.
     A body sent unchanged gets a shape only with ``shape_unchanged`` (replay); the request path
     records none (``describe.of_unchanged``).
     More than ``max_references`` distinct references is the client's error, refused before
     anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
     image referenced a thousand times is a thousand copies), refused before it is built."""
-    inline = identify is not None and (decoded is not None or may_hold_inline(raw))
-    if decoded is None and not inline and not may_hold_refs(raw):
-        return Built(raw, None, (of_raw(raw) if shape_unchanged else of_unchanged(raw)) if describe else None)
-    if max_references is not None and raw.count(b"sha256:") > max_references \
-            and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
-        _too_many(max_references)
-    if decoded is None:
-        decoded = decode_json(raw)
-    sites = fmt.find_refs(decoded, http)
-    client = identified(fmt, decoded, identify) if inline and identify is not None else []
+    inline = identities is not None and (decoded is not None or scanned is not None or may_hold_inline(raw))
+    if inline and scanned is None and decoded is None:
+        assert identities is not None
+        scanned = scan_body(fmt, raw, identities)
+    if scanned is not None and scanned.complete:
+        tree, client = scanned.tree, scanned.client
+    else:
+        if decoded is None and not inline:  # (a scan of megabytes of base64 costs more than their decode)
+            if not may_hold_refs(raw):
+                return Built(raw, None, (of_raw(raw) if shape_unchanged else of_unchanged(raw)) if describe else None)
+            if max_references is not None and raw.count(b"sha256:") > max_references \
+                    and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
+                _too_many(max_references)
+        tree = decoded if decoded is not None else decode_json(raw)
+        client = identified(fmt, tree, identities.of) if inline and identities is not None else []
+    sites = fmt.find_refs(tree, http)
     if not sites and not client:
-        return Built(raw, None, (of_decoded(raw, decoded) if shape_unchanged else of_unchanged(raw))
-                     if describe else None)
+        return Built(raw, None, (of_decoded(raw, tree) if shape_unchanged else of_unchanged(raw))
+                     if describe else None, tree)
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
         _too_many(max_references)
-    client_sites = [found.site(ImageRef(aid)) for found, aid in client]
-    paths = site_paths(decoded, [*sites, *client_sites]) if describe else []  # before rendering moves anything
-    # replay must find the same references: the record keeps the public URLs that made some of them
-    via_http = describe and bool(http.bases) and _may_hold_http(raw) and len(fmt.find_refs(decoded)) != len(sites)
     # all of its images, client-inlined ones too, count only for a many-image rule: one walk less
-    images = max(fmt.count_images(decoded, http), len(sites)) if fmt.PROFILE.many_images is not None else len(sites)
+    images = max(fmt.count_images(tree, http), len(sites)) if fmt.PROFILE.many_images is not None else len(sites)
     projection = await run([site.ref for site in sites], images)
     if max_projected_bytes is not None:
         inlined = sum(4 * -(-o.image.bytes // 3) for o in projection.outcomes if isinstance(o, Resolved))
@@ -205,17 +210,28 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
             raise PayloadTooLarge(f"the images this request references would inline {inlined} bytes of base64, "
                                   f"over max_projected_bytes ({max_projected_bytes})", code="PROJECTED_TOO_LARGE")
     held = held_inline([aid for _, aid in client], projection.state, fmt.FORMAT)
-    records = ref_records(sites, paths, projection.outcomes) + client_records(paths[len(sites):], client, held)
-    # the inbound digest, without hashing the base64 the client sends again every turn
-    inbound = spliced_id(raw, [(found.value, aid) for found, aid in client]) if describe else None
     sent = tuple(aid for (_, aid), outcome in zip(client, held) if outcome is None)
-    seen: dict[int, tuple[Any, str]]
+    # the inbound digest, without hashing the base64 the client sends again every turn
+    inbound = digest_of(raw, scanned, client) if describe else None
+    payloads = {aid: found.data for found, aid in client} if scanned is None or not scanned.complete else \
+        {aid: scanned.payload(raw, aid) for _, aid in client}
     if not sites and len(sent) == len(client):  # nothing to change: the client's own bytes go
-        seen = {id(found.value): (found.value, aid) for found, aid in client}
-        described = (of_decoded(raw, decoded, records, inbound) if shape_unchanged else
+        records = client_records(site_paths(tree, [f.site(ImageRef(a)) for f, a in client]) if describe else [],
+                                 client, held)
+        described = (of_decoded(raw, tree, records, inbound) if shape_unchanged else
                      of_unchanged(raw, records, inbound)) if describe else None
-        return Built(raw, projection, described, decoded, seen, sent)
-    seen = {}
+        kept_values: dict[int, tuple[Any, str]] = {id(found.value): (found.value, aid) for found, aid in client}
+        return Built(raw, projection, described, tree, kept_values, sent, payloads=payloads)
+    if scanned is not None and scanned.complete:  # to change: the whole body, with its base64
+        tree = decode_json(raw)
+        client = identified(fmt, tree, identities.of) if identities is not None else []
+        sites = fmt.find_refs(tree, http)
+    client_sites = [found.site(ImageRef(aid)) for found, aid in client]
+    paths = site_paths(tree, [*sites, *client_sites]) if describe else []  # before rendering moves anything
+    records = ref_records(sites, paths, projection.outcomes) + client_records(paths[len(sites):], client, held)
+    # replay must find the same references: the record keeps the public URLs that made some of them
+    via_http = describe and bool(sites) and bool(http.bases) and len(fmt.find_refs(tree)) != len(sites)
+    seen: dict[int, tuple[Any, str]] = {}
     for (found, aid), outcome in zip(client, held):
         if outcome is None:  # sent as it came; recorded as its identity
             kept = found.holder[found.key] = ClientImage(found.value, aid)
@@ -224,9 +240,28 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
     changed = [*sites, *(site for site, outcome in zip(client_sites, held) if outcome is not None)]
     outcomes = (*projection.outcomes, *(outcome for outcome in held if outcome is not None))
+    before = fmt.count_images(tree, http)
     fmt.render(changed, outcomes, lambda image: _Tracked(inline_of(image), origin.get(id(image), image.id), seen))
-    described = of_tree(decoded, records, http.bases if via_http else (), inbound) if describe else None
-    return Built(UPSTREAM.encode(decoded), projection, described, decoded, seen, sent, len(client) - len(sent))
+    # a placeholder takes its image part away, unless the slot must hold an image (a blank one)
+    blanks = fmt.count_images(tree, http) - before + sum(isinstance(o, Placeholder) for o in outcomes)
+    described = of_tree(tree, records, http.bases if via_http else (), inbound) if describe else None
+    return Built(UPSTREAM.encode(tree), projection, described, tree, seen, sent, len(client) - len(sent), payloads,
+                 blanks)
+
+
+def scan_body(fmt: WireFormat, raw: bytes, identities: Identities) -> Scanned | None:
+    """``raw``'s client-inlined images found without decoding their base64 (``scan.scan``)."""
+    return scan(fmt, raw, identities.of_run, identities.of,
+                lambda f, tree: f.find_inline(tree)[:MAX_CLIENT_IMAGES])
+
+
+def digest_of(raw: bytes, scanned: Scanned | None, client: list[tuple[Carried, str]]) -> str:
+    """The digest a record keeps of a body with the client's own images: the sha256 of ``raw``
+    with each image's base64 replaced by its identity (``describe.spliced_id``), from the scan's
+    runs when it found every one, else by finding each image's base64 in the raw bytes."""
+    if scanned is not None and scanned.complete:
+        return spliced_id(raw, [(run.start, run.end, run.id) for run in scanned.runs])
+    return spliced_id(raw, located(raw, [(found.data, aid) for found, aid in client]))
 
 
 class ClientImage:
@@ -247,17 +282,19 @@ class ClientImage:
         return self.id
 
 
-def inbound_digest(fmt: WireFormat, raw: bytes, identify: Identify) -> str:
-    """The digest a record keeps of ``raw`` when the client inlined images in it (``spliced_id``):
-    what replay checks a given inbound body against."""
+def inbound_digest(fmt: WireFormat, raw: bytes, identities: Identities) -> str:
+    """The digest a record keeps of ``raw`` when the client inlined images in it (``digest_of``,
+    taken the way the proxy took it): what replay checks a given inbound body against."""
     try:
-        decoded = decode_json(raw)
+        scanned = scan_body(fmt, raw, identities)
+        if scanned is not None and scanned.complete:
+            return digest_of(raw, scanned, scanned.client)
+        return digest_of(raw, None, identified(fmt, decode_json(raw), identities.of))
     except InvalidRequest:
         return sha256_id(raw)
-    return spliced_id(raw, [(found.value, aid) for found, aid in identified(fmt, decoded, identify)])
 
 
-def identified(fmt: WireFormat, decoded: Any, identify: Identify) -> list[tuple[Carried, str]]:
+def identified(fmt: WireFormat, decoded: Any, identify: Callable[[str], str | None]) -> list[tuple[Carried, str]]:
     """The images the client inlined in ``decoded`` whose base64 gives an identity (others go as
     they came: the provider judges them), at most ``MAX_CLIENT_IMAGES`` of them."""
     found: list[tuple[Carried, str]] = []

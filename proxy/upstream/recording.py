@@ -379,7 +379,9 @@ class Recorder(Meter):
             method=call.method, path=call.path, log_seq=request.log_seq,
             inbound_digest=request.inbound, projected_digest=described.projected_digest,
             refs=described.refs, shape=described.shape, public_urls=described.public_urls,
-            inbound_blob=request.inbound if request.raw is not None else None,  # content-addressed
+            # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
+            # is recorded by its spliced digest: ``describe.spliced_id``)
+            inbound_blob=sha256_id(request.raw) if request.raw is not None else None,
             response=response,
         )
         blobs = blobs if request.raw is None else (request.raw, *blobs)  # full mode: the inbound body first

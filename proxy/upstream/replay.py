@@ -133,7 +133,7 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
         raise InvalidRequest(f"unknown adapter {record.adapter!r}", code="UNKNOWN_ADAPTER")
     identities = Identities()
     # a body with images the client inlined is recorded by its spliced digest (their identities)
-    if sha256_id(inbound) != record.inbound_digest and inbound_digest(fmt, inbound, identities.of) != record.inbound_digest:
+    if sha256_id(inbound) != record.inbound_digest and inbound_digest(fmt, inbound, identities) != record.inbound_digest:
         raise InvalidRequest("this is not the inbound body of the recorded call (digest differs)",
                              code="INBOUND_MISMATCH")
     state = fold(e for e in events if e.seq <= record.log_seq)
@@ -147,7 +147,7 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     try:
         # the HTTP references the call had are the ones under the public URLs it recorded
         built = await build(fmt, inbound, run, describe=True, http=HttpRefs(record.public_urls),
-                            identify=identities.of)
+                            identities=identities)
     except AttachmentError as error:
         path = next((r.path for r in record.refs if r.attachment_id == error.attachment_id), "")
         return msgspec.structs.replace(base, first_difference=path,

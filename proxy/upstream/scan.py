@@ -1,0 +1,135 @@
+"""Where the images a client inlined sit in its raw body, found without decoding their base64 (proxy layer).
+
+An agent's request is mostly base64 that comes back unchanged every turn. Decoding it into
+Python strings (and encoding those again to hash them) costs more than the proxy's whole relay.
+``scan`` finds each base64 run in the raw bytes (after the wire format's ``INLINE_MARKERS``, up
+to the closing quote: base64 holds no quote and no backslash), gives it its identity straight
+from those bytes (``identity.Identities.of_run``), and decodes the body with each run cut out
+(a marker string in its place, with a per-process nonce): a small document whose structure is
+the body's. The adapters then find the client's images in it as in any body, each one standing
+for its run. A run no image part accounts for (a ``"data"`` key that is not an image's, a text
+that quotes a ``data:`` URL) makes the scan ``complete = False``: the caller decodes the whole
+body instead, as it would without a scan.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NamedTuple
+
+import msgspec
+
+from projectionist.adapters.base import Carried, WireFormat
+from projectionist.policy.errors import InvalidRequest
+from projectionist.proxy.upstream.identity import MIN_CHARS
+
+_decoder: Final = msgspec.json.Decoder()
+#: What stands for a cut-out run in the small document: unguessable, never in a client's JSON.
+_NONCE: Final = os.urandom(8).hex()
+_MARK: Final = f"\\u0000{_NONCE}:".encode()
+_MARK_TEXT: Final = f"\x00{_NONCE}:"
+_WHITESPACE: Final = b" \t\r\n"
+
+
+class Run(NamedTuple):
+    """One base64 run of the raw body: ``raw[start:end]``, and its identity (None: not base64)."""
+
+    start: int
+    end: int
+    id: str | None
+
+
+class Scanned(NamedTuple):
+    """The body's structure without its base64 (``tree``), its runs in byte order, and the
+    client's images found in ``tree`` with their identities (each ``Carried.value`` a marker
+    string standing for its run). ``complete``: every run is an image the adapter found."""
+
+    tree: Any
+    runs: tuple[Run, ...]
+    client: list[tuple[Carried, str]]
+    complete: bool
+
+    def payload(self, raw: bytes, attachment_id: str) -> memoryview | None:
+        """The base64 of the image with this identity, as the client sent it."""
+        for run in self.runs:
+            if run.id == attachment_id:
+                return memoryview(raw)[run.start:run.end]
+        return None
+
+
+def runs(raw: bytes, markers: Sequence[bytes]) -> list[tuple[int, int]]:
+    """Every base64 run after one of ``markers`` (for a key marker such as ``"data":``, after the
+    whitespace and the opening quote), in byte order; runs shorter than ``MIN_CHARS`` or holding a
+    backslash are left in place."""
+    found: list[tuple[int, int]] = []
+    for marker in markers:
+        key = marker.endswith(b":")
+        at = raw.find(marker)
+        while at >= 0:
+            start = at + len(marker)
+            if key:
+                while start < len(raw) and raw[start] in _WHITESPACE:
+                    start += 1
+                if raw[start:start + 1] != b'"':
+                    at = raw.find(marker, start)
+                    continue
+                start += 1
+            end = raw.find(b'"', start)
+            if end < 0:
+                break
+            if end - start >= MIN_CHARS and raw.find(b"\\", start, end) < 0:
+                found.append((start, end))
+            at = raw.find(marker, end + 1)
+    found.sort()
+    return found
+
+
+def scan(fmt: WireFormat, raw: bytes, identify: Callable[[bytes, int, int], str | None],
+         identify_text: Callable[[str], str | None],
+         find: Callable[[WireFormat, Any], list[Carried]]) -> Scanned | None:
+    """``raw`` scanned as the module docstring says; None when it holds no run at all (the caller
+    decodes it, or needs not). ``find`` gives the client's images of a decoded body (the adapter's
+    ``find_inline``, bounded by the caller); an image left in place (short, or JSON-escaped) gets
+    its identity from its decoded text (``identify_text``). The small document must be JSON, or
+    the body is the client's error (``INVALID_JSON``), as for any body."""
+    cuts = runs(raw, fmt.INLINE_MARKERS)
+    if not cuts:
+        return None
+    view = memoryview(raw)
+    pieces: list[bytes | memoryview] = []
+    last = 0
+    spans: list[Run] = []
+    for index, (start, end) in enumerate(cuts):
+        if start < last:  # overlapping runs (two markers met one string): not a shape we cut
+            return Scanned(None, (), [], False)
+        pieces += [view[last:start], _MARK, str(index).encode()]
+        spans.append(Run(start, end, identify(raw, start, end)))
+        last = end
+    pieces.append(view[last:])
+    try:
+        tree = _decoder.decode(b"".join(pieces))
+    except (msgspec.DecodeError, RecursionError):
+        raise InvalidRequest("request body is not valid JSON", code="INVALID_JSON") from None
+    client: list[tuple[Carried, str]] = []
+    used: set[int] = set()
+    for image in find(fmt, tree):
+        aid: str | None
+        number = _run_of(image.data)
+        if number is None:  # left in place: its text is its own
+            aid = identify_text(image.data)
+        elif number < len(spans):
+            used.add(number)
+            aid = spans[number].id
+        else:
+            return Scanned(tree, tuple(spans), [], False)
+        if aid is not None:
+            client.append((image, aid))
+    return Scanned(tree, tuple(spans), client, len(used) == len(spans))
+
+
+def _run_of(data: str) -> int | None:
+    if not data.startswith(_MARK_TEXT):
+        return None
+    number = data[len(_MARK_TEXT):]
+    return int(number) if number.isascii() and number.isdigit() and len(number) < 9 else None
