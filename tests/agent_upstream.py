@@ -1,66 +1,94 @@
-"""A scripted upstream for the real agent CLIs (``tests.agents``): enough of Anthropic Messages and
-of the OpenAI Responses API for Claude Code and the Codex CLI to finish a turn non-interactively.
+"""A scripted upstream for the real clients (``tests.agents``: Claude Code, the Codex CLI;
+``tests.aider``): enough of OpenAI Chat Completions, Anthropic Messages and the OpenAI Responses
+API for each to finish a turn non-interactively, and a dead-end proxy (``Trap``) for everything a
+client would reach beyond loopback.
 
-- ``POST /v1/messages`` (``?beta=true`` too), JSON or SSE. A request that offers the ``Read`` tool
-  while ``read_file`` is set and carries no ``tool_result`` yet is answered with one ``tool_use``
-  of ``Read`` on that file; every other one (the follow-up turn, Claude Code's side calls: quota
-  probe, topic/title detection) with the text ``answer``.
+Every answer is the text ``answer``, as one JSON document or, when the request sets ``stream``, as
+SSE with a delta per word:
+
+- ``POST /v1/chat/completions``: a ``chat.completion`` (``chat.completion.chunk`` events, a usage
+  chunk when ``stream_options.include_usage`` asks for one, then ``[DONE]``).
+- ``POST /v1/messages`` (``?beta=true`` too). A request that offers the ``Read`` tool while
+  ``read_file`` is set and carries no ``tool_result`` yet is answered with one ``tool_use`` of
+  ``Read`` on that file; every other one (the follow-up turn, Claude Code's side calls: quota
+  probe, topic/title detection) with the text.
 - ``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``.
-- ``POST /v1/responses``: the Responses SSE sequence (``response.created`` ... ``response.completed``)
-  with one assistant message ``answer`` (JSON when ``stream`` is not set).
+- ``POST /v1/responses``: a Response with one assistant message (the SSE sequence
+  ``response.created`` ... ``response.completed``).
 - ``GET /v1/models``: a models list (OpenAI's ``data`` and Codex's own ``models`` key).
-- Anything else: recorded, answered 404.
+- Anything else: 404.
 
-Every request is recorded (``received``: method, path with query, headers, decoded JSON body).
-``refused`` maps an attachment id (``sha256:`` of the decoded image bytes) to whether the refusal
-names the image's place, as the providers do:
+Every request is recorded (``received``: a ``Seen`` with method, path with query, headers, the
+body as sent and decoded, the status answered, a Messages call's scripted ``stop_reason``; aiohttp
+undoes any ``Content-Encoding``, the header itself is kept). ``refused`` maps an attachment id
+(``sha256:`` of the decoded image bytes) to whether the refusal names the image's place; a model
+call inlining one is answered with its provider's error, in the shapes of ``tests/refusing.py``:
 
 - Anthropic: 400 ``{"type":"error","error":{"type":"invalid_request_error","message":"Could not
   process image"}}``; named: ``messages.N.content.M.image.source.base64: Could not process image``,
-  and for an image inside a ``tool_result``
+  for an image inside a ``tool_result``
   ``messages.N.content.M.tool_result.content.K.image.source.base64: ...`` (the block's type follows
   its index; the shape of real errors, e.g. "messages.30.content.0.tool_result.content.0.image.
   source.base64: image exceeds 5 MB maximum", "messages.106.content.0.tool_result.content.0.image.
-  source.base64.media_type: Input should be ...").
-- OpenAI: 400 ``{"error":{"message":"You uploaded an unsupported image. ...","type":
-  "invalid_request_error","param":null,"code":"invalid_image_format"}}``; named: ``param`` is the
-  part's place, e.g. ``input[1].content[0].image_url``.
+  source.base64.media_type: Input should be ..."), or down to another field of the source
+  (``anthropic_field="base64.data"``: ``messages.8.content.1.image.source.base64.data: ...``).
+- OpenAI (Chat Completions, Responses): 400 ``{"error":{"message":"You uploaded an unsupported
+  image. ...","type":"invalid_request_error","param":null,"code":"invalid_image_format"}}``;
+  named: ``param`` is the part's place, ``messages[3].content[1].image_url``,
+  ``input[1].content[0].image_url``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Handler
+from multidict import CIMultiDict
 
 from tests.fake_responses import USAGE, response_object
-from tests.refusing import OPENAI_MESSAGE, inlined
+from tests.refusing import inlined, refusal
 
 ANSWER: Final = "The scripted upstream says: the screenshot shows a blue square."
-ANTHROPIC_REFUSAL: Final = "Could not process image"
+#: The model calls, the routes that refuse an image.
+MODEL_ROUTES: Final = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"})
 
 
 @dataclass
 class Seen:
+    """One request the scripted upstream received, and the status it answered."""
+
     method: str
     path_qs: str
-    headers: dict[str, str]
+    headers: CIMultiDict[str]
     body: Any  # decoded JSON, or None
     raw: bytes
     status: int = 0
+    #: A Messages call's ``stop_reason`` as scripted: ``tool_use`` (the ``Read``) or ``end_turn`` (the text).
+    stop_reason: str | None = None
 
     @property
     def path(self) -> str:
         return self.path_qs.split("?", 1)[0]
 
+    @property
+    def images(self) -> list[tuple[tuple[str, ...], str]]:
+        """Every inlined image: (path of the value in the body, ``sha256:`` of its decoded bytes)."""
+        return list(inlined(self.body)) if self.body is not None else []
 
-def anthropic_place(path: tuple[str, ...]) -> str:
-    """``messages.N.content.M[.tool_result.content.K].image.source.base64`` for the image at
-    ``path`` (``messages/2/content/0/content/1/source/data``) in a Messages body: each content
+
+SEEN: Final = web.RequestKey("scripted_seen", Seen)
+
+
+def anthropic_place(path: tuple[str, ...], source_field: str = "base64") -> str:
+    """``messages.N.content.M[.tool_result.content.K].image.source.<source_field>`` for the image
+    at ``path`` (``messages/2/content/0/content/1/source/data``) in a Messages body: each content
     block's type follows its index, as the API spells it."""
     block = path[:path.index("source")] if "source" in path else path
     out: list[str] = []
@@ -68,16 +96,37 @@ def anthropic_place(path: tuple[str, ...]) -> str:
         out.append(step)
         if step.isdigit() and i > 0 and block[i - 1] == "content" and i + 1 < len(block):
             out.append("tool_result")  # a block that holds content of its own: a tool_result
-    return ".".join(out) + ".image.source.base64"
+    return ".".join(out) + ".image.source." + source_field
 
 
 def openai_place(path: tuple[str, ...]) -> str:
-    """``input[1].content[0].image_url`` for the image at ``input/1/content/0/image_url``."""
+    """``input[1].content[0].image_url`` for the image at ``input/1/content/0/image_url`` (and
+    ``messages[3].content[1].image_url`` for ``messages/3/content/1/image_url/url``)."""
     block = path[:path.index("image_url") + 1] if "image_url" in path else path
     out = ""
     for step in block:
         out += f"[{step}]" if step.isdigit() else (f".{step}" if out else step)
     return out
+
+
+def words(text: str) -> list[str]:
+    """``text`` as streamed: a piece per word, each but the last with its space."""
+    pieces = text.split(" ")
+    return [piece + " " for piece in pieces[:-1]] + pieces[-1:]
+
+
+async def sse(request: web.Request, events: Iterable[dict[str, Any]], *, named: bool) -> web.StreamResponse:
+    """Stream ``events``: ``event: <type>`` lines (Messages, Responses) when ``named``, else bare
+    ``data:`` lines closed by ``[DONE]`` (Chat Completions)."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    for event in events:
+        head = f"event: {event['type']}\n".encode() if named else b""
+        await resp.write(head + b"data: " + msgspec.json.encode(event) + b"\n\n")
+    if not named:
+        await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 @dataclass
@@ -86,13 +135,17 @@ class ScriptedUpstream:
     #: The file Claude Code is told to Read on its first agent turn (absolute path), if any.
     read_file: str | None = None
     refused: dict[str, bool] = field(default_factory=dict)
+    #: The field of the image source a named Anthropic refusal points at.
+    anthropic_field: str = "base64"
     refusals: int = 0
     received: list[Seen] = field(default_factory=list)
     url: str = ""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[self._record])
+        app.on_response_prepare.append(self._answered)
+        app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/responses", self.responses)
@@ -100,45 +153,77 @@ class ScriptedUpstream:
         app.router.add_route("*", "/{tail:.*}", self.other)
         return app
 
+    def requests(self, path: str) -> list[Seen]:
+        return [s for s in self.received if s.path == path]
+
     # -- recording and refusing ------------------------------------------------------------------
 
-    async def _seen(self, request: web.Request) -> Seen:
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         raw = await request.read()  # aiohttp decompresses gzip/deflate/br request bodies
         try:
             body = msgspec.json.decode(raw) if raw else None
         except msgspec.DecodeError:
             body = None
-        seen = Seen(request.method, request.path_qs, dict(request.headers), body, raw)
+        seen = Seen(request.method, request.path_qs, CIMultiDict(request.headers), body, raw)
         self.received.append(seen)
-        return seen
+        request[SEEN] = seen
+        if self.refused and request.method == "POST" and request.path in MODEL_ROUTES:
+            hit = next(((path, found) for path, found in seen.images if found in self.refused), None)
+            if hit is not None:
+                self.refusals += 1
+                return self.refusal(request.path, hit[0], self.refused[hit[1]])
+        return await handler(request)
 
-    def _refusal(self, seen: Seen, anthropic: bool) -> web.Response | None:
-        if not self.refused or seen.body is None:
-            return None
-        hit = next(((p, found) for p, found in inlined(seen.body) if found in self.refused), None)
-        if hit is None:
-            return None
-        self.refusals += 1
-        seen.status = 400
-        path, named = hit[0], self.refused[hit[1]]
-        if anthropic:
-            message = f"{anthropic_place(path)}: {ANTHROPIC_REFUSAL}" if named else ANTHROPIC_REFUSAL
-            return web.json_response({"type": "error", "error": {"type": "invalid_request_error", "message": message},
-                                      "request_id": f"req_scripted{next(self._ids)}"}, status=400)
-        return web.json_response({"error": {"message": OPENAI_MESSAGE, "type": "invalid_request_error",
-                                            "param": openai_place(path) if named else None,
-                                            "code": "invalid_image_format"}}, status=400)
+    async def _answered(self, request: web.Request, response: web.StreamResponse) -> None:
+        seen = request.get(SEEN)
+        if seen is not None:
+            seen.status = response.status  # as sent, before a streamed body
 
-    def requests(self, path: str) -> list[Seen]:
-        return [s for s in self.received if s.path == path]
+    def refusal(self, route: str, path: tuple[str, ...], named: bool) -> web.Response:
+        """``tests/refusing.py``'s refusal of the image at ``path``, its place named as the provider
+        names it when ``named``."""
+        unnamed = refusal(route, path, False)
+        if not named:
+            return unnamed
+        doc = msgspec.json.decode(unnamed.text or "{}")
+        if route.startswith("/v1/messages"):
+            doc["error"]["message"] = f"{anthropic_place(path, self.anthropic_field)}: {doc['error']['message']}"
+        else:
+            doc["error"]["param"] = openai_place(path)
+        return web.json_response(doc, status=unnamed.status)
+
+    @staticmethod
+    def _body(request: web.Request) -> dict[str, Any]:
+        body = request[SEEN].body
+        return body if isinstance(body, dict) else {}
+
+    # -- OpenAI Chat Completions -----------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = self._body(request)
+        head = {"id": f"chatcmpl-scripted{next(self._ids)}", "created": 1700000000,
+                "model": body["model"] if isinstance(body.get("model"), str) else "gpt-4o"}
+        usage = {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": self.answer}
+            return web.json_response(dict(head, object="chat.completion", usage=usage,
+                                          choices=[{"index": 0, "message": message, "finish_reason": "stop"}]))
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return dict(head, object="chat.completion.chunk",
+                        choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
+
+        events = [chunk({"role": "assistant", "content": ""}), *(chunk({"content": w}) for w in words(self.answer)),
+                  chunk({}, "stop")]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            events.append(dict(chunk({}), choices=[], usage=usage))
+        return await sse(request, events, named=False)
 
     # -- Anthropic Messages ----------------------------------------------------------------------
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
-        seen = await self._seen(request)
-        refused = self._refusal(seen, anthropic=True)
-        seen.status = seen.status or 200
-        return refused or web.json_response({"input_tokens": 42})
+        return web.json_response({"input_tokens": 42})
 
     def _wants_read(self, body: dict[str, Any]) -> bool:
         if self.read_file is None or not any(t.get("name") == "Read" for t in body.get("tools") or []):
@@ -151,64 +236,44 @@ class ScriptedUpstream:
         return True
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        seen = await self._seen(request)
-        refused = self._refusal(seen, anthropic=True)
-        if refused is not None:
-            return refused
-        seen.status = 200
-        body = seen.body if isinstance(seen.body, dict) else {}
+        body = self._body(request)
         n = next(self._ids)
         if self._wants_read(body):
             block: dict[str, Any] = {"type": "tool_use", "id": f"toolu_scripted{n}", "name": "Read",
                                      "input": {"file_path": self.read_file}}
+            opened = dict(block, input={})
+            deltas = [{"type": "input_json_delta", "partial_json": msgspec.json.encode(block["input"]).decode()}]
             stop = "tool_use"
         else:
-            block, stop = {"type": "text", "text": self.answer}, "end_turn"
-        model = body.get("model", "claude-sonnet-4-5")
+            block = {"type": "text", "text": self.answer}
+            opened = dict(block, text="")
+            deltas = [{"type": "text_delta", "text": w} for w in words(self.answer)]
+            stop = "end_turn"
+        request[SEEN].stop_reason = stop
         usage = {"input_tokens": 10, "output_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-        message = {"id": f"msg_scripted{n}", "type": "message", "role": "assistant", "model": model,
-                   "content": [block], "stop_reason": stop, "stop_sequence": None, "usage": usage}
+        message = {"id": f"msg_scripted{n}", "type": "message", "role": "assistant",
+                   "model": body.get("model", "claude-sonnet-4-5"), "content": [block], "stop_reason": stop,
+                   "stop_sequence": None, "usage": usage}
         if not body.get("stream"):
             return web.json_response(message)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-
-        async def event(name: str, data: dict[str, Any]) -> None:
-            await resp.write(f"event: {name}\ndata: ".encode() + msgspec.json.encode(data) + b"\n\n")
-
-        await event("message_start", {"type": "message_start",
-                                      "message": dict(message, content=[], stop_reason=None,
-                                                      usage=dict(usage, output_tokens=1))})
-        if block["type"] == "text":
-            await event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                "content_block": {"type": "text", "text": ""}})
-            await event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                "delta": {"type": "text_delta", "text": self.answer}})
-        else:
-            await event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                "content_block": dict(block, input={})})
-            await event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                "delta": {"type": "input_json_delta",
-                                                          "partial_json": msgspec.json.encode(block["input"]).decode()}})
-        await event("content_block_stop", {"type": "content_block_stop", "index": 0})
-        await event("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                                      "usage": {"output_tokens": 7}})
-        await event("message_stop", {"type": "message_stop"})
-        await resp.write_eof()
-        return resp
+        started = dict(message, content=[], stop_reason=None, usage=dict(usage, output_tokens=1))
+        return await sse(request, [
+            {"type": "message_start", "message": started},
+            {"type": "content_block_start", "index": 0, "content_block": opened},
+            {"type": "ping"},
+            *({"type": "content_block_delta", "index": 0, "delta": delta} for delta in deltas),
+            {"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+             "usage": {"output_tokens": 7}},
+            {"type": "message_stop"},
+        ], named=True)
 
     # -- OpenAI Responses ------------------------------------------------------------------------
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        seen = await self._seen(request)
-        refused = self._refusal(seen, anthropic=False)
-        if refused is not None:
-            return refused
-        seen.status = 200
-        body = seen.body if isinstance(seen.body, dict) else {}
+        body = self._body(request)
         n = next(self._ids)
-        model = body["model"] if isinstance(body.get("model"), str) else "gpt-5"
-        done = response_object(self.answer, model=model)
+        done = response_object(self.answer, model=body["model"] if isinstance(body.get("model"), str) else "gpt-5")
         done["id"] = f"resp_scripted{n}"
         item = done["output"][0]
         item["id"] = f"msg_scripted{n}"
@@ -223,23 +288,17 @@ class ScriptedUpstream:
             {"type": "response.output_item.added", "output_index": 0,
              "item": dict(item, status="in_progress", content=[])},
             {"type": "response.content_part.added", **ref, "part": part},
-            {"type": "response.output_text.delta", **ref, "delta": self.answer, "logprobs": []},
+            *({"type": "response.output_text.delta", **ref, "delta": w, "logprobs": []} for w in words(self.answer)),
             {"type": "response.output_text.done", **ref, "text": self.answer, "logprobs": []},
             {"type": "response.content_part.done", **ref, "part": dict(part, text=self.answer)},
             {"type": "response.output_item.done", "output_index": 0, "item": item},
             {"type": "response.completed", "response": dict(done, usage=copy.deepcopy(USAGE))},
         ]
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        for seq, ev in enumerate(events):
-            ev["sequence_number"] = seq
-            await resp.write(f"event: {ev['type']}\ndata: ".encode() + msgspec.json.encode(ev) + b"\n\n")
-        await resp.write_eof()
-        return resp
+        return await sse(request, (dict(ev, sequence_number=seq) for seq, ev in enumerate(events)), named=True)
+
+    # -- the rest --------------------------------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        seen = await self._seen(request)
-        seen.status = 200
         ids = ["gpt-5", "gpt-5-codex", "claude-sonnet-4-5"]
         return web.json_response({"object": "list",
                                   "data": [{"id": m, "object": "model", "created": 1700000000, "owned_by": "scripted"}
@@ -247,7 +306,43 @@ class ScriptedUpstream:
                                   "models": []})
 
     async def other(self, request: web.Request) -> web.StreamResponse:
-        seen = await self._seen(request)
-        seen.status = 404
-        return web.json_response({"error": {"message": f"scripted upstream: no route {request.path}",
+        return web.json_response({"error": {"message": f"scripted upstream: no route {request.method} {request.path}",
                                             "type": "not_found"}}, status=404)
+
+
+class Trap:
+    """A dead-end HTTP proxy on loopback: the runs' ``HTTP(S)_PROXY``, so that anything a client
+    tries to reach beyond loopback (release checks, price maps, analytics) is recorded here and
+    refused (403), never sent out. Loopback itself is in ``NO_PROXY``."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []  # each attempt's request line, e.g. ``CONNECT pypi.org:443 HTTP/1.1``
+        self.url = ""
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> Trap:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5)
+            self.requests.append(line.decode(errors="replace").strip())
+            writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def env(self) -> dict[str, str]:
+        loopback = "127.0.0.1,localhost,::1"
+        return {"HTTP_PROXY": self.url, "HTTPS_PROXY": self.url, "http_proxy": self.url, "https_proxy": self.url,
+                "ALL_PROXY": self.url, "NO_PROXY": loopback, "no_proxy": loopback}

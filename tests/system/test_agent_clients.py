@@ -18,6 +18,12 @@ rescue is what the README promises for a refused image (one ``attachment/rejecte
 re-send with the placeholder in the image's place), for images the client inlined itself, in
 the session the client carries without naming it to the proxy (Claude Code's own session id,
 Codex's ``session-id`` header).
+
+Then the next turn of that conversation (``claude -p --resume ID``, ``codex exec resume ID``): the
+client re-sends its history with the refused image inlined again, and the proxy puts the
+placeholder in its place before the provider is called, so the provider never sees the bytes
+again. Claude Code 1.0.x starts a new session id in every process, so for it the promise holds
+per process: its resumed turn is a new session, rescued once more.
 """
 
 from __future__ import annotations
@@ -32,12 +38,11 @@ import pytest
 from projectionist.proxy.config import Config
 from projectionist.proxy.http.app import create_app, open_log, open_store
 from projectionist.proxy.http.services import SERVICES
-from tests.agent_upstream import ANSWER, Seen, ScriptedUpstream
+from tests.agent_upstream import ANSWER, ScriptedUpstream, Seen
 from tests.agents import CLAUDE_CODE_VERSIONS, CODEX_VERSION, claude_code, codex, codex_config, run_agent
 from tests.conftest import ADMIN, Harness
 from tests.fakes import CountingStore
 from tests.imaging import make_image, ref_id
-from tests.refusing import inlined
 
 # The first run installs the CLIs from npm when .ci/run has not; each run starts a real agent.
 pytestmark = pytest.mark.timeout(900)
@@ -46,6 +51,8 @@ CLIENTS = [*(f"claude-code-{v}" for v in CLAUDE_CODE_VERSIONS), f"codex-{CODEX_V
 #: The model calls of each client (the routes the image travels on).
 MODEL_PATHS = {"claude": "/v1/messages", "codex": "/v1/responses"}
 PROMPT = "Describe the screenshot shot.png"
+#: The user's next message in the same conversation (``run(..., resume=...)``).
+NEXT_PROMPT = "Which colour did the square in the screenshot have?"
 
 
 @pytest.fixture
@@ -91,18 +98,24 @@ class Shot:
         self.id = ref_id(self.data)
 
 
-async def run(client: str, url: str, cwd: Path, home: Path, scripted: ScriptedUpstream) -> tuple[int, str, str]:
+async def run(client: str, url: str, cwd: Path, home: Path, scripted: ScriptedUpstream,
+              *, resume: str | None = None) -> tuple[int, str, str]:
     """One non-interactive turn of ``client`` whose only configuration is ``url`` (the proxy's
-    or the scripted upstream's base URL) and a dummy key."""
+    or the scripted upstream's base URL) and a dummy key. ``resume``: the client's session id of
+    an earlier turn in the same ``home`` and ``cwd``; this turn continues that conversation with
+    ``NEXT_PROMPT`` (``claude -p --resume ID``, ``codex exec resume ID``) and attaches nothing new."""
     home.mkdir(parents=True, exist_ok=True)
     if client.startswith("claude-code-"):
         scripted.read_file = str(cwd / "shot.png")
-        argv = [str(claude_code(client.removeprefix("claude-code-"))), "-p", PROMPT, "--allowedTools", "Read"]
+        turn = ["--resume", resume, NEXT_PROMPT] if resume is not None else [PROMPT]
+        argv = [str(claude_code(client.removeprefix("claude-code-"))), "-p", *turn, "--allowedTools", "Read"]
         env = {"HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "sk-ant-dummy"}
     else:
         codex_home = home / ".codex"
         codex_config(codex_home, f"{url}/v1")
-        argv = [str(codex(client.removeprefix("codex-"))), "exec", "--skip-git-repo-check", PROMPT, "-i", "shot.png"]
+        turn = ["resume", "--skip-git-repo-check", resume, NEXT_PROMPT] if resume is not None else \
+            ["--skip-git-repo-check", PROMPT, "-i", "shot.png"]
+        argv = [str(codex(client.removeprefix("codex-"))), "exec", *turn]
         env = {"HOME": str(home), "CODEX_HOME": str(codex_home), "PROJ_API_KEY": "sk-dummy"}
     return await run_agent(argv, env, cwd, timeout=240)
 
@@ -113,8 +126,7 @@ def model_calls(scripted: ScriptedUpstream, client: str) -> list[Seen]:
 
 def carrying(calls: list[Seen], image_id: str) -> list[tuple[int, tuple[str, ...]]]:
     """(index in ``calls``, place of the image's value) for each call that inlined ``image_id``."""
-    return [(i, path) for i, call in enumerate(calls) if call.body is not None
-            for path, found in inlined(call.body) if found == image_id]
+    return [(i, path) for i, call in enumerate(calls) for path, found in call.images if found == image_id]
 
 
 def at(body: Any, path: tuple[str, ...]) -> Any:
@@ -229,3 +241,155 @@ async def test_the_proxy_rescues_the_session_from_a_refused_image(client: str, n
     assert rejected[0][1]["attachment_id"] == shot.id
     # the session is the one the client carries itself: Claude Code's session id, Codex's header
     assert rejected[0][0].startswith("claude-code:" if client.startswith("claude") else "codex:"), rejected
+
+
+#: The clients whose next turn (``run(..., resume=...)``) continues the conversation in the same
+#: session id: Claude Code 2.x (``--resume ID`` keeps it), Codex (``exec resume ID`` keeps it).
+#: Claude Code 1.0.x starts a session id of its own in every process, ``--resume`` too: its next
+#: turn is ``test_claude_code_1_0_resumes_into_a_new_session_where_the_proxy_rescues_again``.
+SAME_SESSION = [f"claude-code-{v}" for v in CLAUDE_CODE_VERSIONS if not v.startswith("1.")] + [f"codex-{CODEX_VERSION}"]
+OLD_CLAUDE_CODE = [f"claude-code-{v}" for v in CLAUDE_CODE_VERSIONS if v.startswith("1.")]
+#: The header in which each client names its own session on every call (Claude Code 1.0.x names
+#: it only in ``metadata.user_id``: ``user_<hash>_account__session_<uuid>``).
+SESSION_HEADERS = {"claude": "X-Claude-Code-Session-Id", "codex": "session-id"}
+
+
+def since(scripted: ScriptedUpstream, client: str, start: int) -> list[Seen]:
+    """The model calls the scripted upstream received from its ``start``-th request on (one turn)."""
+    return [c for c in scripted.received[start:] if c.path == MODEL_PATHS[client.split("-", 1)[0]]]
+
+
+def rejections(events: dict[str, list[dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """(session, data) of every ``attachment/rejected`` event in the log."""
+    return [(sid, e["data"]) for sid, ev in events.items() for e in ev if e["type"] == "attachment/rejected"]
+
+
+def refs_of(events: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any]]:
+    """The ``refs`` of every ``request/recorded`` event past ``seq`` ``after``: what the proxy found
+    where in each call the client sent, and what it sent on in its place."""
+    return [ref for e in events if e["type"] == "request/recorded" and e["seq"] > after
+            for ref in e["data"].get("refs", [])]
+
+
+def has_placeholder(call: Seen, place: tuple[str, ...], image_id: str) -> bool:
+    """Whether ``call`` holds the rejection placeholder of ``image_id`` in the content part at ``place``."""
+    try:
+        part = at(call.body, block_of(place))
+    except (KeyError, IndexError, TypeError, ValueError):
+        return False
+    return (isinstance(part, dict) and part.get("type") in ("text", "input_text")
+            and placeholder(image_id).fullmatch(str(part.get("text"))) is not None)
+
+
+def user_id_session(call: Seen) -> str | None:
+    """Claude Code 1.0.x's session id, the tail of ``metadata.user_id``."""
+    user = ((call.body or {}).get("metadata") or {}).get("user_id") or ""
+    _, found, session = user.partition("_session_")
+    return session if found else None
+
+
+async def rescued_first_turn(client: str, live: Harness, scripted: ScriptedUpstream, cwd: Path, home: Path,
+                             shot: Shot) -> tuple[str, tuple[str, ...]]:
+    """The first turn through the proxy, its image refused (a refusal that names no place) and
+    rescued: (the proxy's session of it, place of the image in the refused call)."""
+    scripted.refused[shot.id] = False
+    rc, out, err = await run(client, base_url(live), cwd, home, scripted)
+    assert rc == 0 and ANSWER in out, outcome(rc, out, err)
+    calls = model_calls(scripted, client)
+    [(i, place)] = carrying(calls, shot.id)
+    assert calls[i].status == 400 and scripted.refusals == 1
+    [(session, data)] = rejections(await all_events(live))
+    assert data["attachment_id"] == shot.id
+    return session, place
+
+
+@pytest.mark.parametrize("client", SAME_SESSION)
+async def test_the_next_turn_of_a_rescued_session_never_sends_the_image_to_the_provider(
+    client: str, scripted: ScriptedUpstream, make_proxy: MakeProxy, tmp_path: Path
+) -> None:
+    """The later-turn promise, with the real client. After a rescued turn the user goes on in the
+    same conversation (``claude -p --resume ID``, ``codex exec resume ID``; same ``HOME`` and
+    folder): the client keeps its session id and re-sends its history, the refused image inlined
+    again where it was. The proxy puts the placeholder in its place before the provider is called:
+    the scripted upstream never receives those bytes again (no refusal on that turn), the turn
+    exits 0 with the scripted answer (Claude Code: plain text, no new ``tool_use``), and the
+    session's log still holds exactly one ``attachment/rejected``. A last turn of the same
+    conversation straight at the upstream, past the proxy, shows that the client really re-sends
+    the bytes (they reach the upstream and are refused again): the promise is not kept vacuously."""
+    live = await make_proxy()
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    home = tmp_path / "home"
+    shot = Shot(cwd)
+    session, place = await rescued_first_turn(client, live, scripted, cwd, home, shot)
+    source, own = session.split(":", 1)
+    assert source == ("claude-code" if client.startswith("claude") else "codex"), session
+    start = len(scripted.received)
+    logged = max(e["seq"] for e in (await all_events(live))[session])
+
+    # the next turn, through the proxy
+    rc, out, err = await run(client, base_url(live), cwd, home, scripted, resume=own)
+    turn = since(scripted, client, start)
+    assert turn, f"the resumed turn made no model call\n{outcome(rc, out, err)}"
+    assert carrying(turn, shot.id) == [], f"the image reached the provider again\n{outcome(rc, out, err)}"
+    assert scripted.refusals == 1, f"{scripted.refusals - 1} refusal(s) on the resumed turn"
+    assert [c.status for c in turn] == [200] * len(turn)
+    assert rc == 0 and ANSWER in out, outcome(rc, out, err)
+    header = SESSION_HEADERS[client.split("-", 1)[0]]
+    assert {c.headers.get(header) for c in turn} == {own}, "the resumed turn carries another session id"
+    if client.startswith("claude"):
+        assert [c.stop_reason for c in turn] == ["end_turn"] * len(turn), "the script answered with a tool_use"
+    # the client re-sent the image, the proxy found it in this session and sent the placeholder on
+    assert any(has_placeholder(c, place, shot.id) for c in turn), [at(c.body, block_of(place)[:2]) for c in turn]
+    events = await all_events(live)
+    replaced = [(r["attachment_id"], r["outcome"], r.get("failure")) for r in refs_of(events[session], logged)]
+    assert replaced and set(replaced) == {(shot.id, "placeholder", "rejected")}, replaced
+    assert len(rejections(events)) == 1 and rejections(events)[0][0] == session, rejections(events)
+
+    # the control: the same conversation resumed straight at the upstream sends the bytes again
+    start = len(scripted.received)
+    rc, out, err = await run(client, scripted.url, cwd, home, scripted, resume=own)
+    direct = since(scripted, client, start)
+    assert carrying(direct, shot.id), f"resumed past the proxy, the client did not re-send the image\n" \
+                                      f"{outcome(rc, out, err)}"
+    assert scripted.refusals > 1 and ANSWER not in out, outcome(rc, out, err)
+
+
+@pytest.mark.parametrize("client", OLD_CLAUDE_CODE)
+async def test_claude_code_1_0_resumes_into_a_new_session_where_the_proxy_rescues_again(
+    client: str, scripted: ScriptedUpstream, make_proxy: MakeProxy, tmp_path: Path
+) -> None:
+    """The limit of the later-turn promise for Claude Code 1.0.x: it is per process. 1.0.88 names
+    its session only in ``metadata.user_id`` (no ``X-Claude-Code-Session-Id``) and starts a new
+    session id in every process, ``--resume ID`` too: it loads the old transcript, re-sends the
+    image inlined where it was, and writes a new transcript under the new id. Nothing in the call
+    ties the new id to the old one, so the next turn is a NEW session for the proxy, with no
+    rejection yet: the image reaches the provider once more, is refused, and the proxy rescues
+    that session too (one ``attachment/rejected`` there, the re-send with the placeholder). The
+    turn still exits 0 with the scripted answer; each session's log holds exactly one rejection."""
+    live = await make_proxy()
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    home = tmp_path / "home"
+    shot = Shot(cwd)
+    session, place = await rescued_first_turn(client, live, scripted, cwd, home, shot)
+    source, own = session.split(":", 1)
+    assert source == "claude-code", session
+    start = len(scripted.received)
+
+    rc, out, err = await run(client, base_url(live), cwd, home, scripted, resume=own)
+    turn = since(scripted, client, start)
+    assert rc == 0 and ANSWER in out, outcome(rc, out, err)
+    [new] = {user_id_session(c) for c in turn}
+    assert new is not None and new != own, f"1.0.x kept its session id {own} on --resume: promote it to SAME_SESSION"
+    assert all(c.headers.get(SESSION_HEADERS["claude"]) is None for c in turn)
+    # the new session: the provider is asked once more, refuses, and the proxy re-sends with the placeholder
+    hits = carrying(turn, shot.id)
+    assert len(hits) == 1 and scripted.refusals == 2, f"{hits}, {scripted.refusals} refusals"
+    [(i, again)] = hits
+    assert again == place and turn[i].status == 400
+    assert i + 1 < len(turn) and turn[i + 1].status == 200 and has_placeholder(turn[i + 1], place, shot.id)
+    assert [c.stop_reason for c in turn if c.status == 200] == ["end_turn"] * (len(turn) - 1)
+    events = await all_events(live)
+    assert sorted(sid for sid, _ in rejections(events)) == sorted([session, f"claude-code:{new}"]), rejections(events)
+    assert {data["attachment_id"] for _, data in rejections(events)} == {shot.id}

@@ -4,11 +4,13 @@ with nothing but a base URL and a dummy key, on its OpenAI route (``openai/gpt-4
 ``ANTHROPIC_API_BASE``), an image given on its command line. aider inlines the image itself (a
 ``data:`` URL, a base64 source) and names no session.
 
-Behind the proxy a scripted upstream (``tests/aider_upstream.py``) answers one scripted reply and
+Behind the proxy a scripted upstream (``tests/agent_upstream.py``) answers one scripted reply and
 refuses the image as providers do. Without the proxy aider prints the provider's 400 and the turn
 is lost (it still exits 0). Through the proxy the refusal is rescued: one ``attachment/rejected``
 event in the session the proxy derives, the call re-sent once with the placeholder in the image's
-place, and aider gets its answer.
+place, and aider gets its answer. A second aider run with the same image and the same first
+message opens the same conversation, lands in the same derived session, and the image never
+reaches the provider again: the proxy puts the placeholder in its place first.
 
 Everything a run could reach beyond loopback goes to a dead-end proxy (``Trap``) instead, and the
 tests check that nothing tried.
@@ -30,7 +32,7 @@ from projectionist.proxy.config import Config
 from projectionist.proxy.http.app import create_app, open_log, open_store
 from projectionist.proxy.http.services import SERVICES
 from tests.aider import AiderRun, run_aider
-from tests.aider_upstream import ANSWER, Call, ScriptedUpstream, Trap
+from tests.agent_upstream import ANSWER, ScriptedUpstream, Seen, Trap
 from tests.conftest import ADMIN, Harness
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image
@@ -80,7 +82,7 @@ def shot() -> Shot:
 
 @pytest.fixture
 async def scripted(aiohttp_server: Any) -> ScriptedUpstream:
-    fake = ScriptedUpstream()
+    fake = ScriptedUpstream(anthropic_field="base64.data")  # named: ``...image.source.base64.data: ...``
     server = await aiohttp_server(fake.app())
     fake.url = str(server.make_url("")).rstrip("/")
     return fake
@@ -126,7 +128,7 @@ async def aider(route: Route, base: str, shot: Shot, trap: Trap, tmp_path: Path,
     return run
 
 
-def part_of(call: Call, image_path: tuple[str, ...]) -> Any:
+def part_of(call: Seen, image_path: tuple[str, ...]) -> Any:
     """The content part (OpenAI ``image_url`` part, Anthropic ``image`` block) holding an image value."""
     node: Any = call.body
     for step in image_path[:4]:  # messages, N, content, M
@@ -134,7 +136,7 @@ def part_of(call: Call, image_path: tuple[str, ...]) -> Any:
     return node
 
 
-def without_part(call: Call, image_path: tuple[str, ...]) -> Any:
+def without_part(call: Seen, image_path: tuple[str, ...]) -> Any:
     body = copy.deepcopy(call.body)
     node = body
     for step in image_path[:3]:
@@ -173,7 +175,7 @@ async def test_aider_directly_against_a_refusing_provider_prints_the_400_and_los
     scripted.refused[shot.id] = False
     run = await aider(route, scripted.url, shot, trap, tmp_path)
     assert run.rc == 0, run.output[-3000:]
-    [call] = scripted.calls
+    [call] = scripted.received
     assert (call.method, call.path) == ("POST", route.path)
     [(where, found)] = call.images
     assert found == shot.id
@@ -193,7 +195,7 @@ async def test_aider_through_the_proxy_gets_its_answer_with_the_image_inlined(
     run = await aider(route, base_url(live), shot, trap, tmp_path)
     assert run.rc == 0, run.output[-3000:]
     assert ANSWER in run.stdout, run.output[-3000:]
-    [call] = scripted.calls
+    [call] = scripted.received
     assert (call.method, call.path) == ("POST", route.path)
     assert call.body["stream"] is True
     [(where, found)] = call.images
@@ -224,9 +226,9 @@ async def test_aider_through_the_proxy_survives_the_provider_refusing_its_image(
     run = await aider(route, base_url(live), shot, trap, tmp_path)
 
     # (b) what reached the provider: the image inlined, refused; the same call with the placeholder
-    assert [(c.method, c.path) for c in scripted.calls] == [("POST", route.path)] * 2, \
-        f"{[(c.method, c.path) for c in scripted.calls]}\n{run.output[-3000:]}"
-    first, second = scripted.calls
+    assert [(c.method, c.path) for c in scripted.received] == [("POST", route.path)] * 2, \
+        f"{[(c.method, c.path) for c in scripted.received]}\n{run.output[-3000:]}"
+    first, second = scripted.received
     [(where, found)] = first.images
     assert found == shot.id
     assert scripted.refusals == 1
@@ -252,3 +254,60 @@ async def test_aider_through_the_proxy_survives_the_provider_refusing_its_image(
     assert len(rejected) == 1, events
     assert rejected[0]["attachment_id"] == shot.id
     assert rejected[0]["format"] == route.format
+
+
+@ROUTES
+async def test_aiders_next_run_of_a_rescued_conversation_never_sends_the_image_to_the_provider(
+    route: Route, make_proxy: MakeProxy, scripted: ScriptedUpstream, shot: Shot, trap: Trap, tmp_path: Path
+) -> None:
+    """The later-turn promise, with aider. After a rescued run the user runs aider again with the
+    same image on its command line and the same first message (same ``HOME`` and folder; aider
+    restores no chat history): it opens the conversation the same way and inlines the same bytes,
+    so the call lands in the same derived session (credential + opening messages, the image
+    counted by its identity). The proxy puts the placeholder in the image's place before the
+    provider is called: the scripted upstream never receives those bytes again (one call, no
+    refusal), aider exits 0 with the scripted answer, and the session's log still holds exactly
+    one ``attachment/rejected``."""
+    scripted.refused[shot.id] = False
+    live = await make_proxy()
+    first_run = await aider(route, base_url(live), shot, trap, tmp_path)
+    assert first_run.rc == 0 and ANSWER in first_run.stdout, first_run.output[-3000:]
+    assert [c.status for c in scripted.received] == [400, 200] and scripted.refusals == 1
+    refused = scripted.received[0]
+    [(where, found)] = refused.images
+    assert found == shot.id
+    await live.app[SERVICES].recording.drain()
+    [session] = [s["session"] for s in await sessions(live)]
+    assert session.startswith("derived:"), session
+    logged = max(e["seq"] for e in await live.events(session))
+
+    run = await aider(route, base_url(live), shot, trap, tmp_path)
+
+    # what reached the provider: the same call once, the placeholder where aider put the image again
+    assert [(c.method, c.path) for c in scripted.received[2:]] == [("POST", route.path)], \
+        f"{[(c.method, c.path, c.status) for c in scripted.received[2:]]}\n{run.output[-3000:]}"
+    call = scripted.received[2]
+    assert call.images == [], "the image reached the provider again"
+    assert scripted.refusals == 1 and call.status == 200
+    placeholder = part_of(call, where)
+    assert placeholder["type"] == "text", placeholder
+    match = PLACEHOLDER.fullmatch(placeholder["text"])
+    assert match is not None and match["short"] == shot.id.removeprefix("sha256:")[:8], placeholder["text"]
+    assert without_part(call, where) == without_part(refused, where), "the next run opened another conversation"
+
+    # aider got the scripted answer, no error
+    assert run.rc == 0, run.output[-3000:]
+    assert ANSWER in run.stdout, run.output[-3000:]
+    assert "BadRequestError" not in run.output
+
+    # the same derived session: the proxy found aider's image in it and sent the placeholder on;
+    # still exactly one rejection
+    await live.app[SERVICES].recording.drain()
+    assert [s["session"] for s in await sessions(live)] == [session]
+    events = await live.events(session)
+    refs = [ref for e in events if e["type"] == "request/recorded" and e["seq"] > logged
+            for ref in e["data"].get("refs", [])]
+    assert [(r["attachment_id"], r["outcome"], r.get("failure")) for r in refs] == \
+        [(shot.id, "placeholder", "rejected")], refs
+    rejected = [e["data"] for e in events if e["type"] == "attachment/rejected"]
+    assert len(rejected) == 1 and rejected[0]["attachment_id"] == shot.id, rejected

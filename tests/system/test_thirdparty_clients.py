@@ -241,9 +241,9 @@ async def test_litellm_passes_references_on_its_openai_route_and_downloads_hrefs
         "type": "image", "source": {"type": "base64", "media_type": "image/png", "data": other.b64}}
     gemini = by_path["/v1beta/models/gemini-2.5-flash:generateContent"]
     assert gemini["contents"][0]["parts"][1] == {"inline_data": {"data": other.b64, "mime_type": "image/png"}}
-    for session in ("litellm-anthropic", "litellm-gemini"):  # recorded in its session, nothing to project
+    for session in ("litellm-anthropic", "litellm-gemini"):  # recorded in its session: the client's own image
         [call] = await records(live, session)
-        assert refs(call) == []
+        assert refs(call) == [(other.id, "client")]
         assert await quarantined(live, session) == []
 
 
