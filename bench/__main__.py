@@ -301,6 +301,8 @@ class Bench:
         headers = {"X-Session-Id": scenarios.IMAGES_SESSION}
         group = [Target(name, servers[name], inline, headers) for name in ("direct", "bare") if name in servers]
         group.append(Target("projectionist", projectionist, refs, headers))
+        # the agents' own shape: the same ten images inlined by the client, every turn, in a session
+        group.append(Target("projectionist-inline", projectionist, inline, headers))
         cold: Proc | None = None
         try:
             cold = start_projectionist(self.procs, servers["direct"], "projectionist-cold", self.token,
@@ -321,6 +323,10 @@ class Bench:
         self.results.extras["image_costs"] = costs
         print("  images      where a cold image's CPU goes (in-process, medians):", flush=True)
         print("\n".join(image_costs.lines(costs)), flush=True)
+        inline_costs = image_costs.measure_inline(pngs)
+        self.results.extras["inline_image_costs"] = inline_costs
+        print("  images      where a client-inlined image's CPU goes (in-process, medians):", flush=True)
+        print("\n".join(image_costs.lines(inline_costs)), flush=True)
 
     def quarantined(self, projectionist: Proc) -> None:
         body = self.body("quarantined", scenarios.refs_body(scenarios.quarantined_ids()))

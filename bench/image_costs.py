@@ -104,3 +104,48 @@ if __name__ == "__main__":
     figures = measure(make_images())
     print(msgspec.json.encode(figures).decode())
     print("\n".join(lines(figures)))
+
+
+def measure_inline(pngs: list[bytes], rounds: int = 30) -> dict[str, Any]:
+    """CPU microseconds per image of a body whose images the client inlined itself, the agents'
+    shape, for each stage the proxy runs on it: the raw scan (finding each base64 run and cutting
+    it out, the small document decoded), an identity found again (xxh3 of the run and a compare
+    in place), an identity the first time (base64 decode and sha256), the record's spliced digest,
+    and, only on a request that must change the body (a rejection holds for one of its images),
+    the whole decode and encode of it. ``build`` is the whole of a request that sends the
+    client's bytes unchanged, divided by its images."""
+    from projectionist.adapters import openai_chat
+    from projectionist.policy.fold import EMPTY
+    from projectionist.policy.projection import Projection
+    from projectionist.proxy.upstream.identity import Identities
+    from projectionist.proxy.upstream.prepare import build, decode_json, digest_of, scan_body
+    from projectionist.proxy.upstream import scan as scanning
+
+    raw = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + pybase64.b64encode(p).decode()}}
+        for p in pngs]}]})
+    count = len(pngs)
+    warm = Identities()
+    scanned = scan_body(openai_chat, raw, warm)
+    assert scanned is not None and scanned.complete and len(scanned.client) == count
+    cuts = scanning.runs(raw, openai_chat.INLINE_MARKERS)
+
+    async def projected(refs: Any, images: int) -> Projection:
+        return Projection((), EMPTY)
+
+    loop = asyncio.new_event_loop()
+
+    def whole() -> None:
+        loop.run_until_complete(build(openai_chat, raw, projected, describe=True, shape_unchanged=False,
+                                      identities=warm))
+
+    stages = {
+        "scan (runs, small decode)": _per_image(lambda: scan_body(openai_chat, raw, warm), count, rounds),
+        "identity, seen before": _per_image(lambda: [warm.of_run(raw, a, b) for a, b in cuts], count, rounds),
+        "identity, first time": _per_image(lambda: [Identities().of_run(raw, a, b) for a, b in cuts], count, rounds),
+        "spliced digest": _per_image(lambda: digest_of(raw, scanned, scanned.client), count, rounds),
+        "whole decode + encode (body changes)": _per_image(lambda: UPSTREAM.encode(decode_json(raw)), count, rounds),
+        "build, body sent unchanged": _per_image(whole, count, rounds),
+    }
+    loop.close()
+    return {"us_per_image": stages, "body_bytes": len(raw), "rounds": rounds}

@@ -138,6 +138,11 @@ def ratios(results: Results) -> list[Ratio]:
     warm = _ratio(fig("images", "projectionist", 16, "cpu_ms_per_req"), bare_cpu)
     out.append(Ratio("images CPU/request projectionist(refs, cache warm)/bare(inlined)", warm, "(reported)",
                      "info" if warm is not None else "n/a"))
+    out.append(_check("P7 images inlined by the client, c=16 throughput projectionist/bare",
+                      _ratio(fig("images", "projectionist-inline", 16, "rps"), fig("images", "bare", 16, "rps")),
+                      "≥", 0.90))
+    out.append(_check("P7 images inlined by the client, CPU/request projectionist/bare",
+                      _ratio(fig("images", "projectionist-inline", 16, "cpu_ms_per_req"), bare_cpu), "≤", 1.25))
     long = extras.get("long_session", {})
     out.append(_check("P5 first request of a 100,000-event session, cold process / fresh-session p50",
                       long.get("ratio"), "≤", 2.0, long.get("note", "")))
