@@ -93,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override an upstream's base URL (openai=http://127.0.0.1:9000) or declare a named "
                             "one (deepseek=openai:https://api.deepseek.com); repeatable")
     serve.add_argument("--insecure-open-proxy", action="store_true",
-                       help="serve a non-loopback address with a server-held upstream key and no client tokens "
-                            "(anyone who reaches the port spends the key)")
+                       help="serve a non-loopback address with no client tokens (anyone who reaches the port "
+                            "reads every image and session, and spends any server-held key)")
     demo = sub.add_parser("demo", help="play the keyless story of a session surviving bad images",
                           description="Play the keyless story of a session surviving bad images.")
     demo.add_argument("--json", metavar="FILE", help="write the snapshot as JSON to FILE ('-' for stdout)")

@@ -100,19 +100,30 @@ def is_loopback(host: str) -> bool:
 
 
 def open_proxy_refusal(config: Config, environ: Mapping[str, str] = os.environ) -> str | None:
-    """Why ``serve`` must not start as configured, or None: a non-loopback address, an upstream
-    with a server-held key, and no client tokens would let anyone spend that key."""
+    """Why ``serve`` must not start as configured, or None: a non-loopback address and no client
+    tokens would let anyone who reaches the port list and read every admitted image and write
+    into every session (images and sessions are data), and spend any server-held key."""
     host = config.server.host
     if is_loopback(host) or config.client_tokens(environ):
         return None
-    keyed = [name for name in config.upstreams if config.upstream_key(name, environ)]
-    if not keyed:
-        return None
     where = f"${config.server.client_tokens_env}" if config.server.client_tokens_env else \
         "server.client_tokens_env is empty"
-    return (f"refusing to serve {host or 'all interfaces'}:{config.server.port}: upstream(s) {', '.join(keyed)} "
-            f"use a server-held key and no client tokens are set ({where}); "
-            "set them, listen on loopback, or pass --insecure-open-proxy")
+    keyed = [name for name in config.upstreams if config.upstream_key(name, environ)]
+    spend = f", and spend the server-held key of {', '.join(keyed)}" if keyed else ""
+    return (f"refusing to serve {host or 'all interfaces'}:{config.server.port} with no client tokens ({where}): "
+            f"anyone who reaches it could read every image and session{spend}; "
+            "set client tokens, listen on loopback, or pass --insecure-open-proxy")
+
+
+def unset_keys(config: Config, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why ``serve`` must not start, or None: an upstream's ``api_key_env`` names a variable that
+    is not set (and it has no ``api_key``). Started anyway, the proxy would forward each client's
+    own key, which its operator did not mean."""
+    for name, upstream in config.upstreams.items():
+        if upstream.api_key_env and not environ.get(upstream.api_key_env) and not upstream.api_key:
+            return (f"upstream {name!r}: api_key_env names ${upstream.api_key_env}, which is not set "
+                    "(set it, or remove api_key_env to forward the clients' own keys)")
+    return None
 
 
 class StartupError(ProjectionistError):
@@ -123,7 +134,11 @@ class StartupError(ProjectionistError):
 
 def admit_open_proxy(config: Config, insecure_open_proxy: bool) -> bool:
     """Whether ``serve`` runs as an open proxy (only with ``--insecure-open-proxy``): without the
-    flag, where ``open_proxy_refusal`` objects, a ``StartupError`` OPEN_PROXY_REFUSED."""
+    flag, where ``open_proxy_refusal`` objects, a ``StartupError`` OPEN_PROXY_REFUSED. An
+    ``api_key_env`` that names an unset variable is an INVALID_CONFIG first (``unset_keys``)."""
+    unset = unset_keys(config)
+    if unset:
+        raise StartupError(unset, code="INVALID_CONFIG")
     refusal = open_proxy_refusal(config)
     if refusal and not insecure_open_proxy:
         raise StartupError(refusal, code="OPEN_PROXY_REFUSED")

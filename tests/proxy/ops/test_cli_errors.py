@@ -94,7 +94,9 @@ def test_open_proxy_rule() -> None:
     refusal = open_proxy_refusal(config, keyed)
     assert refusal is not None and "openai" in refusal and "--insecure-open-proxy" in refusal
     assert open_proxy_refusal(config, {**keyed, "PROJECTIONIST_CLIENT_TOKENS": "t1"}) is None
-    assert open_proxy_refusal(config, {}) is None  # no server-held key: clients bring their own
+    # no server-held key: clients bring their own, but images and sessions are data all the same
+    unkeyed = open_proxy_refusal(config, {})
+    assert unkeyed is not None and "read every image and session" in unkeyed and "openai" not in unkeyed
     local = load_config(None, **{"server.host": "127.0.0.1"})
     assert open_proxy_refusal(msgspec.structs.replace(config, server=local.server), keyed) is None
     assert [is_loopback(h) for h in ("127.0.0.1", "127.5.0.1", "::1", "[::1]", "localhost", "0.0.0.0", "", "::",
@@ -113,6 +115,30 @@ async def test_serve_refuses_to_be_an_open_proxy_unless_told(tmp_path: Path) -> 
     log = await serve_briefly("--config", str(config), "--host", "0.0.0.0", "--insecure-open-proxy",
                               "--data-dir", str(tmp_path / "d"), env=env)
     assert log["open_proxy"] is True
+
+
+async def test_serve_refuses_an_open_listener_even_without_a_server_held_key(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PROJECTIONIST_CLIENT_TOKENS"}
+    rc, _, err = await cli("serve", "--host", "0.0.0.0", "--port", str(free_port()),
+                           "--data-dir", str(tmp_path / "d"), env=env)
+    one_line_error(rc, err, "OPEN_PROXY_REFUSED", "--insecure-open-proxy")
+    log = await serve_briefly("--host", "0.0.0.0", "--data-dir", str(tmp_path / "d"),
+                              env={**env, "PROJECTIONIST_CLIENT_TOKENS": "t1"})
+    assert log["open_proxy"] is False
+
+
+async def test_an_api_key_env_that_is_not_set_is_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NO_SUCH_KEY_VAR"}
+    config = tmp_path / "c.toml"
+    config.write_text('[upstreams.openai]\nformat = "openai"\nurl = "http://127.0.0.1:9"\n'
+                      'api_key_env = "NO_SUCH_KEY_VAR"\n')
+    rc, _, err = await cli("serve", "--config", str(config), "--port", str(free_port()),
+                           "--data-dir", str(tmp_path / "d"), env=env)
+    one_line_error(rc, err, "INVALID_CONFIG", "$NO_SUCH_KEY_VAR")
+    assert "openai" in err
+    log = await serve_briefly("--config", str(config), "--data-dir", str(tmp_path / "d"),
+                              env={**env, "NO_SUCH_KEY_VAR": "sk-set"})
+    assert log["event"] == "listening"
 
 
 async def serve_briefly(*args: str, env: dict[str, str] | None = None) -> dict[str, object]:
