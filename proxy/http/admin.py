@@ -22,6 +22,7 @@ from projectionist.proxy.http.middleware import Handler, context
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.sessionlog.summary import summaries, summary
 from projectionist.proxy.upstream.replay import rebuild, send_and_compare
+from projectionist.proxy.http.params import natural
 
 
 class ForkRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -92,11 +93,8 @@ async def get_session(request: web.Request) -> web.StreamResponse:
 async def get_events(request: web.Request) -> web.StreamResponse:
     app = request.app[SERVICES]
     sid = request.match_info["sid"]
-    try:
-        after = int(request.query.get("after", "0"))
-    except ValueError:
-        after = -1
-    if not 0 <= after < 2**62:
+    after = natural(request.query.get("after", "0"))
+    if after is None or not after < 2**62:
         raise InvalidRequest("'after' must be a non-negative integer", code="INVALID_QUERY")
     return _json(events_view(sid, await app.log.read(sid, after)))
 
@@ -144,10 +142,9 @@ class ReplayRequest(msgspec.Struct, forbid_unknown_fields=True):
 async def get_replay(request: web.Request) -> web.StreamResponse:
     """Rebuild a recorded call and check its digest (``?seq=N``, ``?show=1`` for the body)."""
     app = request.app[SERVICES]
-    try:
-        seq = int(request.query["seq"]) if "seq" in request.query else None
-    except ValueError:
-        raise InvalidRequest("'seq' must be an integer", code="INVALID_QUERY") from None
+    seq = natural(request.query["seq"]) if "seq" in request.query else None
+    if "seq" in request.query and seq is None:
+        raise InvalidRequest("'seq' must be a non-negative integer", code="INVALID_QUERY")
     rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], seq,
                             request_id=request.query.get("request_id"))
     return _json(rebuilt.summary(show=request.query.get("show") in ("1", "true")))

@@ -48,6 +48,7 @@ from projectionist.proxy.upstream.outgoing import outgoing_headers, target_url
 from projectionist.proxy.upstream.relay import client_error, forward_headers
 from projectionist.proxy.upstream.target import Upstream
 from projectionist.proxy.http.uploads import clean_name, serve_image
+from projectionist.proxy.http.params import natural
 
 FILES_PATH: Final = re.compile(r"(?:/v1)?/files(?:/(?P<id>[^/]+)(?P<content>/content)?)?")
 MULTIPART_SLACK: Final = 64 * 1024
@@ -173,9 +174,10 @@ def _limit(raw: str | None) -> int:
     low, high = LIST_LIMITS
     if raw is None:
         return high
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+    limit = natural(raw)
+    if limit is None or not low <= limit <= high:
         raise InvalidRequest(f"limit must be an integer from {low} to {high}", code="INVALID_QUERY")
-    return int(raw)
+    return limit
 
 
 def _page(data: list[Any], has_more: bool) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from projectionist.proxy.http.services import SERVICES
 from projectionist.proxy.http.uploads import clean_name
 from projectionist.proxy.stores.base import AttachmentMeta
 from projectionist.proxy.upstream.target import Upstream
+from projectionist.proxy.http.params import natural
 
 START_PATH: Final = re.compile(r"/upload/v1(?:beta|alpha)?/files")
 FILE_PATH: Final = re.compile(r"/v1(?:beta|alpha)?/files/sha256-(?P<hex>[^/:]*)")
@@ -76,9 +77,10 @@ def _declared(request: web.Request) -> tuple[str, int] | None:
     media_type = headers.get("X-Goog-Upload-Header-Content-Type", "").split(";", 1)[0].strip().lower()
     size = headers.get("X-Goog-Upload-Header-Content-Length", "")
     limit = request.app[SERVICES].config.store.limits.max_bytes
-    if media_type not in ADMITTED or not (size.isascii() and size.isdigit()) or not 0 < int(size) <= limit:
+    declared = natural(size)
+    if media_type not in ADMITTED or declared is None or not 0 < declared <= limit:
         return None
-    return media_type, int(size)
+    return media_type, declared
 
 
 async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str, path: str) -> web.StreamResponse:

@@ -36,7 +36,7 @@ from multidict import MultiDict, MultiDictProxy, MultiMapping
 from yarl import URL
 
 from projectionist.adapters.registry import SPEAKS, projecting
-from projectionist.policy.errors import NotFound, ProjectionistError
+from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
 from projectionist.policy.model import check_session_id
 from projectionist.proxy.http import files, gemini_files
 from projectionist.proxy.http.auth import client_unauthorized
@@ -162,6 +162,9 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
         raise NotFound("no such route", code="ROUTE_NOT_FOUND")
     if request.method not in METHODS:
         raise ProjectionistError(f"{request.method} is not forwarded", code="METHOD_NOT_ALLOWED", status=405)
+    if "Upgrade" in request.headers:  # a protocol switch (a WebSocket) is not relayed: never a plain call
+        raise InvalidRequest("this proxy relays HTTP requests only; send the call without Upgrade",
+                             code="UPGRADE_NOT_SUPPORTED")
     check_path(raw_path)
     path = unquote(raw_path) if "%" in raw_path else raw_path
     adapter = projecting(upstream.format, request.method, path)

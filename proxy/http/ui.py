@@ -47,6 +47,7 @@ from projectionist.proxy.http.ui_pages import (
 from projectionist.proxy.lanes import Busy
 from projectionist.proxy.sessionlog.summary import summaries
 from projectionist.proxy.upstream.replay import rebuild
+from projectionist.proxy.http.params import natural
 
 COOKIE: Final = "projectionist_ui"
 CSRF_HEADER: Final = "X-CSRF-Token"
@@ -87,7 +88,8 @@ def valid(guard: Guard, cookie: str | None, now: float) -> bool:
     if not guard.admin_token or not cookie:
         return False
     expires, _, mac = cookie.partition(".")
-    if not (expires.isascii() and expires.isdigit()) or int(expires) < now:
+    until = natural(expires)
+    if until is None or until < now:
         return False
     return hmac.compare_digest(mac.encode(), _mac(guard, f"session|{expires}").encode())
 
@@ -211,9 +213,10 @@ def _int_query(request: web.Request, name: str) -> int | None:
     value = request.query.get(name)
     if value is None or value == "":
         return None
-    if not (value.isascii() and value.isdigit()) or int(value) >= 2**62:
+    number = natural(value)
+    if number is None or number >= 2**62:
         raise InvalidRequest(f"'{name}' must be a non-negative integer", code="INVALID_QUERY")
-    return int(value)
+    return number
 
 
 async def session(request: web.Request, csrf: str) -> web.StreamResponse:

@@ -155,8 +155,8 @@ class Response:
     ``read()``. ``release()`` (idempotent) gives the connection back only after a whole body."""
 
     __slots__ = ("status", "reason", "headers", "content_length", "content_type", "_conn", "_loop", "_parser",
-                 "_head_only", "_raw", "_reason", "_head", "_head_ready", "_interim", "_buffer", "_size", "_waiter",
-                 "_done", "_error", "_keep_alive", "_until_eof", "_paused", "_any_byte", "_released", "_body",
+                 "_head_only", "_raw", "_reason", "_head", "_head_ready", "_interim", "_switching", "_buffer", "_size",
+                 "_waiter", "_done", "_error", "_keep_alive", "_until_eof", "_paused", "_any_byte", "_released", "_body",
                  "_read_timeout", "_timer", "_last", "_head_bytes")
 
     def __init__(self, conn: _Connection, method: str, read_timeout: float) -> None:
@@ -174,6 +174,7 @@ class Response:
         self._head: asyncio.Future[None] = self._loop.create_future()
         self._head_ready = False
         self._interim = False
+        self._switching = False
         self._buffer: list[bytes] = []
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -211,8 +212,10 @@ class Response:
         status = self._parser.get_status_code()
         if 100 <= status < 200:
             # 100 Continue, 103 Early Hints: skipped, the real answer follows. 101 (an upgrade
-            # nobody asked for) makes llhttp stop with an error: a malformed answer.
+            # nobody asked for) makes llhttp stop with an error, after a "complete" message that
+            # must not end the answer: a malformed answer (a 502), never a silent wait.
             self._interim = status != 101
+            self._switching = status == 101
             return
         headers = CIMultiDict(self._raw)
         self.status, self.reason = status, self._reason.decode("utf-8", "surrogateescape")
@@ -242,6 +245,8 @@ class Response:
             self._conn.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        if self._switching:
+            return
         if self._interim:
             self._interim = False
             self._raw, self._reason = [], b""
@@ -529,7 +534,8 @@ class Client:
         elif method not in _NO_LENGTH:
             lines.append("Content-Length: 0\r\n")
         lines.append("\r\n")
-        return "".join(lines).encode("utf-8"), length
+        # a header value aiohttp read as bytes that are not UTF-8 (RFC 9110 obs-text) goes as it came
+        return "".join(lines).encode("utf-8", "surrogateescape"), length
 
     async def _send_stream(self, conn: _Connection, answer: Response, head: bytes, body: AsyncIterable[bytes],
                            length: int | None, began: list[bool]) -> None:

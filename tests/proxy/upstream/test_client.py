@@ -207,6 +207,19 @@ async def test_interim_answers_are_skipped(serve: MakeServer, client: Client) ->
     assert answer.status == 200 and "Link" not in answer.headers and await answer.read() == b"ok"
 
 
+async def test_a_switching_protocols_answer_nobody_asked_for_is_a_malformed_answer_at_once(serve: MakeServer) -> None:
+    server = await serve(answering(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                                   b"Connection: Upgrade\r\n\r\n\x81\x02hi"))
+    client = Client(2, 30)  # a long read timeout: the answer must fail long before it
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(ResponseError):
+            await asyncio.wait_for(client.request("GET", server.url), 10)
+        assert asyncio.get_running_loop().time() - started < 5
+    finally:
+        await client.close()
+
+
 async def test_keep_alive_reuse_lifo_and_close(serve: MakeServer) -> None:
     async def tagged(conn: Conn) -> None:
         while await conn.request():
