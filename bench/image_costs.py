@@ -129,6 +129,7 @@ def measure_inline(pngs: list[bytes], rounds: int = 30) -> dict[str, Any]:
     scanned = scan_body(openai_chat, raw, warm)
     assert scanned is not None and scanned.complete and len(scanned.client) == count
     cuts = scanning.runs(raw, openai_chat.INLINE_MARKERS)
+    assert cuts is not None
 
     async def projected(refs: Any, images: int) -> Projection:
         return Projection((), EMPTY)

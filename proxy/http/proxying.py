@@ -77,7 +77,7 @@ def _session(request: web.Request, services: Services, fmt: WireFormat, raw: byt
             client = identified(fmt, tree, services.identities.of)
     else:
         return None, None, None
-    found = sessions.from_body(fmt, tree)
+    found = sessions.from_body(fmt, tree, request.headers)
     if found is None and client:  # images of its own: a session derived from its opening
         found = sessions.derived(fmt, request.headers, tree, {id(c.value): aid for c, aid in client})
     # references alone keep the sessionless policy

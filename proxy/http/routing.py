@@ -162,7 +162,7 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
         raise NotFound("no such route", code="ROUTE_NOT_FOUND")
     if request.method not in METHODS:
         raise ProjectionistError(f"{request.method} is not forwarded", code="METHOD_NOT_ALLOWED", status=405)
-    if "Upgrade" in request.headers:  # a protocol switch (a WebSocket) is not relayed: never a plain call
+    if "websocket" in request.headers.get("Upgrade", "").lower():  # not relayed (yet): never as a plain call
         raise InvalidRequest("this proxy relays HTTP requests only; send the call without Upgrade",
                              code="UPGRADE_NOT_SUPPORTED")
     check_path(raw_path)

@@ -43,7 +43,12 @@ CLIENT_HEADERS: Final = (
     ("helicone-session-id", "helicone"),  # Helicone gateway clients
     ("langfuse-session-id", "langfuse"),
 )
-#: The credential headers whose value scopes a derived session (hashed, never kept).
+#: The sources whose values apps set themselves and often share between their users (one
+#: ``prompt_cache_key`` for a whole app): their sessions are scoped by the request's credentials,
+#: so another key naming the same value never lands in the same session. The agents' own ids
+#: (Claude Code's, Codex's, a Responses ``conversation``) are random per conversation.
+SHARED: Final = frozenset({"cache-key", "litellm", "helicone", "langfuse"})
+#: The credential headers whose value scopes a derived or shared session (hashed, never kept).
 _CREDENTIALS: Final = ("authorization", "x-api-key", "x-goog-api-key", "api-key", "x-projectionist-token")
 #: The longest client value kept as it is in a session id; a longer one stands as its digest.
 _VALUE_MAX: Final = 200
@@ -71,7 +76,7 @@ def named(headers: MultiMapping[str], header: str, aliases: tuple[str, ...], in_
     for alias in aliases:
         value = headers.get(alias)
         if value is not None and value:
-            return Found(_scoped("", value), "alias")
+            return Found(_scoped("", value, headers), "alias")
     return None
 
 
@@ -80,17 +85,17 @@ def from_headers(headers: MultiMapping[str]) -> Found | None:
     for name, source in CLIENT_HEADERS:
         value = headers.get(name)
         if value:
-            return Found(_scoped(source + ":", value), source)
+            return Found(_scoped(source + ":", value, headers), source)
     return None
 
 
-def from_body(fmt: WireFormat, body: Any) -> Found | None:
+def from_body(fmt: WireFormat, body: Any, headers: MultiMapping[str]) -> Found | None:
     """Rule 3, the body: the session a client names in its decoded body (``adapters``' hint)."""
     hint = fmt.session_hint(body)
     if hint is None:
         return None
     source, value = hint
-    return Found(_scoped(source + ":", value), source)
+    return Found(_scoped(source + ":", value, headers), source)
 
 
 def derived(fmt: WireFormat, headers: MultiMapping[str], body: Any, images: Mapping[int, str]) -> Found | None:
@@ -100,12 +105,18 @@ def derived(fmt: WireFormat, headers: MultiMapping[str], body: Any, images: Mapp
     if opening is None:
         return None
     digest = hashlib.sha256()
-    digest.update(fmt.FORMAT.encode())
+    digest.update(fmt.FORMAT.encode() + b"\0" + _credentials(headers).encode())
+    digest.update(b"\0\0" + _encoder.encode(_standing(opening, images)))
+    return Found("derived:" + digest.hexdigest()[:32], "derived")
+
+
+def _credentials(headers: MultiMapping[str]) -> str:
+    """A short digest of the credential headers a request carries (never the credentials)."""
+    digest = hashlib.sha256()
     for name in _CREDENTIALS:
         for value in headers.getall(name, ()):
             digest.update(b"\0" + name.encode() + b"\0" + value.encode("utf-8", "surrogateescape"))
-    digest.update(b"\0\0" + _encoder.encode(_standing(opening, images)))
-    return Found("derived:" + digest.hexdigest()[:32], "derived")
+    return digest.hexdigest()[:12]
 
 
 def _standing(node: Any, images: Mapping[int, str]) -> Any:
@@ -120,9 +131,13 @@ def _standing(node: Any, images: Mapping[int, str]) -> Any:
     return node
 
 
-def _scoped(prefix: str, value: str) -> str:
-    """``prefix`` + ``value`` when that is a valid session id, else ``prefix`` + its digest."""
+def _scoped(prefix: str, value: str, headers: MultiMapping[str]) -> str:
+    """``prefix`` + ``value`` when that is a valid session id, else ``prefix`` + its digest. A
+    value apps commonly share between users (``SHARED``: a cache key, a gateway's session) is
+    scoped by the request's credentials too (``@`` + their short digest)."""
     session = prefix + value
-    if len(value) <= _VALUE_MAX and is_session_id(session):
-        return session
-    return prefix + "sha256-" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    if not (len(value) <= _VALUE_MAX and is_session_id(session)):
+        session = prefix + "sha256-" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    if prefix[:-1] in SHARED:
+        session += "@" + _credentials(headers)
+    return session

@@ -48,8 +48,9 @@ from projectionist.proxy.lanes import Busy
 from projectionist.proxy.sessionlog.summary import summaries
 from projectionist.proxy.upstream.replay import rebuild
 from projectionist.proxy.http.params import natural
+from projectionist.proxy.upstream.relay import CONSOLE_COOKIE
 
-COOKIE: Final = "projectionist_ui"
+COOKIE: Final = CONSOLE_COOKIE  # an upstream can never set it: the relay drops such a Set-Cookie
 CSRF_HEADER: Final = "X-CSRF-Token"
 #: How long a sign-in lasts.
 TTL: Final = 12 * 3600

@@ -45,22 +45,33 @@ def sha256_id(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+#: Opens the framed hash of ``spliced_id``: no plain body's digest is ever one of these.
+_SPLICED: Final = b"projectionist spliced body v1\0"
+
+
 def spliced_id(raw: bytes, runs: Sequence[tuple[int, int, str | None]]) -> str:
-    """The digest of a body whose images the client inlined itself: the sha256 of ``raw`` with
-    each base64 run (``runs``: start, end and the image's identity, in byte order, not
-    overlapping) replaced by ``<`` its identity ``>``. It commits to every byte, as ``sha256_id``
-    of ``raw`` would (an identity commits to its bytes), without hashing megabytes of base64
-    that come back every turn. A run without an identity is hashed as it is."""
-    digest = hashlib.sha256()
+    """The digest of a body whose images the client inlined itself: the sha256 of ``raw`` framed
+    as its pieces, each stretch of bytes as ``B`` + its length + the bytes, each base64 run
+    (``runs``: start, end and the image's identity, in byte order, not overlapping) as ``I`` +
+    its identity. It commits to every byte, as ``sha256_id`` of ``raw`` would (an identity
+    commits to its bytes; the framing keeps a body that spells an identity in its text from
+    hashing like one that carries the image), without hashing megabytes of base64 that come
+    back every turn. A run without an identity is hashed as bytes."""
+    digest = hashlib.sha256(_SPLICED)
     view = memoryview(raw)
     last = 0
+
+    def stretch(end: int) -> None:
+        digest.update(b"B" + (end - last).to_bytes(8, "big"))
+        digest.update(view[last:end])
+
     for start, end, aid in runs:
         if aid is None:
             continue
-        digest.update(view[last:start])
-        digest.update(b"<" + aid.encode() + b">")
+        stretch(start)
+        digest.update(b"I" + aid.encode())
         last = end
-    digest.update(view[last:])
+    stretch(len(raw))
     return "sha256:" + digest.hexdigest()
 
 

@@ -23,6 +23,9 @@ import xxhash
 MAX_BYTES: Final = 64 * 1024 * 1024
 #: Fewer base64 characters than this hold no image worth naming (a 1x1 PNG is 68 bytes).
 MIN_CHARS: Final = 16
+#: What one kept entry costs beside its base64 (key, tuple, id string, the ordered dict's node):
+#: counted against ``max_bytes``, so many tiny strings cannot outgrow the bound.
+ENTRY_BYTES: Final = 512
 
 
 class Identities:
@@ -66,14 +69,14 @@ class Identities:
         if not decoded:
             return None
         attachment_id = "sha256:" + hashlib.sha256(decoded).hexdigest()
-        if size <= self.max_bytes:
+        if size + ENTRY_BYTES <= self.max_bytes:
             if kept is not None:
-                self.size -= len(kept[0])
+                self.size -= len(kept[0]) + ENTRY_BYTES
             self._kept[key] = (bytes(run), attachment_id)
-            self.size += size
+            self.size += size + ENTRY_BYTES
             while self.size > self.max_bytes:
                 _, (old, _) = self._kept.popitem(last=False)
-                self.size -= len(old)
+                self.size -= len(old) + ENTRY_BYTES
         return attachment_id
 
 

@@ -233,13 +233,36 @@ async def _complete_whole(answer: Response, data: bytes, observer: Observer | No
     return response
 
 
+#: The console's cookie (``http.ui.COOKIE``) and the paths it lives under: an upstream's
+#: ``Set-Cookie`` for either never reaches the browser (it could sign the operator out, or plant a
+#: cookie the console would read).
+CONSOLE_COOKIE = "projectionist_ui"
+CONSOLE_PATH = "/admin"
+
+
+def _console_cookie(value: str) -> bool:
+    """Whether a ``Set-Cookie`` value names the console's cookie or a path under the console."""
+    name, _, rest = value.partition("=")
+    if name.strip() == CONSOLE_COOKIE:
+        return True
+    for attribute in rest.split(";")[1:]:
+        key, _, path = attribute.partition("=")
+        if key.strip().lower() == "path" and path.strip().lower().startswith(CONSOLE_PATH):
+            return True
+    return False
+
+
 def _response_head(response: _R, answer: Response, request_id: str, timing: Timing) -> _R:
-    """``response`` with the upstream's end-to-end headers, the request id and the overhead."""
+    """``response`` with the upstream's end-to-end headers, the request id and the overhead. A
+    pass-through answer is never sniffed into active content (``nosniff``), and an upstream's
+    cookie for the console's name or path is dropped."""
     skip = _skipped(answer.headers, frozenset())
     out = response.headers
     for key, value in answer.headers.items():
-        if key.lower() not in skip:
+        low = key.lower()
+        if low not in skip and not (low == "set-cookie" and _console_cookie(value)):
             out.add(key, value)
+    out["X-Content-Type-Options"] = "nosniff"
     if request_id:
         out[REQUEST_ID_HEADER] = request_id
     if answer.content_length is not None:

@@ -7,9 +7,11 @@ to the closing quote: base64 holds no quote and no backslash), gives it its iden
 from those bytes (``identity.Identities.of_run``), and decodes the body with each run cut out
 (a marker string in its place, with a per-process nonce): a small document whose structure is
 the body's. The adapters then find the client's images in it as in any body, each one standing
-for its run. A run no image part accounts for (a ``"data"`` key that is not an image's, a text
-that quotes a ``data:`` URL) makes the scan ``complete = False``: the caller decodes the whole
-body instead, as it would without a scan.
+for its run, and only those runs are hashed. A run no image part accounts for (a ``"data"`` key
+that is not an image's, a text that quotes a ``data:`` URL), an image's run that is not base64,
+or more than ``MAX_RUNS`` runs make the scan ``complete = False``: the caller decodes the whole
+body instead, as it would without a scan, so nothing a scan leaves out (a stand-in's nonce) ever
+reaches a digest, a derived session or the upstream.
 """
 
 from __future__ import annotations
@@ -58,15 +60,22 @@ class Scanned(NamedTuple):
         return None
 
 
-def runs(raw: bytes, markers: Sequence[bytes]) -> list[tuple[int, int]]:
+#: The most runs one body is cut into; a body with more is decoded whole instead (and its images
+#: past ``prepare.MAX_CLIENT_IMAGES`` go as they came): cutting costs a little per run.
+MAX_RUNS: Final = 2000
+
+
+def runs(raw: bytes, markers: Sequence[bytes]) -> list[tuple[int, int]] | None:
     """Every base64 run after one of ``markers`` (for a key marker such as ``"data":``, after the
     whitespace and the opening quote), in byte order; runs shorter than ``MIN_CHARS`` or holding a
-    backslash are left in place."""
+    backslash are left in place. None past ``MAX_RUNS`` of them."""
     found: list[tuple[int, int]] = []
     for marker in markers:
         key = marker.endswith(b":")
         at = raw.find(marker)
         while at >= 0:
+            if len(found) >= MAX_RUNS:
+                return None
             start = at + len(marker)
             if key:
                 while start < len(raw) and raw[start] in _WHITESPACE:
@@ -94,17 +103,17 @@ def scan(fmt: WireFormat, raw: bytes, identify: Callable[[bytes, int, int], str 
     its identity from its decoded text (``identify_text``). The small document must be JSON, or
     the body is the client's error (``INVALID_JSON``), as for any body."""
     cuts = runs(raw, fmt.INLINE_MARKERS)
+    if cuts is None:
+        return Scanned(None, (), [], False)
     if not cuts:
         return None
     view = memoryview(raw)
     pieces: list[bytes | memoryview] = []
     last = 0
-    spans: list[Run] = []
     for index, (start, end) in enumerate(cuts):
         if start < last:  # overlapping runs (two markers met one string): not a shape we cut
             return Scanned(None, (), [], False)
         pieces += [view[last:start], _MARK, str(index).encode()]
-        spans.append(Run(start, end, identify(raw, start, end)))
         last = end
     pieces.append(view[last:])
     try:
@@ -112,20 +121,24 @@ def scan(fmt: WireFormat, raw: bytes, identify: Callable[[bytes, int, int], str 
     except (msgspec.DecodeError, RecursionError):
         raise InvalidRequest("request body is not valid JSON", code="INVALID_JSON") from None
     client: list[tuple[Carried, str]] = []
-    used: set[int] = set()
+    ids: dict[int, str] = {}
     for image in find(fmt, tree):
         aid: str | None
         number = _run_of(image.data)
         if number is None:  # left in place: its text is its own
             aid = identify_text(image.data)
-        elif number < len(spans):
-            used.add(number)
-            aid = spans[number].id
+        elif number < len(cuts):
+            # only a run an image part stands on is hashed; one whose base64 gives no identity
+            # leaves the body's structure unknown here (its stand-in would be all it says)
+            aid = ids[number] = identify(raw, *cuts[number]) or ""
+            if not aid:
+                return Scanned(tree, (), [], False)
         else:
-            return Scanned(tree, tuple(spans), [], False)
+            return Scanned(tree, (), [], False)
         if aid is not None:
             client.append((image, aid))
-    return Scanned(tree, tuple(spans), client, len(used) == len(spans))
+    spans = tuple(Run(start, end, ids.get(index)) for index, (start, end) in enumerate(cuts))
+    return Scanned(tree, spans, client, len(ids) == len(cuts))
 
 
 def _run_of(data: str) -> int | None:

@@ -848,7 +848,9 @@ NATIVE: list[tuple[str, dict[str, str], Json, str, str]] = [
     ("codex-session_id", {"session_id": "old-codex"}, {}, "codex:old-codex", "codex"),
     ("conversation", {}, {"conversation": "conv_123"}, "conversation:conv_123", "conversation"),
     ("conversation-object", {}, {"conversation": {"id": "conv_9"}}, "conversation:conv_9", "conversation"),
-    ("prompt-cache-key", {}, {"prompt_cache_key": "pck-1"}, "cache-key:pck-1", "cache-key"),
+    # a value apps share between users: scoped by the credentials (none here: the digest of nothing)
+    ("prompt-cache-key", {}, {"prompt_cache_key": "pck-1"}, "cache-key:pck-1@" + hashlib.sha256().hexdigest()[:12],
+     "cache-key"),
     ("too-long", {"X-Claude-Code-Session-Id": "x" * 300}, {}, digest_session("claude-code:", "x" * 300), "claude-code"),
     ("not-visible-ascii", {"X-Claude-Code-Session-Id": "a b"}, {}, digest_session("claude-code:", "a b"), "claude-code"),
 ]

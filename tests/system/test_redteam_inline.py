@@ -2,8 +2,10 @@
 
 Each test drives the proxy over HTTP in front of the fake upstream (``tests.refusing``) with
 bodies a hostile or merely unusual client sends, and compares what the upstream received to
-what the client sent. Tests named ``test_defect_*`` expose a defect and are meant to FAIL until
-it is fixed (the assertion message says what is wrong and where); the others are regressions.
+what the client sent. Each of the six defects the red team found first (a derived session that
+took a scan's stand-in, runs hashed that were no image, an identity cache over its bound, a
+shared cache key another key could use, a spliced digest a forged body could match) is kept
+here as the test of its fix.
 """
 
 from __future__ import annotations
@@ -134,7 +136,15 @@ async def test_anthropic_named_refusal_maps_to_the_named_block_with_foreign_data
         make_harness: MakeHarness) -> None:
     harness = await make_harness(**RECORDING)
     keep, bad = png(12), png(13)
-    harness.upstream.refused[ref_id(bad)] = True  # names messages.0.content.2
+    answer = anthropic_refusal("messages.0.content.2.image.source.base64: Could not process image")
+
+    async def script(request: web.Request, doc: Any) -> web.StreamResponse | None:
+        blocks = doc["messages"][0]["content"] if doc else []
+        if any(b.get("source", {}).get("data") == b64(bad) for b in blocks):
+            return web.Response(body=answer, status=400, content_type="application/json")
+        return None
+
+    harness.upstream.script = script
     body = anthropic_body(anthropic_block(keep), anthropic_block(bad))
     body["metadata"] = {"data": b64(bad)}  # the refused bytes also under a foreign "data" key
     body["tools"] = [{"name": "t", "input_schema": {"type": "object", "properties": {"data": {"type": "string"}}}}]
@@ -175,7 +185,7 @@ def _opening_with_an_image_without_identity() -> Json:
     return chat(image_part(data_url(good)), image_part("data:image/png;base64," + _unpadded(odd)))
 
 
-async def test_defect_derived_session_changes_when_a_later_turn_quotes_a_data_url(make_harness: MakeHarness) -> None:
+async def test_a_derived_session_stays_when_a_later_turn_quotes_a_data_url(make_harness: MakeHarness) -> None:
     """A derived session must be a function of the opening; here it depends on whether the scan was
     complete (a later message whose text holds ``;base64,`` makes it incomplete)."""
     harness = await make_harness(**RECORDING)
@@ -194,7 +204,7 @@ async def test_defect_derived_session_changes_when_a_later_turn_quotes_a_data_ur
         f"decodes the whole body and sees the real base64: {sessions}")
 
 
-async def test_defect_derived_session_changes_across_processes(make_harness: MakeHarness,
+async def test_a_derived_session_is_the_same_in_every_process(make_harness: MakeHarness,
                                                                make_config: Callable[..., Config],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A restart (or another replica) must derive the same session for the same conversation."""
@@ -217,39 +227,39 @@ async def test_defect_derived_session_changes_across_processes(make_harness: Mak
         f"({one} vs {other}); a rejection recorded before a restart or on another replica is lost")
 
 
-async def test_defect_a_deeply_nested_opening_is_not_a_500(make_harness: MakeHarness) -> None:
-    """A body the proxy used to pass through must not become a 500 (deep but valid JSON)."""
+async def test_a_deeply_nested_body_with_an_image_is_never_a_500(make_harness: MakeHarness) -> None:
+    """Around the depth where decoding gives up (msgspec's recursion limit), nothing is a 500:
+    sessions._standing and the adapters' walks must not recurse deeper than the decoder did."""
     harness = await make_harness()
-    depth = 900
-    raw = (b'{"model":"m","messages":[{"role":"user","x":' + b"[" * depth + b"]" * depth +
-           b',"content":[{"type":"image_url","image_url":{"url":"' + data_url(png(22)).encode() + b'"}}]}]}')
-    resp = await post(harness, CHAT, raw)
-    assert resp.status != 500, (
-        "a 500 for valid JSON nested 900 deep: sessions._standing recurses in Python over the opening "
-        f"(RecursionError), after msgspec decoded it fine: {await resp.text()}")
+    for depth in (100, 400, 460, 470, 480, 490, 900, 5000):
+        raw = (b'{"model":"m","messages":[{"role":"user","x":' + b"[" * depth + b"]" * depth +
+               b',"content":[{"type":"image_url","image_url":{"url":"' + data_url(png(22)).encode() + b'"}}]}]}')
+        for session in (None, "deep"):
+            resp = await post(harness, CHAT, raw, session=session)
+            assert resp.status in (200, 400), (depth, session, resp.status, await resp.text())
 
 
-async def test_defect_runs_that_are_no_image_are_not_hashed_or_remembered(make_harness: MakeHarness) -> None:
-    """A body with no image at all must not fill the identity cache (nor cost a hash per string)."""
+async def test_runs_that_are_no_image_are_not_hashed_or_remembered(make_harness: MakeHarness) -> None:
+    """Strings that are no image's must not fill the identity cache (nor cost a hash each)."""
     harness = await make_harness()
     count = 5000
-    body = anthropic_body()
+    body = anthropic_body(anthropic_block(png(24)))  # one image: the body is scanned
     body["metadata"] = {"x": [{"data": b64(i.to_bytes(12, "big"))} for i in range(count)]}
     resp = await post(harness, MESSAGES, body, session="noimg")
     assert resp.status == 200, await resp.text()
     identities = harness.app[SERVICES].identities
-    assert len(identities._kept) == 0 and identities.misses == 0, (
+    assert len(identities._kept) <= 1 and identities.misses <= 1, (
         f"{identities.misses} base64 decodes + sha256 and {len(identities._kept)} cache entries for a body "
-        "without a single image: scan.scan identifies every run (identities.of_run) before it knows which "
+        f"with one image and {count} short strings under foreign 'data' keys: scan.scan identifies every run (identities.of_run) before it knows which "
         "runs are images, and MAX_CLIENT_IMAGES bounds only the images found, not the runs hashed")
 
 
-async def test_defect_the_identity_cache_stays_within_its_bound(make_harness: MakeHarness) -> None:
+async def test_the_identity_cache_stays_within_its_bound(make_harness: MakeHarness) -> None:
     """``[policy] inline_cache_bytes`` bounds the cache's memory; tiny runs make it ~20x that."""
     harness = await make_harness(**{"policy.inline_cache_bytes": 256 * 1024})
     identities = harness.app[SERVICES].identities
     for batch in range(4):
-        body = anthropic_body()
+        body = anthropic_body(anthropic_block(png(25)))
         body["metadata"] = {"x": [{"data": b64((batch * 10**6 + i).to_bytes(12, "big"))} for i in range(8000)]}
         assert (await post(harness, MESSAGES, body, session="mem")).status == 200
     held = sum(sys.getsizeof(k) + sys.getsizeof(v) + sys.getsizeof(v[0]) + sys.getsizeof(v[1]) + 100
@@ -260,7 +270,7 @@ async def test_defect_the_identity_cache_stays_within_its_bound(make_harness: Ma
         "the 71-character id, an OrderedDict node) costs ~370 bytes beyond a 16-character run")
 
 
-async def test_defect_non_utf8_in_a_run_and_a_named_refusal_is_not_a_500(make_harness: MakeHarness) -> None:
+async def test_non_utf8_in_a_run_and_a_named_refusal_is_not_a_500(make_harness: MakeHarness) -> None:
     """A refused image next to a run with a byte that is not UTF-8 (JSON the proxy passed through)."""
     harness = await make_harness(**RECORDING)
     bad = png(23)
@@ -304,7 +314,7 @@ async def test_a_stranger_with_another_key_and_the_same_opening_cannot_quarantin
     assert ref_id(victim_img) in ids_in(harness.upstream.last)
 
 
-async def test_defect_a_shared_prompt_cache_key_lets_another_key_quarantine_a_healthy_image(
+async def test_a_shared_prompt_cache_key_never_lets_another_key_quarantine_a_healthy_image(
         make_harness: MakeHarness) -> None:
     """Rule 3 takes a Responses ``prompt_cache_key`` as the session whatever the credential. Apps set
     one key for many users (it groups requests for the provider's cache): a stranger with another
@@ -398,9 +408,11 @@ async def test_replay_rebuilds_an_incompletely_scanned_body_with_a_placeholder(m
         assert rebuilt.body == upstream_got.body
 
 
-async def test_defect_replay_takes_another_body_for_the_recorded_one(make_harness: MakeHarness) -> None:
-    """Replay checks that a given inbound body is the recorded call's; a different body passes the
-    check, and the rebuild even says it matches."""
+async def test_replay_never_takes_a_body_that_spells_an_identity_for_the_recorded_one(make_harness: MakeHarness
+                                                                                     ) -> None:
+    """Replay checks that a given inbound body is the recorded call's. A body that spells the
+    image's identity in its text where the recorded one carried the image must not pass (the
+    spliced digest frames its pieces: a literal identity is bytes, never an image's run)."""
     harness = await make_harness(**RECORDING)
     image = png(42)
     raw = encoded(chat(image_part(data_url(image))))
@@ -408,19 +420,14 @@ async def test_defect_replay_takes_another_body_for_the_recorded_one(make_harnes
     services = harness.app[SERVICES]
     await services.recording.drain()
     [record] = [e for e in await harness.events("forge") if e["type"] == "request/recorded"]
-    forged = raw.replace(b64(image).encode(), f"<{ref_id(image)}>".encode())
-    assert forged != raw and sha256_id(forged) == record["data"]["inbound_digest"]
-    try:
-        rebuilt = await rebuild(services.log, services.store, "forge", record["seq"], forged)
-    except Exception as error:  # INBOUND_MISMATCH: what should happen
-        assert getattr(error, "code", "") == "INBOUND_MISMATCH", error
-        return
-    pytest.fail(
-        "replay accepted a body that is not the recorded one (matches="
-        f"{rebuilt.matches}, its body is the forged one: {rebuilt.body == forged}): describe.spliced_id "
-        "replaces each run by '<' identity '>' in the bytes it hashes, so the body that holds that text "
-        "literally (not base64: no identity, hashed as it is) has the same digest; replay.rebuild accepts "
-        "sha256_id(inbound) == record.inbound_digest")
+    for spelled in (f"<{ref_id(image)}>", f"I{ref_id(image)}", ref_id(image)):
+        forged = raw.replace(b64(image).encode(), spelled.encode())
+        assert forged != raw and sha256_id(forged) != record["data"]["inbound_digest"]
+        with pytest.raises(Exception) as refused:
+            await rebuild(services.log, services.store, "forge", record["seq"], forged)
+        assert getattr(refused.value, "code", "") == "INBOUND_MISMATCH", refused.value
+    rebuilt = await rebuild(services.log, services.store, "forge", record["seq"], raw)  # the real one passes
+    assert rebuilt.matches
 
 
 async def test_restart_sends_the_same_bytes_for_a_body_with_quoted_base64(make_harness: MakeHarness,
@@ -450,3 +457,44 @@ async def test_accept_encoding_identity_refused_is_not_turned_into_identity(make
         "Content-Type": "application/json", "Accept-Encoding": "gzip;q=0, identity;q=1"})
     assert resp.status == 200
     assert harness.upstream.last.headers.get("Accept-Encoding") == "identity;q=1"
+
+
+# --- 5. a real agent client: two images, one refused ---------------------------------------------
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
+async def test_codex_with_two_images_keeps_the_healthy_one_when_the_other_is_refused(
+        named: bool, aiohttp_client: Any, aiohttp_server: Any, make_config: Callable[..., Config],
+        tmp_path: Any) -> None:
+    from projectionist.proxy.http.app import create_app, open_log, open_store
+    from tests.agent_upstream import ANSWER, ScriptedUpstream
+    from tests.agents import codex, codex_config, run_agent
+    from tests.fakes import CountingStore
+
+    scripted = ScriptedUpstream()
+    server = await aiohttp_server(scripted.app(), host="127.0.0.1")
+    scripted.url = str(server.make_url("")).rstrip("/")
+    config = make_config(**{"record.mode": "metadata", "upstreams.openai": {"format": "openai", "url": scripted.url}})
+    live = await aiohttp_client(create_app(config, store=CountingStore(open_store(config)), log=open_log(config)),
+                                server_kwargs={"host": "127.0.0.1"})
+    cwd, home = tmp_path / "work", tmp_path / "home"
+    cwd.mkdir()
+    healthy, broken = make_image(64, 48, color=5), make_image(64, 48, color=6)
+    (cwd / "a.png").write_bytes(healthy)
+    (cwd / "b.png").write_bytes(broken)
+    scripted.refused[ref_id(broken)] = named
+    codex_home = home / ".codex"
+    home.mkdir(parents=True)
+    codex_config(codex_home, str(live.make_url("")).rstrip("/") + "/v1")
+    rc, out, err = await run_agent([str(codex()), "exec", "--skip-git-repo-check", "Compare the two screenshots",
+                                    "-i", "a.png", "-i", "b.png"],
+                                   {"HOME": str(home), "CODEX_HOME": str(codex_home), "PROJ_API_KEY": "sk-dummy"},
+                                   cwd, timeout=240)
+    assert rc == 0 and ANSWER in out, (rc, out[-2000:], err[-2000:])
+    calls = scripted.requests("/v1/responses")
+    last = [aid for _, aid in calls[-1].images]
+    assert ref_id(broken) not in last
+    if named:
+        assert last == [ref_id(healthy)], "a named refusal of one image must keep the other"
+    # unnamed: both were new to the session, so both are suspects (README: 'Several suspects are all
+    # quarantined'); the call still goes through
