@@ -31,7 +31,8 @@ EXTENSIONS: Final = frozenset({*EXTENSION_OF.values(), "jpeg"})
 MEDIA_TYPES: Final = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 _ID_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
-_SESSION_RE: Final = re.compile(r"[\x21-\x7e]{1,256}")
+#: A session id: 1-256 visible ASCII characters, but not ``.`` or ``..`` (no URL could name it).
+_SESSION_RE: Final = re.compile(r"(?!\.\.?\Z)[\x21-\x7e]{1,256}")
 #: ``/s/{session}/v1/attachments/`` after a public URL: the session one literal path segment of
 #: visible ASCII (no ``/``, ``?``, ``#``, ``%``; not ``.`` or ``..``).
 _SESSION_PATH: Final = re.compile(r"/s/(?!\.\.?/)[\x21\x22\x24\x26-\x2e\x30-\x3e\x40-\x7e]{1,256}/v1/attachments/")
@@ -89,12 +90,13 @@ def check_id(attachment_id: str) -> str:
 
 
 def is_session_id(value: str) -> bool:
-    """1-256 visible ASCII characters."""
+    """1-256 visible ASCII characters, not ``.`` or ``..``."""
     return _SESSION_RE.fullmatch(value) is not None
 
 
 def check_session_id(value: str) -> str:
-    """A session id is 1-256 visible ASCII characters; anything else is the client's error."""
+    """A session id is 1-256 visible ASCII characters, not ``.`` or ``..``; anything else is the
+    client's error."""
     if _SESSION_RE.fullmatch(value) is None:
         raise InvalidRequest("session id must be 1-256 visible ASCII characters", code="INVALID_SESSION_ID")
     return value

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from projectionist.policy.errors import InvalidRequest, ProjectionistError
+from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
 from projectionist.policy.model import check_id, check_session_id
 from projectionist.policy.projection import recover, refresh
 from projectionist.proxy.http.admin import events_view, quarantine_view
@@ -31,7 +32,7 @@ from projectionist.proxy.observe.logger import setup_logging
 from projectionist.proxy.ops.tables import sessions_table, timeline_table
 from projectionist.proxy.sessionlog.base import Log
 from projectionist.proxy.sessionlog.cached import CachedLog
-from projectionist.proxy.sessionlog.summary import summaries
+from projectionist.proxy.sessionlog.summary import summaries, summary
 from projectionist.proxy.stores.base import Store
 
 T = TypeVar("T")
@@ -51,7 +52,8 @@ def _positive(value: str) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="TOML config file (see config/projectionist.toml)")
+    parser.add_argument("--config", help="TOML config file (every key with its default: config/projectionist.toml "
+                                         "in the source tree)")
     parser.add_argument("--data-dir", help="data directory of the embedded store and log")
 
 
@@ -88,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (default 8787 or [server] port)")
     serve.add_argument("--workers", metavar="N",
                        help="server processes sharing the port (1-64, default 1 or [server] workers)")
-    serve.add_argument("--admin-token", help="admin bearer token (or PROJECTIONIST_ADMIN_TOKEN)")
+    serve.add_argument("--admin-token", help="admin bearer token (visible in the process list: prefer "
+                                             "--admin-token-file or PROJECTIONIST_ADMIN_TOKEN)")
+    serve.add_argument("--admin-token-file", metavar="FILE", help="read the admin bearer token from FILE")
     serve.add_argument("--upstream", action="append", type=_parse_upstream, default=[], metavar="NAME=[FORMAT:]URL",
                        help="override an upstream's base URL (openai=http://127.0.0.1:9000) or declare a named "
                             "one (deepseek=openai:https://api.deepseek.com); repeatable")
@@ -154,11 +158,25 @@ def config_from_args(args: argparse.Namespace) -> Config:
             "server.data_dir": args.data_dir,
             "server.host": getattr(args, "host", None),
             "server.port": getattr(args, "port", None),
-            "server.admin_token": getattr(args, "admin_token", None),
+            "server.admin_token": getattr(args, "admin_token", None) or _token_file(getattr(args, "admin_token_file", None)),
             "server.workers": workers_flag(getattr(args, "workers", None)),
         },
     )
     return with_upstreams(config, getattr(args, "upstream", []))
+
+
+def _token_file(path: str | None) -> str | None:
+    """The token in ``--admin-token-file`` (its first line), or an INVALID_CONFIG naming the flag."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text(encoding="utf-8").splitlines()[0].strip() if Path(path).stat().st_size else ""
+    except (OSError, UnicodeDecodeError, IndexError) as exc:
+        raise ProjectionistError(f"--admin-token-file {path}: cannot be read ({type(exc).__name__})",
+                                 code="INVALID_CONFIG") from None
+    if not token:
+        raise ProjectionistError(f"--admin-token-file {path}: holds no token", code="INVALID_CONFIG")
+    return token
 
 
 def workers_flag(value: str | None) -> int | None:
@@ -213,6 +231,10 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
 
     async def timeline(store: Store, log: Log) -> int:
         events = await log.read(session, args.after)
+        if not events and (args.after == 0
+                           or await summary(CachedLog(log, checkpoint_every=READ_ONLY), session) is None):
+            # as GET /admin/sessions/{sid} answers 404: exit 1 with the code
+            raise NotFound(f"no session {session!r}", code="SESSION_NOT_FOUND")
         if args.json:
             _print_json(events_view(session, events))
         else:
@@ -312,13 +334,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             run = supervise if config.server.workers > 1 else serve
             run(config, insecure_open_proxy=args.insecure_open_proxy)
             return 0
-        return _admin_verb(args, config)
+        code = _admin_verb(args, config)
+        sys.stdout.flush()  # a reader that left shows here, inside the try, not at the interpreter's exit
+        return code
     except ProjectionistError as error:
         print(f"projectionist: {error.code}: {error.message}", file=sys.stderr)
         return 2 if error.code in SETUP_ERRORS or isinstance(error, StartupError) else 1
     except DemoFailed as failed:
         print(f"projectionist demo: FAILED: {failed}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader left (``| head -1``): no traceback, the exit a shell's SIGPIPE gives
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _stderr(line: str) -> None:

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import importlib.metadata
 import re
+import sys
 from pathlib import Path
 
 import msgspec
@@ -194,3 +195,36 @@ def test_a_call_recorded_in_one_row_shows_its_outcome_on_its_own_line() -> None:
     assert describe(envelope(1, "t", request)) == (
         "POST /v1/chat/completions -> openai (openai_chat); refs: 1 inlined => HTTP 200; 42 ms; usage prompt_tokens=5;"
         " request r1")
+
+
+def test_timeline_of_no_such_session_is_its_404(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["timeline", "no-such-session", "--data-dir", str(data)])
+    out, err = capsys.readouterr()
+    assert rc == 1 and out == "" and "SESSION_NOT_FOUND" in err  # as GET /admin/sessions/{sid} answers 404
+    rc, out = run(capsys, "timeline", "agent", "--after", "99", "--data-dir", str(data))
+    assert rc == 0 and out.splitlines()[1:] == []  # a session with nothing after N is still a session
+
+
+async def test_a_reader_that_leaves_early_is_no_traceback(tmp_path: Path) -> None:
+    log = SqliteLog(tmp_path / "data" / "sessions.sqlite3")
+    try:  # far more output than a pipe holds
+        await log.append("big", 0, [Quarantine("sha256:" + f"{n:064x}", "not_found", False) for n in range(3000)])
+    finally:
+        await log.close()
+    for verb in ("events big", "timeline big"):
+        process = await asyncio.create_subprocess_shell(
+            f"{sys.executable} -m projectionist.proxy.ops.cli {verb} --data-dir {tmp_path / 'data'} | head -1",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+        assert out and b"Traceback" not in err and b"BrokenPipe" not in err, err
+
+
+async def test_the_admin_token_comes_from_a_file(tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("file-held-token\n")
+    config = cli.config_from_args(cli.build_parser().parse_args(
+        ["serve", "--admin-token-file", str(secret), "--data-dir", str(tmp_path / "d")]))
+    assert config.server.admin_token == "file-held-token"
+    with pytest.raises(Exception) as refused:
+        cli.config_from_args(cli.build_parser().parse_args(["serve", "--admin-token-file", str(tmp_path / "none")]))
+    assert getattr(refused.value, "code", "") == "INVALID_CONFIG" and "--admin-token-file" in str(refused.value)
