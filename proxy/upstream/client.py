@@ -127,10 +127,16 @@ class _Connection(asyncio.Protocol):
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 
+    @property
+    def answered(self) -> bool:
+        """The answer's head arrived (early, maybe: before the request body was all sent)."""
+        return self.answer is not None and self.answer._head.done()
+
     async def drain(self) -> None:
         """Wait while the transport's write buffer is over its high-water mark, at most
-        ``read_timeout`` at a time: a server that reads nothing is as silent as one that says nothing."""
-        while self._write_paused and not self.lost:
+        ``read_timeout`` at a time: a server that reads nothing is as silent as one that says
+        nothing, unless it answered already (an early answer ends the wait)."""
+        while self._write_paused and not self.lost and not self.answered:
             self._drain = self.client.loop.create_future()
             try:
                 async with asyncio.timeout(self.client.read_timeout):
@@ -280,6 +286,7 @@ class Response:
                 return
         if self._head_ready and not self._head.done():
             self._head.set_result(None)
+            self._conn._wake_writer()  # a request body still being written stops: it was answered
         if self._done:
             self._stop_timer()
         if self._waiter is not None and (self._buffer or self._done) and not self._waiter.done():
@@ -560,6 +567,9 @@ class Client:
                 else:
                     transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
                 await conn.drain()
+                if conn.answered:  # answered early (a 413 from the head alone): that is the answer
+                    answer._keep_alive = False
+                    return
         except ClientError:
             if answer._head.done() and answer._error is None:
                 answer._keep_alive = False  # answered before the body was all sent: keep the answer

@@ -220,6 +220,32 @@ async def test_a_switching_protocols_answer_nobody_asked_for_is_a_malformed_answ
         await client.close()
 
 
+async def test_an_early_answer_to_a_body_the_server_never_reads_is_the_answer(serve: MakeServer) -> None:
+    held = asyncio.Event()
+
+    async def refuse_early(conn: Conn) -> None:  # answers from the head alone, reads no body, stays open
+        await conn.reader.readuntil(b"\r\n\r\n")
+        await conn.send(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 7\r\n\r\ntoo big")
+        await held.wait()
+
+    server = await serve(refuse_early)
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(400):  # 25 MB: far more than the socket buffers hold
+            yield b"x" * 65536
+
+    client = Client(2, 30)  # the write would time out only after 30 s
+    try:
+        started = asyncio.get_running_loop().time()
+        answer = await asyncio.wait_for(client.request("POST", server.url, data=body(),
+                                                       headers=CIMultiDict({"Content-Length": str(400 * 65536)})), 10)
+        assert answer.status == 413 and await answer.read() == b"too big"
+        assert asyncio.get_running_loop().time() - started < 5
+    finally:
+        held.set()
+        await client.close()
+
+
 async def test_keep_alive_reuse_lifo_and_close(serve: MakeServer) -> None:
     async def tagged(conn: Conn) -> None:
         while await conn.request():
