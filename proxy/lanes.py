@@ -10,8 +10,13 @@ once, and these rules:
   the object it was for;
 - a call that started gets its ``timeout``, counted from the moment its thread picked it up
   (never from when it was queued), then the caller gets ``TimeoutError``;
-- a timed-out or abandoned call keeps its thread, still blocked in the OS, and its place: such
-  stuck threads are counted (``stuck``) and can never be more than ``size``;
+- a timed-out or abandoned call keeps its thread, still blocked in the OS. Such stuck threads are
+  counted (``stuck``); up to ``stuck_max`` of them give their place back and a new thread takes
+  it, so what hangs costs only itself: k hung objects hold k threads, and the lane's ``size``
+  places stay for the calls that work. Past ``stuck_max`` a stuck call keeps its place (a disk
+  that hangs everything fills the lane, and calls are then ``busy``, never unbounded threads);
+- a call with a ``key`` (the object it reads) whose earlier call is still stuck never takes a
+  place: it times out at once (a retry of a hung read must not hold a second thread);
 - the threads are daemons: a process asked to stop never waits for a blocked ``open``/``read``.
 """
 
@@ -35,21 +40,23 @@ class Busy(Unavailable):
 
 
 class _Job(Generic[_T]):
-    __slots__ = ("fn", "loop", "started", "done", "abandoned")
+    __slots__ = ("fn", "loop", "started", "done", "abandoned", "freed", "key")
 
-    def __init__(self, fn: Callable[[], _T], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, fn: Callable[[], _T], loop: asyncio.AbstractEventLoop, key: str | None = None) -> None:
         self.fn = fn
         self.loop = loop
         self.started: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[_T] = loop.create_future()
         self.abandoned = False
+        self.freed = False  # stuck, and its place given back (a new thread took it)
+        self.key = key
 
 
 class Lane:
     """``size`` daemon threads for one kind of blocking work (see the module docstring)."""
 
     def __init__(self, name: str, size: int, timeout: float | None, queue_timeout: float,
-                 busy: Callable[[str], Exception] | None = None) -> None:
+                 busy: Callable[[str], Exception] | None = None, stuck_max: int | None = None) -> None:
         if size < 1:
             raise ValueError("a lane needs at least one thread")
         self.name = name
@@ -58,6 +65,8 @@ class Lane:
         self.timeout = timeout
         self.queue_timeout = queue_timeout
         self.stuck = 0
+        self.stuck_max = 4 * size if stuck_max is None else stuck_max
+        self._stuck_keys: dict[str, int] = {}
         self.busy = 0
         self._room = asyncio.Semaphore(size)
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
@@ -68,17 +77,19 @@ class Lane:
     def in_use(self) -> int:
         return self.size - self._room._value  # noqa: SLF001 (asyncio exposes no public reading)
 
-    async def run(self, fn: Callable[[], _T], *, timeout: float | None = None) -> _T:
+    async def run(self, fn: Callable[[], _T], *, timeout: float | None = None, key: str | None = None) -> _T:
         """Run ``fn`` on one of the lane's threads; see the module docstring for the rules."""
         if self._closed:
             raise RuntimeError(f"lane {self.name!r} is closed")
+        if key is not None and key in self._stuck_keys:
+            raise TimeoutError(f"the {self.name} lane's earlier call for this object is still stuck")
         try:
             await asyncio.wait_for(self._room.acquire(), self.queue_timeout)
         except TimeoutError:
             self.busy += 1
             raise self._busy(f"the {self.name} lane is full ({self.size} calls in it, {self.stuck} stuck)") from None
         loop = asyncio.get_running_loop()
-        job: _Job[_T] = _Job(fn, loop)
+        job: _Job[_T] = _Job(fn, loop, key)
         self.start()
         self._jobs.put(job)
         try:
@@ -92,6 +103,8 @@ class Lane:
             if not job.done.done():  # timed out or cancelled: the thread keeps its place until it returns
                 job.abandoned = True
                 self.stuck += 1
+                if job.started.done():  # blocked in the OS, not merely queued
+                    self._stuck(job)
             raise
 
     def start(self) -> None:
@@ -115,9 +128,25 @@ class Lane:
             else:
                 _tell(job.loop, self._finish, job, result, None)
 
+    def _stuck(self, job: _Job[Any]) -> None:
+        """A started call that its caller left: remember its object; within ``stuck_max``, give
+        its place back and start a thread to stand for the blocked one."""
+        if job.key is not None:
+            self._stuck_keys[job.key] = self._stuck_keys.get(job.key, 0) + 1
+        if self.stuck <= self.stuck_max and not self._closed:
+            job.freed = True
+            self._room.release()
+            thread = threading.Thread(target=self._work, name=f"lane-{self.name}-{len(self._threads)}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
     def _finish(self, job: _Job[Any], result: Any, error: BaseException | None) -> None:
         if job.abandoned:
             self.stuck -= 1
+            if job.key is not None and job.started.done() and job.key in self._stuck_keys:
+                self._stuck_keys[job.key] -= 1
+                if not self._stuck_keys[job.key]:
+                    del self._stuck_keys[job.key]
         if not job.done.done():
             if error is not None:
                 job.done.set_exception(error)
@@ -125,7 +154,10 @@ class Lane:
                 job.done.set_result(result)
         elif error is not None:
             job.done.exception()  # retrieved: nobody is waiting for it any more
-        self._room.release()
+        if job.freed:  # its place was given back when it got stuck; one thread too many now
+            self._jobs.put(None)
+        else:
+            self._room.release()
 
     def close(self) -> None:
         """Stop the idle threads; a thread blocked in the OS is a daemon and does not hold the process."""

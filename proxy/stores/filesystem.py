@@ -193,7 +193,7 @@ class FilesystemStore:
     async def _timed(self, fn: Callable[[], _T], attachment_id: str) -> _T:
         hex_digest = attachment_id[len(ID_PREFIX):]
         try:
-            return await self.reads.run(fn)
+            return await self.reads.run(fn, key=attachment_id)  # a retry of a stuck read takes no thread
         except TimeoutError:
             # Only the lane raises TimeoutError here: _load converts every OSError itself.
             raise AttachmentError(

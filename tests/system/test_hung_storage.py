@@ -106,6 +106,38 @@ async def test_hung_fifo_reads_never_spread_to_healthy_images(make_harness: Make
     assert harness.app[SERVICES].metrics.store_reads.get("ok", 0) >= 2
 
 
+HUNG = 32
+
+
+async def test_thirty_two_hung_objects_cost_only_themselves(make_harness: MakeHarness) -> None:
+    """k hung objects hold k threads at most (a retry of a stuck read takes none), and the read
+    lane's places stay for what works: with 32 objects hung, other sessions' healthy images are
+    still read and inlined."""
+    harness = await make_harness(**{"store.read_timeout": 0.5,
+                                    "store.lanes": {**LANES, "reads": 8, "queue_timeout": 2.0}})
+    reads = harness.store.inner.reads  # type: ignore[attr-defined]
+    healthy = [await harness.admit(make_image(color=200 + i)) for i in range(4)]
+    hung = [await harness.admit(make_image(color=100 + i)) for i in range(HUNG)]
+    fifos = [hang_with_a_fifo(harness, aid) for aid in hung]
+    try:
+        answers = await asyncio.gather(*(send(harness, f"hung-{i}", aid) for i, aid in enumerate(hung)))
+        # each read timed out, its retry failed at once: a retryable quarantine and the placeholder
+        assert [status for status, _, _ in answers] == [200] * HUNG
+        assert reads.stuck == HUNG and reads.in_use == 0  # one thread each, none of the eight places
+        for i, aid in enumerate(hung[:4]):
+            assert await quarantined(harness, f"hung-{i}") == {aid}
+        for n, aid in enumerate(healthy):  # other sessions: read, verified and inlined
+            status, _, _ = await send(harness, f"healthy-{n}", aid)
+            assert status == 200
+            part = harness.upstream.last.json()["messages"][0]["content"][1]
+            assert part["type"] == "image_url" and part["image_url"]["url"].startswith("data:image/png;base64,")
+            assert await quarantined(harness, f"healthy-{n}") == set()
+    finally:
+        for fifo in fifos:
+            unhang(fifo)
+    await until(lambda: reads.stuck == 0, "the stuck threads come back")
+
+
 class HangingS3:
     """A loopback HTTP proxy in front of an S3 endpoint that never answers requests for some keys
     (they hang, connection open), or for every key once ``all_hang`` is set. One request per

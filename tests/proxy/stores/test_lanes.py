@@ -38,7 +38,7 @@ class Blocker:
 
 
 async def test_a_full_lane_refuses_with_busy_not_a_timeout() -> None:
-    lane = Lane("reads", 2, timeout=0.2, queue_timeout=0.2)
+    lane = Lane("reads", 2, timeout=0.2, queue_timeout=0.2, stuck_max=0)  # stuck calls keep their places
     hung = Blocker()
     try:
         calls = [asyncio.create_task(lane.run(hung)) for _ in range(2)]
@@ -89,6 +89,33 @@ async def test_a_call_whose_caller_left_before_it_started_never_runs() -> None:
     await ahead
     await asyncio.sleep(0.1)
     assert ran == [] and lane.stuck == 0 and await lane.run(lambda: "free") == "free"
+    lane.close()
+
+
+async def test_what_hangs_costs_only_itself_up_to_stuck_max() -> None:
+    lane = Lane("reads", 2, timeout=0.2, queue_timeout=0.3, stuck_max=3)
+    hung = Blocker()
+    try:
+        for key in ("a", "b", "c"):  # three objects whose reads hang: each times out, its thread stuck
+            with pytest.raises(TimeoutError):
+                await lane.run(hung, key=key)
+        assert lane.stuck == 3 and lane.in_use == 0
+        assert [await lane.run(lambda: n) for n in range(4)] == [0, 1, 2, 3]  # both places still work
+        with pytest.raises(TimeoutError):  # a retry of a stuck object: at once, no thread taken
+            await lane.run(lambda: "never runs", key="b")
+        assert hung.calls == 3
+        with pytest.raises(TimeoutError):  # a fourth: past stuck_max it keeps its place
+            await lane.run(hung, key="d")
+        assert lane.stuck == 4 and lane.in_use == 1
+    finally:
+        hung.release.set()
+    for _ in range(100):  # the threads come back: keys forgotten, places and thread count as before
+        if lane.stuck == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert lane.stuck == 0 and lane.in_use == 0 and await lane.run(lambda: "ok", key="b") == "ok"
+    await asyncio.sleep(0.1)
+    assert sum(t.is_alive() for t in lane._threads) == 2
     lane.close()
 
 
