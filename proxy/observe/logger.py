@@ -46,6 +46,23 @@ def setup_logging(level: str = "info", json: bool = True, *, pid: bool = False) 
     _direct = _Direct(chain, renderer, out, os.getpid() if pid else None) if out is not None else None
     if out is not None:
         atexit.register(out.write_queued)  # a process that exits between a line and its turn's end
+    # what libraries log through the standard library (asyncio's "Future exception was never
+    # retrieved", asyncpg's pool, aiohttp's server) becomes a line of the same chain: JSON too
+    logging.basicConfig(handlers=[_Bridge()], level=logging.getLevelNamesMapping()[level.upper()], force=True)
+
+
+class _Bridge(logging.Handler):
+    """A standard-library record as a structlog line: its logger's name, its message (formatted
+    with its arguments) and its traceback, if any, as the chain renders one (``exception``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: dict[str, Any] = {"logger": record.name}
+            if record.exc_info and record.exc_info[0] is not None:
+                fields["exc_info"] = record.exc_info
+            get_logger().log(record.levelno, record.getMessage(), **fields)
+        except Exception:  # a line that cannot be written is dropped, never raised into its caller
+            self.handleError(record)
 
 
 class _Lines(structlog.BytesLogger):

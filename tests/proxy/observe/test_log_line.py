@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import logging
 import re
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from tests.backends import backend_on_both  # noqa: F401  (every proxy test here
 from tests.conftest import Harness
 from tests.fakes import FakeUpstream
 from tests.imaging import make_image, ref_id
+from tests.paths import ROOT
 
 
 async def logged(harness: Harness, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
@@ -89,6 +92,7 @@ def test_the_request_line_written_straight_is_the_line_structlog_writes(
     monkeypatch.setattr(logger, "_request_lines", logger._request_lines)  # the process's logging, as it was
     monkeypatch.setattr(logger, "_direct", logger._direct)
     before = structlog.get_config()
+    root = (logging.root.handlers[:], logging.root.level)  # setup_logging bridges the standard library too
     fields = {"method": "POST", "path": "/v1/chat/completions", "duration_ms": 1.25, "route": "openai_chat",
               "request_id": "abc", "status": 200, "session": "s", "quarantined": ["not_found"], "odd": Path("/x")}
     try:
@@ -100,6 +104,8 @@ def test_the_request_line_written_straight_is_the_line_structlog_writes(
         written = buffer.getvalue()
     finally:
         structlog.configure(**before)
+        logging.root.handlers[:], _ = root
+        logging.root.setLevel(root[1])
     straight, chained = (msgspec.json.decode(line) for line in written.splitlines())
     stamps = [straight.pop("timestamp"), chained.pop("timestamp")]
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z", stamp) for stamp in stamps), stamps
@@ -156,3 +162,35 @@ async def test_request_lines_of_one_turn_are_one_write_and_keep_their_order_with
     assert out._file.getvalue().splitlines() == [  # type: ignore[attr-defined]
         b'{"n":0}', b'{"n":1}', b'{"n":2}', b'{"warning":1}', b'{"n":3}', b'{"n":4}']
     assert Counting.writes == 3  # the three queued lines, the warning, the two queued after it
+
+
+def test_what_libraries_log_is_json_too() -> None:
+    """asyncio's "Future exception was never retrieved" and a driver's traceback (asyncpg's pool
+    logs through the standard library) come out as JSON lines of the same chain."""
+    script = """
+import asyncio, gc, logging
+from projectionist.proxy.observe.logger import setup_logging
+setup_logging("info", json=True)
+try:
+    raise ConnectionResetError("the database went away")
+except ConnectionResetError:
+    logging.getLogger("asyncpg.pool").exception("Error while closing %s", "a connection")
+
+async def main():
+    future = asyncio.get_running_loop().create_future()
+    future.set_exception(RuntimeError("nobody looked"))
+    del future
+    gc.collect()
+    await asyncio.sleep(0)
+
+asyncio.run(main())
+logging.getLogger("aiohttp.server").warning("plain %d", 7)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 3, done.stderr
+    entries = [json.loads(line) for line in lines]  # every line is JSON
+    assert [e.get("logger") for e in entries] == ["asyncpg.pool", "asyncio", "aiohttp.server"]
+    assert entries[0]["event"] == "Error while closing a connection" and "ConnectionResetError" in entries[0]["exception"]
+    assert "never retrieved" in entries[1]["event"] and "nobody looked" in entries[1]["exception"]
+    assert entries[2]["event"] == "plain 7" and entries[2]["level"] == "warning"
