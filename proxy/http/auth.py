@@ -58,6 +58,8 @@ class Guard:
         self._own = tuple(t for t in (*self.client_tokens, self.admin_token) if t)
         #: Never forwarded, whatever they hold: the session headers and the token header.
         self.own_headers = frozenset({*(h.lower() for h in session_headers), TOKEN_HEADER})
+        #: Console cookies signed out before they expire (value -> expiry), on this process.
+        self.revoked: dict[str, float] = {}
 
     @property
     def clients_required(self) -> bool:

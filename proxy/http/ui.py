@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import partial
 import hashlib
 import hmac
+import secrets
 import io
 import time
 from collections.abc import Awaitable, Callable
@@ -80,19 +81,23 @@ def _mac(guard: Guard, message: str) -> str:
 
 
 def issue(guard: Guard, now: float) -> str:
-    """A sign-in cookie value: its expiry and the expiry's HMAC."""
+    """A sign-in cookie value: its expiry, a nonce of its own (so signing out revokes this one
+    sign-in, never the next), and their HMAC."""
     expires = int(now) + TTL
-    return f"{expires}.{_mac(guard, f'session|{expires}')}"
+    nonce = secrets.token_hex(8)
+    return f"{expires}.{nonce}.{_mac(guard, f'session|{expires}|{nonce}')}"
 
 
 def valid(guard: Guard, cookie: str | None, now: float) -> bool:
-    if not guard.admin_token or not cookie:
+    if not guard.admin_token or not cookie or cookie in guard.revoked:
         return False
-    expires, _, mac = cookie.partition(".")
+    expires, _, rest = cookie.partition(".")
+    nonce, _, mac = rest.partition(".")
     until = natural(expires)
-    if until is None or until < now:
+    if until is None or until < now or len(nonce) != 16:
         return False
-    return hmac.compare_digest(mac.encode(), _mac(guard, f"session|{expires}").encode())
+    return hmac.compare_digest(mac.encode("utf-8", "surrogateescape"),
+                               _mac(guard, f"session|{expires}|{nonce}").encode())
 
 
 def csrf_of(guard: Guard, cookie: str) -> str:
@@ -196,8 +201,18 @@ async def post_login(request: web.Request) -> web.StreamResponse:
     return _secured(response)
 
 
+def revoke(guard: Guard, cookie: str | None, now: float) -> None:
+    """Sign ``cookie`` out for good (until it would have expired), on this process; the expired
+    revocations are forgotten (only a signed-in operator adds one: the set stays small)."""
+    for old in [c for c, until in guard.revoked.items() if until < now]:
+        del guard.revoked[old]
+    if cookie and valid(guard, cookie, now):
+        guard.revoked[cookie] = float(natural(cookie.partition(".")[0]) or now)
+
+
 async def post_logout(request: web.Request) -> web.StreamResponse:
     _allowed(request)
+    revoke(request.app[SERVICES].guard, request.cookies.get(COOKIE), time.time())
     response = web.Response(status=204)
     response.del_cookie(COOKIE, path=UI)
     return _secured(response)

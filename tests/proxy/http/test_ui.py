@@ -94,7 +94,7 @@ async def test_a_wrong_token_sets_no_cookie_and_the_right_one_a_derived_strict_c
     cookie = right.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/admin/ui" in cookie
     value = right.cookies[ui.COOKIE].value
-    assert "admintok" not in value and re.fullmatch(r"\d+\.[0-9a-f]{64}", value)
+    assert "admintok" not in value and re.fullmatch(r"\d+\.[0-9a-f]{16}\.[0-9a-f]{64}", value)
     page = await harness.client.get("/admin/ui")
     assert page.status == 200 and "<h1>Sessions</h1>" in await page.text()
 
@@ -119,8 +119,9 @@ async def test_a_forged_an_expired_or_another_tokens_cookie_is_not_a_sign_in(har
     good = ui.issue(guard, now)
     assert ui.valid(guard, good, now)
     assert not ui.valid(guard, good, now + ui.TTL + 1)  # expired
-    expires, _, mac = good.partition(".")
-    assert not ui.valid(guard, f"{int(expires) + 3600}.{mac}", now)  # a later expiry, the old MAC
+    expires, nonce, mac = good.split(".")
+    assert not ui.valid(guard, f"{int(expires) + 3600}.{nonce}.{mac}", now)  # a later expiry, the old MAC
+    assert not ui.valid(guard, f"{expires}.{'1' * 16}.{mac}", now)  # another nonce, the old MAC
     assert not ui.valid(Guard((), "othertok"), good, now)  # the token changed: everyone signs in again
     assert not ui.valid(guard, "", now) and not ui.valid(guard, "garbage", now)
     harness.client.session.cookie_jar.update_cookies({ui.COOKIE: f"{expires}.{'0' * 64}"})
@@ -306,3 +307,16 @@ async def test_a_cookie_of_non_ascii_digits_is_no_sign_in_not_a_crash(harness: H
     for query in ["sessions/s1?after=²", "sessions/s1/replay?seq=²"]:
         page = await harness.client.get(f"/admin/ui/{query}", headers={"Authorization": "Bearer admintok"})
         assert page.status == 400 and page.headers["X-Projectionist-Error-Code"] == "INVALID_QUERY", query
+
+
+async def test_signing_out_revokes_the_cookie_not_only_the_browsers_copy(harness: Harness) -> None:
+    await sign_in(harness)
+    cookie = harness.client.session.cookie_jar.filter_cookies(harness.client.make_url("/admin/ui"))["projectionist_ui"]
+    csrf = await csrf_of(harness, "s1")
+    assert (await harness.client.post("/admin/ui/logout", headers={"X-CSRF-Token": csrf})).status == 204
+    # a copy of the cookie kept elsewhere (another tab, a stolen one) no longer signs anyone in
+    page = await harness.client.get("/admin/ui", headers={"Cookie": f"projectionist_ui={cookie.value}"},
+                                    allow_redirects=False)
+    assert page.status in (302, 303, 401), await page.text()
+    await sign_in(harness)  # a new sign-in works
+    assert (await harness.client.get("/admin/ui", allow_redirects=False)).status == 200
