@@ -5,12 +5,14 @@ Clients present a token the way their SDK sends its key (``Authorization: Bearer
 provider key. The admin token is any of the header forms (never the query). Tokens are compared
 as bytes in constant time, so a header that is not UTF-8 is just a wrong token, never a crash.
 ``Guard`` is also the upstream side's ``Withheld``: any header holding one of the proxy's tokens
-(in any spelling: extra spaces, tabs, no scheme), its token header and the session headers are
-never forwarded.
+(whatever its name, in any spelling: extra spaces, tabs, no scheme, in a list, inside ``Basic``
+credentials), its token header and the session headers are never forwarded.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 from collections.abc import Iterable, Mapping
 from typing import Final
@@ -108,10 +110,24 @@ class Guard:
         return bool(self._own) and self._matches(_bytes(value.strip()), self._own)
 
     def _holds_own(self, value: str) -> bool:
-        return any(self._matches(_bytes(word), self._own) for word in value.split())
+        """Whether one of the proxy's tokens is anywhere in ``value``, in any spelling: a word of it,
+        part of a list (``Bearer x,<token>``), or inside ``Basic`` credentials (``user:<token>``)."""
+        raw = _bytes(value)
+        if any(token in raw for token in self._own):
+            return True
+        scheme, _, rest = value.strip().partition(" ")
+        if scheme.lower() == "basic":
+            try:
+                decoded = base64.b64decode(rest.strip(), validate=True)
+            except (ValueError, binascii.Error):
+                return False
+            return any(token in decoded for token in self._own)
+        return False
 
     def withheld_headers(self, incoming: MultiMapping[str]) -> frozenset[str]:
+        """Every header that holds one of the proxy's tokens, whatever its name (``api-key``, a
+        custom one) and spelling, and the proxy's own headers: never forwarded."""
         if not self._own:
             return self.own_headers
-        held = [name for name in CREDENTIAL_HEADERS if any(self._holds_own(v) for v in incoming.getall(name, ()))]
+        held = [name.lower() for name, value in incoming.items() if self._holds_own(value)]
         return self.own_headers.union(held) if held else self.own_headers

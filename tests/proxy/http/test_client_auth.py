@@ -5,6 +5,8 @@ file names are validated."""
 
 from __future__ import annotations
 
+import base64
+
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -118,6 +120,21 @@ async def test_pass_through_upstream_gets_the_clients_own_key_and_never_the_toke
     resp = await guarded.client.post("/v1/chat/completions", json=chat_body(),
                                      headers={"Authorization": "Bearer sk-client-own"})
     assert resp.status == 401
+
+
+@pytest.mark.parametrize("spelled", [
+    {"api-key": "ct-alpha"},  # Azure OpenAI's header: not one the check reads, still never forwarded
+    {"Authorization": "Basic " + base64.b64encode(b"user:ct-alpha").decode()},
+    {"Authorization": "Bearer x,ct-alpha"},
+    {"X-Anything": "prefix ct-alpha suffix"},
+])
+async def test_a_proxy_token_is_never_forwarded_in_any_spelling(guarded: Harness, spelled: dict[str, str]) -> None:
+    resp = await guarded.client.post("/v1/chat/completions", json=chat_body(),
+                                     headers={"X-Projectionist-Token": "ct-beta", **spelled})
+    assert resp.status == 200
+    for name in spelled:
+        assert name.lower() not in {k.lower() for k in guarded.upstream.last.headers}
+    no_token_anywhere(guarded)
 
 
 @pytest.mark.filterwarnings("ignore:Inheritance class AiohttpClientSession:DeprecationWarning")  # google-genai's own
