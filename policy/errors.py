@@ -125,11 +125,14 @@ class AttachmentError(ProjectionistError):
     """A store could not deliver a verified image. ``code`` is one of the four attachment codes."""
 
 
-    def __init__(self, code: str, message: str = "", *, attachment_id: str | None = None) -> None:
+    def __init__(self, code: str, message: str = "", *, attachment_id: str | None = None,
+                 value: str | None = None) -> None:
         if code not in ATTACHMENT_CODES:
             raise ValueError(f"not an attachment code: {code}")
         super().__init__(message or code.lower(), code=code)
         self.attachment_id = attachment_id
+        #: The malformed reference as the client wrote it (``INVALID_ATTACHMENT_REF``).
+        self.value = value
 
 
 class ImageRejected(ProjectionistError):

@@ -165,12 +165,17 @@ def parse_url_ref(url: str, http: HttpRefs = NO_HTTP) -> ImageRef | None:
     under one of ``http``'s bases.
 
     Returns None for anything else (it passes through untouched); raises
-    ``INVALID_ATTACHMENT_REF`` for a malformed reference, which is the client's error.
+    ``INVALID_ATTACHMENT_REF`` for a malformed reference, which is the client's error (its
+    message names the value; ``AttachmentError.value`` holds it, for the caller to name its place).
     """
-    if url.startswith(URL_SCHEME):
-        return _reference(url[len(URL_SCHEME):])
-    if http.bases and (rest := http.rest(url)) is not None:
-        return _reference(rest, http=True)
+    try:
+        if url.startswith(URL_SCHEME):
+            return _reference(url[len(URL_SCHEME):])
+        if http.bases and (rest := http.rest(url)) is not None:
+            return _reference(rest, http=True)
+    except AttachmentError as error:
+        shown = msgspec.json.encode(url[:120] + ("..." if len(url) > 120 else "")).decode()
+        raise AttachmentError(INVALID_REF, f"{error.message}: {shown}", value=url) from None
     return None
 
 

@@ -9,15 +9,15 @@ placeholders, errors) is made here, before the upstream call, so before the firs
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 import re
 from typing import Any, Final, NamedTuple, NoReturn
 
 import msgspec
 
-from projectionist.adapters.base import Carried, WireFormat
+from projectionist.adapters.base import Carried, Site, WireFormat
 from projectionist.policy.decide import held_inline
-from projectionist.policy.errors import InvalidRequest, PayloadTooLarge
+from projectionist.policy.errors import AttachmentError, InvalidRequest, PayloadTooLarge
 from projectionist.policy.model import NO_HTTP, HttpRefs, ImageRef, Placeholder, Resolved, StoredImage
 from projectionist.policy.projection import Projection
 from projectionist.proxy.stores.cache import inline as inline_of
@@ -142,9 +142,10 @@ def may_hold_inline(raw: bytes) -> bool:
 
 
 def may_hold_refs(raw: bytes) -> bool:
-    """Cheap pre-check on raw bytes: every reference spells ``sha256:`` unless JSON-escaped,
-    and a body with any ``\\u`` escape is decoded to be sure."""
-    return b"sha256:" in raw or (b"\\" in raw and b"\\u" in raw)  # memchr first: most bodies have no escape
+    """Cheap pre-check on raw bytes: every reference spells ``sha256:`` (and a malformed one
+    ``attachment:``: the client's error) unless JSON-escaped, and a body with any ``\\u`` escape
+    is decoded to be sure."""
+    return b"sha256:" in raw or b"attachment:" in raw or (b"\\" in raw and b"\\u" in raw)
 
 
 def _too_many(limit: int) -> NoReturn:
@@ -195,7 +196,7 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
                 _too_many(max_references)
         tree = decoded if decoded is not None else decode_json(raw)
         client = identified(fmt, tree, identities.of) if inline and identities is not None else []
-    sites = fmt.find_refs(tree, http)
+    sites = _refs(fmt, tree, http)
     if not sites and not client:
         return Built(raw, None, (of_decoded(raw, tree) if shape_unchanged else of_unchanged(raw))
                      if describe else None, tree)
@@ -247,6 +248,31 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     described = of_tree(tree, records, http.bases if via_http else (), inbound) if describe else None
     return Built(UPSTREAM.encode(tree), projection, described, tree, seen, sent, len(client) - len(sent), payloads,
                  blanks)
+
+
+def _refs(fmt: WireFormat, tree: Any, http: HttpRefs) -> list[Site]:
+    """``fmt.find_refs``; a malformed reference's error names its place in the body too."""
+    try:
+        return fmt.find_refs(tree, http)
+    except AttachmentError as error:
+        if error.value is None:
+            raise
+        place = next((path for path, value in _strings(tree) if value == error.value), None)
+        raise AttachmentError(error.code, f"{error.message} at {place}" if place else error.message,
+                              value=error.value) from None
+
+
+def _strings(tree: Any) -> Iterator[tuple[str, str]]:
+    """Every string of ``tree`` with its JSON pointer (for naming the place of a bad value)."""
+    stack: list[tuple[Any, str]] = [(tree, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            yield path, node
+        elif isinstance(node, dict):
+            stack += [(v, f"{path}/{str(k).replace('~', '~0').replace('/', '~1')}") for k, v in node.items()]
+        elif isinstance(node, list):
+            stack += [(v, f"{path}/{i}") for i, v in enumerate(node)]
 
 
 def scan_body(fmt: WireFormat, raw: bytes, identities: Identities) -> Scanned | None:

@@ -95,3 +95,17 @@ async def test_a_websocket_upgrade_on_a_proxied_route_is_refused_plainly(harness
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
     status, answer = await raw_request(harness, head)
     assert 400 <= status < 500, answer[:500]
+
+
+@pytest.mark.parametrize("session", [None, "bad-ref"])
+async def test_a_malformed_reference_is_a_400_naming_the_value_and_its_place(harness: Harness,
+                                                                              session: str | None) -> None:
+    bad = "attachment:" + "ab" * 32  # no sha256: prefix
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": bad}}]}]}
+    resp = await harness.client.post("/v1/chat/completions", json=body,
+                                     headers={"X-Session-Id": session} if session else {})
+    assert resp.status == 400 and await code_of(resp) == "INVALID_ATTACHMENT_REF"
+    message = (await resp.json())["error"]["message"]
+    assert bad in message and "/messages/0/content/1/image_url/url" in message, message
+    assert harness.upstream.received == []  # refused before anything went upstream
