@@ -56,7 +56,10 @@ def spliced_id(raw: bytes, runs: Sequence[tuple[int, int, str | None]]) -> str:
     its identity. It commits to every byte, as ``sha256_id`` of ``raw`` would (an identity
     commits to its bytes; the framing keeps a body that spells an identity in its text from
     hashing like one that carries the image), without hashing megabytes of base64 that come
-    back every turn. A run without an identity is hashed as bytes."""
+    back every turn. A run without an identity is hashed as bytes; with no identity at all it is
+    ``sha256_id(raw)`` itself (a body without the client's own images is recorded as it always was)."""
+    if not any(aid is not None for _, _, aid in runs):
+        return sha256_id(raw)
     digest = hashlib.sha256(_SPLICED)
     view = memoryview(raw)
     last = 0
