@@ -51,6 +51,9 @@ from projectionist.proxy.upstream.replay import rebuild
 from projectionist.proxy.http.params import natural
 from projectionist.proxy.upstream.relay import CONSOLE_COOKIE
 
+#: Sessions on one page of the session list, and the last page one may ask for.
+SESSIONS_PER_PAGE: Final = 200
+MAX_PAGE: Final = 500
 COOKIE: Final = CONSOLE_COOKIE  # an upstream can never set it: the relay drops such a Set-Cookie
 CSRF_HEADER: Final = "X-CSRF-Token"
 #: How long a sign-in lasts.
@@ -221,8 +224,16 @@ async def post_logout(request: web.Request) -> web.StreamResponse:
 # -- pages -------------------------------------------------------------------------------------------
 
 async def sessions(request: web.Request, csrf: str) -> web.StreamResponse:
-    found = await summaries(request.app[SERVICES].log)
-    return web.Response(text=sessions_page(found, csrf), content_type="text/html")
+    """One page of sessions, the most recently active first (``?page=N``, ``SESSIONS_PER_PAGE``
+    each): a proxy of 20,000 sessions renders 200 rows, not 11 MB on the event loop."""
+    number = _int_query(request, "page") or 0
+    if number > MAX_PAGE:
+        raise InvalidRequest(f"'page' must be at most {MAX_PAGE}", code="INVALID_QUERY")
+    start = number * SESSIONS_PER_PAGE
+    found = await summaries(request.app[SERVICES].log, limit=start + SESSIONS_PER_PAGE + 1, skip=start)
+    more = len(found) > SESSIONS_PER_PAGE
+    return web.Response(text=sessions_page(found[:SESSIONS_PER_PAGE], csrf, page_number=number, more=more),
+                        content_type="text/html")
 
 
 def _int_query(request: web.Request, name: str) -> int | None:

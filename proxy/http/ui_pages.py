@@ -86,7 +86,7 @@ def error_page(status: int, code: str, message: str, csrf: str) -> str:
 
 # -- the session list ------------------------------------------------------------------------------
 
-def sessions_page(found: list[SessionSummary], csrf: str) -> str:
+def sessions_page(found: list[SessionSummary], csrf: str, *, page_number: int = 0, more: bool = False) -> str:
     rows = "".join(
         f'<tr class="{"held" if s.quarantined else ""}"><td><a href="{_e(session_url(s.session))}">{_e(s.session)}</a></td>'
         f'<td class="num">{s.events}</td><td class="num">{s.quarantined}</td>'
@@ -96,8 +96,12 @@ def sessions_page(found: list[SessionSummary], csrf: str) -> str:
              f'<th>last activity</th></tr></thead><tbody>{rows}</tbody></table>') if found else \
         '<p class="empty">No sessions yet: a request with a session id starts one.</p>'
     held = sum(1 for s in found if s.quarantined)
-    return page("Sessions", f'<h1>Sessions</h1><p class="summary">{_count(len(found), "session")}, {held} with '
-                f'quarantined images.</p>{table}', csrf=csrf)
+    pager = "".join([
+        f'<a rel="prev" href="{UI}?page={page_number - 1}">newer sessions</a> ' if page_number else "",
+        f'<a rel="next" href="{UI}?page={page_number + 1}">older sessions</a>' if more else ""])
+    where = f" on page {page_number + 1}" if page_number or more else ""
+    return page("Sessions", f'<h1>Sessions</h1><p class="summary">{_count(len(found), "session")}{where}, {held} with '
+                f'quarantined images.</p>{table}' + (f'<p class="pager">{pager}</p>' if pager else ""), csrf=csrf)
 
 
 def _count(n: int, noun: str) -> str:

@@ -36,9 +36,10 @@ class SessionSummary(msgspec.Struct, frozen=True):
     last_activity: str
 
 
-async def summaries(log: CachedLog, *, limit: int | None = None) -> list[SessionSummary]:
-    """Every session of ``log`` (at most ``limit``), the most recently active first."""
-    stats = await log.inner.session_stats(limit=limit)
+async def summaries(log: CachedLog, *, limit: int | None = None, skip: int = 0) -> list[SessionSummary]:
+    """Every session of ``log`` (at most ``limit``), the most recently active first; the first
+    ``skip`` of them left out (only the others are folded)."""
+    stats = (await log.inner.session_stats(limit=limit))[skip:]
     gate = asyncio.Semaphore(FOLDS_AT_ONCE)
 
     async def one(found: SessionStats) -> SessionSummary:

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from projectionist.policy.events import Quarantine
 from projectionist.proxy.http import ui
+from projectionist.proxy.http.services import SERVICES
 from projectionist.proxy.http.auth import Guard
 from tests.backends import BACKENDS
 from tests.conftest import ADMIN, Harness
@@ -320,3 +322,15 @@ async def test_signing_out_revokes_the_cookie_not_only_the_browsers_copy(harness
     assert page.status in (302, 303, 401), await page.text()
     await sign_in(harness)  # a new sign-in works
     assert (await harness.client.get("/admin/ui", allow_redirects=False)).status == 200
+
+
+async def test_the_session_list_is_paginated(harness: Harness) -> None:
+    services = harness.app[SERVICES]
+    for n in range(ui.SESSIONS_PER_PAGE + 5):  # sessions with an event each, made straight in the log
+        await services.log.append(f"s{n:04d}", 0, [Quarantine("sha256:" + f"{n:064x}", "not_found", False)])
+    await sign_in(harness)
+    first = await (await harness.client.get("/admin/ui")).text()
+    assert first.count('<tr class="held">') == ui.SESSIONS_PER_PAGE and 'href="/admin/ui?page=1"' in first
+    second = await (await harness.client.get("/admin/ui?page=1")).text()
+    assert second.count('<tr class="held">') == 5 and 'rel="next"' not in second and 'href="/admin/ui?page=0"' in second
+    assert (await harness.client.get(f"/admin/ui?page={ui.MAX_PAGE + 1}")).status == 400
