@@ -20,6 +20,7 @@ import msgspec
 from yarl import URL
 
 from projectionist.policy.errors import InvalidRequest
+from projectionist.proxy.config_explain import explain
 
 Format = Literal["openai", "anthropic", "gemini"]
 FORMATS: tuple[Format, ...] = ("openai", "anthropic", "gemini")
@@ -250,6 +251,11 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return split_tokens(environ.get(name, "")) if name else frozenset()
 
 
+#: The command-line flag behind each dotted override the CLI passes (an error names the flag).
+FLAGS: Final = {"server.port": "--port", "server.host": "--host", "server.data_dir": "--data-dir",
+                "server.admin_token": "--admin-token", "server.workers": "--workers"}
+
+
 def load_config(path: str | Path | None = None, **overrides: object) -> Config:
     """Load ``path`` (or the defaults), then apply dotted overrides like ``server.port=8080``."""
     raw: dict[str, object] = {}
@@ -277,7 +283,8 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid configuration: {exc}", code="INVALID_CONFIG") from None
+        flags = {k: v for k, v in FLAGS.items() if overrides.get(k) is not None}
+        raise InvalidRequest(explain(exc, Config, path=path, flags=flags), code="INVALID_CONFIG") from None
     config = msgspec.structs.replace(config, upstreams={**_default_upstreams(), **config.upstreams})
     check_upstreams(config)
     if config.server.public_url:

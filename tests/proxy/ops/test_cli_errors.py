@@ -64,7 +64,27 @@ async def test_a_missing_config_file_is_one_line_and_exit_2(tmp_path: Path) -> N
 @pytest.mark.parametrize("port", ["-1", "65536", "99999"])
 async def test_a_port_out_of_range_on_the_command_line_is_one_line(tmp_path: Path, port: str) -> None:
     rc, _, err = await cli("serve", "--port", port, "--data-dir", str(tmp_path / "d"))
-    one_line_error(rc, err, "INVALID_CONFIG", "port")
+    one_line_error(rc, err, "INVALID_CONFIG", "--port:")  # the flag, not $.server.port
+
+
+EXPLAINED = [  # (file text, what the one line must say: the file's line, the key, what would be right)
+    ("[server]\nhost = \"127.0.0.1\"\nprot = 9\n", [":3:", "`server.prot`", "did you mean `port`?"]),
+    ("[logging]\nlevel = \"loud\"\n", [":2:", "`logging.level`", "valid values: 'debug', 'info', 'warning', 'error'"]),
+    ("[upstreams.x]\nformat = \"opnai\"\nurl = \"http://h\"\n",
+     [":2:", "`upstreams.<name>.format`", "'openai', 'anthropic', 'gemini'"]),
+    ("# a comment\n[serverr]\nport = 1\n", [":2:", "`serverr`", "did you mean `server`?"]),
+]
+
+
+@pytest.mark.parametrize(("text", "said"), EXPLAINED, ids=range(len(EXPLAINED)))
+async def test_a_config_mistake_names_its_file_line_key_and_the_right_spelling(tmp_path: Path, text: str,
+                                                                               said: list[str]) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    rc, _, err = await cli("serve", "--config", str(path), "--data-dir", str(tmp_path / "d"))
+    one_line_error(rc, err, "INVALID_CONFIG", str(path))
+    for needle in said:
+        assert needle in err, (needle, err)
 
 
 async def test_a_port_in_use_is_one_line_and_nothing_claims_to_listen(tmp_path: Path) -> None:
