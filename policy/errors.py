@@ -61,7 +61,7 @@ CODES: Final[dict[str, Code]] = {
     "CSRF_REJECTED": Code(403),
     "UNKNOWN_UPSTREAM": Code(404), "FILE_NOT_FOUND": Code(404), "ROUTE_NOT_FOUND": Code(404),
     "NOT_RECORDED": Code(404), "BLOB_NOT_FOUND": Code(404), "SESSION_NOT_FOUND": Code(404), "UPLOAD_NOT_FOUND": Code(404),
-    "METHOD_NOT_ALLOWED": Code(405),
+    "METHOD_NOT_ALLOWED": Code(405), "EXPECTATION_FAILED": Code(417),
     "SESSION_EXISTS": Code(409), "REPLAY_NEEDS_BODY": Code(409), "REPLAY_NOT_REBUILT": Code(409),
     "PAYLOAD_TOO_LARGE": Code(413), "IMAGE_TOO_LARGE": Code(413), "PROJECTED_TOO_LARGE": Code(413), "UNSUPPORTED_ENCODING": Code(415),
     # an unreadable attachment without a session (409: a recovery whose verification failed;

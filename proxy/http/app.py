@@ -12,9 +12,10 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from projectionist.adapters import openai_chat
+from projectionist.adapters.registry import SPEAKS
 from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
 from projectionist.proxy.config import Config, TelemetryConfig
 from projectionist.proxy.http import gemini_files
@@ -22,7 +23,7 @@ from projectionist.proxy.http.admin import add_admin_routes
 from projectionist.proxy.http.auth import Guard, client_unauthorized
 from projectionist.proxy.http.middleware import context, context_middleware, error_response, note_started
 from projectionist.proxy.http.readiness import READINESS, Readiness, readyz
-from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session
+from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session, format_spoken
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.http.ui import add_ui_routes
 from projectionist.proxy.http.uploads import download, upload
@@ -180,7 +181,22 @@ def create_app(
     router.add_route("*", "/u/{tail:" + ANY + "}", dispatch_named)
     router.add_route("*", "/s/{tail:" + ANY + "}", dispatch_session)
     router.add_route("*", "/{tail:" + ANY + "}", dispatch_default)
+    for route in router.routes():  # aiohttp answers Expect before any middleware: one safe handler for all
+        route._expect_handler = expect  # noqa: SLF001 (aiohttp sets it only per add_route call)
     return app
+
+
+async def expect(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` as aiohttp answers it; any other value a plain 417. aiohttp's own
+    handler echoed the value into its answer and crashed (a 500) on one that is not UTF-8."""
+    if request.headers.get("Expect", "").strip().lower() == "100-continue":
+        if request.version == HttpVersion11:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
+        return None
+    spoken = SPEAKS[format_spoken(request.path, request.headers, request.query)]
+    return error_response(spoken, ProjectionistError("only Expect: 100-continue is understood",
+                                                     code="EXPECTATION_FAILED"))
 
 
 def _ops_of(backend: object) -> OpCounter:
