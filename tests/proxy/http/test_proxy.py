@@ -217,7 +217,10 @@ async def test_the_folded_state_is_cached_per_session_and_read_only_past_its_las
     assert cached is not None and cached.last_seq == 1 and aid in cached.quarantined
     reads.clear()
     await harness.chat(SID, aid)
-    assert reads == [(SID, 1)]  # only what lies beyond the cached fold
+    # only what lies beyond the cached fold; with PostgreSQL's state watch, a request that comes
+    # before the notice of our own quarantine may use the fold that quarantine moved forward (it
+    # failed one run in four, as a race between the notice and the next request)
+    assert reads in ([(SID, 1)], [] if harness.app[SERVICES].metrics.watch is not None else None)
     await harness.admit(data)
     assert (await harness.client.post(f"/admin/sessions/{SID}/attachments/{aid}/recover", headers=ADMIN)).status == 200
     cached = state.log.state(SID)
