@@ -254,8 +254,9 @@ def _console_cookie(value: str) -> bool:
 
 def _response_head(response: _R, answer: Response, request_id: str, timing: Timing) -> _R:
     """``response`` with the upstream's end-to-end headers, the request id and the overhead. A
-    pass-through answer is never sniffed into active content (``nosniff``), and an upstream's
-    cookie for the console's name or path is dropped."""
+    pass-through answer is never sniffed into active content (``nosniff``), is sandboxed
+    (``Content-Security-Policy: sandbox``: no script, no origin), and an upstream's cookie for the
+    console's name or path is dropped."""
     skip = _skipped(answer.headers, frozenset())
     out = response.headers
     for key, value in answer.headers.items():
@@ -263,6 +264,9 @@ def _response_head(response: _R, answer: Response, request_id: str, timing: Timi
         if low not in skip and not (low == "set-cookie" and _console_cookie(value)):
             out.add(key, value)
     out["X-Content-Type-Options"] = "nosniff"
+    # whatever an upstream answers is a document of no origin in a browser (a sandbox with no
+    # permission at all): a page it returns never runs as this proxy's origin, where the console is
+    out.add("Content-Security-Policy", "sandbox")
     if request_id:
         out[REQUEST_ID_HEADER] = request_id
     if answer.content_length is not None:

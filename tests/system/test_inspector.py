@@ -4,6 +4,7 @@ reference whose bytes are still gone stays quarantined), fork from the page, and
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -156,3 +157,34 @@ async def test_replay_view_puts_the_rebuilt_body_beside_the_recorded_one(make_ha
         "return [s('/messages/0/content/1/image_url/url'), s('/model')];"))
     assert colours[0] != colours[1]
     no_console_errors(browser)
+
+
+EVIL = """<html><head><title>evil</title></head><body><script>
+fetch('/admin/ui/sessions/s1', {credentials: 'include'}).then(r => r.text())
+  .then(t => { document.title = t.includes('csrf-token') ? 'read the console' : 'read nothing'; })
+  .catch(() => { document.title = 'blocked'; });
+</script></body></html>"""
+
+
+async def test_a_page_an_upstream_returns_never_reads_the_console(harness: Harness, browser: Browser) -> None:
+    """An upstream that answers text/html: the browser shows it from this proxy's address, with
+    the operator signed in. It is sandboxed (no script, no origin), so it cannot read a console
+    page and take its CSRF token, as it did on the console's own origin."""
+    async def evil(request: Any, body: Any) -> Any:
+        from aiohttp import web
+        return web.Response(text=EVIL, content_type="text/html")
+
+    harness.upstream.script = evil
+    at(browser, harness)
+    await browser.open("/admin/ui/login")
+    await browser.sign_in("admintok")
+    assert await browser.path() == "/admin/ui"
+    # the operator's browser posts to a pass-through route (FakeUpstream scripts answer POSTs), and
+    # the upstream's answer is that page, shown from this proxy's address
+    await browser.run(lambda: browser.driver.execute_script(
+        "const f = document.createElement('form'); f.method = 'POST'; f.action = '/v1/embeddings';"
+        "document.body.appendChild(f); f.submit();"))
+    await browser.until(lambda d: d.current_url.endswith("/v1/embeddings"))
+    await asyncio.sleep(1.5)  # the page's script, were it allowed to run, has long finished
+    title = await browser.run(lambda: browser.driver.title)
+    assert title == "evil", f"the upstream's page ran a script on the proxy's origin: {title!r}"
