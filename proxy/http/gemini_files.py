@@ -23,6 +23,7 @@ On a ``gemini``-format upstream (also under ``/u/{name}/``):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from typing import Final
 
@@ -110,11 +111,15 @@ async def _start(request: web.Request, media_type: str, size: int) -> web.Respon
     raw = await read_body(request)
     try:
         doc = msgspec.json.decode(raw) if raw.strip() else {}
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         raise InvalidRequest("the upload's start body is not valid JSON", code="INVALID_JSON") from None
     described = doc.get("file") if isinstance(doc, dict) else None
     name = described.get("display_name", described.get("displayName")) if isinstance(described, dict) else None
-    token = request.app[SERVICES].uploads.open(media_type, size, clean_name(name if isinstance(name, str) else None))
+    owner = hashlib.sha256("\0".join([*request.headers.getall("x-goog-api-key", ()),
+                                       *request.headers.getall("Authorization", ()),
+                                       *request.query.getall("key", ())]).encode("utf-8", "surrogateescape")).hexdigest()
+    token = request.app[SERVICES].uploads.open(media_type, size, clean_name(name if isinstance(name, str) else None),
+                                               owner)
     context(request).fields.update(files="upload_started")
     path = request.app.router["gemini.upload"].url_for(token=token)
     public = request.app[SERVICES].config.server.public_url  # where clients reach us, when configured

@@ -5,8 +5,9 @@ token: the ``google-genai`` SDK sends the bytes to the upload URL with no key at
 (256 random bits, in the URL) is the credential, and it is good for one upload. The table is
 bounded: at most ``MAX_SESSIONS`` open at once, ``MAX_BYTES`` reserved by their declared sizes
 together, each at most ``TTL`` seconds old; an expired session is gone, and one that would break a
-bound is refused with a retryable 503. Nothing is shared between replicas: a resumable upload must
-finish on the replica that started it.
+bound is refused with a retryable 503. One client (its credentials, digested) holds at most a
+quarter of either bound, so one client cannot take every slot for ``TTL``. Nothing is shared
+between replicas or workers: a resumable upload must finish on the process that started it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Upload:
     size: int
     name: str | None
     opened: float
+    owner: str = ""
     data: bytearray = field(default_factory=bytearray)
     #: A chunk is being received: another one at the same time is refused, not interleaved.
     receiving: bool = False
@@ -52,14 +54,18 @@ class Uploads:
         for token in [t for t, u in self._open.items() if u.opened < oldest]:
             del self._open[token]
 
-    def open(self, media_type: str, size: int, name: str | None) -> str:
-        """A new session's token; ``Unavailable(UPLOADS_BUSY)`` when it would break a bound."""
+    def open(self, media_type: str, size: int, name: str | None, owner: str = "") -> str:
+        """A new session's token; ``Unavailable(UPLOADS_BUSY)`` when it would break a bound, the
+        whole table's or ``owner``'s share of it (a quarter)."""
         self._expire()
         reserved = sum(u.size for u in self._open.values())
         if len(self._open) >= self.max_sessions or reserved + size > self.max_bytes:
             raise Unavailable("too many uploads under way; retry", code="UPLOADS_BUSY")
+        own = [u for u in self._open.values() if u.owner == owner]
+        if len(own) >= max(1, self.max_sessions // 4) or sum(u.size for u in own) + size > self.max_bytes // 4:
+            raise Unavailable("this client has too many uploads under way; finish them or retry", code="UPLOADS_BUSY")
         token = secrets.token_urlsafe(32)
-        self._open[token] = Upload(media_type, size, name, self.clock())
+        self._open[token] = Upload(media_type, size, name, self.clock(), owner)
         return token
 
     def get(self, token: str) -> Upload:

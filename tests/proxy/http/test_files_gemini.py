@@ -220,23 +220,36 @@ async def test_client_tokens_guard_the_start_and_the_url_is_the_credential_for_t
 
 def test_upload_sessions_are_bounded_in_count_bytes_and_age() -> None:
     now = [0.0]
-    uploads = Uploads(max_sessions=2, max_bytes=100, ttl=60.0, clock=lambda: now[0])
-    first = uploads.open("image/png", 40, None)
-    uploads.open("image/png", 40, "b.png")
+    uploads = Uploads(max_sessions=8, max_bytes=400, ttl=60.0, clock=lambda: now[0])
+    first = uploads.open("image/png", 100, None, "c1")
+    others = [uploads.open("image/png", 40, "b.png", f"c{n}") for n in range(2, 9)]  # 8 clients, 380 bytes
     with pytest.raises(Exception) as full:
-        uploads.open("image/png", 1, None)
+        uploads.open("image/png", 1, None, "c9")
     assert getattr(full.value, "code", None) == "UPLOADS_BUSY" and getattr(full.value, "status", None) == 503
-    uploads.close(first)
+    uploads.close(others[0])
     with pytest.raises(Exception) as heavy:
-        uploads.open("image/png", 61, None)  # 40 + 61 bytes reserved would pass 100
+        uploads.open("image/png", 61, None, "c9")  # 340 + 61 bytes reserved would pass 400
     assert getattr(heavy.value, "code", None) == "UPLOADS_BUSY"
-    now[0] = 61.0  # both sessions are older than the TTL now
-    token = uploads.open("image/png", 100, None)
+    now[0] = 61.0  # every session is older than the TTL now
+    token = uploads.open("image/png", 100, None, "c1")
     assert len(uploads) == 1 and uploads.get(token).size == 100
     with pytest.raises(Exception) as expired:
         uploads.get(first)
     assert getattr(expired.value, "code", None) == "UPLOAD_NOT_FOUND"
-    assert len(token) >= 40 and token not in (first, uploads.open("image/png", 0, None))
+    assert len(token) >= 40 and token not in (first, uploads.open("image/png", 0, None, "c2"))
+
+
+def test_one_client_holds_at_most_a_quarter_of_the_upload_slots_and_bytes() -> None:
+    uploads = Uploads(max_sessions=32, max_bytes=400, ttl=600.0)
+    mine = [uploads.open("image/png", 10, None, "greedy") for _ in range(8)]
+    with pytest.raises(Exception) as slots:
+        uploads.open("image/png", 10, None, "greedy")  # a ninth slot: a quarter of 32 is 8
+    assert getattr(slots.value, "code", None) == "UPLOADS_BUSY"
+    assert uploads.open("image/png", 10, None, "someone else")  # the others still get theirs
+    uploads.close(mine[0])
+    with pytest.raises(Exception) as heavy:
+        uploads.open("image/png", 40, None, "greedy")  # 70 + 40 bytes: over a quarter of 400
+    assert getattr(heavy.value, "code", None) == "UPLOADS_BUSY"
 
 
 async def test_other_file_names_pass_through_and_a_bad_sha256_name_is_refused(gharness: Harness) -> None:
