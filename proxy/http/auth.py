@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
@@ -25,6 +26,8 @@ from projectionist.policy.errors import ProjectionistError
 CREDENTIAL_HEADERS: Final = ("authorization", "x-api-key", "x-goog-api-key")
 #: The proxy's own token header, for clients whose SDK key goes to the provider.
 TOKEN_HEADER: Final = "x-projectionist-token"
+#: What separates the words of a header value (and of decoded ``Basic`` credentials).
+_WORDS: Final = re.compile(rb"[\s,;:=]+")
 
 
 class Forbidden(ProjectionistError):
@@ -110,19 +113,20 @@ class Guard:
         return bool(self._own) and self._matches(_bytes(value.strip()), self._own)
 
     def _holds_own(self, value: str) -> bool:
-        """Whether one of the proxy's tokens is anywhere in ``value``, in any spelling: a word of it,
-        part of a list (``Bearer x,<token>``), or inside ``Basic`` credentials (``user:<token>``)."""
+        """Whether one of the proxy's tokens is a word of ``value``, in any spelling: alone, in a
+        list or a parameter (``Bearer x,<token>``, ``k=<token>``), or inside ``Basic`` credentials
+        (``user:<token>``). Words, not substrings: a short token must not withhold every header
+        that happens to contain its letters."""
         raw = _bytes(value)
-        if any(token in raw for token in self._own):
-            return True
-        scheme, _, rest = value.strip().partition(" ")
-        if scheme.lower() == "basic":
+        if not any(token in raw for token in self._own):  # the cheap test first: most headers hold none
+            scheme, _, rest = value.strip().partition(" ")
+            if scheme.lower() != "basic":
+                return False
             try:
-                decoded = base64.b64decode(rest.strip(), validate=True)
+                raw = base64.b64decode(rest.strip(), validate=True)
             except (ValueError, binascii.Error):
                 return False
-            return any(token in decoded for token in self._own)
-        return False
+        return any(self._matches(word, self._own) for word in _WORDS.split(raw) if word)
 
     def withheld_headers(self, incoming: MultiMapping[str]) -> frozenset[str]:
         """Every header that holds one of the proxy's tokens, whatever its name (``api-key``, a

@@ -18,6 +18,7 @@ the port with SO_REUSEPORT, so the kernel spreads connections over them, and sha
 from __future__ import annotations
 
 import os
+import secrets
 import selectors
 import signal
 import socket
@@ -34,6 +35,7 @@ from projectionist.proxy.config import Config
 from projectionist.proxy.observe.logger import get_logger, setup_logging
 from projectionist.proxy.ops.serve import StartupError, admit_open_proxy, event_loop, listening_fields
 from projectionist.proxy.ops.worker import Brief, Report
+from projectionist.proxy.http.resumable import KEY_ENV as UPLOAD_KEY_ENV
 
 RESTART_LIMIT = 5
 RESTART_WINDOW = 60.0
@@ -124,6 +126,8 @@ class Supervisor:
         self.stopping = False
 
     def run(self) -> None:
+        # one key for the workers' resumable-upload tokens: a start on one, its bytes on another
+        os.environ.setdefault(UPLOAD_KEY_ENV, secrets.token_hex(32))
         wake = self._catch_signals()
         try:
             for slot in range(self.config.server.workers):

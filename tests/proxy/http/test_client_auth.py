@@ -248,3 +248,16 @@ async def test_a_stranger_cannot_tell_named_upstreams_or_their_formats_apart(
         resp = await harness.client.get(f"/u/{name}/v1/models")
         answers.add((resp.status, resp.headers["x-projectionist-error-code"], await resp.read()))
     assert len(answers) == 1 and next(iter(answers))[0] == 401
+
+
+async def test_a_short_token_withholds_only_the_headers_that_carry_it(make_harness: MakeHarness,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROJECTIONIST_CLIENT_TOKENS", "t")
+    harness = await make_harness()
+    resp = await harness.client.post("/v1/chat/completions", json=chat_body(),
+                                     headers={"X-Projectionist-Token": "t", "X-Trace": "start-to-end",
+                                              "Accept": "application/json"})
+    assert resp.status == 200
+    sent = {k.lower(): v for k, v in harness.upstream.last.headers.items()}
+    assert sent["x-trace"] == "start-to-end" and sent["accept"] == "application/json"  # they only hold letters of it
+    assert "x-projectionist-token" not in sent

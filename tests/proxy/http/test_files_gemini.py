@@ -220,7 +220,7 @@ async def test_client_tokens_guard_the_start_and_the_url_is_the_credential_for_t
 
 def test_upload_sessions_are_bounded_in_count_bytes_and_age() -> None:
     now = [0.0]
-    uploads = Uploads(max_sessions=8, max_bytes=400, ttl=60.0, clock=lambda: now[0])
+    uploads = Uploads(max_sessions=8, max_bytes=400, ttl=60.0, clock=lambda: now[0], wall=lambda: now[0])
     first = uploads.open("image/png", 100, None, "c1")
     others = [uploads.open("image/png", 40, "b.png", f"c{n}") for n in range(2, 9)]  # 8 clients, 380 bytes
     with pytest.raises(Exception) as full:
@@ -311,3 +311,24 @@ async def test_the_upload_url_s_token_never_reaches_the_log(gharness: Harness) -
     assert len(lines) == 4 and not any(token in repr(entry) for entry in logs)
     assert [line["path"] for line in lines[1:]] == ["/v1/attachments/uploads/***", f"/s/{SID}/v1/attachments/uploads/***",
                                                     "/v1/attachments/uploads/***"]
+
+
+def test_a_signed_upload_token_opens_the_upload_on_another_process_of_the_deployment() -> None:
+    key = b"k" * 32
+    started = Uploads(key=key)
+    token = started.open("image/png", 40, "a.png", "c1")
+    elsewhere = Uploads(key=key)  # another worker or replica of the same deployment
+    upload = elsewhere.get(token)
+    assert (upload.media_type, upload.size, upload.name, upload.owner) == ("image/png", 40, "a.png", "c1")
+    elsewhere.close(token)  # finished there: that process never opens it again
+    with pytest.raises(Exception) as used:
+        elsewhere.get(token)
+    assert getattr(used.value, "code", None) == "UPLOAD_NOT_FOUND"
+    for forged in (Uploads(key=b"x" * 32), Uploads(key=key, wall=lambda: 1e12)):  # another key; too late
+        with pytest.raises(Exception) as refused:
+            forged.get(token)
+        assert getattr(refused.value, "code", None) == "UPLOAD_NOT_FOUND"
+    payload, _, mac = token.rpartition(".")
+    with pytest.raises(Exception) as tampered:
+        Uploads(key=key).get(payload[:-2] + "AA." + mac)
+    assert getattr(tampered.value, "code", None) == "UPLOAD_NOT_FOUND"

@@ -269,3 +269,29 @@ async def test_start_up_errors_with_workers_stay_one_line(tmp_path: Path) -> Non
 async def test_one_worker_is_todays_single_process(tmp_path: Path) -> None:
     log = await serve_briefly("--data-dir", str(tmp_path / "d"))
     assert log["workers"] == 1 and "pids" not in log and "pid" not in log
+
+
+async def test_a_gemini_upload_started_on_one_worker_finishes_on_any(supervise: Any, tmp_path: Path) -> None:
+    """The resumable protocol's start and its bytes are two requests; with fresh connections the
+    kernel hands them to either worker. Every upload finishes (the token carries the start,
+    signed with the key the supervisor gave its workers)."""
+    served = await supervise("--data-dir", str(tmp_path / "d"))
+    images = [make_image(color=150 + n) for n in range(20)]
+    statuses = []
+    async with fresh_connections() as http:
+        for data in images:
+            async with http.post(f"{served.url}/upload/v1beta/files", json={"file": {"display_name": "x.png"}},
+                                 headers={"X-Goog-Upload-Protocol": "resumable", "X-Goog-Upload-Command": "start",
+                                          "X-Goog-Upload-Header-Content-Type": "image/png",
+                                          "X-Goog-Upload-Header-Content-Length": str(len(data))}) as start:
+                assert start.status == 200, await start.text()
+                url = start.headers["X-Goog-Upload-URL"]
+            async with http.post(url, data=data, headers={"X-Goog-Upload-Command": "upload, finalize",
+                                                          "X-Goog-Upload-Offset": "0"}) as done:
+                statuses.append(done.status)
+                assert done.status == 200, await done.text()
+            async with http.post(url, data=data, headers={"X-Goog-Upload-Command": "upload, finalize",
+                                                          "X-Goog-Upload-Offset": "0"}) as again:
+                statuses.append(again.status)  # used once; a second use, wherever it lands: 404 or admitted
+    assert statuses[0::2] == [200] * 20
+    assert len(request_pids(served)) == 2  # the uploads did cross workers
