@@ -92,9 +92,20 @@ class Seaweed:
 
     def start(self, timeout: float = 60.0) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        taken = {self.s3_port, self.s3_port + 10000}
+
+        def distinct() -> int:
+            """A free port (and its gRPC +10000) that none of this server's other ports is: a port
+            free_port just released may come back at once (the S3 port once met the volume server's)."""
+            while True:
+                port = free_port(True)
+                if port not in taken and port + 10000 not in taken:
+                    taken.update((port, port + 10000))
+                    return port
+
         args = [weed_binary(), "server", f"-dir={self.directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                "-s3", f"-s3.port={self.s3_port}", f"-master.port={free_port(True)}",
-                f"-volume.port={free_port(True)}", f"-filer.port={free_port(True)}",
+                "-s3", f"-s3.port={self.s3_port}", f"-master.port={distinct()}",
+                f"-volume.port={distinct()}", f"-filer.port={distinct()}",
                 # the Iceberg and Lance listeners default to fixed ports: off, so instances can coexist
                 "-s3.port.iceberg=0", "-s3.port.lance=0", *self.extra_args]
         log = open(self.directory / "weed.log", "ab")
