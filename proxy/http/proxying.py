@@ -19,7 +19,7 @@ from urllib.parse import unquote
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
-from projectionist.adapters.base import Carried, WireFormat
+from projectionist.adapters.base import WireFormat
 from projectionist.adapters.responses import tokens
 from projectionist.policy.errors import ProjectionistError
 from projectionist.policy.model import ImageRef, Placeholder, Resolved
@@ -31,9 +31,7 @@ from projectionist.proxy.http.resend import Carrying, Resend, carried_ids
 from projectionist.proxy.http.services import SERVICES, Services
 from projectionist.proxy.upstream.outgoing import outgoing_headers, recorded_path, target_url
 from projectionist.proxy.upstream.outgoing import readable_codings
-from projectionist.proxy.upstream.prepare import (Built, build, decode_json, identified, may_hold_inline, may_hold_refs,
-                                                   scan_body)
-from projectionist.proxy.upstream.scan import Scanned
+from projectionist.proxy.upstream.prepare import Built, Read, build, decode_json, may_hold_inline, may_hold_refs, read_images
 from projectionist.proxy.upstream.recording import CallInfo, Meter, Recorder
 from projectionist.proxy.upstream.relay import Body, Timing, relay
 from projectionist.proxy.upstream.target import Upstream
@@ -55,40 +53,36 @@ def session_of(headers: MultiMapping[str], names: tuple[str, ...], in_path: str 
 
 
 def _session(request: web.Request, services: Services, fmt: WireFormat, raw: bytes
-             ) -> tuple[sessions.Found | None, Scanned | None, Any]:
-    """The request's session by ``sessions``' order, with the body's scan or decoded tree when they
-    were made for it (only when it may hold images and nothing before the body named one)."""
+             ) -> tuple[sessions.Found | None, Read | None]:
+    """The request's session by ``sessions``' order, with the body as ``read_images`` read it for
+    that (only when it may hold images and nothing before the body named one)."""
     found = sessions.named(request.headers, services.session_headers[0], services.session_headers[1:],
                            request.get(PATH_SESSION))
     if found is not None or not services.config.server.client_sessions:
-        return found, None, None
+        return found, None
     found = sessions.from_headers(request.headers)
     if found is not None:
-        return found, None, None
-    scanned = decoded = None
-    client: list[tuple[Carried, str]] = []
+        return found, None
+    read: Read
     if services.config.policy.inline_images and may_hold_inline(raw):
-        scanned = scan_body(fmt, raw, services.identities)
-    if scanned is not None and scanned.complete:
-        tree, client = scanned.tree, scanned.client
-    elif may_hold_inline(raw) or may_hold_refs(raw):
-        tree = decoded = decode_json(raw)
-        if services.config.policy.inline_images:
-            client = identified(fmt, tree, services.identities.of)
+        read = read_images(fmt, raw, services.identities)
+    elif may_hold_refs(raw):
+        read = (None, decode_json(raw), [])
     else:
-        return None, None, None
+        return None, None
+    _, tree, client = read
     found = sessions.from_body(fmt, tree, request.headers)
     if found is None and client:  # images of its own: a session derived from its opening
         found = sessions.derived(fmt, request.headers, tree, {id(c.value): aid for c, aid in client})
     # references alone keep the sessionless policy
-    return found, scanned, decoded
+    return found, read
 
 
 async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
     services = request.app[SERVICES]
     ctx = context(request)
     raw = await read_body(request)
-    found, scanned, decoded = _session(request, services, fmt, raw)
+    found, read = _session(request, services, fmt, raw)
     session_id = found.id if found is not None else None
     ctx.fields.update(adapter=fmt.NAME, session=session_id)
     if found is not None and found.source not in ("header", "path"):
@@ -120,8 +114,7 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
         built = await build(fmt, raw, run, describe=recording, shape_unchanged=False,
                             max_references=policy.max_references,
                             max_projected_bytes=policy.max_projected_bytes, http=services.http_refs,
-                            identities=identities, scanned=scanned if attempt == 1 else None,
-                            decoded=decoded if attempt == 1 else None)
+                            identities=identities, read=read if attempt == 1 else None)
         if built.projection is not None:
             _account(request, services, built, time.perf_counter() - started)
         if not (session_id and built.described is not None):

@@ -215,11 +215,14 @@ class Resend:
         """Admit the bytes of the refused images the client inlined itself (each once), in the
         background: the inspector shows them and a recovery can verify them. A failure (bytes
         that are no image, a full or hung store) only means the store holds nothing for them."""
-        for aid, payload in (self.built.payloads or {}).items():
-            if aid in ids:
-                data = decoded_bytes(payload)
-                if data is not None:
-                    self.services.background(self._admit_one(aid, data))
+        lookup = self.built.payload
+        if lookup is None:
+            return
+        for aid in sorted(ids & set(self.built.client)):
+            payload = lookup(aid)
+            data = decoded_bytes(payload) if payload is not None else None
+            if data is not None:
+                self.services.background(self._admit_one(aid, data))
 
     async def _admit_one(self, aid: str, data: bytes) -> None:
         try:

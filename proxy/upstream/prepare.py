@@ -63,8 +63,9 @@ class Built(NamedTuple):
     inlined: dict[int, tuple[Any, str]] | None = None
     client: tuple[str, ...] = ()
     held: int = 0
-    #: The base64 of each of the client's own images, by identity (admitted when one is refused).
-    payloads: dict[str, Any] | None = None
+    #: The base64 of one of the client's own images, by identity (admitted when one is refused):
+    #: looked up only then, never on the way out.
+    payload: Callable[[str], Any] | None = None
     #: Image parts the proxy filled with a blank image of its own (a screenshot's placeholder).
     blanks: int = 0
 
@@ -163,17 +164,16 @@ def decode_json(raw: bytes) -> Any:
 
 async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False, shape_unchanged: bool = True,
                 max_references: int | None = None, max_projected_bytes: int | None = None,
-                http: HttpRefs = NO_HTTP, identities: Identities | None = None, scanned: Scanned | None = None,
-                decoded: Any = None) -> Built:
+                http: HttpRefs = NO_HTTP, identities: Identities | None = None, read: Read | None = None) -> Built:
     """The upstream body for ``raw``: the original bytes when nothing is to change, else projected.
 
     ``http`` names the http(s) URLs that are references too (this proxy's public URLs; every
     HTTP reference spells ``sha256:``, so the raw pre-check still finds it). With ``identities``,
     the images the client inlined itself get their identity (the sha256 of their bytes): each
     one a rejection holds for on this upstream's format becomes its placeholder, the others go
-    as they came. Such a body is first scanned (``scan``: its structure without its base64;
-    ``scanned``: by the caller already); it is decoded whole only when something in it is to
-    change, and a body without images at most once (``decoded``: by the caller). With
+    as they came. Such a body is first scanned (``read_images``: its structure without its
+    base64; ``read``: by the caller already, for its session); it is decoded whole only when
+    something in it is to change, and a body without images at most once. With
     ``describe`` the record's view (digest, reference paths and outcomes, the client's images,
     shape, and the public URLs when an HTTP reference was among them) comes from the same tree.
     A body sent unchanged gets a shape only with ``shape_unchanged`` (replay); the request path
@@ -181,21 +181,19 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     More than ``max_references`` distinct references is the client's error, refused before
     anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
     image referenced a thousand times is a thousand copies), refused before it is built."""
-    inline = identities is not None and (decoded is not None or scanned is not None or may_hold_inline(raw))
-    if inline and scanned is None and decoded is None:
-        assert identities is not None
-        scanned = scan_body(fmt, raw, identities)
-    if scanned is not None and scanned.complete:
-        tree, client = scanned.tree, scanned.client
+    client: list[tuple[Carried, str]] = []
+    if identities is not None and read is not None:  # read by the caller already (its session)
+        scanned, tree, client = read
+    elif identities is not None and may_hold_inline(raw):  # (a scan of megabytes of base64 costs less)
+        scanned, tree, client = read_images(fmt, raw, identities)
     else:
-        if decoded is None and not inline:  # (a scan of megabytes of base64 costs more than their decode)
-            if not may_hold_refs(raw):
-                return Built(raw, None, (of_raw(raw) if shape_unchanged else of_unchanged(raw)) if describe else None)
-            if max_references is not None and raw.count(b"sha256:") > max_references \
-                    and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
-                _too_many(max_references)
-        tree = decoded if decoded is not None else decode_json(raw)
-        client = identified(fmt, tree, identities.of) if inline and identities is not None else []
+        scanned = None
+        if read is None and not may_hold_refs(raw):
+            return Built(raw, None, (of_raw(raw) if shape_unchanged else of_unchanged(raw)) if describe else None)
+        if read is None and max_references is not None and raw.count(b"sha256:") > max_references \
+                and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
+            _too_many(max_references)
+        tree = read[1] if read is not None else decode_json(raw)
     sites = _refs(fmt, tree, http)
     if not sites and not client:
         return Built(raw, None, (of_decoded(raw, tree) if shape_unchanged else of_unchanged(raw))
@@ -214,15 +212,14 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     sent = tuple(aid for (_, aid), outcome in zip(client, held) if outcome is None)
     # the inbound digest, without hashing the base64 the client sends again every turn
     inbound = digest_of(raw, scanned, client) if describe else None
-    payloads = {aid: found.data for found, aid in client} if scanned is None or not scanned.complete else \
-        {aid: scanned.payload(raw, aid) for _, aid in client}
+    payload = _payload_of(raw, scanned if scanned is not None and scanned.complete else None, client)
     if not sites and len(sent) == len(client):  # nothing to change: the client's own bytes go
         records = client_records(site_paths(tree, [f.site(ImageRef(a)) for f, a in client]) if describe else [],
                                  client, held)
         described = (of_decoded(raw, tree, records, inbound) if shape_unchanged else
                      of_unchanged(raw, records, inbound)) if describe else None
         kept_values: dict[int, tuple[Any, str]] = {id(found.value): (found.value, aid) for found, aid in client}
-        return Built(raw, projection, described, tree, kept_values, sent, payloads=payloads)
+        return Built(raw, projection, described, tree, kept_values, sent, payload=payload)
     if scanned is not None and scanned.complete:  # to change: the whole body, with its base64
         tree = decode_json(raw)
         client = identified(fmt, tree, identities.of) if identities is not None else []
@@ -246,7 +243,7 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     # a placeholder takes its image part away, unless the slot must hold an image (a blank one)
     blanks = fmt.count_images(tree, http) - before + sum(isinstance(o, Placeholder) for o in outcomes)
     described = of_tree(tree, records, http.bases if via_http else (), inbound) if describe else None
-    return Built(UPSTREAM.encode(tree), projection, described, tree, seen, sent, len(client) - len(sent), payloads,
+    return Built(UPSTREAM.encode(tree), projection, described, tree, seen, sent, len(client) - len(sent), payload,
                  blanks)
 
 
@@ -273,6 +270,32 @@ def _strings(tree: Any) -> Iterator[tuple[str, str]]:
             stack += [(v, f"{path}/{str(k).replace('~', '~0').replace('/', '~1')}") for k, v in node.items()]
         elif isinstance(node, list):
             stack += [(v, f"{path}/{i}") for i, v in enumerate(node)]
+
+
+def _payload_of(raw: bytes, scanned: Scanned | None, client: list[tuple[Carried, str]]) -> Callable[[str], Any]:
+    """The lookup of a client image's base64 by identity: its run in ``raw`` (a complete scan), or
+    the decoded string the adapter found."""
+    def payload(aid: str) -> Any:
+        if scanned is not None:
+            return scanned.payload(raw, aid)
+        return next((found.data for found, found_id in client if found_id == aid), None)
+    return payload
+
+
+#: A body's client images as ``read_images`` found them: the scan, the tree, the images.
+Read = tuple["Scanned | None", Any, list[tuple[Carried, str]]]
+
+
+def read_images(fmt: WireFormat, raw: bytes, identities: Identities) -> Read:
+    """A body that may carry the client's own images: its scan, its structure (the scan's small
+    document when the scan accounts for every run, else the whole body decoded) and those images
+    with their identities. The one way a body's client images are read (``build``, and the session
+    a request derives before it is built)."""
+    scanned = scan_body(fmt, raw, identities)
+    if scanned is not None and scanned.complete:
+        return scanned, scanned.tree, scanned.client
+    tree = decode_json(raw)
+    return scanned, tree, identified(fmt, tree, identities.of)
 
 
 def scan_body(fmt: WireFormat, raw: bytes, identities: Identities) -> Scanned | None:
@@ -312,12 +335,10 @@ def inbound_digest(fmt: WireFormat, raw: bytes, identities: Identities) -> str:
     """The digest a record keeps of ``raw`` when the client inlined images in it (``digest_of``,
     taken the way the proxy took it): what replay checks a given inbound body against."""
     try:
-        scanned = scan_body(fmt, raw, identities)
-        if scanned is not None and scanned.complete:
-            return digest_of(raw, scanned, scanned.client)
-        return digest_of(raw, None, identified(fmt, decode_json(raw), identities.of))
+        scanned, _, client = read_images(fmt, raw, identities)
     except InvalidRequest:
         return sha256_id(raw)
+    return digest_of(raw, scanned, client)
 
 
 def identified(fmt: WireFormat, decoded: Any, identify: Callable[[str], str | None]) -> list[tuple[Carried, str]]:
