@@ -89,11 +89,15 @@ def base_url(live: Harness) -> str:
 
 
 class Shot:
-    """The image the agent sends: a PNG in its working folder."""
+    """The image the agent sends: a PNG in its working folder (``cwd``, made under ``base``), and
+    the agent's home beside it."""
 
-    def __init__(self, cwd: Path) -> None:
+    def __init__(self, base: Path) -> None:
+        self.cwd = base / "work"
+        self.cwd.mkdir()
+        self.home = base / "home"
         self.data = make_image(64, 48, color=3)
-        self.path = cwd / "shot.png"
+        self.path = self.cwd / "shot.png"
         self.path.write_bytes(self.data)
         self.id = ref_id(self.data)
 
@@ -168,10 +172,9 @@ async def test_happy_path_through_the_proxy(client: str, scripted: ScriptedUpstr
     """No refusal: the agent, given only the proxy's base URL, finishes its turn with the scripted
     answer; its image reaches the upstream byte for byte, where the client put it."""
     live = await make_proxy()
-    cwd = tmp_path / "work"
-    cwd.mkdir()
-    shot = Shot(cwd)
-    rc, out, err = await run(client, base_url(live), cwd, tmp_path / "home", scripted)
+    shot = Shot(tmp_path)
+    cwd = shot.cwd
+    rc, out, err = await run(client, base_url(live), cwd, shot.home, scripted)
     assert rc == 0 and ANSWER in out, outcome(rc, out, err)
     calls = model_calls(scripted, client)
     [(_, place)] = carrying(calls, shot.id)
@@ -191,11 +194,10 @@ async def test_control_the_refusal_bricks_the_client_without_the_proxy(client: s
     """Straight at the scripted upstream, the refusal fails the run the way users report it
     ("API Error: 400 ... Could not process image"; Codex: "ERROR: ... unsupported image"): the
     harness can fail."""
-    cwd = tmp_path / "work"
-    cwd.mkdir()
-    shot = Shot(cwd)
+    shot = Shot(tmp_path)
+    cwd = shot.cwd
     scripted.refused[shot.id] = False
-    rc, out, err = await run(client, scripted.url, cwd, tmp_path / "home", scripted)
+    rc, out, err = await run(client, scripted.url, cwd, shot.home, scripted)
     said = out + err
     assert rc != 0, outcome(rc, out, err)
     assert ANSWER not in out
@@ -218,11 +220,10 @@ async def test_the_proxy_rescues_the_session_from_a_refused_image(client: str, n
     placeholder in the image's place, and the log of the client's own session holds exactly one
     ``attachment/rejected``."""
     live = await make_proxy()
-    cwd = tmp_path / "work"
-    cwd.mkdir()
-    shot = Shot(cwd)
+    shot = Shot(tmp_path)
+    cwd = shot.cwd
     scripted.refused[shot.id] = named
-    rc, out, err = await run(client, base_url(live), cwd, tmp_path / "home", scripted)
+    rc, out, err = await run(client, base_url(live), cwd, shot.home, scripted)
     calls = model_calls(scripted, client)
     hits = carrying(calls, shot.id)
     assert len(hits) == 1, f"the image reached the upstream {len(hits)} times\n{outcome(rc, out, err)}"
@@ -317,10 +318,8 @@ async def test_the_next_turn_of_a_rescued_session_never_sends_the_image_to_the_p
     conversation straight at the upstream, past the proxy, shows that the client really re-sends
     the bytes (they reach the upstream and are refused again): the promise is not kept vacuously."""
     live = await make_proxy()
-    cwd = tmp_path / "work"
-    cwd.mkdir()
-    home = tmp_path / "home"
-    shot = Shot(cwd)
+    shot = Shot(tmp_path)
+    cwd, home = shot.cwd, shot.home
     session, place = await rescued_first_turn(client, live, scripted, cwd, home, shot)
     source, own = session.split(":", 1)
     assert source == ("claude-code" if client.startswith("claude") else "codex"), session
@@ -368,10 +367,8 @@ async def test_claude_code_1_0_resumes_into_a_new_session_where_the_proxy_rescue
     that session too (one ``attachment/rejected`` there, the re-send with the placeholder). The
     turn still exits 0 with the scripted answer; each session's log holds exactly one rejection."""
     live = await make_proxy()
-    cwd = tmp_path / "work"
-    cwd.mkdir()
-    home = tmp_path / "home"
-    shot = Shot(cwd)
+    shot = Shot(tmp_path)
+    cwd, home = shot.cwd, shot.home
     session, place = await rescued_first_turn(client, live, scripted, cwd, home, shot)
     source, own = session.split(":", 1)
     assert source == "claude-code", session
