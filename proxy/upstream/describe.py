@@ -153,14 +153,12 @@ def shape(body: Json) -> tuple[tuple[str, str], ...]:
 
 class Described(msgspec.Struct, frozen=True, gc=False):
     """``public_urls``: the bases of the HTTP references the call had (none: it had none);
-    ``unchanged``: the upstream body is the inbound body (its digest is the inbound digest);
     ``inbound_digest``: the inbound body's, when known already (``spliced_id``)."""
 
     projected_digest: str
     refs: tuple[RefRecord, ...]
     shape: tuple[tuple[str, str], ...]
     public_urls: tuple[str, ...] = ()
-    unchanged: bool = False
     inbound_digest: str | None = None
 
 
@@ -179,7 +177,7 @@ def of_unchanged(raw: bytes, refs: tuple[RefRecord, ...] = (), digest: str | Non
     replay takes the shape from it (``of_raw``) when it needs one: a request pays for a digest per
     message only where a projection changed the body."""
     digest = digest or sha256_id(raw)
-    return Described(digest, refs, (), unchanged=True, inbound_digest=digest)
+    return Described(digest, refs, (), inbound_digest=digest)
 
 
 def of_raw(raw: bytes) -> Described:
@@ -188,7 +186,7 @@ def of_raw(raw: bytes) -> Described:
     try:
         tree = _decoder.decode(raw)
     except (msgspec.DecodeError, RecursionError):
-        return Described(sha256_id(raw), (), (("", hashlib.sha256(raw).hexdigest()[:16]),), unchanged=True)
+        return Described(sha256_id(raw), (), (("", hashlib.sha256(raw).hexdigest()[:16]),))
     return of_decoded(raw, tree)
 
 
@@ -196,4 +194,4 @@ def of_decoded(raw: bytes, tree: Json, refs: tuple[RefRecord, ...] = (), digest:
     """``of_raw`` of a body already decoded (it held no reference; ``refs``: the images the
     client inlined, sent as they came, ``digest``: the body's ``spliced_id``): no second decode."""
     digest = digest or sha256_id(raw)
-    return Described(digest, refs, shape(tree), unchanged=True, inbound_digest=digest)
+    return Described(digest, refs, shape(tree), inbound_digest=digest)
