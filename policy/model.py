@@ -33,6 +33,12 @@ MEDIA_TYPES: Final = ("image/png", "image/jpeg", "image/gif", "image/webp")
 _ID_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
 #: A session id: 1-256 visible ASCII characters, but not ``.`` or ``..`` (no URL could name it).
 _SESSION_RE: Final = re.compile(r"(?!\.\.?\Z)[\x21-\x7e]{1,256}")
+#: A tenant's name (``[server] tenant_tokens_env``, or ``key-`` and a token's digest).
+_TENANT_RE: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+#: Between a tenant and the session its client named, in the session's id in the log.
+TENANT_MARK: Final = "~"
+#: A session id as the log holds it: a client's id behind its tenant's name and ``~``.
+_SCOPED_RE: Final = re.compile(r"(?!\.\.?\Z)[\x21-\x7e]{1,321}")
 #: ``/s/{session}/v1/attachments/`` after a public URL: the session one literal path segment of
 #: visible ASCII (no ``/``, ``?``, ``#``, ``%``; not ``.`` or ``..``).
 _SESSION_PATH: Final = re.compile(r"/s/(?!\.\.?/)[\x21\x22\x24\x26-\x2e\x30-\x3e\x40-\x7e]{1,256}/v1/attachments/")
@@ -99,6 +105,34 @@ def check_session_id(value: str) -> str:
     client's error."""
     if _SESSION_RE.fullmatch(value) is None:
         raise InvalidRequest("session id must be 1-256 visible ASCII characters", code="INVALID_SESSION_ID")
+    return value
+
+
+def is_tenant(value: str) -> bool:
+    """1-64 of lowercase letters, digits, ``_`` and ``-``, starting with a letter or digit."""
+    return _TENANT_RE.fullmatch(value) is not None
+
+
+def check_tenant(value: str) -> str:
+    """Return the tenant name unchanged, or raise ``ValueError``: a tenant names a folder or a key,
+    and names come only from the configuration (a bad one here is a bug, never a client's input)."""
+    if not is_tenant(value):
+        raise ValueError(f"invalid tenant name {value[:80]!r}")
+    return value
+
+
+def scoped_session(tenant: str | None, session: str) -> str:
+    """The log's id of the session ``session`` of ``tenant``: ``<tenant>~<session>``; the id as
+    it is for no tenant (no client tokens, or the admin token). Two tenants naming the same id
+    name two sessions; no tenant's name can reach into another's."""
+    return session if tenant is None else tenant + TENANT_MARK + session
+
+
+def check_scoped_session(value: str) -> str:
+    """A session id as the log holds it (what the admin API and the CLI name): a client's id,
+    behind a tenant's name and ``~`` when it has one (up to 321 characters)."""
+    if _SCOPED_RE.fullmatch(value) is None:
+        raise InvalidRequest("session id must be 1-321 visible ASCII characters", code="INVALID_SESSION_ID")
     return value
 
 

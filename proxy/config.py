@@ -9,6 +9,7 @@ error, a missing file, an unknown key, a wrong type, a value out of range) is on
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tomllib
@@ -20,6 +21,7 @@ import msgspec
 from yarl import URL
 
 from projectionist.policy.errors import InvalidRequest
+from projectionist.policy.model import is_tenant
 from projectionist.proxy.config_explain import explain
 
 Format = Literal["openai", "anthropic", "gemini"]
@@ -74,6 +76,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sessionless: Literal["fail", "placeholder"] = "fail"
     admin_token: str = ""
     client_tokens_env: str = "PROJECTIONIST_CLIENT_TOKENS"
+    #: Client tokens grouped into named tenants: ``tenant:token`` entries (commas or whitespace
+    #: between them). A token of ``client_tokens_env`` is a tenant of its own (``key-`` + digest).
+    tenant_tokens_env: str = "PROJECTIONIST_TENANT_TOKENS"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     shutdown_grace: Seconds = 10.0
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
@@ -193,8 +198,20 @@ def _default_upstreams() -> dict[str, UpstreamConfig]:
     }
 
 
+class AdminConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The console and the admin API: a listener of their own, never the proxy's origin."""
+
+    #: ``host:port`` (``[::1]:8788`` for IPv6), or ``auto``: loopback, on the proxy's port + 1
+    #: (any free port when the proxy's port is 0).
+    listen: str = "auto"
+
+
+_LISTEN: Final = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})")
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     server: ServerConfig = ServerConfig()
+    admin: AdminConfig = AdminConfig()
     store: StoreConfig = StoreConfig()
     log: LogConfig = LogConfig()
     upstreams: dict[str, UpstreamConfig] = msgspec.field(default_factory=_default_upstreams)
@@ -207,6 +224,18 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def data_dir(self) -> Path:
         return Path(self.server.data_dir)
+
+    @property
+    def admin_address(self) -> tuple[str, int]:
+        """Where the console and the admin API listen (``[admin] listen``)."""
+        listen = self.admin.listen
+        if listen == "auto":
+            port = self.server.port
+            return "127.0.0.1", port + 1 if 0 < port < 65535 else 0
+        match = _LISTEN.fullmatch(listen)
+        if match is None or int(match["port"]) > 65535:
+            raise InvalidRequest(f"admin.listen must be host:port or auto, not {listen[:80]!r}", code="INVALID_CONFIG")
+        return match["host"].strip("[]"), int(match["port"])
 
     @property
     def store_path(self) -> Path:
@@ -245,14 +274,35 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return environ.get("PROJECTIONIST_ADMIN_TOKEN") or self.server.admin_token
 
     def client_tokens(self, environ: Mapping[str, str] = os.environ) -> frozenset[str]:
-        """Client tokens from ``server.client_tokens_env`` (commas or whitespace between them);
+        """Client tokens from ``server.client_tokens_env`` and ``server.tenant_tokens_env``;
         empty means every client is let in."""
-        name = self.server.client_tokens_env
-        return split_tokens(environ.get(name, "")) if name else frozenset()
+        return frozenset(self.tenants(environ))
+
+    def tenants(self, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+        """Each client token's tenant: its name in ``server.tenant_tokens_env`` (``tenant:token``),
+        or, for a token of ``server.client_tokens_env``, ``key-`` and 12 hex of its digest (so a
+        token is a tenant of its own, and its name says nothing of it). A malformed entry, or a
+        token given to two tenants, is an ``INVALID_CONFIG``."""
+        found: dict[str, str] = {}
+        server = self.server
+        for token in split_tokens(environ.get(server.client_tokens_env, "")) if server.client_tokens_env else ():
+            found[token] = "key-" + hashlib.sha256(token.encode()).hexdigest()[:12]
+        entries = environ.get(server.tenant_tokens_env, "") if server.tenant_tokens_env else ""
+        for number, entry in enumerate(entries.replace(",", " ").split(), 1):
+            tenant, _, token = entry.partition(":")
+            where = f"${server.tenant_tokens_env}"
+            if not is_tenant(tenant) or not token:
+                raise InvalidRequest(f"{where}: each entry is tenant:token, the tenant 1-64 of a-z, 0-9, _ and - "
+                                     f"(entry {number} is not)", code="INVALID_CONFIG")
+            if found.get(token, tenant) != tenant:
+                raise InvalidRequest(f"{where}: one token is given to two tenants", code="INVALID_CONFIG")
+            found[token] = tenant
+        return found
 
 
 #: The command-line flag behind each dotted override the CLI passes (an error names the flag).
 FLAGS: Final = {"server.port": "--port", "server.host": "--host", "server.data_dir": "--data-dir",
+                "admin.listen": "--admin-listen",
                 "server.admin_token": "--admin-token", "server.workers": "--workers"}
 
 
@@ -287,6 +337,7 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
         raise InvalidRequest(explain(exc, Config, path=path, flags=flags), code="INVALID_CONFIG") from None
     config = msgspec.structs.replace(config, upstreams={**_default_upstreams(), **config.upstreams})
     check_upstreams(config)
+    config.admin_address  # noqa: B018 (a malformed admin.listen is an error now, not at the bind)
     if config.server.public_url:
         server = msgspec.structs.replace(config.server, public_url=check_public_url(config.server.public_url))
         config = msgspec.structs.replace(config, server=server)

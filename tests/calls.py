@@ -27,9 +27,13 @@ async def call(harness: Harness, body: bytes, session: str = "r", path: str = "/
 
 
 async def raw_bytes(harness: Harness, data: bytes) -> bytes:
-    """Send ``data`` on a raw socket to the harness's server; every byte it sent back until it
-    closed (no client library can hide a spliced or cut response)."""
-    server = harness.client.server
+    """Send ``data`` on a raw socket to the harness's server (its console's, for a path under
+    ``/admin``); every byte it sent back until it closed (no client library can hide a spliced
+    or cut response)."""
+    client = harness.client
+    target = data.split(b" ", 2)[1:2]
+    console = bool(target) and target[0].startswith(b"/admin")
+    server = client.admin.server if console and hasattr(client, "admin") else client.server
     reader, writer = await asyncio.open_connection(server.host, server.port)
     writer.write(data)
     await writer.drain()

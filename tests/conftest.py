@@ -31,7 +31,7 @@ from aiohttp.test_utils import TestClient
 
 from projectionist.proxy.http.app import create_app, open_log, open_store
 from projectionist.proxy.config import Config, load_config, with_upstream_urls
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.http.services import ADMIN_APP, SERVICES
 from projectionist.proxy.stores.filesystem import FilesystemStore
 from projectionist.proxy.stores.s3 import S3Store
 from tests.backends import BACKENDS, BUCKET, Seaweed, pg_dsn, stop_postgres
@@ -220,6 +220,35 @@ def make_config(data_dir: Path, upstream: FakeUpstream, backend_overrides: dict[
     return make
 
 
+class Routed:
+    """A proxy's two test clients as one: a path under ``/admin`` goes to the console's own
+    listener (``[admin] listen``, a second test server), anything else to the proxy's. ``proxy``
+    and ``admin`` are the clients themselves."""
+
+    _VERBS = ("get", "post", "put", "patch", "delete", "head", "options", "request", "ws_connect")
+
+    def __init__(self, proxy: TestClient[Any, Any], admin: TestClient[Any, Any]) -> None:
+        self.proxy = proxy
+        self.admin = admin
+
+    def _for(self, path: Any) -> TestClient[Any, Any]:
+        return self.admin if str(path).startswith("/admin") else self.proxy
+
+    def __getattr__(self, name: str) -> Any:
+        if name in Routed._VERBS:
+            if name == "request":
+                return lambda method, path, *a, **k: self._for(path).request(method, path, *a, **k)
+            return lambda path, *a, **k: getattr(self._for(path), name)(path, *a, **k)
+        return getattr(self.proxy, name)
+
+
+async def routed_client(aiohttp_client: Any, app: web.Application, **kwargs: Any) -> Any:
+    """The test clients of a proxy app and of its console (``Routed``)."""
+    proxy = await aiohttp_client(app, **kwargs)
+    admin = await aiohttp_client(app[ADMIN_APP])
+    return Routed(proxy, admin)
+
+
 class Harness:
     """A proxy app on a test server, its counting store and the fake upstream behind it."""
 
@@ -287,7 +316,7 @@ def make_harness(
     async def make(config: Config | None = None, **overrides: Any) -> Harness:
         config = config or make_config(**overrides)
         store = CountingStore(open_store(config))
-        client = await aiohttp_client(create_app(config, store=store, log=open_log(config)))
+        client = await routed_client(aiohttp_client, create_app(config, store=store, log=open_log(config)))
         return Harness(client, store, upstream)
     return make
 

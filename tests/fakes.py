@@ -192,6 +192,15 @@ class CountingStore:
     async def delete(self, attachment_id: str) -> bool:
         return await self.inner.delete(attachment_id)
 
+    async def grant(self, tenant: str, attachment_id: str, name: str | None = None) -> None:
+        await self.inner.grant(tenant, attachment_id, name)
+
+    async def granted(self, tenant: str, attachment_id: str) -> AttachmentMeta | None:
+        return await self.inner.granted(tenant, attachment_id)
+
+    async def list_granted(self, tenant: str, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
+        return await self.inner.list_granted(tenant, after, limit)
+
     async def put_blob(self, data: bytes) -> str:
         return await self.inner.put_blob(data)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+
+import msgspec
 from collections.abc import Sequence
 
 from projectionist.policy.errors import NOT_FOUND, AppendConflict, AttachmentError, Conflict, InvalidRequest
@@ -36,6 +38,7 @@ class MemoryStore:
     def __init__(self, *images: StoredImage) -> None:
         self.images = {i.id: i for i in images}
         self.blobs: dict[str, bytes] = {}
+        self.grants: dict[tuple[str, str], str | None] = {}
 
     async def read_image(self, attachment_id: str) -> StoredImage:
         check_id(attachment_id)
@@ -60,6 +63,20 @@ class MemoryStore:
 
     async def delete(self, attachment_id: str) -> bool:
         return self.images.pop(attachment_id, None) is not None
+
+    async def grant(self, tenant: str, attachment_id: str, name: str | None = None) -> None:
+        self.grants.setdefault((tenant, attachment_id), name)
+
+    async def granted(self, tenant: str, attachment_id: str) -> AttachmentMeta | None:
+        meta = await self.stat(attachment_id)
+        if meta is None or (tenant, attachment_id) not in self.grants:
+            return None
+        return msgspec.structs.replace(meta, name=self.grants[(tenant, attachment_id)])
+
+    async def list_granted(self, tenant: str, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
+        ids = sorted(i for t, i in self.grants if t == tenant and (after is None or i > after))
+        found = [meta for i in ids if (meta := await self.granted(tenant, i)) is not None]
+        return found[:limit]
 
     async def put_blob(self, data: bytes) -> str:
         blob_id = "sha256:" + hashlib.sha256(data).hexdigest()

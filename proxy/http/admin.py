@@ -15,7 +15,7 @@ from aiohttp import web
 from projectionist.policy.errors import InvalidRequest, NotFound, Unauthorized
 from projectionist.policy.events import Event
 from projectionist.policy.fold import SessionState
-from projectionist.policy.model import check_id, check_session_id
+from projectionist.policy.model import check_id, check_scoped_session
 from projectionist.policy.projection import recover, refresh
 from projectionist.proxy.http.bodies import read_body
 from projectionist.proxy.http.middleware import Handler, context
@@ -55,7 +55,7 @@ def _admin(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
         _authorize(request, request.app[SERVICES])
         await request.app[SERVICES].recording.drain()  # the records of calls that already finished
-        session_id = check_session_id(request.match_info["sid"])
+        session_id = check_scoped_session(request.match_info["sid"])
         context(request).fields.update(session=session_id)
         return await handler(request)
     return guarded
@@ -123,7 +123,7 @@ async def post_fork(request: web.Request) -> web.StreamResponse:
         spec = msgspec.json.decode(await read_body(request), type=ForkRequest)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"fork body: {exc}", code="INVALID_REQUEST") from None
-    child = check_session_id(spec.new_session_id)
+    child = check_scoped_session(spec.new_session_id)
     event = await app.log.fork(sid, child, spec.at_seq)
     return _json({"session": child, "parent": sid, "event": event}, status=201)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from aiohttp import HttpVersion11, web
@@ -24,7 +24,7 @@ from projectionist.proxy.http.auth import Guard, client_unauthorized
 from projectionist.proxy.http.middleware import context, context_middleware, error_response, note_started
 from projectionist.proxy.http.readiness import READINESS, Readiness, readyz
 from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session, format_spoken
-from projectionist.proxy.http.services import SERVICES, Services
+from projectionist.proxy.http.services import ADMIN_APP, SERVICES, Services
 from projectionist.proxy.http.ui import add_ui_routes
 from projectionist.proxy.http.uploads import download, upload
 from projectionist.proxy.observe.logger import get_logger
@@ -106,7 +106,8 @@ async def metrics(request: web.Request) -> web.StreamResponse:
 
 async def owned(request: web.Request) -> web.StreamResponse:
     """Any other method or path under a prefix the proxy itself owns: answered here, never
-    forwarded (so the admin token can never travel upstream with a typo)."""
+    forwarded (so the admin token can never travel upstream with a typo). On the proxy's
+    listener that is ``/admin`` too: the console listens on its own (``[admin] listen``)."""
     context(request).route = "owned"
     request.app[SERVICES].guard.require_client(request.headers, request.query)
     if request.match_info.get("tail") is None:
@@ -151,7 +152,7 @@ def create_app(
                            stamp_ttl=config.store.stamp_ttl),
         log=CachedLog(log, config.cache.sessions),
         upstreams=upstreams,
-        guard=Guard(config.client_tokens(environ), config.admin_token(environ),
+        guard=Guard(config.tenants(environ), config.admin_token(environ),
                     (server.session_header, *server.session_header_aliases)),
         metrics=counters,
         tracing=open_tracing(config.telemetry),
@@ -167,8 +168,6 @@ def create_app(
     router.add_post("/v1/attachments", upload, name="attachments.create")
     router.add_post(gemini_files.UPLOAD_ROUTE, gemini_files.upload, name="gemini.upload")  # no client token: see there
     router.add_get("/v1/attachments/{id}", download, name="attachments.get")  # and HEAD
-    add_admin_routes(router)
-    add_ui_routes(router)
     router.add_get("/healthz", healthz, allow_head=False, name="healthz")
     router.add_get("/readyz", readyz, allow_head=False, name="readyz")
     router.add_get("/metrics", metrics, allow_head=False, name="metrics")
@@ -181,9 +180,62 @@ def create_app(
     router.add_route("*", "/u/{tail:" + ANY + "}", dispatch_named)
     router.add_route("*", "/s/{tail:" + ANY + "}", dispatch_session)
     router.add_route("*", "/{tail:" + ANY + "}", dispatch_default)
+    _expecting(router)
+    app[ADMIN_APP] = _admin_app(services, counters)
+    return app
+
+
+def _admin_app(services: Services, counters: Metrics) -> web.Application:
+    """The console and the admin API, on their own listener (``[admin] listen``): nothing an
+    upstream returns is ever served from their origin. They share the proxy's services."""
+    admin = web.Application(client_max_size=services.config.server.client_max_size,
+                            middlewares=[context_middleware(counters, QUIET)])
+    admin[SERVICES] = services
+    admin.on_response_prepare.append(note_started)
+    router = admin.router
+    add_admin_routes(router)
+    add_ui_routes(router)
+    router.add_get("/healthz", healthz, allow_head=False, name="healthz")
+    router.add_get("/metrics", metrics, allow_head=False, name="metrics")
+    router.add_route("*", "/{tail:" + ANY + "}", owned)
+    _expecting(router)
+    return admin
+
+
+def _expecting(router: web.UrlDispatcher) -> None:
     for route in router.routes():  # aiohttp answers Expect before any middleware: one safe handler for all
         route._expect_handler = expect  # noqa: SLF001 (aiohttp sets it only per add_route call)
-    return app
+
+
+async def admin_site(app: web.Application, *, reuse_port: bool = False,
+                     on_bound: Callable[[str, int], None] | None = None) -> AsyncIterator[None]:
+    """A ``cleanup_ctx`` that serves ``app``'s console and admin API on ``[admin] listen`` for
+    the proxy's life; ``on_bound(host, port)`` once it listens."""
+    services = app[SERVICES]
+    host, port = services.config.admin_address
+    runner = web.AppRunner(app[ADMIN_APP], handle_signals=False, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise AdminListenError(f"cannot listen on {host}:{port} for the console ([admin] listen): "
+                               f"{exc.strerror or exc}", code="LISTEN_FAILED") from None
+    if on_bound is not None:
+        server = site._server  # noqa: SLF001 (aiohttp keeps the bound sockets there)
+        sockets = getattr(server, "sockets", None) or ()
+        on_bound(host, sockets[0].getsockname()[1] if sockets else port)
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
+class AdminListenError(ProjectionistError):
+    """The console's listener cannot be bound."""
+
+    default_code = "LISTEN_FAILED"
 
 
 async def expect(request: web.Request) -> web.StreamResponse | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import re
 from collections.abc import Iterable, Mapping
@@ -55,10 +56,17 @@ def _presented_in(header: str, value: str) -> str:
 
 
 class Guard:
-    """The configured tokens and session headers, and the checks every route makes with them."""
+    """The configured tokens and session headers, and the checks every route makes with them.
+    ``client_tokens`` maps each client token to its tenant (``Config.tenants``); given as a
+    plain set, each token is a tenant of its own."""
 
-    def __init__(self, client_tokens: Iterable[str], admin_token: str, session_headers: Iterable[str] = ()) -> None:
-        self.client_tokens = tuple(_bytes(t) for t in client_tokens if t)
+    def __init__(self, client_tokens: Mapping[str, str] | Iterable[str], admin_token: str,
+                 session_headers: Iterable[str] = ()) -> None:
+        tenants = client_tokens if isinstance(client_tokens, Mapping) else \
+            {t: "key-" + hashlib.sha256(t.encode()).hexdigest()[:12] for t in client_tokens}
+        pairs = [(_bytes(t), tenant) for t, tenant in tenants.items() if t]
+        self.client_tokens = tuple(t for t, _ in pairs)
+        self._tenants = tuple(tenant for _, tenant in pairs)
         self.admin_token = _bytes(admin_token) if admin_token else b""
         self._own = tuple(t for t in (*self.client_tokens, self.admin_token) if t)
         #: Never forwarded, whatever they hold: the session headers and the token header.
@@ -78,7 +86,7 @@ class Guard:
         return found
 
     def _presented(self, headers: MultiMapping[str], query: Mapping[str, str] | None) -> list[bytes]:
-        found = [_bytes(_presented_in(name, value)) for name in (*CREDENTIAL_HEADERS, TOKEN_HEADER)
+        found = [_bytes(_presented_in(name, value)) for name in (TOKEN_HEADER, *CREDENTIAL_HEADERS)
                  for value in headers.getall(name, ())]
         if query is not None:
             found += [_bytes(v) for v in query.getall("key", ())]  # type: ignore[attr-defined]
@@ -94,9 +102,22 @@ class Guard:
             return True
         return any(self._matches(c, self._own) for c in self._presented(headers, query))
 
-    def require_client(self, headers: MultiMapping[str], query: Mapping[str, str]) -> None:
-        if not self.is_client(headers, query):
-            raise client_unauthorized()
+    def require_client(self, headers: MultiMapping[str], query: Mapping[str, str]) -> str | None:
+        """The tenant of the client token presented, or raise ``CLIENT_UNAUTHORIZED``. None is
+        every tenant: no client tokens are configured (one user), or the admin token came."""
+        if not self.client_tokens:
+            return None
+        presented = self._presented(headers, query)
+        if self.admin_token and any(self._matches(c, (self.admin_token,)) for c in presented):
+            return None
+        for candidate in presented:  # the token header first: it is the proxy's own (``_presented``)
+            tenant = None
+            for token, owner in zip(self.client_tokens, self._tenants):  # no early exit, as ``_matches``
+                if hmac.compare_digest(candidate, token):
+                    tenant = owner
+            if tenant is not None:
+                return tenant
+        raise client_unauthorized()
 
     def require_admin(self, headers: MultiMapping[str], query: Mapping[str, str], what: str) -> None:
         """The admin token, for operations that change every session (deleting an attachment)."""

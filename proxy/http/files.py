@@ -105,7 +105,6 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
         return await _upload(request, fmt, upstream, raw_path)
     if not file_id.startswith(ID_PREFIX):
         return await relay_unchanged(request, fmt, upstream, raw_path)
-    store = request.app[SERVICES].store
     check_id(file_id)
     context(request).fields.update(attachment=file_id[:15])
     if request.method == "DELETE":  # removes history for every session that uses it: admin only
@@ -116,7 +115,7 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
         return _json(_files(upstream.format).file_deleted(file_id))
     if match["content"]:
         return await serve_image(request, file_id, NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND"))
-    meta = await store.stat(file_id)
+    meta = await request.app[SERVICES].visible.stat(context(request).tenant, file_id)
     if meta is None:
         raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
     return _json(file_object(upstream.format, meta))
@@ -138,8 +137,9 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
         return await relay_body(request, fmt, upstream, raw_path, raw)
     data, declared, filename = upload
     filename = clean_name(filename)
-    image = await app.store.admit(data, declared, name=filename)
-    meta = await app.store.stat(image.id)
+    tenant = context(request).tenant
+    image = await app.visible.admit(tenant, data, declared, name=filename)
+    meta = await app.visible.stat(tenant, image.id)
     context(request).fields.update(files="admitted", attachment=image.id[:15])
     if meta is None:  # deleted between admission and stat: report what was admitted
         meta = AttachmentMeta(image.id, image.media_type, image.bytes, image.width, image.height, filename)
@@ -165,7 +165,7 @@ async def _list(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_p
     else:
         check_id(after)
     room = min(limit - len(theirs), LIST_MAX)
-    ours = await request.app[SERVICES].store.list_admitted(after, room + 1)
+    ours = await request.app[SERVICES].visible.list(context(request).tenant, after, room + 1)
     context(request).fields.update(files="listed", listed=min(len(ours), room))
     return _json(_page(theirs + [file_object("openai", meta) for meta in ours[:room]], len(ours) > room))
 

@@ -101,7 +101,7 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
         if not await services.reader.delete(attachment_id):
             raise NotFound(f"no attachment {attachment_id[:15]}", code="FILE_NOT_FOUND")
         return _json({})
-    meta = await services.store.stat(attachment_id)
+    meta = await services.visible.stat(context(request).tenant, attachment_id)
     if meta is None:
         raise NotFound(f"no attachment {attachment_id[:15]}", code="FILE_NOT_FOUND")
     return _json(_file(meta))
@@ -119,7 +119,7 @@ async def _start(request: web.Request, media_type: str, size: int) -> web.Respon
                                        *request.headers.getall("Authorization", ()),
                                        *request.query.getall("key", ())]).encode("utf-8", "surrogateescape")).hexdigest()
     token = request.app[SERVICES].uploads.open(media_type, size, clean_name(name if isinstance(name, str) else None),
-                                               owner)
+                                               owner, context(request).tenant)
     context(request).fields.update(files="upload_started")
     path = request.app.router["gemini.upload"].url_for(token=token)
     public = request.app[SERVICES].config.server.public_url  # where clients reach us, when configured
@@ -178,9 +178,9 @@ async def _chunk(request: web.Request) -> web.Response:
     if len(upload.data) != upload.size:
         raise InvalidRequest(f"the upload declared {upload.size} bytes and sent {len(upload.data)}",
                              code="INVALID_UPLOAD")
-    store = request.app[SERVICES].store
-    image = await store.admit(bytes(upload.data), upload.media_type, name=upload.name)
+    visible = request.app[SERVICES].visible
+    image = await visible.admit(upload.tenant, bytes(upload.data), upload.media_type, name=upload.name)
     context(request).fields.update(files="admitted", attachment=image.id[:15])
-    meta = await store.stat(image.id) or AttachmentMeta(image.id, image.media_type, image.bytes, image.width,
+    meta = await visible.stat(upload.tenant, image.id) or AttachmentMeta(image.id, image.media_type, image.bytes, image.width,
                                                         image.height, upload.name)
     return _json({"file": _file(meta)}, {STATUS: "final"})

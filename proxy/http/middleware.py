@@ -43,10 +43,10 @@ _ids = itertools.count(1)
 
 class Context:
     """One request as the proxy sees it: id, start time, route name, the wire format its errors
-    take, the canonical log line's fields, the response once it has started, and the call's span
-    when tracing is on."""
+    take, the canonical log line's fields, the response once it has started, the call's span
+    when tracing is on, and the client's tenant."""
 
-    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response", "trace")
+    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response", "trace", "tenant")
 
     def __init__(self, route: str) -> None:
         self.request_id = f"{_ID_PREFIX}{next(_ids):010x}"
@@ -57,6 +57,9 @@ class Context:
         self.fields: dict[str, Any] = {}
         self.response: web.StreamResponse | None = None
         self.trace: CallSpan | None = None
+        #: The client's tenant, once its token is checked; None is every tenant (no client tokens,
+        #: or the admin token).
+        self.tenant: str | None = None
 
 
 CONTEXT = web.RequestKey("projectionist.context", Context)

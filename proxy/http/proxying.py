@@ -22,7 +22,7 @@ from multidict import CIMultiDict, MultiMapping
 from projectionist.adapters.base import WireFormat
 from projectionist.adapters.responses import tokens
 from projectionist.policy.errors import ProjectionistError
-from projectionist.policy.model import ImageRef, Placeholder, Resolved
+from projectionist.policy.model import ImageRef, Placeholder, Resolved, scoped_session
 from projectionist.policy.projection import Projection, project
 from projectionist.proxy.http.bodies import read_body
 from projectionist.proxy.http.middleware import Context, context
@@ -83,7 +83,8 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     ctx = context(request)
     raw = await read_body(request)
     found, read = _session(request, services, fmt, raw)
-    session_id = found.id if found is not None else None
+    session_id = scoped_session(ctx.tenant, found.id) if found is not None else None
+    store = services.reader if ctx.tenant is None else services.visible.reader(ctx.tenant)
     ctx.fields.update(adapter=fmt.NAME, session=session_id)
     if found is not None and found.source not in ("header", "path"):
         ctx.fields["session_source"] = found.source
@@ -94,7 +95,7 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
         seen_refs[:] = refs
         fresh = services.log.fresh(session_id) if session_id else None
         return await project(
-            refs, store=services.reader, log=services.log, session_id=session_id, upstream_format=fmt.FORMAT,
+            refs, store=store, log=services.log, session_id=session_id, upstream_format=fmt.FORMAT,
             profile=fmt.PROFILE, vary=services.variants, images=images,
             lock=services.log.lock(session_id) if session_id else None,
             sessionless=services.config.server.sessionless,
@@ -139,7 +140,7 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
             ctx.trace.requested(model)
     screen = None
     if session_id and built.images:
-        screen = Resend(services, fmt, session_id, built, list(seen_refs), recorder, again, ctx.fields)
+        screen = Resend(services, fmt, session_id, built, list(seen_refs), recorder, again, ctx.fields, ctx.tenant)
     headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
     headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
     readable_codings(headers)

@@ -144,8 +144,11 @@ class Resend:
     """The one re-send of a call whose upstream refused an image (a relay ``Screen``)."""
 
     def __init__(self, services: Services, fmt: WireFormat, session_id: str, built: Built, refs: list[ImageRef],
-                 recorder: Recorder | None, rebuild: Rebuild, fields: dict[str, object]) -> None:
+                 recorder: Recorder | None, rebuild: Rebuild, fields: dict[str, object],
+                 tenant: str | None = None) -> None:
         self.services = services
+        #: The client's tenant: the refused bytes it inlined are admitted for it.
+        self.tenant = tenant
         self.fmt = fmt
         self.session_id = session_id
         self.built = built
@@ -227,7 +230,7 @@ class Resend:
     async def _admit_one(self, aid: str, data: bytes) -> None:
         try:
             async with asyncio.timeout(ADMIT_TIMEOUT):
-                await self.services.store.admit(data)
+                await self.services.visible.admit(self.tenant, data)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

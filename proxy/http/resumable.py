@@ -8,7 +8,7 @@ together, each at most ``TTL`` seconds old; an expired session is gone, and one 
 bound is refused with a retryable 503. One client (its credentials, digested) holds at most a
 quarter of either bound, so one client cannot take every slot for ``TTL``.
 
-The token also says what its start declared (type, size, name, owner, when), signed with a key
+The token also says what its start declared (type, size, name, owner, tenant, when), signed with a key
 the processes share (``PROJECTIONIST_UPLOAD_KEY``: the ``--workers`` supervisor hands its
 workers one; replicas behind a load balancer are given the same), so the bytes may arrive at
 another worker or replica than the start did: it opens the upload from the token. An upload sent
@@ -51,6 +51,8 @@ class Upload:
     name: str | None
     opened: float
     owner: str = ""
+    #: The tenant that opened it, to whom the admitted image is granted (None: every tenant).
+    tenant: str | None = None
     data: bytearray = field(default_factory=bytearray)
     #: A chunk is being received: another one at the same time is refused, not interleaved.
     receiving: bool = False
@@ -84,7 +86,7 @@ class Uploads:
         for token in [t for t, closed in self._closed.items() if closed < oldest]:
             del self._closed[token]
 
-    def open(self, media_type: str, size: int, name: str | None, owner: str = "") -> str:
+    def open(self, media_type: str, size: int, name: str | None, owner: str = "", tenant: str | None = None) -> str:
         """A new session's token; ``Unavailable(UPLOADS_BUSY)`` when it would break a bound, the
         whole table's or ``owner``'s share of it (a quarter)."""
         self._expire()
@@ -95,9 +97,9 @@ class Uploads:
         if len(own) >= max(1, self.max_sessions // 4) or sum(u.size for u in own) + size > self.max_bytes // 4:
             raise Unavailable("this client has too many uploads under way; finish them or retry", code="UPLOADS_BUSY")
         payload = base64.urlsafe_b64encode(msgspec.json.encode(
-            [media_type, size, name, owner, int(self.wall()), secrets.token_hex(16)])).decode().rstrip("=")
+            [media_type, size, name, owner, int(self.wall()), secrets.token_hex(16), tenant])).decode().rstrip("=")
         token = f"{payload}.{self._mac(payload)}"
-        self._open[token] = Upload(media_type, size, name, self.clock(), owner)
+        self._open[token] = Upload(media_type, size, name, self.clock(), owner, tenant)
         return token
 
     def _mac(self, payload: str) -> str:
@@ -109,7 +111,7 @@ class Uploads:
         if not payload or len(token) > 2048 or not hmac.compare_digest(mac.encode(), self._mac(payload).encode()):
             return None
         try:
-            media_type, size, name, owner, opened, _ = msgspec.json.decode(
+            media_type, size, name, owner, opened, _, tenant = msgspec.json.decode(
                 base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         except (ValueError, binascii.Error, msgspec.DecodeError, TypeError):
             return None
@@ -119,7 +121,7 @@ class Uploads:
         if len(self._open) >= self.max_sessions:
             raise Unavailable("too many uploads under way; retry", code="UPLOADS_BUSY")
         upload = Upload(media_type, size, name if isinstance(name, str) else None, self.clock() - age,
-                        owner if isinstance(owner, str) else "")
+                        owner if isinstance(owner, str) else "", tenant if isinstance(tenant, str) else None)
         self._open[token] = upload
         return upload
 

@@ -39,7 +39,6 @@ from projectionist.adapters.registry import SPEAKS, projecting
 from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
 from projectionist.policy.model import check_session_id
 from projectionist.proxy.http import files, gemini_files
-from projectionist.proxy.http.auth import client_unauthorized
 from projectionist.proxy.http.middleware import context
 from projectionist.proxy.http.proxying import PATH_SESSION, relay_projected, relay_unchanged, session_of
 from projectionist.proxy.http.services import SERVICES
@@ -140,9 +139,12 @@ async def _unprefixed(request: web.Request, rest: str) -> web.StreamResponse:
 
 
 def _require_client(request: web.Request) -> None:
-    if not request.app[SERVICES].guard.is_client(request.headers, request.query):
-        context(request).route = "unauthenticated"
-        raise client_unauthorized()
+    ctx = context(request)
+    try:
+        ctx.tenant = request.app[SERVICES].guard.require_client(request.headers, request.query)
+    except ProjectionistError:
+        ctx.route = "unauthenticated"
+        raise
 
 
 async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owned: bool = False) -> web.StreamResponse:

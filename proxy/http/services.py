@@ -23,6 +23,7 @@ from projectionist.proxy.stores.base import Store
 from projectionist.proxy.stores.cache import CachedStore
 from projectionist.proxy.http.resend import Acceptances, InFlight
 from projectionist.proxy.http.resumable import Uploads
+from projectionist.proxy.stores.tenancy import Visible
 from projectionist.proxy.stores.variants import Variants
 from projectionist.proxy.upstream.identity import Identities
 from projectionist.proxy.upstream.recording import Recording
@@ -30,6 +31,10 @@ from projectionist.proxy.upstream.target import Upstream
 
 if TYPE_CHECKING:  # imported only when tracing is configured
     from projectionist.proxy.observe.tracing import Tracing
+
+
+#: The console's own application (``app.admin_site`` serves it), kept on the proxy's.
+ADMIN_APP = web.AppKey("projectionist.admin_app", web.Application)
 
 
 @dataclass
@@ -73,6 +78,8 @@ class Services:
         #: The identity of the images clients inline themselves, kept for the bytes that come back.
         self.identities = Identities(policy.inline_cache_bytes)
         self.uploads = Uploads()
+        #: What each tenant admitted, and so may list, read and reference.
+        self.visible = Visible(self.store, self.reader)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:

@@ -30,7 +30,7 @@ from PIL import Image
 from projectionist.adapters.redact import shorten
 from projectionist.policy.errors import READ_FAILED, AttachmentError, InvalidRequest, NotFound, ProjectionistError, Unauthorized
 from projectionist.policy.fold import EMPTY
-from projectionist.policy.model import check_id, check_session_id, short_id
+from projectionist.policy.model import check_id, check_scoped_session, short_id
 from projectionist.policy.projection import refresh
 from projectionist.proxy.http import admin
 from projectionist.proxy.http.auth import Guard
@@ -172,7 +172,7 @@ def _action(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
         services = _allowed(request)
         await services.recording.drain()
-        session_id = check_session_id(request.match_info["sid"])
+        session_id = check_scoped_session(request.match_info["sid"])
         context(request).fields.update(session=session_id, ui=True)
         return _secured(await handler(request))
     return guarded
@@ -250,7 +250,7 @@ async def session(request: web.Request, csrf: str) -> web.StreamResponse:
     """One session: its standing quarantines (from the cached fold), and a window of its timeline
     (the latest ``PAGE`` events, or the ``PAGE`` after ``?after=N``)."""
     log = request.app[SERVICES].log
-    sid = check_session_id(request.match_info["sid"])
+    sid = check_scoped_session(request.match_info["sid"])
     context(request).fields.update(session=sid)
     after = _int_query(request, "after")
     state = await refresh(log, sid, log.state(sid) or EMPTY)
@@ -263,7 +263,7 @@ async def replay(request: web.Request, csrf: str) -> web.StreamResponse:
     """The replay view of one call (``?seq=N``; the last call without it): the recorded inbound
     body beside the rebuilt upstream body, base64 shortened, their differing paths marked."""
     services = request.app[SERVICES]
-    sid = check_session_id(request.match_info["sid"])
+    sid = check_scoped_session(request.match_info["sid"])
     context(request).fields.update(session=sid)
     rebuilt = await rebuild(services.log, services.store, sid, _int_query(request, "seq"))
     report = rebuilt.summary(show=True)

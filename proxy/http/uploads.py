@@ -78,12 +78,12 @@ async def read_upload(request: web.Request, limit: int, field: str = "file") -> 
 
 async def upload(request: web.Request) -> web.StreamResponse:
     app = request.app[SERVICES]
-    app.guard.require_client(request.headers, request.query)
+    tenant = context(request).tenant = app.guard.require_client(request.headers, request.query)
     data, declared, filename = await read_upload(request, app.config.store.limits.max_bytes)
     if not data:
         raise InvalidRequest("empty upload", code="EMPTY_UPLOAD")
     name = clean_name(request.query.get("name") or filename)
-    image = await app.store.admit(data, declared, name=name)
+    image = await app.visible.admit(tenant, data, declared, name=name)
     context(request).fields.update(attachment=image.id[:15], bytes=image.bytes)
     variants = await app.variants.of(image.id)  # the same bytes uploaded again keep theirs
     return web.Response(body=msgspec.json.encode(describe(image, name, variants, app.config.public_url)),
@@ -100,6 +100,8 @@ async def serve_image(request: web.Request, attachment_id: str, missing: Project
     one its attachment error: bytes that fail verification are never served. A request that
     already holds them (``If-None-Match``) gets 304 while the object exists."""
     services = request.app[SERVICES]
+    if not await services.visible.sees(context(request).tenant, attachment_id):
+        raise missing  # another tenant's, or none: the same answer
     etag = f'"{attachment_id}"'
     scope = "private" if services.guard.clients_required else "public"
     headers = {"ETag": etag, "Cache-Control": f"{scope}, {IMMUTABLE}"}
@@ -118,7 +120,7 @@ async def serve_image(request: web.Request, attachment_id: str, missing: Project
 
 async def download(request: web.Request) -> web.StreamResponse:
     """``GET``/``HEAD /v1/attachments/{id}``: the HTTP form of a reference, served."""
-    request.app[SERVICES].guard.require_client(request.headers, request.query)
+    context(request).tenant = request.app[SERVICES].guard.require_client(request.headers, request.query)
     attachment_id = check_id(split_extension(request.match_info["id"]))
     context(request).fields.update(attachment=attachment_id[:15])
     missing = ProjectionistError(f"no attachment {attachment_id[:15]}", code=NOT_FOUND, status=404)

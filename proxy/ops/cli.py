@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
-from projectionist.policy.model import check_id, check_session_id
+from projectionist.policy.model import check_id, check_scoped_session
 from projectionist.policy.projection import recover, refresh
 from projectionist.proxy.http.admin import events_view, quarantine_view
 from projectionist.proxy.http.app import open_log, open_store
@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(serve)
     serve.add_argument("--host", help="listen address (default 127.0.0.1 or [server] host)")
     serve.add_argument("--port", type=int, help="listen port (default 8787 or [server] port)")
+    serve.add_argument("--admin-listen", metavar="HOST:PORT",
+                       help="where the console and admin API listen (default: auto, 127.0.0.1 on the port + 1)")
     serve.add_argument("--workers", metavar="N",
                        help="server processes sharing the port (1-64, default 1 or [server] workers)")
     serve.add_argument("--admin-token", help="admin bearer token (visible in the process list: prefer "
@@ -158,6 +160,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             "server.data_dir": args.data_dir,
             "server.host": getattr(args, "host", None),
             "server.port": getattr(args, "port", None),
+            "admin.listen": getattr(args, "admin_listen", None),
             "server.admin_token": getattr(args, "admin_token", None) or _token_file(getattr(args, "admin_token_file", None)),
             "server.workers": workers_flag(getattr(args, "workers", None)),
         },
@@ -218,7 +221,7 @@ READ_ONLY = 2**62
 
 
 def _admin_verb(args: argparse.Namespace, config: Config) -> int:
-    session = check_session_id(args.session) if hasattr(args, "session") else ""
+    session = check_scoped_session(args.session) if hasattr(args, "session") else ""
     check_data_dir(config)
 
     async def sessions(store: Store, log: Log) -> int:
@@ -256,7 +259,7 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
         return 0
 
     async def fork(store: Store, log: Log) -> int:
-        event = await log.fork(session, check_session_id(args.new_session), args.at_seq)
+        event = await log.fork(session, check_scoped_session(args.new_session), args.at_seq)
         _print_json({"session": args.new_session, "parent": session, "event": event})
         return 0
 

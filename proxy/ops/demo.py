@@ -25,6 +25,7 @@ import msgspec
 from aiohttp import web
 
 from projectionist.proxy.http.app import create_app
+from projectionist.proxy.http.services import ADMIN_APP
 from projectionist.proxy.config import load_config, with_upstream_urls
 from projectionist.adapters.redact import shorten
 
@@ -86,21 +87,28 @@ def _id_of(data: bytes) -> str:
 
 
 class Server:
-    """An app on a loopback socket, started and stopped explicitly (restart = new Server)."""
+    """An app on a loopback socket, started and stopped explicitly (restart = new Server); the
+    proxy's console and admin API on a socket of their own (``admin_url``)."""
 
     def __init__(self, app: web.Application) -> None:
-        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.runners = [web.AppRunner(app, handler_cancellation=True, access_log=None)]
+        if ADMIN_APP in app:
+            self.runners.append(web.AppRunner(app[ADMIN_APP], handler_cancellation=True, access_log=None))
+        self.socks = [socket.socket() for _ in self.runners]
+        for sock in self.socks:
+            sock.bind(("127.0.0.1", 0))
+        self.url, *admin = ["http://127.0.0.1:%d" % sock.getsockname()[1] for sock in self.socks]
+        self.admin_url = admin[0] if admin else self.url
 
     async def __aenter__(self) -> Server:
-        await self.runner.setup()
-        await web.SockSite(self.runner, self.sock).start()
+        for runner, sock in zip(self.runners, self.socks):
+            await runner.setup()
+            await web.SockSite(runner, sock).start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.runner.cleanup()
+        for runner in reversed(self.runners):
+            await runner.cleanup()
 
 
 def _request(ids: dict[str, str]) -> dict[str, Any]:
@@ -127,7 +135,7 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
             )
 
             async def events(proxy: Server, session: str) -> list[dict[str, Any]]:
-                async with http.get(f"{proxy.url}/admin/sessions/{session}/events", headers=admin) as resp:
+                async with http.get(f"{proxy.admin_url}/admin/sessions/{session}/events", headers=admin) as resp:
                     found: list[dict[str, Any]] = (await resp.json())["events"]
                     return found
 
@@ -190,7 +198,7 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
                 say(f"5. restarted the proxy and sent again: HTTP {status}; upstream body byte-identical: {same}")
                 record("restart", status=status, identical=same)
 
-                async with http.post(f"{proxy.url}/admin/sessions/{SESSION}/fork", headers=admin,
+                async with http.post(f"{proxy.admin_url}/admin/sessions/{SESSION}/fork", headers=admin,
                                      json={"new_session_id": FORK}) as resp:
                     fork_status = resp.status
                 status, forked_body, _ = await send(proxy, FORK, body)
@@ -201,7 +209,7 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
                 async with http.post(f"{proxy.url}/v1/attachments", data=IMAGES["screenshot.png"],
                                      headers={"Content-Type": "image/png"}) as resp:
                     repaired = (await resp.json())["id"] == deleted
-                async with http.post(f"{proxy.url}/admin/sessions/{SESSION}/attachments/{deleted}/recover",
+                async with http.post(f"{proxy.admin_url}/admin/sessions/{SESSION}/attachments/{deleted}/recover",
                                      headers=admin) as resp:
                     recovered = await resp.json()
                 status, recovered_body, answer = await send(proxy, SESSION, body)
@@ -211,7 +219,7 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
                        upstream_body=shorten(msgspec.json.decode(recovered_body)))
 
                 before = len(await events(proxy, SESSION))
-                async with http.post(f"{proxy.url}/admin/sessions/{SESSION}/attachments/{corrupted}/recover",
+                async with http.post(f"{proxy.admin_url}/admin/sessions/{SESSION}/attachments/{corrupted}/recover",
                                      headers=admin) as resp:
                     refused_status = resp.status
                     refused_code = (await resp.json())["error"]["code"]

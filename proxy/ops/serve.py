@@ -12,13 +12,14 @@ import ctypes
 import gc
 import ipaddress
 import os
+from functools import partial
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from aiohttp import web
 
 from projectionist.policy.errors import InvalidRequest, ProjectionistError
 from projectionist.proxy.config import Config
-from projectionist.proxy.http.app import create_app
+from projectionist.proxy.http.app import admin_site, create_app
 from projectionist.proxy.observe.logger import get_logger, redact_url, setup_logging
 
 
@@ -150,6 +151,7 @@ def listening_fields(config: Config, loop: str, open_proxy: bool) -> dict[str, o
     return {"host": config.server.host, "port": config.server.port, "loop": loop, "data_dir": str(config.data_dir),
             "upstreams": {n: redact_url(u.url) for n, u in config.upstreams.items()},
             "client_tokens": bool(config.client_tokens()), "open_proxy": open_proxy,
+            "tenants": len(set(config.tenants().values())),
             "workers": config.server.workers}
 
 
@@ -160,8 +162,8 @@ def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
     limit_malloc_arenas()
     setup_logging(config.logging.level, config.logging.json)
 
-    def listening(loop: str) -> None:
-        get_logger().info("listening", **listening_fields(config, loop, open_proxy))
+    def listening(loop: str, admin: str) -> None:
+        get_logger().info("listening", **listening_fields(config, loop, open_proxy), admin=admin)
 
     run_server(config, listening)
 
@@ -169,18 +171,24 @@ def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
 
 
-def run_server(config: Config, on_listening: Callable[[str], None], *, reuse_port: bool = False,
+def run_server(config: Config, on_listening: Callable[[str, str], None], *, reuse_port: bool = False,
                contexts: Sequence[CleanupCtx] = ()) -> None:
-    """Build the app and serve it until SIGTERM/SIGINT; ``on_listening(loop module)`` once every
+    """Build the app and serve it until SIGTERM/SIGINT; ``on_listening(loop module, the console's
+    host:port)`` once every
     socket is bound. A worker of ``--workers`` shares its port (``reuse_port``)."""
     loop = event_loop(config.server.event_loop)
     asyncio.set_event_loop(loop)
     phase = "starting"
+    admin = "%s:%d" % config.admin_address
+
+    def admin_bound(host: str, port: int) -> None:
+        nonlocal admin
+        admin = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def listening(_: str) -> None:  # run_app calls this once every socket is bound
         nonlocal phase
         phase = "serving"
-        on_listening(type(loop).__module__)
+        on_listening(type(loop).__module__, admin)
 
     async def binding(_: web.Application) -> None:  # after the store and log opened, before the bind
         nonlocal phase
@@ -188,6 +196,7 @@ def run_server(config: Config, on_listening: Callable[[str], None], *, reuse_por
 
     try:
         app = create_app(config)
+        app.cleanup_ctx.append(partial(admin_site, reuse_port=reuse_port, on_bound=admin_bound))
         app.cleanup_ctx.append(_trim_memory)
         app.cleanup_ctx.extend(contexts)
         app.on_startup.append(binding)

@@ -86,7 +86,7 @@ def main() -> int:
     limit_malloc_arenas()
     setup_logging(brief.config.logging.level, brief.config.logging.json, pid=True)
     try:
-        run_server(brief.config, lambda _: report(status, Report(ready=True)), reuse_port=True,
+        run_server(brief.config, lambda *_: report(status, Report(ready=True)), reuse_port=True,
                    contexts=[parent_watch(brief.supervisor)])
     except ProjectionistError as error:
         report(status, Report(code=error.code, message=error.message))

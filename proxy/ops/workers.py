@@ -134,7 +134,7 @@ class Supervisor:
                 self._start(slot, restarted=False)
             if self._until_ready():
                 get_logger().info("listening", **listening_fields(self.config, self.loop, self.open_proxy),
-                                  pids=[w.pid for w in self.workers.values()])
+                                  admin="%s:%d" % self.config.admin_address, pids=[w.pid for w in self.workers.values()])
                 self._supervise()
         finally:
             self._stop_all()

@@ -3,7 +3,8 @@
 Content-addressed: ``objects/<hex[:2]>/<hex>`` holds the bytes, ``<hex>.json`` beside it the
 admission record. Publishing is atomic and durable (temp file, fsync, rename, directory fsync);
 every read verifies digest, record and header. The variant index keeps one small file per original
-and target, ``variants/<hex[:2]>/<hex>/<target>``, holding the variant's id. All blocking work runs on a dedicated thread pool.
+and target, ``variants/<hex[:2]>/<hex>/<target>``, holding the variant's id; a tenant's grants,
+``grants/<tenant>/<hex>``, say what it admitted (``stores.tenancy``). All blocking work runs on a dedicated thread pool.
 Every filesystem call the store makes is counted in ``ops`` (``projectionist_store_operations_total``).
 """
 
@@ -25,7 +26,7 @@ from typing import Final, TypeVar
 import msgspec
 
 from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
-from projectionist.policy.model import ID_PREFIX, StoredImage, check_id, is_valid_id
+from projectionist.policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import Lane
@@ -58,6 +59,16 @@ class _Record(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 _RECORD_DECODER: Final = msgspec.json.Decoder(_Record)
+
+
+class _Grant(msgspec.Struct, frozen=True):
+    """``grants/<tenant>/<hex>``: a tenant admitted that object (its name, and when, at first)."""
+
+    name: str | None
+    created_at: int
+
+
+_GRANT_DECODER: Final = msgspec.json.Decoder(_Grant)
 
 
 def _short(hex_digest: str) -> str:
@@ -213,6 +224,37 @@ class FilesystemStore:
         after_hex = check_id(after)[len(ID_PREFIX):] if after is not None else ""
         try:
             return await self.listing.run(partial(self._list_sync, after_hex, max(0, min(limit, LIST_MAX))))
+        except TimeoutError:
+            raise Unavailable(f"{UNAVAILABLE}: listing timed out", code=UNAVAILABLE) from None
+        except OSError as exc:
+            raise Unavailable(f"{UNAVAILABLE}: listing failed ({_errname(exc)})", code=UNAVAILABLE) from None
+
+    # -- grants: what each tenant admitted (``stores.tenancy``) ------------------------------------
+
+    def _grant_path(self, tenant: str, hex_digest: str) -> Path:
+        """``grants/<tenant>/<hex>``: only called with a checked tenant name and hex digest."""
+        return self.root / "grants" / check_tenant(tenant) / hex_digest
+
+    async def grant(self, tenant: str, attachment_id: str, name: str | None = None) -> None:
+        """Record that ``tenant`` admitted ``attachment_id`` (the name it gave first stays)."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        try:
+            await self.writes.run(partial(self._grant_sync, tenant, hex_digest, name))
+        except TimeoutError:
+            raise Unavailable(f"{WRITE_FAILED}: {_short(hex_digest)} grant timed out", code=WRITE_FAILED) from None
+
+    async def granted(self, tenant: str, attachment_id: str) -> AttachmentMeta | None:
+        """The admission record of a present object ``tenant`` admitted, with the name and time
+        of its own first admission; None when it admitted none (or the object is gone)."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        return await self.stamp_lane.run(partial(self._granted_sync, tenant, hex_digest))
+
+    async def list_granted(self, tenant: str, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
+        """``list_admitted`` for what ``tenant`` admitted: one listing of its grants, in id order."""
+        after_hex = check_id(after)[len(ID_PREFIX):] if after is not None else ""
+        try:
+            return await self.listing.run(partial(self._list_granted_sync, tenant, after_hex,
+                                                  max(0, min(limit, LIST_MAX))))
         except TimeoutError:
             raise Unavailable(f"{UNAVAILABLE}: listing timed out", code=UNAVAILABLE) from None
         except OSError as exc:
@@ -442,6 +484,42 @@ class FilesystemStore:
                     found.append(meta)
                     if len(found) == limit:
                         return found
+        return found
+
+    def _grant_sync(self, tenant: str, hex_digest: str, name: str | None) -> None:
+        path = self._grant_path(tenant, hex_digest)
+        try:
+            self._count("stat")
+            if path.is_file():
+                return
+            _ensure_dir(path.parent, self._count)
+            _write_atomic(path.parent, path.name, msgspec.json.encode(_Grant(name, int(time.time()))), self._count)
+            _fsync_dir(path.parent, self._count)
+        except OSError as exc:
+            raise Unavailable(f"{WRITE_FAILED}: {_short(hex_digest)} grant could not be stored ({_errname(exc)})",
+                              code=WRITE_FAILED) from None
+
+    def _granted_sync(self, tenant: str, hex_digest: str) -> AttachmentMeta | None:
+        try:
+            grant = _GRANT_DECODER.decode(self._read_file(self._grant_path(tenant, hex_digest)))
+        except (OSError, msgspec.DecodeError):
+            return None
+        meta = self._stat_sync(hex_digest)
+        return None if meta is None else msgspec.structs.replace(meta, name=grant.name, created_at=grant.created_at)
+
+    def _list_granted_sync(self, tenant: str, after_hex: str, limit: int) -> list[AttachmentMeta]:
+        found: list[AttachmentMeta] = []
+        directory = self._grant_path(tenant, "0" * 64).parent
+        try:
+            self._count("list")
+            names = sorted(n for n in os.listdir(directory) if _HEX.fullmatch(n) and n > after_hex)
+        except FileNotFoundError:
+            return found
+        for name in names:
+            if len(found) == limit:
+                break
+            meta = self._granted_sync(tenant, name)
+            found += [meta] if meta is not None else []
         return found
 
     def _put_blob_sync(self, data: bytes) -> str:

@@ -34,7 +34,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
-from projectionist.policy.model import ID_PREFIX, StoredImage, check_id, is_valid_id
+from projectionist.policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id
 from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import AsyncLane, Busy, Lane
@@ -273,6 +273,85 @@ class S3Store:
             return None
         record = _record(head.get("Metadata") or {})
         return None if record is None else msgspec.structs.replace(record, id=ID_PREFIX + hex_digest)
+
+    # -- grants: what each tenant admitted (``stores.tenancy``) ------------------------------------
+
+    def grant_key(self, tenant: str, hex_digest: str = "") -> str:
+        """``grants/<tenant>/<hex>`` (the tenant's prefix without a digest)."""
+        return f"{self.prefix}grants/{check_tenant(tenant)}/{hex_digest}"
+
+    async def grant(self, tenant: str, attachment_id: str, name: str | None = None) -> None:
+        """Record that ``tenant`` admitted ``attachment_id``: an empty object whose metadata holds
+        the name and time; put-if-absent, so the first admission's name stays."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        metadata = {"created-at": str(int(time.time()))}
+        if name:
+            metadata["name"] = quote(name, safe="")
+
+        async def put() -> Any:
+            try:
+                return await (await self.client()).put_object(Bucket=self.bucket, Key=self.grant_key(tenant, hex_digest),
+                                                              Body=b"", Metadata=metadata, IfNoneMatch="*")
+            except botocore.exceptions.ClientError as exc:
+                if _fault(exc) in _LOST_RACE:
+                    return None  # granted already
+                raise
+
+        try:
+            await self.writes.run(put)
+        except Exception as exc:
+            raise _write_failed(exc, "grant could not be stored") from None
+
+    async def granted(self, tenant: str, attachment_id: str) -> AttachmentMeta | None:
+        """The record of a present object ``tenant`` admitted, with its own name and time."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+
+        async def fetch() -> AttachmentMeta | None:
+            return await self._granted(await self.client(), tenant, hex_digest)
+
+        return await _unless_missing(self.stamp_lane.run(fetch))
+
+    async def _granted(self, client: Any, tenant: str, hex_digest: str) -> AttachmentMeta | None:
+        try:
+            head = await client.head_object(Bucket=self.bucket, Key=self.grant_key(tenant, hex_digest))
+        except botocore.exceptions.ClientError as exc:
+            if _fault(exc) != "missing":
+                raise
+            return None
+        meta = await self._head_record(client, hex_digest)
+        if meta is None:
+            return None
+        grant = head.get("Metadata") or {}
+        name = unquote(grant["name"]) if "name" in grant else None
+        created = grant.get("created-at", "0")
+        return msgspec.structs.replace(meta, name=name, created_at=int(created) if created.isdigit() else 0)
+
+    async def list_granted(self, tenant: str, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
+        """``list_admitted`` for what ``tenant`` admitted: its grants' keys in id order."""
+        limit = max(0, min(limit, LIST_MAX))
+        prefix = self.grant_key(tenant)
+        start = prefix + check_id(after)[len(ID_PREFIX):] if after is not None else ""
+
+        async def fetch() -> list[AttachmentMeta]:
+            client = await self.client()
+            found: list[AttachmentMeta] = []
+            token = start
+            while len(found) < limit:
+                page = {"StartAfter": token} if token else {}
+                listing = await client.list_objects_v2(Bucket=self.bucket, Prefix=prefix,
+                                                       MaxKeys=limit - len(found), **page)
+                keys = [str(item["Key"]) for item in listing.get("Contents") or ()]
+                for key in keys:
+                    hex_digest = key[len(prefix):]
+                    if _HEX.fullmatch(hex_digest):
+                        meta = await self._granted(client, tenant, hex_digest)
+                        found += [meta] if meta is not None else []
+                if not keys or not listing.get("IsTruncated"):
+                    break
+                token = keys[-1]
+            return found
+
+        return await _unless_missing(self.stamp_lane.run(fetch)) or []
 
     # -- writes ----------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ def browser(driver: webdriver.Chrome) -> Browser:
 
 
 def at(browser: Browser, harness: Harness) -> Browser:
-    browser.base_url = str(harness.client.make_url("")).rstrip("/")
+    browser.base_url = str(harness.client.admin.make_url("")).rstrip("/")  # the console's own listener
     return browser
 
 

@@ -82,6 +82,6 @@ async def test_unknown_sessions_bad_queries_and_missing_tokens_are_refused(harne
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             status, body = await get(harness, path, headers=headers)
             assert (status, body["error"]["code"]) == (401, "ADMIN_UNAUTHORIZED"), (path, headers)
-    status, body = await get(harness, "/admin/sessions/" + "x" * 300)
+    status, body = await get(harness, "/admin/sessions/" + "x" * 330)
     assert (status, body["error"]["code"]) == (400, "INVALID_SESSION_ID")
     assert harness.upstream.received == []

@@ -126,7 +126,7 @@ async def test_a_forged_an_expired_or_another_tokens_cookie_is_not_a_sign_in(har
     assert not ui.valid(guard, f"{expires}.{'1' * 16}.{mac}", now)  # another nonce, the old MAC
     assert not ui.valid(Guard((), "othertok"), good, now)  # the token changed: everyone signs in again
     assert not ui.valid(guard, "", now) and not ui.valid(guard, "garbage", now)
-    harness.client.session.cookie_jar.update_cookies({ui.COOKIE: f"{expires}.{'0' * 64}"})
+    harness.client.admin.session.cookie_jar.update_cookies({ui.COOKIE: f"{expires}.{'0' * 64}"})
     assert (await harness.client.get("/admin/ui", allow_redirects=False)).status == 303
 
 
@@ -313,7 +313,7 @@ async def test_a_cookie_of_non_ascii_digits_is_no_sign_in_not_a_crash(harness: H
 
 async def test_signing_out_revokes_the_cookie_not_only_the_browsers_copy(harness: Harness) -> None:
     await sign_in(harness)
-    cookie = harness.client.session.cookie_jar.filter_cookies(harness.client.make_url("/admin/ui"))["projectionist_ui"]
+    cookie = harness.client.admin.session.cookie_jar.filter_cookies(harness.client.admin.make_url("/admin/ui"))["projectionist_ui"]
     csrf = await csrf_of(harness, "s1")
     assert (await harness.client.post("/admin/ui/logout", headers={"X-CSRF-Token": csrf})).status == 204
     # a copy of the cookie kept elsewhere (another tab, a stolen one) no longer signs anyone in

@@ -28,10 +28,11 @@ from tests.paths import ROOT
 @pytest.fixture
 async def served(tmp_path: Path, upstream: FakeUpstream) -> AsyncIterator[tuple[str, Path, Any]]:
     """``projectionist serve`` as its own process, in front of the fake upstream."""
-    port, data = free_port(), tmp_path / "data"
+    port, admin, data = free_port(), free_port(), tmp_path / "data"
     env = {**os.environ, "PROJECTIONIST_ADMIN_TOKEN": "env-token"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--port", str(port), "--data-dir", str(data),
+        "--admin-listen", f"127.0.0.1:{admin}",
         "--upstream", f"openai={upstream.url}", "--upstream", f"anthropic={upstream.url}",
         cwd=ROOT, env=env, stderr=asyncio.subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
@@ -47,6 +48,7 @@ async def served(tmp_path: Path, upstream: FakeUpstream) -> AsyncIterator[tuple[
             proc.kill()
             pytest.fail("serve did not come up")
     try:
+        proc.admin_url = f"http://127.0.0.1:{admin}"  # type: ignore[attr-defined]
         yield base, data, proc
     finally:
         if proc.returncode is None:
@@ -64,9 +66,16 @@ async def test_serve_projects_records_and_the_admin_verbs_see_it(served: tuple[s
         async with http.post(f"{base}/v1/chat/completions", json=body,
                              headers={"X-Session-Id": "cli", "Authorization": "Bearer sk-live-secret"}) as resp:
             assert resp.status == 200
-        async with http.get(f"{base}/admin/sessions/cli/events", headers={"Authorization": "Bearer env-token"}) as resp:
+        async with http.get(f"{proc.admin_url}/admin/sessions/cli/events",
+                            headers={"Authorization": "Bearer env-token"}) as resp:
             assert resp.status == 200
             events = (await resp.json())["events"]
+        # the console is not on the proxy's origin: there /admin is a path the proxy owns, never forwarded
+        async with http.get(f"{base}/admin/sessions/cli/events", headers={"Authorization": "Bearer env-token"}) as resp:
+            assert (resp.status, resp.headers["X-Projectionist-Error-Code"]) == (404, "ROUTE_NOT_FOUND")
+        async with http.get(f"{proc.admin_url}/v1/models", headers={"Authorization": "Bearer env-token"}) as resp:
+            assert resp.status == 404  # and the console's listener proxies nothing
+    assert not [r for r in upstream.received if r.path_qs.startswith(("/admin", "/v1/models"))]
     # recording is on by default: the quarantine, then the call's record with its outcome
     assert state_kinds(events) == ["attachment/quarantine", "request/recorded"]
     assert [outcome is not None for _, outcome in recorded_calls(events)] == [True]

@@ -48,6 +48,8 @@ class Supervised:
     process: asyncio.subprocess.Process
     url: str
     log: Path
+    #: The console's and admin API's own listener (``--admin-listen``).
+    admin_url: str = ""
 
     def lines(self) -> list[dict[str, Any]]:
         text = self.log.read_bytes().decode(errors="replace")
@@ -86,14 +88,15 @@ async def supervise(tmp_path: Path) -> AsyncIterator[Any]:
     started: list[Supervised] = []
 
     async def start(*args: str, workers: int = 2) -> Supervised:
-        port = free_port()
+        port, admin = free_port(), free_port()
         log = tmp_path / f"serve-{len(started)}.log"
         env = {**os.environ, "PROJECTIONIST_ADMIN_TOKEN": ADMIN_TOKEN}
         with open(log, "wb") as stderr:  # a file, not a pipe: a full pipe would block the workers
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--workers", str(workers),
-                "--port", str(port), *args, cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=stderr)
-        served = Supervised(process, f"http://127.0.0.1:{port}", log)
+                "--port", str(port), "--admin-listen", f"127.0.0.1:{admin}", *args, cwd=ROOT, env=env,
+                stdout=asyncio.subprocess.DEVNULL, stderr=stderr)
+        served = Supervised(process, f"http://127.0.0.1:{port}", log, f"http://127.0.0.1:{admin}")
         started.append(served)
         await served.wait_for("listening")
         return served
@@ -158,7 +161,7 @@ async def test_concurrent_requests_through_two_workers_make_one_quarantine(
         missing = ref_id(make_image(color=170))
         async with fresh_connections() as http:
             statuses = await asyncio.gather(*(chat(http, served.url, "race", missing) for _ in range(60)))
-            async with http.get(f"{served.url}/admin/sessions/race/events",
+            async with http.get(f"{served.admin_url}/admin/sessions/race/events",
                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
                 assert resp.status == 200
                 events = (await resp.json())["events"]
