@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Final
 
-from projectionist.policy.errors import NOT_FOUND, AttachmentError
+from projectionist.policy.errors import NOT_FOUND, READ_FAILED, AttachmentError
 from projectionist.policy.model import StoredImage, check_id, short_id
 from projectionist.proxy.stores.base import AttachmentMeta, Store
 from projectionist.proxy.stores.cache import CachedStore
@@ -53,7 +53,8 @@ class Visible:
         return image
 
     async def stat(self, tenant: str | None, attachment_id: str) -> AttachmentMeta | None:
-        """``Store.stat`` as ``tenant`` sees it: None for an object it never admitted."""
+        """``Store.stat`` as ``tenant`` sees it: None for an object it never admitted. A lookup
+        that hangs past the stamp lane's timeout raises ``TimeoutError``, as ``Store.stat`` does."""
         if tenant is None:
             return await self.store.stat(attachment_id)
         meta = await self.store.granted(tenant, attachment_id)
@@ -88,7 +89,12 @@ class TenantReader:
         self.tenant = tenant
 
     async def read_image(self, attachment_id: str) -> StoredImage:
-        if not await self.visible.sees(self.tenant, attachment_id):
+        try:
+            seen = await self.visible.sees(self.tenant, attachment_id)
+        except TimeoutError:  # the lookup of this object's grant hung: a read of it that failed
+            raise AttachmentError(READ_FAILED, f"{READ_FAILED}: {short_id(attachment_id)} grant lookup timed out",
+                                  attachment_id=attachment_id) from None
+        if not seen:
             raise AttachmentError(NOT_FOUND, f"{NOT_FOUND}: {short_id(attachment_id)} not found",
                                   attachment_id=attachment_id)
         return await self.visible.cached.read_image(attachment_id)
