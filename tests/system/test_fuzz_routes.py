@@ -26,6 +26,7 @@ from structlog.testing import capture_logs
 
 from projectionist.proxy.http.app import create_app, open_log, open_store
 from projectionist.proxy.config import load_config
+from projectionist.proxy.http.services import ADMIN_APP
 
 EXAMPLES = int(os.environ.get("PROJECTIONIST_FUZZ_EXAMPLES", "300"))
 
@@ -113,16 +114,21 @@ def test_no_request_is_a_500_and_every_answered_one_leaves_one_json_log_line(tmp
                                   "upstreams.openai": {"format": "openai", "url": base},
                                   "upstreams.anthropic": {"format": "anthropic", "url": base},
                                   "upstreams.gemini": {"format": "gemini", "url": base}})
-    proxy = TestServer(create_app(config, store=open_store(config), log=open_log(config)), host="127.0.0.1")
+    app = create_app(config, store=open_store(config), log=open_log(config))
+    proxy = TestServer(app, host="127.0.0.1")
     loop.run_until_complete(proxy.start_server())
-    assert proxy.port is not None
+    console = TestServer(app[ADMIN_APP], host="127.0.0.1")  # the console's own listener
+    loop.run_until_complete(console.start_server())
+    assert proxy.port is not None and console.port is not None
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(requests)
     def check(request: tuple[str, str, dict[str, str], list[tuple[str, bytes]], bytes]) -> None:
         with capture_logs() as logs:
-            answer = loop.run_until_complete(exchange(proxy.port, wire(*request)))  # type: ignore[arg-type]
+            # a path under /admin goes to the console's listener (on the proxy's it is a plain 404)
+            port = console.port if request[1].startswith("/admin") else proxy.port
+            answer = loop.run_until_complete(exchange(port, wire(*request)))  # type: ignore[arg-type]
         status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.") else 0
         stats["requests"] += 1
         stats[f"{status // 100}xx"] += 1
@@ -136,6 +142,7 @@ def test_no_request_is_a_500_and_every_answered_one_leaves_one_json_log_line(tmp
     try:
         check()
     finally:
+        loop.run_until_complete(console.close())
         loop.run_until_complete(proxy.close())
         loop.run_until_complete(upstream.close())
         loop.close()

@@ -6,11 +6,15 @@ changes. On both backend pairs (filesystem + SQLite, S3 + PostgreSQL)."""
 from __future__ import annotations
 
 import base64
+import io
 from collections.abc import Awaitable, Callable
 import re
 from typing import Any
 
 import pytest
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as genai_types
 
 from projectionist.policy.errors import ProjectionistError
 from projectionist.proxy.config import load_config
@@ -190,3 +194,24 @@ def test_tenant_tokens_that_are_malformed_are_a_config_error() -> None:
     tenants = config.tenants({"PROJECTIONIST_TENANT_TOKENS": "a:t1,a:t2", "PROJECTIONIST_CLIENT_TOKENS": "k"})
     assert tenants["t1"] == tenants["t2"] == "a"
     assert re.fullmatch(r"key-[0-9a-f]{12}", tenants["k"])  # a digest: the name says nothing of the token
+
+
+@on_both
+@pytest.mark.filterwarnings("ignore:Inheritance class AiohttpClientSession:DeprecationWarning")
+async def test_a_gemini_upload_is_its_tenants_through_the_official_sdk(tenants: Harness) -> None:
+    """google-genai's resumable upload: the bytes go to the upload URL with no key, so the tenant
+    rides in the signed upload token; another tenant's ``files.get`` is a 404."""
+    png = make_image(width=4, height=4, color=81)
+
+    def client(key: str) -> Any:
+        options = genai_types.HttpOptions(base_url=str(tenants.client.make_url("")), api_version="v1beta")
+        return genai.Client(api_key=key, http_options=options).aio
+
+    async with client("tok-alice") as alice:
+        file = await alice.files.upload(file=io.BytesIO(png), config={"mime_type": "image/png", "display_name": "g.png"})
+        assert file.name is not None and (await alice.files.get(name=file.name)).display_name == "g.png"
+    async with client("tok-bob") as bob:
+        with pytest.raises(genai_errors.ClientError) as caught:
+            await bob.files.get(name=file.name)
+        assert caught.value.code == 404
+    assert await listed(tenants, ALICE) == {ref_id(png): "g.png"} and await listed(tenants, BOB) == {}
