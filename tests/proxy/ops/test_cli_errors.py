@@ -97,6 +97,29 @@ async def test_a_port_in_use_is_one_line_and_nothing_claims_to_listen(tmp_path: 
     one_line_error(rc, err, "LISTEN_FAILED", str(port))
 
 
+async def test_the_consoles_port_in_use_is_one_line_naming_the_console(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, _, err = await cli("serve", "--port", str(free_port()), "--admin-listen", f"127.0.0.1:{port}",
+                               "--data-dir", str(tmp_path / "d"))
+    assert '"listening"' not in err
+    one_line_error(rc, err, "LISTEN_FAILED", str(port), "console")
+
+
+async def test_a_malformed_admin_listen_names_the_flag(tmp_path: Path) -> None:
+    for value in ("8788", "host:99999", "a b:1"):
+        rc, _, err = await cli("serve", "--admin-listen", value, "--data-dir", str(tmp_path / "d"))
+        one_line_error(rc, err, "INVALID_CONFIG", "admin.listen")
+
+
+async def test_the_listening_line_names_the_consoles_own_address_port_plus_one() -> None:
+    port = free_port()
+    line = await serve_briefly(port=port)
+    assert line["port"] == port and line["admin"] == f"127.0.0.1:{port + 1}"
+
+
 @pytest.mark.parametrize("verb", [["events", "s"], ["quarantine", "s"], ["recover", "s", "sha256:" + "0" * 64],
                                   ["fork", "s", "t"], ["replay", "--session", "s"]])
 async def test_admin_verbs_name_an_empty_data_dir_and_create_nothing(tmp_path: Path, verb: list[str]) -> None:
@@ -161,10 +184,11 @@ async def test_an_api_key_env_that_is_not_set_is_one_line(tmp_path: Path) -> Non
     assert log["event"] == "listening"
 
 
-async def serve_briefly(*args: str, env: dict[str, str] | None = None) -> dict[str, object]:
-    """Start ``serve`` on a free port, return its ``listening`` line, stop it with SIGTERM."""
+async def serve_briefly(*args: str, env: dict[str, str] | None = None, port: int | None = None) -> dict[str, object]:
+    """Start ``serve`` on ``port`` (a free one), return its ``listening`` line, stop it with SIGTERM."""
+    port = port if port is not None else free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--port", str(free_port()), *args, cwd=ROOT, env=env,
+        sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--port", str(port), *args, cwd=ROOT, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     try:
