@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +14,7 @@ from aiohttp import web
 
 from projectionist.policy.errors import AttachmentError
 from projectionist.policy.model import StoredImage
-from projectionist.proxy.stores.base import AttachmentMeta, Store
+from projectionist.proxy.stores.base import AttachmentMeta, Store, UploadParts
 
 if TYPE_CHECKING:
     from tests.refusing import Script
@@ -216,6 +216,24 @@ class CountingStore:
 
     async def variants(self, attachment_id: str) -> dict[str, str]:
         return await self.inner.variants(attachment_id)
+
+    async def put_part(self, upload: str, offset: int, data: bytes) -> bool:
+        return await self.inner.put_part(upload, offset, data)
+
+    async def upload_parts(self, upload: str) -> UploadParts:
+        return await self.inner.upload_parts(upload)
+
+    async def read_parts(self, upload: str, parts: Sequence[tuple[int, int]]) -> bytes | None:
+        return await self.inner.read_parts(upload, parts)
+
+    async def close_upload(self, upload: str) -> bool:
+        return await self.inner.close_upload(upload)
+
+    async def drop_parts(self, upload: str) -> None:
+        await self.inner.drop_parts(upload)
+
+    async def sweep_uploads(self, opened_before: int) -> int:
+        return await self.inner.sweep_uploads(opened_before)
 
     async def start(self) -> None:  # the app's start-up warms the real store as it would in production
         start = getattr(self.inner, "start", None)

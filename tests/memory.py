@@ -25,7 +25,7 @@ from projectionist.policy.model import StoredImage, check_id
 from projectionist.policy.ports import StateRead
 from projectionist.proxy.sessionlog.base import SessionStats
 from projectionist.proxy.stores.admission import header_info
-from projectionist.proxy.stores.base import AttachmentMeta
+from projectionist.proxy.stores.base import AttachmentMeta, UploadParts, check_upload, upload_opened
 
 
 def image(data: bytes, media_type: str = "image/png", width: int = 4, height: int = 3) -> StoredImage:
@@ -39,6 +39,9 @@ class MemoryStore:
         self.images = {i.id: i for i in images}
         self.blobs: dict[str, bytes] = {}
         self.grants: dict[tuple[str, str], str | None] = {}
+        #: Uploads under way: name -> offset -> bytes, and the names closed.
+        self.parts: dict[str, dict[int, bytes]] = {}
+        self.closed: set[str] = set()
 
     async def read_image(self, attachment_id: str) -> StoredImage:
         check_id(attachment_id)
@@ -85,6 +88,39 @@ class MemoryStore:
 
     async def get_blob(self, blob_id: str) -> bytes | None:
         return self.blobs.get(blob_id)
+
+    async def put_part(self, upload: str, offset: int, data: bytes) -> bool:
+        parts = self.parts.setdefault(check_upload(upload), {})
+        if offset in parts:
+            return False
+        parts[offset] = data
+        return True
+
+    async def upload_parts(self, upload: str) -> UploadParts:
+        parts = self.parts.get(check_upload(upload), {})
+        return UploadParts(tuple(sorted((o, len(d)) for o, d in parts.items())), upload in self.closed)
+
+    async def read_parts(self, upload: str, parts: Sequence[tuple[int, int]]) -> bytes | None:
+        held = self.parts.get(check_upload(upload), {})
+        if any(len(held.get(offset, b"")) != size or offset not in held for offset, size in parts):
+            return None
+        return b"".join(held[offset] for offset, _ in parts)
+
+    async def close_upload(self, upload: str) -> bool:
+        if check_upload(upload) in self.closed:
+            return False
+        self.closed.add(upload)
+        return True
+
+    async def drop_parts(self, upload: str) -> None:
+        self.parts.pop(check_upload(upload), None)
+
+    async def sweep_uploads(self, opened_before: int) -> int:
+        expired = {n for n in self.parts.keys() | self.closed if (upload_opened(n) or 0) < opened_before}
+        for name in expired:
+            self.parts.pop(name, None)
+            self.closed.discard(name)
+        return len(expired)
 
     async def ping(self) -> None:
         pass

@@ -10,7 +10,9 @@ On a ``gemini``-format upstream (also under ``/u/{name}/``):
   origin the request reached). Anything else (other types, larger files, other upload protocols)
   is forwarded unchanged: the bytes then go to Google.
 - The SDK sends the bytes there (``upload`` at an offset, ``upload, finalize`` with the last
-  chunk; ``query`` and ``cancel`` are answered too). Finalizing admits them like every other upload
+  chunk; ``query`` and ``cancel`` are answered too), to any worker or replica: each chunk but the
+  last is a part in the store, where every process finds it (``http.resumable``), so ``query``
+  and the offsets are checked against what every process received. Finalizing admits them like every other upload
   (magic bytes decide, the declared type must agree, the store's limits apply) and answers
   ``{"file": File}``: ``name`` ``files/sha256-<hex>``, ``uri`` the ``attachment:`` reference, which
   the SDK sends as ``file_data.file_uri`` when the ``File`` is passed in ``contents``. The type
@@ -118,8 +120,13 @@ async def _start(request: web.Request, media_type: str, size: int) -> web.Respon
     owner = hashlib.sha256("\0".join([*request.headers.getall("x-goog-api-key", ()),
                                        *request.headers.getall("Authorization", ()),
                                        *request.query.getall("key", ())]).encode("utf-8", "surrogateescape")).hexdigest()
-    token = request.app[SERVICES].uploads.open(media_type, size, clean_name(name if isinstance(name, str) else None),
-                                               owner, context(request).tenant)
+    services = request.app[SERVICES]
+    uploads = services.uploads
+    if uploads.sweep_due():  # expired uploads' parts and markers, off the request
+        services.background(uploads.sweep(services.store))
+    await uploads.reclaim(services.store, size, owner)
+    token = uploads.open(media_type, size, clean_name(name if isinstance(name, str) else None), owner,
+                         context(request).tenant)
     context(request).fields.update(files="upload_started")
     path = request.app.router["gemini.upload"].url_for(token=token)
     public = request.app[SERVICES].config.server.public_url  # where clients reach us, when configured
@@ -143,18 +150,21 @@ async def upload(request: web.Request) -> web.StreamResponse:
 
 
 async def _chunk(request: web.Request) -> web.Response:
-    uploads = request.app[SERVICES].uploads
+    services = request.app[SERVICES]
+    uploads, store = services.uploads, services.store
     token = request.match_info["token"]
-    upload = uploads.get(token)
+    uploads.get(token)  # a URL that was never an upload here: 404 before anything else
     commands = {c.strip().lower() for c in request.headers.get("X-Goog-Upload-Command", "").split(",")}
-    received = len(upload.data)
     if "cancel" in commands:
-        uploads.close(token)
+        await uploads.cancel(store, token)
         return web.Response(headers={STATUS: "cancelled"})
+    if "query" not in commands and (not commands <= {"upload", "finalize"} or not commands):
+        raise InvalidRequest("X-Goog-Upload-Command must be upload, finalize, query or cancel", code="INVALID_UPLOAD")
+    upload, parts = await uploads.held(store, token)  # what every process has received of it
+    received = parts.size
     if "query" in commands:
         return web.Response(headers={STATUS: "active", "X-Goog-Upload-Size-Received": str(received)})
-    if not commands <= {"upload", "finalize"} or not commands:
-        raise InvalidRequest("X-Goog-Upload-Command must be upload, finalize, query or cancel", code="INVALID_UPLOAD")
+    chunk = b""
     if "upload" in commands:
         offset = request.headers.get("X-Goog-Upload-Offset", str(received))
         length = request.content_length
@@ -167,19 +177,22 @@ async def _chunk(request: web.Request) -> web.Response:
             raise InvalidRequest("another chunk of this upload is being received", code="INVALID_UPLOAD")
         upload.receiving = True
         try:
-            upload.data += await request.content.readexactly(length)  # at most the declared size
+            chunk = await request.content.readexactly(length)  # at most the declared size
+            if "finalize" not in commands:  # a part in the store; the last chunk is only joined to them
+                received = await uploads.receive(store, upload, parts, chunk)
         except asyncio.IncompleteReadError:
             raise InvalidRequest("the chunk ended before its Content-Length", code="INVALID_UPLOAD") from None
         finally:
             upload.receiving = False
     if "finalize" not in commands:
-        return web.Response(headers={STATUS: "active", "X-Goog-Upload-Size-Received": str(len(upload.data))})
-    uploads.close(token)  # one upload per URL, whatever admission says
-    if len(upload.data) != upload.size:
-        raise InvalidRequest(f"the upload declared {upload.size} bytes and sent {len(upload.data)}",
-                             code="INVALID_UPLOAD")
-    visible = request.app[SERVICES].visible
-    image = await visible.admit(upload.tenant, bytes(upload.data), upload.media_type, name=upload.name)
+        return web.Response(headers={STATUS: "active", "X-Goog-Upload-Size-Received": str(received)})
+    data = await uploads.finish(store, token, upload, parts, chunk)  # closed now, whatever admission says
+    visible = services.visible
+    try:
+        image = await visible.admit(upload.tenant, data, upload.media_type, name=upload.name)
+    finally:
+        if parts.parts:
+            await uploads.drop(store, upload)
     context(request).fields.update(files="admitted", attachment=image.id[:15])
     meta = await visible.stat(upload.tenant, image.id) or AttachmentMeta(image.id, image.media_type, image.bytes, image.width,
                                                         image.height, upload.name)

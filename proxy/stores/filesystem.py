@@ -4,7 +4,10 @@ Content-addressed: ``objects/<hex[:2]>/<hex>`` holds the bytes, ``<hex>.json`` b
 admission record. Publishing is atomic and durable (temp file, fsync, rename, directory fsync);
 every read verifies digest, record and header. The variant index keeps one small file per original
 and target, ``variants/<hex[:2]>/<hex>/<target>``, holding the variant's id; a tenant's grants,
-``grants/<tenant>/<hex>``, say what it admitted (``stores.tenancy``). All blocking work runs on a dedicated thread pool.
+``grants/<tenant>/<hex>``, say what it admitted (``stores.tenancy``). The chunks of an upload under
+way (``http.resumable``) are ``uploads/<name>/<offset>`` (twelve digits), published with a hard link so
+that of racing chunks at one offset exactly one is written, beside ``closed`` once it finished or
+was cancelled; every worker on the machine reads the same ones. All blocking work runs on a dedicated thread pool.
 Every filesystem call the store makes is counted in ``ops`` (``projectionist_store_operations_total``).
 """
 
@@ -31,7 +34,15 @@ from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import Lane
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.stores.base import LIST_MAX, AttachmentMeta, check_target, is_valid_target
+from projectionist.proxy.stores.base import (
+    LIST_MAX,
+    AttachmentMeta,
+    UploadParts,
+    check_target,
+    check_upload,
+    is_valid_target,
+    upload_opened,
+)
 
 #: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
@@ -41,6 +52,12 @@ UNAVAILABLE: Final = "STORE_UNAVAILABLE"
 #: An object's file name (its records end in ``.json``, temp files start with ``.``).
 _HEX: Final = re.compile(r"[0-9a-f]{64}")
 _SHARD: Final = re.compile(r"[0-9a-f]{2}")
+#: A part of an upload under way: its offset, twelve digits (``uploads/<name>/<offset>``).
+_OFFSET: Final = re.compile(r"[0-9]{12}")
+#: The marker of an upload that finished or was cancelled (``uploads/<name>/closed``).
+_CLOSED: Final = "closed"
+#: The most expired uploads one ``sweep_uploads`` call removes.
+SWEEP_MAX: Final = 256
 
 _T = TypeVar("_T")
 #: Told the name of each filesystem call as it is made (``OpCounter.add``).
@@ -323,6 +340,50 @@ class FilesystemStore:
         except OSError as exc:
             raise Unavailable(f"{code}: variant index {kind} failed ({_errname(exc)})", code=code) from None
 
+    # -- uploads under way (``http.resumable``) ----------------------------------------------------
+
+    def _upload_dir(self, upload: str) -> Path:
+        return self.root / "uploads" / check_upload(upload)
+
+    async def put_part(self, upload: str, offset: int, data: bytes) -> bool:
+        """Publish one chunk of ``upload`` at ``offset`` unless a part is there (False then)."""
+        if not 0 <= offset < 10**12:
+            raise ValueError(f"invalid part offset {offset}")
+        return await self._uploads(partial(self._put_part_sync, self._upload_dir(upload), offset, data), "write")
+
+    async def upload_parts(self, upload: str) -> UploadParts:
+        """One listing of ``upload``'s directory: its parts (a stat each) and its closed marker."""
+        return await self._uploads(partial(self._upload_parts_sync, self._upload_dir(upload)), "read")
+
+    async def read_parts(self, upload: str, parts: Sequence[tuple[int, int]]) -> bytes | None:
+        """The bytes of ``parts`` in order; None when one is gone or is not the size named."""
+        return await self._uploads(partial(self._read_parts_sync, self._upload_dir(upload), tuple(parts)), "bytes")
+
+    async def close_upload(self, upload: str) -> bool:
+        """Create ``upload``'s closed marker (``O_EXCL``); False when it was closed already."""
+        return await self._uploads(partial(self._close_upload_sync, self._upload_dir(upload)), "write")
+
+    async def drop_parts(self, upload: str) -> None:
+        """Remove ``upload``'s parts; its closed marker stays (until ``sweep_uploads``)."""
+        await self._uploads(partial(self._drop_parts_sync, self._upload_dir(upload)), "write")
+
+    async def sweep_uploads(self, opened_before: int) -> int:
+        """Remove every file of up to ``SWEEP_MAX`` uploads opened before ``opened_before``
+        (names sort by age: the walk stops at the first younger one); how many it removed."""
+        return await self._uploads(partial(self._sweep_sync, opened_before), "write")
+
+    async def _uploads(self, fn: Callable[[], _T], kind: str) -> _T:
+        """Run an upload operation on its lane (listings with the stamps, parts' bytes with the
+        reads, writes with the writes); an OS fault or a timeout is a retryable ``Unavailable``."""
+        lane = {"write": self.writes, "read": self.stamp_lane, "bytes": self.reads}[kind]
+        code = WRITE_FAILED if kind == "write" else UNAVAILABLE
+        try:
+            return await lane.run(fn)
+        except TimeoutError:
+            raise Unavailable(f"{code}: upload parts {kind} timed out", code=code) from None
+        except OSError as exc:
+            raise Unavailable(f"{code}: upload parts {kind} failed ({_errname(exc)})", code=code) from None
+
     async def start(self) -> None:
         """Start-up: the read and stamp lanes' threads now, so a process's first request does not
         start them."""
@@ -578,6 +639,114 @@ class FilesystemStore:
             return {}
         found = {name: self._entry_at(directory / name) for name in names if is_valid_target(name)}
         return {name: entry for name, entry in found.items() if entry is not None}
+
+    def _put_part_sync(self, directory: Path, offset: int, data: bytes) -> bool:
+        _ensure_dir(directory, self._count)
+        name = f"{offset:012d}"
+        self._count("write")  # create, write and fsync the temp file
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                self._count("link")
+                os.link(tmp, directory / name)  # fails if the part exists: one of racing chunks wins
+            except FileExistsError:
+                return False
+        finally:
+            with suppress(FileNotFoundError):
+                os.unlink(tmp)
+        _fsync_dir(directory, self._count)
+        return True
+
+    def _upload_parts_sync(self, directory: Path) -> UploadParts:
+        try:
+            self._count("list")
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return UploadParts()
+        parts = []
+        for name in names:
+            if _OFFSET.fullmatch(name):
+                try:
+                    self._count("stat")
+                    parts.append((int(name), os.stat(directory / name).st_size))
+                except FileNotFoundError:
+                    continue  # dropped since the listing
+        return UploadParts(tuple(sorted(parts)), _CLOSED in names)
+
+    def _read_parts_sync(self, directory: Path, parts: tuple[tuple[int, int], ...]) -> bytes | None:
+        chunks = []
+        for offset, size in parts:
+            try:
+                data = self._read_file(directory / f"{offset:012d}")
+            except FileNotFoundError:
+                return None
+            if len(data) != size:
+                return None
+            chunks.append(data)
+        return b"".join(chunks)
+
+    def _close_upload_sync(self, directory: Path) -> bool:
+        _ensure_dir(directory, self._count)
+        try:
+            self._count("write")
+            fd = os.open(directory / _CLOSED, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return False
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(directory, self._count)
+        return True
+
+    def _drop_parts_sync(self, directory: Path) -> None:
+        try:
+            self._count("list")
+            names = [n for n in os.listdir(directory) if _OFFSET.fullmatch(n)]
+        except FileNotFoundError:
+            return
+        for name in names:
+            with suppress(FileNotFoundError):
+                self._count("unlink")
+                os.unlink(directory / name)
+        if names:
+            _fsync_dir(directory, self._count)
+
+    def _sweep_sync(self, opened_before: int) -> int:
+        area = self.root / "uploads"
+        try:
+            self._count("list")
+            names = sorted(os.listdir(area))
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for name in names:
+            opened = upload_opened(name)
+            if opened is None:
+                continue
+            if opened >= opened_before or removed == SWEEP_MAX:
+                break
+            directory = area / name
+            try:
+                self._count("list")
+                entries = os.listdir(directory)
+            except FileNotFoundError:
+                continue  # another worker swept it meanwhile
+            for entry in entries:
+                with suppress(FileNotFoundError):
+                    self._count("unlink")
+                    os.unlink(directory / entry)
+            with suppress(OSError):  # not empty: a chunk came meanwhile; next sweep
+                self._count("rmdir")
+                directory.rmdir()
+            removed += 1
+        if removed:
+            _fsync_dir(area, self._count)
+        return removed
 
     def _drop_variants(self, hex_digest: str) -> None:
         """Remove an original's index entries (its variants are objects in their own right: they

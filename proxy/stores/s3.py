@@ -13,6 +13,12 @@ The variant index is one small object per original and target, ``{prefix}variant
 which AWS S3 and SeaweedFS honour atomically) and replaced only with ``If-Match`` on the stale
 entry's ETag. A bucket that ignored those headers would let racing replicas overwrite each other
 (each still gets a variant that fits; the index keeps the last).
+
+The chunks of an upload under way (``http.resumable``) are ``{prefix}uploads/<name>/<offset>``
+(twelve digits) beside ``{prefix}uploads/<name>/closed`` once it finished or was cancelled, both
+created with ``If-None-Match: *`` (of racing chunks at one offset, or racing finalizes, one wins on
+every replica); one listing of ``<name>/`` answers what was received. Names begin with the second
+the upload was opened, so the expired ones list first and a sweep reads one page.
 """
 
 from __future__ import annotations
@@ -39,7 +45,16 @@ from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import AsyncLane, Busy, Lane
 from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.stores.base import LIST_MAX, AttachmentMeta, check_target, is_valid_target
+from projectionist.proxy.stores.base import (
+    LIST_MAX,
+    PARTS_MAX,
+    AttachmentMeta,
+    UploadParts,
+    check_target,
+    check_upload,
+    is_valid_target,
+    upload_opened,
+)
 
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
 CHUNK: Final = 256 * 1024
@@ -52,6 +67,9 @@ _LOST_RACE: Final = ("PreconditionFailed", "412", "ConditionalRequestConflict")
 _ENTRY_MAX: Final = 1024
 _FAULTS: Final = (botocore.exceptions.BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
 _HEX: Final = re.compile(r"[0-9a-f]{64}")
+#: A part of an upload under way: its offset, twelve digits (``uploads/<name>/<offset>``).
+_OFFSET: Final = re.compile(r"[0-9]{12}")
+_CLOSED: Final = "closed"
 _T = TypeVar("_T")
 #: S3 operations by their HTTP verb (the rest are counted by their own name, lowercased).
 _VERBS: Final = {"GetObject": "get", "HeadObject": "head", "PutObject": "put", "DeleteObject": "delete",
@@ -517,6 +535,125 @@ class S3Store:
                 return False
             raise
         return True
+
+    # -- uploads under way (``http.resumable``) ----------------------------------------------------
+
+    def upload_key(self, upload: str) -> str:
+        """The key prefix of one upload's parts and marker, ``uploads/<name>/``."""
+        return f"{self.prefix}uploads/{check_upload(upload)}/"
+
+    async def _put_new(self, key: str, body: bytes) -> bool:
+        """Create ``key`` unless it exists (``If-None-Match: *``): False when it did."""
+        async def put() -> bool:
+            try:
+                await (await self.client()).put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
+            except botocore.exceptions.ClientError as exc:
+                if _fault(exc) in _LOST_RACE:
+                    return False
+                raise
+            return True
+
+        try:
+            return await self.writes.run(put)
+        except Exception as exc:
+            raise _write_failed(exc, "upload part could not be written") from None
+
+    async def put_part(self, upload: str, offset: int, data: bytes) -> bool:
+        """Put one chunk of ``upload`` at ``offset`` unless a part is there (False then)."""
+        if not 0 <= offset < 10**12:
+            raise ValueError(f"invalid part offset {offset}")
+        return await self._put_new(f"{self.upload_key(upload)}{offset:012d}", data)
+
+    async def close_upload(self, upload: str) -> bool:
+        """Put ``upload``'s closed marker unless it is there (False then: closed already)."""
+        return await self._put_new(self.upload_key(upload) + _CLOSED, b"")
+
+    async def upload_parts(self, upload: str) -> UploadParts:
+        """One ``ListObjectsV2`` of ``uploads/<name>/``: its parts' offsets and sizes, and its marker."""
+        prefix = self.upload_key(upload)
+
+        async def fetch() -> UploadParts:
+            listing = await (await self.client()).list_objects_v2(Bucket=self.bucket, Prefix=prefix,
+                                                                  MaxKeys=PARTS_MAX * 2)
+            parts, closed = [], False
+            for item in listing.get("Contents") or ():
+                name = str(item["Key"])[len(prefix):]
+                if _OFFSET.fullmatch(name):
+                    parts.append((int(name), int(item.get("Size", 0))))
+                closed = closed or name == _CLOSED
+            return UploadParts(tuple(sorted(parts)), closed)
+
+        return await _unless_missing(self.stamp_lane.run(fetch)) or UploadParts()
+
+    async def read_parts(self, upload: str, parts: Sequence[tuple[int, int]]) -> bytes | None:
+        """The bytes of ``parts`` in order; None when one is gone or is not the size named (its
+        ``Content-Length`` is checked before a byte is read)."""
+        prefix = self.upload_key(upload)
+        wanted = tuple(parts)
+
+        async def fetch() -> bytes | None:
+            client = await self.client()
+            chunks = []
+            for offset, size in wanted:
+                response = await client.get_object(Bucket=self.bucket, Key=f"{prefix}{offset:012d}")
+                async with response["Body"] as body:
+                    if int(response.get("ContentLength", -1)) != size:
+                        return None
+                    data: bytes = await body.read()
+                if len(data) != size:
+                    return None
+                chunks.append(data)
+            return b"".join(chunks)
+
+        return await _unless_missing(self.reads.run(fetch))
+
+    async def _delete_keys(self, client: Any, keys: Sequence[str]) -> None:
+        for start in range(0, len(keys), 1000):  # one DeleteObjects per thousand keys
+            batch = [{"Key": key} for key in keys[start:start + 1000]]
+            await client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+
+    async def drop_parts(self, upload: str) -> None:
+        """Remove ``upload``'s parts; its closed marker stays (until ``sweep_uploads``)."""
+        prefix = self.upload_key(upload)
+
+        async def drop() -> None:
+            client = await self.client()
+            listing = await client.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=PARTS_MAX * 2)
+            keys = [str(item["Key"]) for item in listing.get("Contents") or ()]
+            await self._delete_keys(client, [k for k in keys if _OFFSET.fullmatch(k[len(prefix):])])
+
+        try:
+            await self.writes.run(drop)
+        except Exception as exc:
+            raise _write_failed(exc, "upload parts could not be dropped") from None
+
+    async def sweep_uploads(self, opened_before: int) -> int:
+        """Remove the keys of uploads opened before ``opened_before``: one page of the uploads'
+        area (names sort by age, so the expired come first; the walk stops at a younger one)
+        and one ``DeleteObjects``; how many uploads it removed keys of."""
+        area = f"{self.prefix}uploads/"
+
+        async def sweep() -> int:
+            client = await self.client()
+            listing = await client.list_objects_v2(Bucket=self.bucket, Prefix=area, MaxKeys=1000)
+            keys, names = [], set()
+            for item in listing.get("Contents") or ():
+                key = str(item["Key"])
+                name = key[len(area):].split("/", 1)[0]
+                opened = upload_opened(name)
+                if opened is None:
+                    continue
+                if opened >= opened_before:
+                    break
+                keys.append(key)
+                names.add(name)
+            await self._delete_keys(client, keys)
+            return len(names)
+
+        try:
+            return await self.writes.run(sweep)
+        except Exception as exc:
+            raise _write_failed(exc, "expired uploads could not be swept") from None
 
 
 def _fault(exc: BaseException) -> str | None:
