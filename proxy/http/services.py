@@ -57,7 +57,7 @@ class Services:
     variants: Variants = field(init=False)
     #: What each upstream format accepted in each session (for attributing a refusal).
     acceptances: Acceptances = field(init=False)
-    #: Gemini resumable uploads under way on this replica.
+    #: Gemini resumable uploads opened on this process (their bytes are in the store: any process finishes them).
     uploads: Uploads = field(init=False)
 
     def __post_init__(self) -> None:
