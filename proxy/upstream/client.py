@@ -6,11 +6,21 @@ call; ``relay.client_error`` remains the one place its errors become ``UpstreamE
 Errors: ``ClientError`` (``ConnectError``, ``ServerDisconnected``, ``ResponseError`` for malformed
 framing, ``PayloadError`` for a cut body, ``RequestBodyError``) and ``TimeoutError``
 (``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout`` for a streamed body the server stopped
-reading). A request written to a reused idle connection that the server closes before any byte
-of an answer is sent once more on a fresh connection when its method is idempotent (as aiohttp
-did; a POST the server may have read is never sent twice: the client gets a 502 and its own retry
-policy decides), and never a streamed body already begun; the same close on a fresh connection is
-an error.
+reading).
+
+A connection is reused only when its answer ended where its framing said and nothing followed:
+bytes after that end (in the same read, or later while it sits in the pool), a body on an answer
+to HEAD or on a 204/304, or an answer whose head came while bytes of the request were still on
+this side (in the transport's buffer, or on Linux unacknowledged in the kernel's: the server
+answered before reading all of it, and what it makes of the rest is unknown) each close it, so
+none of them can become the next request's answer. What HTTP/1.1 cannot tell stays: a body the
+server's kernel received and the server never read, or a stray answer sent after the next request
+went out. (Empty lines after an answer's end are skipped by llhttp and leave nothing behind.)
+
+A request written to a reused idle connection that the server closes before any byte of an answer
+is sent once more on a fresh connection when its method is idempotent (as aiohttp did; a POST the
+server may have read is never sent twice: the client gets a 502 and its own retry policy decides),
+and never a streamed body already begun; the same close on a fresh connection is an error.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import select
 import ssl
+import sys
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Final
 
@@ -41,6 +52,24 @@ _NO_LENGTH: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _DEFAULT_PORT: Final = {"http": 80, "https": 443}
 #: Methods sent once more after a reused connection closed before answering (RFC 9110 §9.2.2).
 IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+
+
+if sys.platform == "linux":
+    import fcntl
+    import termios
+
+    _NONE_QUEUED: Final = bytes(4)
+
+    def _queued(fd: int) -> bool:
+        """Whether the socket's send queue holds bytes its peer has not acknowledged (``TIOCOUTQ``)."""
+        try:
+            return fcntl.ioctl(fd, termios.TIOCOUTQ, _NONE_QUEUED) != _NONE_QUEUED
+        except OSError:
+            return False
+else:
+    def _queued(fd: int) -> bool:
+        """Elsewhere the kernel's queue is not asked: only the transport's own buffer is."""
+        return False
 
 
 class ClientError(Exception):
@@ -127,6 +156,15 @@ class _Connection(asyncio.Protocol):
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 
+    def unsent(self) -> bool:
+        """Whether bytes of the request are still on this side: in the transport's buffer, or in
+        the kernel's send queue unacknowledged (the server's kernel had not received them when it
+        sent what we read: its own read of the request had not reached them)."""
+        transport = self.transport
+        if transport is None:
+            return False
+        return bool(transport.get_write_buffer_size()) or (self.fd >= 0 and _queued(self.fd))
+
     @property
     def answered(self) -> bool:
         """The answer's head arrived (early, maybe: before the request body was all sent)."""
@@ -163,9 +201,9 @@ class Response:
     __slots__ = ("status", "reason", "headers", "content_length", "content_type", "_conn", "_loop", "_parser",
                  "_head_only", "_raw", "_reason", "_head", "_head_ready", "_interim", "_switching", "_buffer", "_size",
                  "_waiter", "_done", "_error", "_keep_alive", "_until_eof", "_paused", "_any_byte", "_released", "_body",
-                 "_read_timeout", "_timer", "_last", "_head_bytes")
+                 "_read_timeout", "_timer", "_last", "_head_bytes", "_has_body")
 
-    def __init__(self, conn: _Connection, method: str, read_timeout: float) -> None:
+    def __init__(self, conn: _Connection, method: str, read_timeout: float, has_body: bool = False) -> None:
         self.status = 0
         self.reason = ""
         self.headers: CIMultiDictProxy[str] = _EMPTY
@@ -196,6 +234,7 @@ class Response:
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0
         self._head_bytes = 0
+        self._has_body = has_body
 
     @property
     def content(self) -> Response:
@@ -285,6 +324,10 @@ class Response:
                 self._fail(ResponseError(f"the response head is over {MAX_HEAD} bytes"))
                 return
         if self._head_ready and not self._head.done():
+            if self._has_body and self._conn.unsent():
+                # answered before the request was all out (an early 413, a 401 from the head): the
+                # server did not read the rest, and what it makes of it on this connection is unknown
+                self._keep_alive = False
             self._head.set_result(None)
             self._conn._wake_writer()  # a request body still being written stops: it was answered
         if self._done:
@@ -485,7 +528,7 @@ class Client:
             reused = conn is not None
             if conn is None:
                 conn = await self._connect(origin)
-            answer = Response(conn, method, self.read_timeout)
+            answer = Response(conn, method, self.read_timeout, data is not None)
             conn.answer = answer
             began = [False]
             try:
