@@ -2,7 +2,10 @@
 view — bearer-token guarded (proxy layer).
 
 The same operations back the ``projectionist events|recover|fork`` CLI verbs. Decisions stay in
-``policy``: recovery appends only after a verified read, under the session's lock.
+``policy``: recovery appends only after a verified read, under the session's lock. A session
+exists once its log holds an event: the summary, events and quarantine view of one that holds
+none are 404 ``SESSION_NOT_FOUND`` (the CLI's exit 1 with that code), told by the read itself (an
+empty read from seq 0, a fold at seq 0), or for an empty read past ``?after=`` by the log's index.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from projectionist.policy.errors import InvalidRequest, NotFound, Unauthorized
 from projectionist.policy.events import Event
 from projectionist.policy.fold import SessionState
 from projectionist.policy.model import check_id, check_scoped_session
+from projectionist.policy.ports import SessionLog
 from projectionist.policy.projection import recover, refresh
 from projectionist.proxy.http.bodies import read_body
 from projectionist.proxy.http.middleware import Handler, context
 from projectionist.proxy.http.services import SERVICES, Services
+from projectionist.proxy.sessionlog.base import Log
 from projectionist.proxy.sessionlog.summary import summaries, summary
 from projectionist.proxy.upstream.replay import rebuild, send_and_compare
 from projectionist.proxy.http.params import natural
@@ -38,6 +43,29 @@ def quarantine_view(session_id: str, state: SessionState) -> dict[str, Any]:
 
 def events_view(session_id: str, events: list[Event]) -> dict[str, Any]:
     return {"session": session_id, "events": events}
+
+
+def no_session(session_id: str) -> NotFound:
+    return NotFound(f"no session {session_id!r}", code="SESSION_NOT_FOUND")
+
+
+async def session_events(log: SessionLog, index: Log, session_id: str, after: int = 0) -> list[Event]:
+    """The events of ``session_id`` past ``after``; ``SESSION_NOT_FOUND`` when its log holds none
+    at all. One read: only a read past ``after`` > 0 that finds nothing asks ``index`` (the log's
+    own, ``session_stats``) whether the session has events up to it (then it is ``[]``)."""
+    events = await log.read(session_id, after)
+    if not events and (after == 0 or not await index.session_stats(session_id)):
+        raise no_session(session_id)
+    return events
+
+
+async def session_state(log: SessionLog, session_id: str) -> SessionState:
+    """The fold of ``session_id``; ``SESSION_NOT_FOUND`` when its log holds no event (the read's
+    last seq is 0)."""
+    state = await refresh(log, session_id)
+    if state.last_seq == 0:
+        raise no_session(session_id)
+    return state
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
@@ -86,23 +114,26 @@ async def get_session(request: web.Request) -> web.StreamResponse:
     sid = request.match_info["sid"]
     found = await summary(request.app[SERVICES].log, sid)
     if found is None:
-        raise NotFound(f"no session {sid!r}", code="SESSION_NOT_FOUND")
+        raise no_session(sid)
     return _json(found)
 
 
 async def get_events(request: web.Request) -> web.StreamResponse:
+    """The session's events past ``?after=N`` (404 ``SESSION_NOT_FOUND`` when it holds none at
+    all; ``[]`` for a session with nothing past N)."""
     app = request.app[SERVICES]
     sid = request.match_info["sid"]
     after = natural(request.query.get("after", "0"))
     if after is None or not after < 2**62:
         raise InvalidRequest("'after' must be a non-negative integer", code="INVALID_QUERY")
-    return _json(events_view(sid, await app.log.read(sid, after)))
+    return _json(events_view(sid, await session_events(app.log, app.log.inner, sid, after)))
 
 
 async def get_quarantine(request: web.Request) -> web.StreamResponse:
+    """What is quarantined in the session (404 ``SESSION_NOT_FOUND`` when it holds no event)."""
     app = request.app[SERVICES]
     sid = request.match_info["sid"]
-    return _json(quarantine_view(sid, await refresh(app.log, sid)))
+    return _json(quarantine_view(sid, await session_state(app.log, sid)))
 
 
 async def post_recover(request: web.Request) -> web.StreamResponse:

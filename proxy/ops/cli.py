@@ -2,7 +2,9 @@
 sessions|timeline|events|quarantine|recover|fork|replay (proxy layer).
 
 Admin verbs work directly on the configured store and log (the log's conditional append makes
-that safe next to a running server), so they need no token and no running proxy.
+that safe next to a running server), so they need no token and no running proxy. ``timeline``,
+``events`` and ``quarantine`` of a session whose log holds no event exit 1 with
+``SESSION_NOT_FOUND``, as the admin API answers 404.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
+from projectionist.policy.errors import InvalidRequest, ProjectionistError
 from projectionist.policy.model import check_id, check_scoped_session
-from projectionist.policy.projection import recover, refresh
-from projectionist.proxy.http.admin import events_view, quarantine_view
+from projectionist.policy.projection import recover
+from projectionist.proxy.http.admin import events_view, quarantine_view, session_events, session_state
 from projectionist.proxy.http.app import open_log, open_store
 from projectionist.proxy.config import Config, Format, load_config, parse_upstream_spec, with_upstreams
 from projectionist.proxy.ops.serve import StartupError, serve
@@ -32,7 +34,7 @@ from projectionist.proxy.observe.logger import setup_logging
 from projectionist.proxy.ops.tables import sessions_table, timeline_table
 from projectionist.proxy.sessionlog.base import Log
 from projectionist.proxy.sessionlog.cached import CachedLog
-from projectionist.proxy.sessionlog.summary import summaries, summary
+from projectionist.proxy.sessionlog.summary import summaries
 from projectionist.proxy.stores.base import Store
 
 T = TypeVar("T")
@@ -233,11 +235,7 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
         return 0
 
     async def timeline(store: Store, log: Log) -> int:
-        events = await log.read(session, args.after)
-        if not events and (args.after == 0
-                           or await summary(CachedLog(log, checkpoint_every=READ_ONLY), session) is None):
-            # as GET /admin/sessions/{sid} answers 404: exit 1 with the code
-            raise NotFound(f"no session {session!r}", code="SESSION_NOT_FOUND")
+        events = await session_events(log, log, session, args.after)
         if args.json:
             _print_json(events_view(session, events))
         else:
@@ -245,11 +243,11 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
         return 0
 
     async def events(store: Store, log: Log) -> int:
-        _print_json(events_view(session, await log.read(session, args.after)))
+        _print_json(events_view(session, await session_events(log, log, session, args.after)))
         return 0
 
     async def quarantine(store: Store, log: Log) -> int:
-        _print_json(quarantine_view(session, await refresh(log, session)))
+        _print_json(quarantine_view(session, await session_state(log, session)))
         return 0
 
     async def recover_verb(store: Store, log: Log) -> int:
