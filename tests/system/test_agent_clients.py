@@ -40,7 +40,7 @@ from projectionist.proxy.http.app import create_app, open_log, open_store
 from projectionist.proxy.http.services import SERVICES
 from tests.agent_upstream import ANSWER, ScriptedUpstream, Seen
 from tests.agents import CLAUDE_CODE_VERSIONS, CODEX_VERSION, claude_code, codex, codex_config, run_agent
-from tests.conftest import ADMIN, Harness
+from tests.conftest import ADMIN, Harness, routed_client
 from tests.fakes import CountingStore
 from tests.imaging import make_image, ref_id
 
@@ -77,8 +77,8 @@ def make_proxy(aiohttp_client: Any, make_config: Callable[..., Config], scripted
                                 "upstreams.anthropic": {"format": "anthropic", "url": scripted.url},
                                 "upstreams.openai": {"format": "openai", "url": scripted.url}, **overrides})
         store = CountingStore(open_store(config))
-        client = await aiohttp_client(create_app(config, store=store, log=open_log(config)),
-                                      server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
+        client = await routed_client(aiohttp_client, create_app(config, store=store, log=open_log(config)),
+                                     server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
         assert str(client.make_url("")).rstrip("/") == public
         return Harness(client, store, None)  # type: ignore[arg-type]  # the upstream is `scripted`
     return make

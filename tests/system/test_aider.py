@@ -33,7 +33,7 @@ from projectionist.proxy.http.app import create_app, open_log, open_store
 from projectionist.proxy.http.services import SERVICES
 from tests.aider import AiderRun, run_aider
 from tests.agent_upstream import ANSWER, ScriptedUpstream, Seen, Trap
-from tests.conftest import ADMIN, Harness
+from tests.conftest import ADMIN, Harness, routed_client
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image
 from tests.refusing import OPENAI_MESSAGE
@@ -110,8 +110,8 @@ def make_proxy(aiohttp_client: Any, make_config: Callable[..., Config], upstream
             "upstreams.openai": {"format": "openai", "url": scripted.url},
             "upstreams.anthropic": {"format": "anthropic", "url": scripted.url}, **overrides})
         store = CountingStore(open_store(config))
-        client = await aiohttp_client(create_app(config, store=store, log=open_log(config)),
-                                      server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
+        client = await routed_client(aiohttp_client, create_app(config, store=store, log=open_log(config)),
+                                     server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
         return Harness(client, store, upstream)
     return make
 

@@ -31,9 +31,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from projectionist.policy.errors import READ_FAILED, AttachmentError
 from projectionist.proxy.http.app import create_app, open_store
+from projectionist.proxy.http.services import ADMIN_APP
 from projectionist.proxy.config import Config, load_config, with_upstreams
 from projectionist.proxy.upstream.replay import rebuild
 from projectionist.proxy.http.services import SERVICES
+from tests.conftest import Routed
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image, ref_id
 
@@ -113,20 +115,25 @@ class World:
 
     def __init__(self, config: Config, upstream: FakeUpstream, faults: Faults) -> None:
         self.config, self.upstream, self.faults = config, upstream, faults
-        self.clients: list[TestClient[Any, Any]] = []
+        self.clients: list[Any] = []
         self.session = SESSION
 
-    async def app(self) -> TestClient[Any, Any]:
+    async def app(self) -> Any:
         store = CountingStore(open_store(self.config))
         store.script = self.faults.script
-        client: TestClient[Any, Any] = TestClient(TestServer(create_app(self.config, store=store)))
-        await client.start_server()
+        app = create_app(self.config, store=store)
+        proxy: TestClient[Any, Any] = TestClient(TestServer(app))
+        await proxy.start_server()
+        console: TestClient[Any, Any] = TestClient(TestServer(app[ADMIN_APP]))  # the console's own listener
+        await console.start_server()
+        client: Any = Routed(proxy, console)
         self.clients.append(client)
         return client
 
-    async def close(self, client: TestClient[Any, Any]) -> None:
+    async def close(self, client: Any) -> None:
         self.clients.remove(client)
-        await client.close()
+        await client.admin.close()
+        await client.proxy.close()
 
     async def send(self, client: TestClient[Any, Any], session: str, path: str, body: bytes) -> bytes:
         resp = await client.post(path, data=body, headers={"X-Session-Id": session, "Content-Type": "application/json"})
@@ -185,7 +192,7 @@ async def run_history(steps: list[tuple[Any, ...]], stats: Counter[str]) -> None
             stats["examples"] += 1
         finally:
             for client in list(world.clients):
-                await client.close()
+                await world.close(client)
             await raw.close()
             await upstream_server.close()
 

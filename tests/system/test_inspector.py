@@ -160,19 +160,22 @@ async def test_replay_view_puts_the_rebuilt_body_beside_the_recorded_one(make_ha
 
 
 EVIL = """<html><head><title>evil</title></head><body><script>
-fetch('/admin/ui/sessions/s1', {credentials: 'include'}).then(r => r.text())
+fetch('CONSOLE/admin/ui/sessions/s1', {credentials: 'include'}).then(r => r.text())
   .then(t => { document.title = t.includes('csrf-token') ? 'read the console' : 'read nothing'; })
   .catch(() => { document.title = 'blocked'; });
 </script></body></html>"""
 
 
 async def test_a_page_an_upstream_returns_never_reads_the_console(harness: Harness, browser: Browser) -> None:
-    """An upstream that answers text/html: the browser shows it from this proxy's address, with
-    the operator signed in. It is sandboxed (no script, no origin), so it cannot read a console
-    page and take its CSRF token, as it did on the console's own origin."""
+    """An upstream that answers text/html: the browser shows it from the proxy's address, with
+    the operator signed in to the console. The console is another origin (its own listener), and
+    the page is sandboxed besides (no script, no origin), so it cannot read a console page and
+    take its CSRF token, as it did when the two shared an origin."""
+    console = str(harness.client.admin.make_url("")).rstrip("/")
+
     async def evil(request: Any, body: Any) -> Any:
         from aiohttp import web
-        return web.Response(text=EVIL, content_type="text/html")
+        return web.Response(text=EVIL.replace("CONSOLE", console), content_type="text/html")
 
     harness.upstream.script = evil
     at(browser, harness)
@@ -181,9 +184,11 @@ async def test_a_page_an_upstream_returns_never_reads_the_console(harness: Harne
     assert await browser.path() == "/admin/ui"
     # the operator's browser posts to a pass-through route (FakeUpstream scripts answer POSTs), and
     # the upstream's answer is that page, shown from this proxy's address
+    # (from a blank page: the console's own CSP lets its pages post only to the console)
+    await browser.run(lambda: browser.driver.get("about:blank"))
     await browser.run(lambda: browser.driver.execute_script(
-        "const f = document.createElement('form'); f.method = 'POST'; f.action = '/v1/embeddings';"
-        "document.body.appendChild(f); f.submit();"))
+        "const f = document.createElement('form'); f.method = 'POST'; f.action = arguments[0];"
+        "document.body.appendChild(f); f.submit();", str(harness.client.proxy.make_url("/v1/embeddings"))))
     await browser.until(lambda d: d.current_url.endswith("/v1/embeddings"))
     await asyncio.sleep(1.5)  # the page's script, were it allowed to run, has long finished
     title = await browser.run(lambda: browser.driver.title)

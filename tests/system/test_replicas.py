@@ -48,8 +48,10 @@ class Replica:
     def __init__(self, config: Path, data_dir: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        admin = free_port()
+        self.admin_url = f"http://127.0.0.1:{admin}"  # the console's own listener
         self.args = [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(config),
-                     "--port", str(self.port), "--data-dir", str(data_dir)]
+                     "--port", str(self.port), "--data-dir", str(data_dir), "--admin-listen", f"127.0.0.1:{admin}"]
         self.process: asyncio.subprocess.Process | None = None
 
     async def start(self, http: aiohttp.ClientSession) -> None:
@@ -99,7 +101,7 @@ async def chat(http: aiohttp.ClientSession, replica: Replica, session: str, *ids
 async def events(http: aiohttp.ClientSession, replica: Replica, session: str, *, records: bool = False
                  ) -> list[dict[str, Any]]:
     """The session's events; without ``records``, only the quarantine and recovery transitions."""
-    async with http.get(f"{replica.url}/admin/sessions/{session}/events", headers=ADMIN) as resp:
+    async with http.get(f"{replica.admin_url}/admin/sessions/{session}/events", headers=ADMIN) as resp:
         body = await resp.json()
         assert resp.status == 200, body
         found: list[dict[str, Any]] = body["events"]
@@ -150,7 +152,7 @@ async def test_recovery_through_one_replica_is_seen_by_the_other_once_its_notice
     assert upstream.last.json()["messages"][0]["content"][0]["type"] == "text"
     assert await admit(http, a, data) == aid
     seen = await notices(http, b)
-    async with http.post(f"{a.url}/admin/sessions/heal/attachments/{aid}/recover", headers=ADMIN) as resp:
+    async with http.post(f"{a.admin_url}/admin/sessions/heal/attachments/{aid}/recover", headers=ADMIN) as resp:
         assert resp.status == 200 and (await resp.json())["recovered"] is True
     for _ in range(250):  # the notice is sent at A's commit; B acts on it when it arrives (milliseconds)
         if await notices(http, b) > seen:
@@ -169,7 +171,7 @@ async def test_fork_through_one_replica_gives_byte_identical_bodies_through_the_
     missing = ref_id(make_image(color=153))
     await chat(http, a, "parent", healthy, missing, healthy)
     original = upstream.last.body
-    async with http.post(f"{a.url}/admin/sessions/parent/fork", json={"new_session_id": "child"}, headers=ADMIN) as resp:
+    async with http.post(f"{a.admin_url}/admin/sessions/parent/fork", json={"new_session_id": "child"}, headers=ADMIN) as resp:
         assert resp.status == 201
     await chat(http, b, "child", healthy, missing, healthy)
     assert upstream.last.body == original

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from projectionist.proxy.config import Config
+from projectionist.proxy.config import Config, load_config
+from projectionist.policy.model import scoped_session
 from projectionist.proxy.http.app import create_app, open_log, open_store
 from projectionist.proxy.http.services import SERVICES
-from tests.conftest import Harness
+from tests.conftest import Harness, routed_client
 from tests.fakes import COMPLETION, CountingStore, FakeUpstream
 from tests.imaging import make_image
 from tests.thirdparty import clients_python, run_client
@@ -43,8 +44,8 @@ def make_live(aiohttp_client: Any, make_config: Callable[..., Config], upstream:
         config = make_config(**{"server.public_url": public, "record.mode": "metadata",
                                 "upstreams.gemini": {"format": "gemini", "url": upstream.url}, **overrides})
         store = CountingStore(open_store(config))
-        client = await aiohttp_client(create_app(config, store=store, log=open_log(config)),
-                                      server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
+        client = await routed_client(aiohttp_client, create_app(config, store=store, log=open_log(config)),
+                                     server_kwargs={"host": "127.0.0.1", "port": unused_tcp_port})
         assert str(client.make_url("")).rstrip("/") == public
         return Harness(client, store, upstream)
     return make
@@ -180,7 +181,9 @@ async def test_llm_behind_client_tokens_takes_the_href_with_its_type_given(
     assert answer.strip() == "Hello from the fake upstream."
     assert chat_parts(live) == [text("describe"), image_url(shot)]
     assert live.upstream.last.headers["Authorization"] == "Bearer sk-held-by-the-proxy"
-    [call] = await records(live, "llm-guarded")
+    # behind client tokens the session is its tenant's: the token is a tenant of its own
+    tenant = load_config(None).tenants({"PROJECTIONIST_CLIENT_TOKENS": "ct-llm"})["ct-llm"]
+    [call] = await records(live, scoped_session(tenant, "llm-guarded"))
     assert refs(call) == [(shot.id, "inlined")]
 
 
