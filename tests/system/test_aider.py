@@ -186,37 +186,13 @@ async def test_aider_directly_against_a_refusing_provider_prints_the_400_and_los
 
 
 @ROUTES
-async def test_aider_through_the_proxy_gets_its_answer_with_the_image_inlined(
-    route: Route, make_proxy: MakeProxy, scripted: ScriptedUpstream, shot: Shot, trap: Trap, tmp_path: Path
-) -> None:
-    """The happy path: one call, the client's own inlined image reaches the provider unchanged,
-    the streamed answer reaches aider."""
-    live = await make_proxy()
-    run = await aider(route, base_url(live), shot, trap, tmp_path)
-    assert run.rc == 0, run.output[-3000:]
-    assert ANSWER in run.stdout, run.output[-3000:]
-    [call] = scripted.received
-    assert (call.method, call.path) == ("POST", route.path)
-    assert call.body["stream"] is True
-    [(where, found)] = call.images
-    assert found == shot.id
-    part = part_of(call, where)
-    if route is OPENAI:
-        assert part["type"] == "image_url" and part["image_url"]["url"].startswith("data:image/png;base64,")
-    else:
-        assert part["type"] == "image" and part["source"]["type"] == "base64"
-        assert part["source"]["media_type"] == "image/png"
-    assert scripted.refusals == 0
-
-
-@ROUTES
 @pytest.mark.parametrize("named", [False, True], ids=["unnamed", "named"])
 async def test_aider_through_the_proxy_survives_the_provider_refusing_its_image(
     route: Route, named: bool, make_proxy: MakeProxy, scripted: ScriptedUpstream, shot: Shot, trap: Trap,
     tmp_path: Path
 ) -> None:
-    """The rescue (the proxy's handling of client-inlined images and of sessions nobody named is
-    being built: these fail until it lands). The provider refuses aider's image, with an error that
+    """The rescue. The first call carries aider's image as aider inlined it (the happy path, up to
+    the provider's answer). The provider refuses aider's image, with an error that
     names no place or one that does (Anthropic ``messages.8.content.1.image.source.base64.data: ...``,
     OpenAI ``param: "messages[3].content[1].image_url"``). The proxy records one
     ``attachment/rejected`` in the session it derives, re-sends the call once with the placeholder
@@ -230,7 +206,14 @@ async def test_aider_through_the_proxy_survives_the_provider_refusing_its_image(
         f"{[(c.method, c.path) for c in scripted.received]}\n{run.output[-3000:]}"
     first, second = scripted.received
     [(where, found)] = first.images
-    assert found == shot.id
+    assert found == shot.id  # the client's own inlined image reached the provider unchanged, streamed
+    assert first.body["stream"] is True
+    part = part_of(first, where)
+    if route is OPENAI:
+        assert part["type"] == "image_url" and part["image_url"]["url"].startswith("data:image/png;base64,")
+    else:
+        assert part["type"] == "image" and part["source"]["type"] == "base64"
+        assert part["source"]["media_type"] == "image/png"
     assert scripted.refusals == 1
     assert second.images == [], "the re-sent call still inlines an image"
     placeholder = part_of(second, where)
