@@ -106,6 +106,9 @@ class LanesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     queue_timeout: Seconds = 2.0
     stamp_timeout: Seconds = 5.0
     write_timeout: Seconds = 30.0
+    #: A filesystem read or stamp check still running after this many seconds gives its place back
+    #: (the lane starts a thread for it, within 4x its size): what hangs costs only itself.
+    slow_after: Seconds = 1.0
 
 
 class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

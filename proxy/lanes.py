@@ -15,6 +15,10 @@ once, and these rules:
   it, so what hangs costs only itself: k hung objects hold k threads, and the lane's ``size``
   places stay for the calls that work. Past ``stuck_max`` a stuck call keeps its place (a disk
   that hangs everything fills the lane, and calls are then ``busy``, never unbounded threads);
+- a call still running after ``slow_after`` seconds (a healthy read takes milliseconds) gives
+  its place back the same way while its caller goes on waiting for it, within ``stuck_max``: so
+  a request whose eight images all hang does not fill an eight-place lane for everyone until
+  their ``timeout``;
 - a call with a ``key`` (the object it reads) whose earlier call is still stuck never takes a
   place: it times out at once (a retry of a hung read must not hold a second thread);
 - the threads are daemons: a process asked to stop never waits for a blocked ``open``/``read``.
@@ -40,7 +44,7 @@ class Busy(Unavailable):
 
 
 class _Job(Generic[_T]):
-    __slots__ = ("fn", "loop", "started", "done", "abandoned", "freed", "key")
+    __slots__ = ("fn", "loop", "started", "done", "abandoned", "freed", "key", "slow")
 
     def __init__(self, fn: Callable[[], _T], loop: asyncio.AbstractEventLoop, key: str | None = None) -> None:
         self.fn = fn
@@ -50,13 +54,15 @@ class _Job(Generic[_T]):
         self.abandoned = False
         self.freed = False  # stuck, and its place given back (a new thread took it)
         self.key = key
+        self.slow = False  # still running past ``slow_after``: counted in ``stuck``
 
 
 class Lane:
     """``size`` daemon threads for one kind of blocking work (see the module docstring)."""
 
     def __init__(self, name: str, size: int, timeout: float | None, queue_timeout: float,
-                 busy: Callable[[str], Exception] | None = None, stuck_max: int | None = None) -> None:
+                 busy: Callable[[str], Exception] | None = None, stuck_max: int | None = None,
+                 slow_after: float | None = None) -> None:
         if size < 1:
             raise ValueError("a lane needs at least one thread")
         self.name = name
@@ -66,6 +72,7 @@ class Lane:
         self.queue_timeout = queue_timeout
         self.stuck = 0
         self.stuck_max = 4 * size if stuck_max is None else stuck_max
+        self.slow_after = slow_after
         self._stuck_keys: dict[str, int] = {}
         self.busy = 0
         self._room = asyncio.Semaphore(size)
@@ -92,8 +99,11 @@ class Lane:
         job: _Job[_T] = _Job(fn, loop, key)
         self.start()
         self._jobs.put(job)
+        slow: asyncio.TimerHandle | None = None
         try:
             await asyncio.shield(job.started)  # immediate: there is a thread for every place
+            if self.slow_after is not None:
+                slow = loop.call_later(self.slow_after, self._slow, job)
             limit = self.timeout if timeout is None else timeout
             if limit is None:
                 return await asyncio.shield(job.done)
@@ -102,10 +112,23 @@ class Lane:
         except BaseException:
             if not job.done.done():  # timed out or cancelled: the thread keeps its place until it returns
                 job.abandoned = True
-                self.stuck += 1
+                if not job.slow:  # a slow call is counted already
+                    self.stuck += 1
                 if job.started.done():  # blocked in the OS, not merely queued
                     self._stuck(job)
             raise
+        finally:
+            if slow is not None:
+                slow.cancel()
+
+    def _slow(self, job: _Job[Any]) -> None:
+        """A call still running after ``slow_after``: within ``stuck_max``, its place goes back
+        (as a stuck call's does) while its caller keeps waiting."""
+        if job.done.done() or job.freed or job.abandoned or self._closed or self.stuck >= self.stuck_max:
+            return
+        job.slow = True
+        self.stuck += 1
+        self._give_back(job)
 
     def start(self) -> None:
         """One thread per place, started on first use (so no call ever waits for a thread), or
@@ -133,15 +156,18 @@ class Lane:
         its place back and start a thread to stand for the blocked one."""
         if job.key is not None:
             self._stuck_keys[job.key] = self._stuck_keys.get(job.key, 0) + 1
-        if self.stuck <= self.stuck_max and not self._closed:
-            job.freed = True
-            self._room.release()
-            thread = threading.Thread(target=self._work, name=f"lane-{self.name}-{len(self._threads)}", daemon=True)
-            self._threads.append(thread)
-            thread.start()
+        if not job.freed and self.stuck <= self.stuck_max and not self._closed:
+            self._give_back(job)
+
+    def _give_back(self, job: _Job[Any]) -> None:
+        job.freed = True
+        self._room.release()
+        thread = threading.Thread(target=self._work, name=f"lane-{self.name}-{len(self._threads)}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def _finish(self, job: _Job[Any], result: Any, error: BaseException | None) -> None:
-        if job.abandoned:
+        if job.abandoned or job.slow:
             self.stuck -= 1
             if job.key is not None and job.started.done() and job.key in self._stuck_keys:
                 self._stuck_keys[job.key] -= 1

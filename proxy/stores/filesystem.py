@@ -168,8 +168,9 @@ class FilesystemStore:
         self._count = self.ops.add
         self._objects = self.root / "objects"
         _ensure_dir(self._objects, self._count)
-        self.reads = Lane("reads", lanes.reads, read_timeout, lanes.queue_timeout)
-        self.stamp_lane = Lane("stamps", lanes.stamps, lanes.stamp_timeout, lanes.queue_timeout)
+        self.reads = Lane("reads", lanes.reads, read_timeout, lanes.queue_timeout, slow_after=lanes.slow_after)
+        self.stamp_lane = Lane("stamps", lanes.stamps, lanes.stamp_timeout, lanes.queue_timeout,
+                               slow_after=lanes.slow_after)
         self.writes = Lane("writes", lanes.writes, lanes.write_timeout, lanes.queue_timeout)
         #: Listings (the Files APIs' lists) walk many records at a client's asking: one thread of
         #: their own, so a record that hangs costs the listing, never the stamp checks and stats.

@@ -138,6 +138,34 @@ async def test_thirty_two_hung_objects_cost_only_themselves(make_harness: MakeHa
     await until(lambda: reads.stuck == 0, "the stuck threads come back")
 
 
+async def test_one_request_whose_eight_images_hang_leaves_the_read_lane_to_everyone_else(
+        make_harness: MakeHarness) -> None:
+    """Eight hung images in one request, as many as the read lane's places and its parallel
+    reads: once slow (``slow_after``) each gives its place back, so other sessions' healthy cold
+    images are read and inlined while that request still waits out its ``read_timeout``."""
+    harness = await make_harness(**{"store.read_timeout": 30.0, "policy.parallel_reads": 8,
+                                    "store.lanes": {**LANES, "reads": 8, "queue_timeout": 2.0, "slow_after": 0.2}})
+    reads = harness.store.inner.reads  # type: ignore[attr-defined]
+    healthy = [await harness.admit(make_image(color=230 + i)) for i in range(6)]
+    hung = [await harness.admit(make_image(color=240 + i)) for i in range(8)]
+    fifos = [hang_with_a_fifo(harness, aid) for aid in hung]
+    waiting = asyncio.create_task(send(harness, "eight-hung", *hung))
+    try:
+        await until(lambda: reads.stuck == 8, "the eight reads are slow")
+        assert reads.in_use == 0
+        for n, aid in enumerate(healthy):
+            status, body, _ = await send(harness, f"cold-{n}", aid)
+            assert status == 200, body
+            part = harness.upstream.last.json()["messages"][0]["content"][1]
+            assert part["type"] == "image_url", part
+        assert not waiting.done()  # the hung request is still reading: nothing was decided for it
+    finally:
+        for fifo in fifos:
+            unhang(fifo)
+        await asyncio.gather(waiting, return_exceptions=True)
+    await until(lambda: reads.stuck == 0, "the slow threads come back")
+
+
 class HangingS3:
     """A loopback HTTP proxy in front of an S3 endpoint that never answers requests for some keys
     (they hang, connection open), or for every key once ``all_hang`` is set. One request per
@@ -297,7 +325,8 @@ async def test_a_client_that_gives_up_and_comes_back_never_fills_the_read_lane(m
             await asyncio.sleep(0.3)
             attempt.cancel()
             await asyncio.gather(attempt, return_exceptions=True)
-        assert reads.in_use == 1  # every attempt joined the one read still blocked
+        # every attempt joined the one read still blocked, which gave its place back once slow
+        assert (reads.in_use, reads.stuck) == (0, 1)
         assert (await send(harness, "other", healthy))[0] == 200
         assert await harness.events("impatient") == []
     finally:
@@ -322,7 +351,7 @@ async def test_a_due_probe_of_a_still_hung_image_keeps_the_placeholder_and_answe
             status, body, _ = await send(harness, "probe", flaky)
             assert status == 200
             assert harness.upstream.last.json()["messages"][0]["content"][1]["type"] == "text"
-        assert reads.in_use == 1  # one shared read, not one more stuck thread per probe
+        assert (reads.in_use, reads.stuck) == (0, 1)  # one shared read, not one more stuck thread per probe
         assert [e["type"] for e in await harness.events("probe")] == ["attachment/quarantine"]
     finally:
         unhang(fifo)
