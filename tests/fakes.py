@@ -201,6 +201,9 @@ class CountingStore:
     async def list_granted(self, tenant: str, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
         return await self.inner.list_granted(tenant, after, limit)
 
+    async def has_grant(self, tenant: str, attachment_id: str) -> bool:
+        return await self.inner.has_grant(tenant, attachment_id)
+
     async def put_blob(self, data: bytes) -> str:
         return await self.inner.put_blob(data)
 

@@ -76,6 +76,9 @@ class MemoryStore:
             return None
         return msgspec.structs.replace(meta, name=self.grants[(tenant, attachment_id)])
 
+    async def has_grant(self, tenant: str, attachment_id: str) -> bool:
+        return (tenant, attachment_id) in self.grants
+
     async def list_granted(self, tenant: str, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
         ids = sorted(i for t, i in self.grants if t == tenant and (after is None or i > after))
         found = [meta for i in ids if (meta := await self.granted(tenant, i)) is not None]

@@ -267,6 +267,22 @@ class FilesystemStore:
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
         return await self.stamp_lane.run(partial(self._granted_sync, tenant, hex_digest))
 
+    async def has_grant(self, tenant: str, attachment_id: str) -> bool:
+        """Whether ``tenant`` admitted ``attachment_id``: its grant alone, nothing of the object
+        (whose own read says whether it is there and intact)."""
+        path = self._grant_path(tenant, check_id(attachment_id)[len(ID_PREFIX):])
+
+        def look() -> bool:
+            self._count("stat")
+            try:
+                return stat.S_ISREG(os.stat(path).st_mode)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise Unavailable(f"{UNAVAILABLE}: grant lookup failed ({_errname(exc)})", code=UNAVAILABLE) from None
+
+        return await self.stamp_lane.run(look)
+
     async def list_granted(self, tenant: str, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
         """``list_admitted`` for what ``tenant`` admitted: one listing of its grants, in id order."""
         after_hex = check_id(after)[len(ID_PREFIX):] if after is not None else ""

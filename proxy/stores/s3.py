@@ -329,6 +329,15 @@ class S3Store:
 
         return await _unless_missing(self.stamp_lane.run(fetch))
 
+    async def has_grant(self, tenant: str, attachment_id: str) -> bool:
+        """Whether ``tenant`` admitted ``attachment_id``: one HEAD of its grant, nothing of the object."""
+        key = self.grant_key(tenant, check_id(attachment_id)[len(ID_PREFIX):])
+
+        async def fetch() -> Any:
+            return await (await self.client()).head_object(Bucket=self.bucket, Key=key)
+
+        return await _unless_missing(self.stamp_lane.run(fetch)) is not None
+
     async def _granted(self, client: Any, tenant: str, hex_digest: str) -> AttachmentMeta | None:
         try:
             head = await client.head_object(Bucket=self.bucket, Key=self.grant_key(tenant, hex_digest))

@@ -68,11 +68,16 @@ class Visible:
         return await self.store.list_granted(tenant, after, limit)
 
     async def sees(self, tenant: str | None, attachment_id: str) -> bool:
-        """Whether ``tenant`` admitted ``attachment_id`` (always, for every tenant). A store that
-        fails to answer raises what it raises (busy, unavailable): never a "no"."""
+        """Whether ``tenant`` admitted ``attachment_id`` (always, for every tenant), by its grant
+        alone: whether the object is there and intact is for its own read to say (a hung or
+        vanished object is never a "no" here). A store that fails to answer raises what it raises
+        (busy, unavailable, a ``TimeoutError``): never a "no"."""
         if tenant is None or (tenant, check_id(attachment_id)) in self._known:
             return True
-        return await self.stat(tenant, attachment_id) is not None
+        if await self.store.has_grant(tenant, attachment_id):
+            self._learn(tenant, attachment_id)
+            return True
+        return False
 
     def reader(self, tenant: str) -> TenantReader:
         return TenantReader(self, tenant)

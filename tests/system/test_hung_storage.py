@@ -166,6 +166,32 @@ async def test_one_request_whose_eight_images_hang_leaves_the_read_lane_to_every
     await until(lambda: reads.stuck == 0, "the slow threads come back")
 
 
+async def test_with_tenants_a_hung_object_is_a_failed_read_never_not_found(
+        make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grant lookup behind a tenant's reference reads the grant alone: an object whose file
+    hangs (a FIFO), in a process that never read it, is the retryable ``read_failed`` of its own
+    read, not a ``not_found`` said by a look at the file's type."""
+    monkeypatch.setenv("PROJECTIONIST_TENANT_TOKENS", "alice:tok-a")
+    first = await make_harness()
+    aid = await admit_as(first, {"Authorization": "Bearer tok-a"}, make_image(color=250))
+    fresh = await make_harness(**{"store.read_timeout": 0.3, "store.lanes": {**LANES, "slow_after": 0.1}})
+    fifo = hang_with_a_fifo(fresh, aid)
+    try:
+        resp = await fresh.client.post("/v1/chat/completions", json=chat(aid),
+                                       headers={"Authorization": "Bearer tok-a", "X-Session-Id": "t"})
+        assert resp.status == 200, await resp.text()
+        [event] = await fresh.events("alice~t")
+        assert (event["data"]["failure"], event["data"]["retryable"]) == ("read_failed", True)
+    finally:
+        unhang(fifo)
+
+
+async def admit_as(harness: Harness, headers: dict[str, str], data: bytes) -> str:
+    resp = await harness.client.post("/v1/attachments", data=data, headers={**headers, "Content-Type": "image/png"})
+    assert resp.status == 200, await resp.text()
+    return str((await resp.json())["id"])
+
+
 class HangingS3:
     """A loopback HTTP proxy in front of an S3 endpoint that never answers requests for some keys
     (they hang, connection open), or for every key once ``all_hang`` is set. One request per

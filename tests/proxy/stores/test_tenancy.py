@@ -21,11 +21,11 @@ class Lookups(MemoryStore):
         self.lookups = 0
         self.hang = False
 
-    async def granted(self, tenant: str, attachment_id: str) -> Any:
+    async def has_grant(self, tenant: str, attachment_id: str) -> bool:
         self.lookups += 1
         if self.hang:
             raise TimeoutError
-        return await super().granted(tenant, attachment_id)
+        return await super().has_grant(tenant, attachment_id)
 
     async def stamps(self, attachment_ids: Any) -> list[str | None]:
         return ["s" if i in self.images else None for i in attachment_ids]
