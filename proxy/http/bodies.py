@@ -111,8 +111,11 @@ async def parse_form(content_type: str, raw: bytes, limit: int,
         content_type.encode("ascii")
     except UnicodeEncodeError:
         raise InvalidRequest("Content-Type must be ASCII", code="INVALID_CONTENT_TYPE") from None
-    return await form_parts(MultipartReader(CIMultiDict({"Content-Type": content_type}), _memory_stream(raw)),
-                            limit, field)
+    try:
+        reader = MultipartReader(CIMultiDict({"Content-Type": content_type}), _memory_stream(raw))
+    except (ValueError, KeyError):  # no boundary, or one aiohttp cannot read
+        raise InvalidRequest("malformed multipart body: no boundary", code="INVALID_MULTIPART") from None
+    return await form_parts(reader, limit, field)
 
 
 async def form_parts(reader: MultipartReader, limit: int, field: str = "file") -> tuple[dict[str, str], Upload | None]:

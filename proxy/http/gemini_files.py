@@ -117,9 +117,12 @@ async def _start(request: web.Request, media_type: str, size: int) -> web.Respon
         raise InvalidRequest("the upload's start body is not valid JSON", code="INVALID_JSON") from None
     described = doc.get("file") if isinstance(doc, dict) else None
     name = described.get("display_name", described.get("displayName")) if isinstance(described, dict) else None
-    owner = hashlib.sha256("\0".join([*request.headers.getall("x-goog-api-key", ()),
-                                       *request.headers.getall("Authorization", ()),
-                                       *request.query.getall("key", ())]).encode("utf-8", "surrogateescape")).hexdigest()
+    tenant = context(request).tenant
+    # the per-client share is the tenant's (a stranger cannot mint more of them by varying a
+    # header); with no client tokens, the credentials' digest
+    owner = "tenant:" + tenant if tenant is not None else hashlib.sha256("\0".join([
+        *request.headers.getall("x-goog-api-key", ()), *request.headers.getall("Authorization", ()),
+        *request.query.getall("key", ())]).encode("utf-8", "surrogateescape")).hexdigest()
     services = request.app[SERVICES]
     uploads = services.uploads
     if uploads.sweep_due():  # expired uploads' parts and markers, off the request

@@ -187,7 +187,10 @@ async def get_login(request: web.Request) -> web.StreamResponse:
 
 async def post_login(request: web.Request) -> web.StreamResponse:
     services = _enabled(request)
-    form = await request.post()
+    try:
+        form = await request.post()
+    except (ValueError, KeyError, AssertionError):  # aiohttp's words for a malformed form
+        raise InvalidRequest("the sign-in form is malformed", code="INVALID_MULTIPART") from None
     token, target = form.get("token"), _safe_next(str(form.get("next", UI)))
     presented: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict(
         {"Authorization": f"Bearer {token}"} if isinstance(token, str) and token else {}))

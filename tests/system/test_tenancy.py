@@ -215,3 +215,20 @@ async def test_a_gemini_upload_is_its_tenants_through_the_official_sdk(tenants: 
             await bob.files.get(name=file.name)
         assert caught.value.code == 404
     assert await listed(tenants, ALICE) == {ref_id(png): "g.png"} and await listed(tenants, BOB) == {}
+
+
+@on_both
+async def test_one_tenant_cannot_take_every_upload_slot_by_varying_its_headers(tenants: Harness) -> None:
+    """The per-client share of Gemini's resumable uploads is the tenant's: bob sending other keys
+    beside his token gets a quarter of the slots, and alice still starts hers."""
+    start = {"X-Goog-Upload-Protocol": "resumable", "X-Goog-Upload-Command": "start",
+             "X-Goog-Upload-Header-Content-Type": "image/png", "X-Goog-Upload-Header-Content-Length": "100"}
+    statuses = []
+    for n in range(32):
+        resp = await tenants.client.post("/upload/v1beta/files", json={"file": {"display_name": "x"}},
+                                         headers={**start, **BOB, "x-goog-api-key": f"junk-{n}"})
+        statuses.append(resp.status)
+    assert statuses.count(200) == 8 and statuses.count(503) == 24, statuses
+    resp = await tenants.client.post("/upload/v1beta/files", json={"file": {"display_name": "a"}},
+                                     headers={**start, **ALICE})
+    assert resp.status == 200, await resp.text()

@@ -109,3 +109,18 @@ async def test_a_malformed_reference_is_a_400_naming_the_value_and_its_place(har
     message = (await resp.json())["error"]["message"]
     assert bad in message and "/messages/0/content/1/image_url/url" in message, message
     assert harness.upstream.received == []  # refused before anything went upstream
+
+
+@pytest.mark.parametrize("content_type, body", [
+    ("multipart/form-data", b"--b--\r\n"),  # no boundary
+    ("multipart/form-data", b""),
+    ("multipart/form-data; boundary=b", b""),
+    ("multipart/form-data; boundary=b", b"garbage"),
+    ("multipart/form-data; boundary=\"\"", b"--\r\n"),
+])
+async def test_a_malformed_multipart_form_is_a_400_on_every_route_that_reads_one(
+        harness: Harness, content_type: str, body: bytes) -> None:
+    for path in ("/admin/ui/login", "/v1/files", "/v1/attachments"):
+        resp = await harness.client.post(path, data=body, headers={"Content-Type": content_type,
+                                                                   "Content-Length": str(len(body))})
+        assert 400 <= resp.status < 500, (path, resp.status, await resp.text())
