@@ -20,7 +20,7 @@ from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistE
 from projectionist.proxy.config import Config, TelemetryConfig
 from projectionist.proxy.http import gemini_files
 from projectionist.proxy.http.admin import add_admin_routes
-from projectionist.proxy.http.auth import Guard, client_unauthorized
+from projectionist.proxy.http.auth import Forbidden, Guard, client_unauthorized
 from projectionist.proxy.http.middleware import context, context_middleware, error_response, note_started
 from projectionist.proxy.http.readiness import READINESS, Readiness, readyz
 from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session, format_spoken
@@ -93,11 +93,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:
-    """Prometheus text; a client token (or the admin token) when client tokens are configured.
-    A quiet route: a scrape is not a request the gauges and counters should see."""
+    """Prometheus text. With client tokens configured it needs the admin token: its labels (the
+    models called, the upstreams) are every tenant's. A quiet route: a scrape is not a request
+    the gauges and counters should see."""
     services = request.app[SERVICES]
-    if not services.guard.is_client(request.headers, request.query):
-        return error_response(openai_chat, client_unauthorized())
+    guard = services.guard
+    if guard.clients_required and not guard.is_admin(request.headers):
+        if not guard.is_client(request.headers, request.query):
+            return error_response(openai_chat, client_unauthorized())
+        return error_response(openai_chat, Forbidden("/metrics counts every tenant's calls: it needs the admin token"))
     body, content_type = services.metrics.exposition()
     response = web.Response(body=body)
     response.headers["Content-Type"] = content_type

@@ -1,7 +1,7 @@
 """Routing: which upstream a request goes to, and whether it is projected or passed through (proxy layer).
 
 ``/u/{name}/...`` goes to the named upstream with the prefix removed (the name spelled literally
-in the raw path). Any other path goes to a default upstream, by this rule, first match wins:
+in the raw path); a rest that names a path the proxy owns (``/u/openai/admin/...``) is never sent. Any other path goes to a default upstream, by this rule, first match wins:
 
 1. an ``anthropic-version`` header, or a path under ``/v1/messages``: ``anthropic``;
 2. a path under ``/v1beta/``, ``/v1alpha/`` or ``/upload/``, a Gemini model method
@@ -88,7 +88,7 @@ async def dispatch_default(request: web.Request) -> web.StreamResponse:
 
 
 async def dispatch_named(request: web.Request) -> web.StreamResponse:
-    return await dispatch(request, *_named(request.rel_url.raw_path))
+    return await dispatch(request, *_named(request.rel_url.raw_path), guard_owned=True)
 
 
 def _named(raw_path: str) -> tuple[str, str]:
@@ -120,7 +120,7 @@ async def dispatch_session(request: web.Request) -> web.StreamResponse:
     if rest == ATTACHMENTS or rest.startswith(ATTACHMENTS + "/"):
         return await _unprefixed(request, rest)
     if unquote(rest).startswith("/u/"):
-        return await dispatch(request, *_named(rest))
+        return await dispatch(request, *_named(rest), guard_owned=True)
     return await dispatch(request, format_spoken(unquote(rest), request.headers, request.query), rest,
                           guard_owned=True)
 

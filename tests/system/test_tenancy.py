@@ -232,3 +232,19 @@ async def test_one_tenant_cannot_take_every_upload_slot_by_varying_its_headers(t
     resp = await tenants.client.post("/upload/v1beta/files", json={"file": {"display_name": "a"}},
                                      headers={**start, **ALICE})
     assert resp.status == 200, await resp.text()
+
+
+@on_both
+async def test_metrics_count_every_tenant_so_they_take_the_admin_token(tenants: Harness) -> None:
+    await tenants.client.post("/v1beta/models/alice-private-model:generateContent", json={"contents": []},
+                              headers={"x-goog-api-key": "tok-alice"})
+    resp = await tenants.client.get("/metrics", headers=BOB)
+    assert (resp.status, resp.headers["X-Projectionist-Error-Code"]) == (403, "ADMIN_REQUIRED")
+    assert "alice-private-model" not in await resp.text()
+    assert (await tenants.client.get("/metrics")).status == 401
+    resp = await tenants.client.get("/metrics", headers=ADMIN)
+    assert resp.status == 200 and "projectionist_requests_total" in await resp.text()
+    for path in ("/u/openai/admin/ui", "/s/x/u/openai/admin/sessions", "/u/openai/v1/attachments/x"):
+        resp = await tenants.client.get(path, headers=BOB)  # a path the proxy owns, behind a named upstream
+        assert (resp.status, resp.headers["X-Projectionist-Error-Code"]) == (404, "ROUTE_NOT_FOUND"), path
+    assert not [r for r in tenants.upstream.received if "/admin" in r.path_qs or "/attachments" in r.path_qs]

@@ -50,7 +50,8 @@ def hold_a_stat(harness: Harness, attachment_id: str) -> Path:
 
 async def test_a_hung_store_is_unready_within_the_timeout_with_one_probe_in_flight(make_harness: MakeHarness) -> None:
     harness = await make_harness(**{"server.ready_timeout": 0.4,
-                                    "store.lanes": {"stamps": 2, "queue_timeout": 30.0, "stamp_timeout": 60.0}})
+                                    "store.lanes": {"stamps": 2, "queue_timeout": 30.0, "stamp_timeout": 60.0,
+                                                    "slow_after": 60.0}})
     store = harness.store.inner
     assert isinstance(store, FilesystemStore)
     ids = [await harness.admit(make_image(color=c)) for c in (1, 2)]
