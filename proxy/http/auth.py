@@ -5,8 +5,9 @@ Clients present a token the way their SDK sends its key (``Authorization: Bearer
 provider key. The admin token is any of the header forms (never the query). Tokens are compared
 as bytes in constant time, so a header that is not UTF-8 is just a wrong token, never a crash.
 ``Guard`` is also the upstream side's ``Withheld``: any header holding one of the proxy's tokens
-(whatever its name, in any spelling: extra spaces, tabs, no scheme, in a list, inside ``Basic``
-credentials), its token header and the session headers are never forwarded.
+(whatever its name, anywhere in its value: in a list, quoted, in JSON, percent-encoded, inside
+``Basic`` credentials), any query parameter holding one, its token header and the session
+headers are never forwarded.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import binascii
 import hashlib
 import hmac
 import re
+from urllib.parse import unquote_to_bytes
 from collections.abc import Iterable, Mapping
 from typing import Final
 
@@ -25,10 +27,11 @@ from projectionist.policy.errors import ProjectionistError
 
 #: Headers that carry a credential, by SDK: OpenAI (and most others), Anthropic, Gemini.
 CREDENTIAL_HEADERS: Final = ("authorization", "x-api-key", "x-goog-api-key")
+#: Tokens at least this long are withheld wherever they appear in a value; shorter ones only as
+#: a word (no letter or digit beside them), lest a one-letter token withhold every header.
+WHOLE_MIN: Final = 8
 #: The proxy's own token header, for clients whose SDK key goes to the provider.
 TOKEN_HEADER: Final = "x-projectionist-token"
-#: What separates the words of a header value (and of decoded ``Basic`` credentials).
-_WORDS: Final = re.compile(rb"[\s,;:=]+")
 
 
 class Forbidden(ProjectionistError):
@@ -69,6 +72,9 @@ class Guard:
         self._tenants = tuple(tenant for _, tenant in pairs)
         self.admin_token = _bytes(admin_token) if admin_token else b""
         self._own = tuple(t for t in (*self.client_tokens, self.admin_token) if t)
+        self._long = tuple(t for t in self._own if len(t) >= WHOLE_MIN)
+        self._short = tuple(re.compile(rb"(?<![A-Za-z0-9])" + re.escape(t) + rb"(?![A-Za-z0-9])")
+                            for t in self._own if len(t) < WHOLE_MIN)
         #: Never forwarded, whatever they hold: the session headers and the token header.
         self.own_headers = frozenset({*(h.lower() for h in session_headers), TOKEN_HEADER})
         #: Console cookies signed out before they expire (value -> expiry), on this process.
@@ -130,29 +136,37 @@ class Guard:
 
     # -- Withheld (upstream.outgoing) ------------------------------------------------------------
 
-    def is_own(self, value: str) -> bool:
-        return bool(self._own) and self._matches(_bytes(value.strip()), self._own)
+    def _in(self, raw: bytes) -> bool:
+        """A token of at least ``WHOLE_MIN`` bytes anywhere in ``raw``; a shorter one where no
+        letter or digit touches it (so ``t`` never withholds ``Content-Type: text/plain``)."""
+        return any(token in raw for token in self._long) or any(word.search(raw) for word in self._short)
 
-    def _holds_own(self, value: str) -> bool:
-        """Whether one of the proxy's tokens is a word of ``value``, in any spelling: alone, in a
-        list or a parameter (``Bearer x,<token>``, ``k=<token>``), or inside ``Basic`` credentials
-        (``user:<token>``). Words, not substrings: a short token must not withhold every header
-        that happens to contain its letters."""
+    def holds_own(self, value: str) -> bool:
+        """Whether one of the proxy's tokens is anywhere in ``value``: as it came, percent-decoded,
+        or inside base64 ``Basic`` credentials (padded or not). Anywhere, not only as a word
+        (``"tok"``, ``{"key":"tok"}``, ``x/tok``, ``x.tok``); a token shorter than ``WHOLE_MIN``
+        only where no letter or digit touches it."""
+        if not self._own:
+            return False
         raw = _bytes(value)
-        if not any(token in raw for token in self._own):  # the cheap test first: most headers hold none
-            scheme, _, rest = value.strip().partition(" ")
-            if scheme.lower() != "basic":
-                return False
+        if self._in(raw):
+            return True
+        if b"%" in raw and self._in(unquote_to_bytes(raw)):
+            return True
+        scheme, _, rest = value.strip().partition(" ")
+        if scheme.lower() == "basic":
+            packed = rest.strip()
             try:
-                raw = base64.b64decode(rest.strip(), validate=True)
+                decoded = base64.b64decode(packed + "=" * (-len(packed) % 4), validate=True)
             except (ValueError, binascii.Error):
                 return False
-        return any(self._matches(word, self._own) for word in _WORDS.split(raw) if word)
+            return self._in(decoded)
+        return False
 
     def withheld_headers(self, incoming: MultiMapping[str]) -> frozenset[str]:
         """Every header that holds one of the proxy's tokens, whatever its name (``api-key``, a
         custom one) and spelling, and the proxy's own headers: never forwarded."""
         if not self._own:
             return self.own_headers
-        held = [name.lower() for name, value in incoming.items() if self._holds_own(value)]
+        held = [name.lower() for name, value in incoming.items() if self.holds_own(value)]
         return self.own_headers.union(held) if held else self.own_headers

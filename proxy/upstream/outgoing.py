@@ -30,21 +30,22 @@ class Withheld(Protocol):
         """Lowercase names of the headers of ``incoming`` that must not be forwarded."""
         ...
 
-    def is_own(self, value: str) -> bool:
-        """Whether ``value`` is one of the proxy's own tokens."""
+    def holds_own(self, value: str) -> bool:
+        """Whether one of the proxy's own tokens is anywhere in ``value``."""
         ...
 
 
 def upstream_query(raw_query: str, fmt: WireFormat, upstream: Upstream, withheld: Withheld) -> str:
     """The incoming raw query, byte for byte, minus auth parameters the upstream's own key
-    replaces and any credential parameter carrying one of the proxy's own tokens."""
+    replaces and any parameter, whatever its name, whose name or value holds one of the proxy's
+    own tokens."""
     if not raw_query:
         return raw_query
     replaced = frozenset(fmt.AUTH_QUERY) if upstream.api_key else frozenset()
 
     def keep(name: str, value: str) -> bool:
         lowered = name.lower()
-        return lowered not in replaced and not (lowered in CREDENTIAL_QUERY and withheld.is_own(value))
+        return lowered not in replaced and not (withheld.holds_own(value) or withheld.holds_own(name))
 
     return filter_query(raw_query, keep)
 

@@ -127,6 +127,9 @@ async def test_pass_through_upstream_gets_the_clients_own_key_and_never_the_toke
     {"Authorization": "Basic " + base64.b64encode(b"user:ct-alpha").decode()},
     {"Authorization": "Bearer x,ct-alpha"},
     {"X-Anything": "prefix ct-alpha suffix"},
+    {"X-Foo": '"ct-alpha"'}, {"X-Foo": '{"key":"ct-alpha"}'}, {"X-Foo": "x/ct-alpha"}, {"X-Foo": "x|ct-alpha"},
+    {"X-Foo": "x.ct-alpha"}, {"X-Foo": "ct%2Dalpha"},
+    {"Authorization": "Basic " + base64.b64encode(b"xy:ct-alpha").decode().rstrip("=")},  # unpadded
 ])
 async def test_a_proxy_token_is_never_forwarded_in_any_spelling(guarded: Harness, spelled: dict[str, str]) -> None:
     resp = await guarded.client.post("/v1/chat/completions", json=chat_body(),
@@ -134,6 +137,16 @@ async def test_a_proxy_token_is_never_forwarded_in_any_spelling(guarded: Harness
     assert resp.status == 200
     for name in spelled:
         assert name.lower() not in {k.lower() for k in guarded.upstream.last.headers}
+    no_token_anywhere(guarded)
+
+
+@pytest.mark.parametrize("query", ["key=x,ct-alpha", "key=Bearer%20ct-alpha", "key%00=ct-alpha", "x=ct-alpha",
+                                   "ct-alpha=1", "q=%63t-alpha"])
+async def test_a_proxy_token_in_any_query_parameter_is_never_forwarded(guarded: Harness, query: str) -> None:
+    resp = await guarded.client.post(f"/v1/chat/completions?{query}&keep=1", json=chat_body(),
+                                     headers={"X-Projectionist-Token": "ct-beta"})
+    assert resp.status == 200, await resp.text()
+    assert guarded.upstream.last.path_qs.endswith("keep=1")
     no_token_anywhere(guarded)
 
 
