@@ -27,7 +27,7 @@ from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispat
 from projectionist.proxy.http.services import ADMIN_APP, SERVICES, Services
 from projectionist.proxy.http.ui import add_ui_routes
 from projectionist.proxy.http.uploads import download, upload
-from projectionist.proxy.observe.logger import get_logger
+from projectionist.proxy.observe.logger import get_logger, request_line
 from projectionist.proxy.observe.metrics import Metrics, OpCounter
 from projectionist.proxy.sessionlog.base import Log
 from projectionist.proxy.sessionlog.cached import CachedLog
@@ -193,7 +193,8 @@ def _admin_app(services: Services, counters: Metrics) -> web.Application:
     """The console and the admin API, on their own listener (``[admin] listen``): nothing an
     upstream returns is ever served from their origin. They share the proxy's services."""
     admin = web.Application(client_max_size=services.config.server.client_max_size,
-                            middlewares=[context_middleware(counters, QUIET)])
+                            middlewares=[context_middleware(counters, QUIET)],
+                            handler_args={"auto_decompress": False})  # a body that does not inflate is a 400
     admin[SERVICES] = services
     admin.on_response_prepare.append(note_started)
     router = admin.router
@@ -251,6 +252,9 @@ async def expect(request: web.Request) -> web.StreamResponse | None:
             request.writer.output_size = 0
         return None
     spoken = SPEAKS[format_spoken(request.path, request.headers, request.query)]
+    # answered before the middleware: its request line is written here
+    request_line({"method": request.method, "path": request.rel_url.raw_path, "route": "expect", "status": 417,
+                  "error_code": "EXPECTATION_FAILED"})
     return error_response(spoken, ProjectionistError("only Expect: 100-continue is understood",
                                                      code="EXPECTATION_FAILED"))
 

@@ -57,12 +57,29 @@ class _Bridge(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if _unparsed(record):
+                return
             fields: dict[str, Any] = {"logger": record.name}
             if record.exc_info and record.exc_info[0] is not None:
                 fields["exc_info"] = record.exc_info
             get_logger().log(record.levelno, record.getMessage(), **fields)
         except Exception:  # a line that cannot be written is dropped, never raised into its caller
             self.handleError(record)
+
+
+def _unparsed(record: logging.LogRecord) -> bool:
+    """A request aiohttp's parser refused before any handler saw it (a path or header that is no
+    HTTP, a broken chunked body): its request line, with the status aiohttp answered, instead of
+    a traceback. True when the record was that."""
+    exc = record.exc_info[1] if record.exc_info else None
+    # aiohttp's HttpProcessingError, by name: this layer imports no HTTP library
+    if record.name != "aiohttp.server" or not any(c.__name__ == "HttpProcessingError" for c in type(exc).__mro__):
+        return False
+    code = getattr(exc, "code", None)
+    status = code if isinstance(code, int) and 400 <= code < 500 else 400
+    request_line({"method": None, "path": None, "route": "unparsed", "status": status,
+                  "error": type(exc).__name__})
+    return True
 
 
 class _Lines(structlog.BytesLogger):
