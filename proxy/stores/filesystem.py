@@ -346,16 +346,20 @@ class FilesystemStore:
         return await self._index(partial(self._variants_sync, directory), "read")
 
     async def _index(self, fn: Callable[[], _T], kind: str) -> _T:
-        """Run an index operation on its lane (reads with the stamps, writes with the writes); an
-        OS fault or a timeout is a retryable ``Unavailable``."""
-        lane = self.writes if kind == "write" else self.stamp_lane
-        code = WRITE_FAILED if kind == "write" else UNAVAILABLE
+        """Run an index operation on its lane (reads with the stamps, writes with the writes)."""
+        return await self._on_lane(fn, self.writes if kind == "write" else self.stamp_lane,
+                                   kind == "write", f"variant index {kind}")
+
+    async def _on_lane(self, fn: Callable[[], _T], lane: Lane, writes: bool, what: str) -> _T:
+        """``fn`` on ``lane``; an OS fault or a timeout is a retryable ``Unavailable``
+        (``ATTACHMENT_WRITE_FAILED`` for a write, else ``STORE_UNAVAILABLE``)."""
+        code = WRITE_FAILED if writes else UNAVAILABLE
         try:
             return await lane.run(fn)
         except TimeoutError:
-            raise Unavailable(f"{code}: variant index {kind} timed out", code=code) from None
+            raise Unavailable(f"{code}: {what} timed out", code=code) from None
         except OSError as exc:
-            raise Unavailable(f"{code}: variant index {kind} failed ({_errname(exc)})", code=code) from None
+            raise Unavailable(f"{code}: {what} failed ({_errname(exc)})", code=code) from None
 
     # -- uploads under way (``http.resumable``) ----------------------------------------------------
 
@@ -391,15 +395,9 @@ class FilesystemStore:
 
     async def _uploads(self, fn: Callable[[], _T], kind: str) -> _T:
         """Run an upload operation on its lane (listings with the stamps, parts' bytes with the
-        reads, writes with the writes); an OS fault or a timeout is a retryable ``Unavailable``."""
+        reads, writes with the writes)."""
         lane = {"write": self.writes, "read": self.stamp_lane, "bytes": self.reads}[kind]
-        code = WRITE_FAILED if kind == "write" else UNAVAILABLE
-        try:
-            return await lane.run(fn)
-        except TimeoutError:
-            raise Unavailable(f"{code}: upload parts {kind} timed out", code=code) from None
-        except OSError as exc:
-            raise Unavailable(f"{code}: upload parts {kind} failed ({_errname(exc)})", code=code) from None
+        return await self._on_lane(fn, lane, kind == "write", f"upload parts {kind}")
 
     async def start(self) -> None:
         """Start-up: the read and stamp lanes' threads now, so a process's first request does not

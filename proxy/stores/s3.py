@@ -29,7 +29,7 @@ import hashlib
 import re
 import time
 from functools import partial
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, unquote
 
@@ -260,19 +260,30 @@ class S3Store:
         limit = max(0, min(limit, LIST_MAX))
         start = self.key(check_id(after)[len(ID_PREFIX):]) if after is not None else ""
 
+        def digest_of(key: str) -> str | None:
+            hex_digest = key.rsplit("/", 1)[-1]
+            return hex_digest if _HEX.fullmatch(hex_digest) and key == self.key(hex_digest) else None
+
+        return await self._listed(f"{self.prefix}objects/", start, limit, digest_of, self._head_record)
+
+    async def _listed(self, prefix: str, start: str, limit: int, digest_of: Callable[[str], str | None],
+                      meta_of: Callable[[Any, str], Awaitable[AttachmentMeta | None]]) -> list[AttachmentMeta]:
+        """Up to ``limit`` records of the keys under ``prefix`` after ``start``, in key order:
+        ``ListObjectsV2`` pages (``StartAfter``), each key's digest by ``digest_of`` (None: not
+        one), its record by ``meta_of`` (None: gone meanwhile), on the stamp lane."""
         async def fetch() -> list[AttachmentMeta]:
             client = await self.client()
             found: list[AttachmentMeta] = []
             token = start
             while len(found) < limit:
                 page = {"StartAfter": token} if token else {}
-                listing = await client.list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}objects/",
+                listing = await client.list_objects_v2(Bucket=self.bucket, Prefix=prefix,
                                                        MaxKeys=limit - len(found), **page)
                 keys = [str(item["Key"]) for item in listing.get("Contents") or ()]
                 for key in keys:
-                    hex_digest = key.rsplit("/", 1)[-1]
-                    if _HEX.fullmatch(hex_digest) and key == self.key(hex_digest):
-                        meta = await self._head_record(client, hex_digest)
+                    hex_digest = digest_of(key)
+                    if hex_digest is not None:
+                        meta = await meta_of(client, hex_digest)
                         found += [meta] if meta is not None else []
                 if not keys or not listing.get("IsTruncated"):
                     break
@@ -359,26 +370,14 @@ class S3Store:
         prefix = self.grant_key(tenant)
         start = prefix + check_id(after)[len(ID_PREFIX):] if after is not None else ""
 
-        async def fetch() -> list[AttachmentMeta]:
-            client = await self.client()
-            found: list[AttachmentMeta] = []
-            token = start
-            while len(found) < limit:
-                page = {"StartAfter": token} if token else {}
-                listing = await client.list_objects_v2(Bucket=self.bucket, Prefix=prefix,
-                                                       MaxKeys=limit - len(found), **page)
-                keys = [str(item["Key"]) for item in listing.get("Contents") or ()]
-                for key in keys:
-                    hex_digest = key[len(prefix):]
-                    if _HEX.fullmatch(hex_digest):
-                        meta = await self._granted(client, tenant, hex_digest)
-                        found += [meta] if meta is not None else []
-                if not keys or not listing.get("IsTruncated"):
-                    break
-                token = keys[-1]
-            return found
+        def digest_of(key: str) -> str | None:
+            hex_digest = key[len(prefix):]
+            return hex_digest if _HEX.fullmatch(hex_digest) else None
 
-        return await _unless_missing(self.stamp_lane.run(fetch)) or []
+        async def granted(client: Any, hex_digest: str) -> AttachmentMeta | None:
+            return await self._granted(client, tenant, hex_digest)
+
+        return await self._listed(prefix, start, limit, digest_of, granted)
 
     # -- writes ----------------------------------------------------------------------------------
 
