@@ -586,17 +586,21 @@ class FilesystemStore:
     def _list_granted_sync(self, tenant: str, after_hex: str, limit: int) -> list[AttachmentMeta]:
         found: list[AttachmentMeta] = []
         directory = self._grant_path(tenant, "0" * 64).parent
-        try:
-            self._count("list")
-            names = sorted(n for n in os.listdir(directory) if _HEX.fullmatch(n) and n > after_hex)
-        except FileNotFoundError:
-            return found
+        names = sorted(n for n in self._names(directory) if _HEX.fullmatch(n) and n > after_hex)
         for name in names:
             if len(found) == limit:
                 break
             meta = self._granted_sync(tenant, name)
             found += [meta] if meta is not None else []
         return found
+
+    def _names(self, directory: Path) -> list[str]:
+        """The names in ``directory`` (one counted listing); none when it does not exist."""
+        try:
+            self._count("list")
+            return os.listdir(directory)
+        except FileNotFoundError:
+            return []
 
     def _put_blob_sync(self, data: bytes) -> str:
         hex_digest = hashlib.sha256(data).hexdigest()
@@ -647,12 +651,8 @@ class FilesystemStore:
         return variant_id
 
     def _variants_sync(self, directory: Path) -> dict[str, str]:
-        try:
-            self._count("list")
-            names = sorted(os.listdir(directory))
-        except FileNotFoundError:
-            return {}
-        found = {name: self._entry_at(directory / name) for name in names if is_valid_target(name)}
+        found = {name: self._entry_at(directory / name) for name in sorted(self._names(directory))
+                 if is_valid_target(name)}
         return {name: entry for name, entry in found.items() if entry is not None}
 
     def _put_part_sync(self, directory: Path, offset: int, data: bytes) -> bool:
@@ -677,11 +677,7 @@ class FilesystemStore:
         return True
 
     def _upload_parts_sync(self, directory: Path) -> UploadParts:
-        try:
-            self._count("list")
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return UploadParts()
+        names = self._names(directory)
         parts = []
         for name in names:
             if _OFFSET.fullmatch(name):
@@ -719,11 +715,7 @@ class FilesystemStore:
         return True
 
     def _drop_parts_sync(self, directory: Path) -> None:
-        try:
-            self._count("list")
-            names = [n for n in os.listdir(directory) if _OFFSET.fullmatch(n)]
-        except FileNotFoundError:
-            return
+        names = [n for n in self._names(directory) if _OFFSET.fullmatch(n)]
         for name in names:
             with suppress(FileNotFoundError):
                 self._count("unlink")
