@@ -13,10 +13,10 @@ from typing import Any, Final
 
 import msgspec
 
-from projectionist.adapters import anthropic_messages
-from projectionist.adapters.base import Carried, Json, Site
-from projectionist.policy.model import NO_HTTP, HttpRefs
-from projectionist.policy.profile import Rejection
+from . import anthropic_messages
+from .base import Carried, Json, Site
+from ..policy.model import NO_HTTP, HttpRefs
+from ..policy.profile import Rejection
 
 NAME: Final = "anthropic_batches"
 FORMAT: Final = "anthropic"

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from projectionist.policy.model import HttpRefs, ImageRef, Outcome, Resolved, StoredImage
-from projectionist.policy.profile import Profile, Rejection
+from ..policy.model import HttpRefs, ImageRef, Outcome, Resolved, StoredImage
+from ..policy.profile import Profile, Rejection
 
 Json = Any
 

@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import quote
 
-from projectionist.adapters.base import (SCAN_CHARS, Carried, Host, Inline, Inliner, Json, Known, PlainInline, Site,
+from .base import (SCAN_CHARS, Carried, Host, Inline, Inliner, Json, Known, PlainInline, Site,
                                          error_object, inliner, insert_after, known_pattern, part_pointer)
-from projectionist.adapters.responses import member
-from projectionist.policy.model import ID_PREFIX, NO_HTTP, URL_SCHEME, HttpRefs, Outcome, Resolved, parse_url_ref
-from projectionist.policy.profile import Profile, Rejection
+from .responses import member
+from ..policy.model import ID_PREFIX, NO_HTTP, URL_SCHEME, HttpRefs, Outcome, Resolved, parse_url_ref
+from ..policy.profile import Profile, Rejection
 
 NAME: Final = "gemini"
 FORMAT: Final = "gemini"

@@ -14,12 +14,12 @@ import re
 from collections.abc import Iterator
 from typing import Any, Final
 
-from projectionist.adapters.base import (SCAN_CHARS, Carried, Inline, Inliner, Json, Known, PlainInline, Site,
+from .base import (SCAN_CHARS, Carried, Inline, Inliner, Json, Known, PlainInline, Site,
                                          content_lists, data_url_base64, error_object, known_pattern,
                                          opening_messages, part_pointer, patch)
-from projectionist.adapters.responses import member
-from projectionist.policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
-from projectionist.policy.profile import Profile, Rejection
+from .responses import member
+from ..policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
+from ..policy.profile import Profile, Rejection
 
 NAME: Final = "openai_chat"
 FORMAT: Final = "openai"

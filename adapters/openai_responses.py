@@ -17,11 +17,11 @@ import re
 from collections.abc import Iterator
 from typing import Any, Final
 
-from projectionist.adapters import openai_chat
-from projectionist.adapters.base import (Carried, Host, Inliner, Json, PlainInline, Site, data_url_base64, inliner,
+from . import openai_chat
+from .base import (Carried, Host, Inliner, Json, PlainInline, Site, data_url_base64, inliner,
                                          insert_after, opening_messages)
-from projectionist.adapters.responses import member
-from projectionist.policy.model import (ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, Resolved, parse_file_id,
+from .responses import member
+from ..policy.model import (ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, Resolved, parse_file_id,
                                         parse_url_ref)
 
 NAME: Final = "openai_responses"

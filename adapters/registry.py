@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from projectionist.adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
-from projectionist.adapters.base import WireFormat
+from . import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
+from .base import WireFormat
 
 #: Every adapter, by the name records and replay use.
 ADAPTERS: Final[dict[str, WireFormat]] = {

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import msgspec
 
-from projectionist.adapters.base import Json
+from .base import Json
 
 _decoder: Final = msgspec.json.Decoder()
 

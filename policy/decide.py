@@ -15,11 +15,11 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError
-from projectionist.policy.events import Quarantine, Variant
-from projectionist.policy.fold import SessionState, placeholder
-from projectionist.policy.model import ImageRef, StoreFailure, Outcome, Placeholder, Resolved, StoredImage
-from projectionist.policy.profile import Profile, breaks
+from .errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError
+from .events import Quarantine, Variant
+from .fold import SessionState, placeholder
+from .model import ImageRef, StoreFailure, Outcome, Placeholder, Resolved, StoredImage
+from .profile import Profile, breaks
 
 Sessionless = Literal["fail", "placeholder"]
 FAILURE: Final[dict[str, StoreFailure]] = {NOT_FOUND: "not_found", CORRUPT: "corrupt", READ_FAILED: "read_failed"}

@@ -13,7 +13,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from projectionist.policy.model import StoreFailure
+from .model import StoreFailure
 
 QUARANTINE: Final = "attachment/quarantine"
 RECOVERED: Final = "attachment/recovered"

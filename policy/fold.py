@@ -17,7 +17,7 @@ from typing import Final
 
 import msgspec
 
-from projectionist.policy.events import (
+from .events import (
     RECORD_TYPES,
     Checkpoint,
     CheckpointEvent,
@@ -34,7 +34,7 @@ from projectionist.policy.events import (
     VariantEvent,
     type_of,
 )
-from projectionist.policy.model import ImageRef, short_id
+from .model import ImageRef, short_id
 
 
 class SessionState(msgspec.Struct, frozen=True):

@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
-from projectionist.policy.errors import INVALID_REF, AttachmentError, InvalidRequest
+from .errors import INVALID_REF, AttachmentError, InvalidRequest
 
 #: The store's three failures: what an ``attachment/quarantine`` event can say.
 StoreFailure = Literal["not_found", "corrupt", "read_failed"]

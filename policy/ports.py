@@ -11,9 +11,9 @@ from typing import Protocol
 
 import msgspec
 
-from projectionist.policy.events import Event, EventData, ForkedEvent
-from projectionist.policy.model import StoredImage
-from projectionist.policy.profile import Profile
+from .events import Event, EventData, ForkedEvent
+from .model import StoredImage
+from .profile import Profile
 
 
 class AttachmentStore(Protocol):

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
-from projectionist.policy.fold import SessionState
+from .fold import SessionState
 
 
 class Prober:

@@ -16,7 +16,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from projectionist.policy.errors import (
+from .errors import (
     READ_FAILED,
     AppendConflict,
     AttachmentError,
@@ -25,13 +25,13 @@ from projectionist.policy.errors import (
     ProjectionistError,
     Unavailable,
 )
-from projectionist.policy.decide import Done, Fail, Lift, Pin, Read, Sessionless, Vary, decide, names_of
-from projectionist.policy.events import Event, EventData, Quarantine, Recovered, RecoveredEvent, Rejected, Variant
-from projectionist.policy.probe import Prober
-from projectionist.policy.fold import EMPTY, SessionState, fold, fold_states
-from projectionist.policy.model import ImageRef, Outcome, StoredImage, check_id
-from projectionist.policy.profile import Profile
-from projectionist.policy.ports import AttachmentStore, SessionLog, Varier
+from .decide import Done, Fail, Lift, Pin, Read, Sessionless, Vary, decide, names_of
+from .events import Event, EventData, Quarantine, Recovered, RecoveredEvent, Rejected, Variant
+from .probe import Prober
+from .fold import EMPTY, SessionState, fold, fold_states
+from .model import ImageRef, Outcome, StoredImage, check_id
+from .profile import Profile
+from .ports import AttachmentStore, SessionLog, Varier
 
 Lock = contextlib.AbstractAsyncContextManager[Any]
 _D = TypeVar("_D", bound=EventData)

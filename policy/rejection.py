@@ -17,8 +17,8 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
-from projectionist.policy.events import Event, Rejected, RequestEvent, ResponseEvent, ResponseRecorded
-from projectionist.policy.profile import Rejection
+from .events import Event, Rejected, RequestEvent, ResponseEvent, ResponseRecorded
+from .profile import Rejection
 
 
 def _within(path: str, site: str) -> bool:

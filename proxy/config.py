@@ -20,9 +20,9 @@ from typing import Annotated, Final, Literal
 import msgspec
 from yarl import URL
 
-from projectionist.policy.errors import InvalidRequest
-from projectionist.policy.model import is_tenant
-from projectionist.proxy.config_explain import explain
+from ..policy.errors import InvalidRequest
+from ..policy.model import is_tenant
+from .config_explain import explain
 
 Format = Literal["openai", "anthropic", "gemini"]
 FORMATS: tuple[Format, ...] = ("openai", "anthropic", "gemini")

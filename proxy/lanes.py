@@ -32,7 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from projectionist.policy.errors import Unavailable
+from ..policy.errors import Unavailable
 
 _T = TypeVar("_T")
 

@@ -45,13 +45,29 @@ def modules(part: str) -> list[Path]:
     return [path] if path.suffix == ".py" else sorted(path.rglob("*.py"))
 
 
+def module_name(path: Path) -> list[str]:
+    """The import name of a file of the checkout, as pyproject's package-dir maps it (``proxy/x.py``
+    is ``projectionist.proxy.x``); tests and bench keep their own names."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ["projectionist", *parts] if parts[0] in OLD_ROOTS else parts
+
+
 def imported(path: Path) -> set[str]:
-    """Every absolute import of ``path``: each module name and all its parents (``a.b.c``, ``a.b``, ``a``)."""
+    """Every import of ``path``, relative ones resolved: each module name and all its parents
+    (``a.b.c``, ``a.b``, ``a``)."""
+    package = module_name(path)[:-1]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        found = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [f"{node.module}.{a.name}" for a in node.names] \
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                assert node.level <= len(package), f"{path}: a relative import climbs out of the package"
+                base = ".".join([*package[:len(package) - node.level + 1], *([base] if base else [])])
+            found = [f"{base}.{a.name}" for a in node.names]
+        else:
+            found = []
         for name in found:
             parts = name.split(".")
             names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
@@ -75,6 +91,24 @@ def test_sibling_backends_stay_apart(module: str, forbidden: str) -> None:
 def test_everything_imports_the_one_package_name(package: str) -> None:
     offenders = {str(p.relative_to(ROOT)): sorted(imported(p) & OLD_ROOTS) for p in modules(package)}
     assert {name: bad for name, bad in offenders.items() if bad} == {}
+
+
+@pytest.mark.parametrize("package", ["policy", "adapters", "proxy"])
+def test_the_package_imports_itself_relatively(package: str) -> None:
+    """Inside the package every import of its own is relative, so a tool that reads imports by
+    path (no import hook, no package-dir mapping) draws the same graph as Python runs."""
+    offenders = [str(p.relative_to(ROOT)) for p in modules(package)
+                 if any(isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").startswith("projectionist")
+                        or isinstance(n, ast.Import) and any(a.name.startswith("projectionist") for a in n.names)
+                        for n in ast.walk(ast.parse(p.read_text())))]
+    assert offenders == []
+
+
+def test_no_folder_of_the_package_is_a_link() -> None:
+    """The checkout is the package: no part of it reaches its folders through a link."""
+    assert (ROOT / "__init__.py").is_file()
+    links = [str(p.relative_to(ROOT)) for top in OLD_ROOTS for p in [ROOT / top, *(ROOT / top).rglob("*")] if p.is_symlink()]
+    assert links == []
 
 
 def test_the_scanner_sees_imports() -> None:

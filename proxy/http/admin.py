@@ -15,19 +15,19 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from projectionist.policy.errors import InvalidRequest, NotFound, Unauthorized
-from projectionist.policy.events import Event
-from projectionist.policy.fold import SessionState
-from projectionist.policy.model import check_id, check_scoped_session
-from projectionist.policy.ports import SessionLog
-from projectionist.policy.projection import recover, refresh
-from projectionist.proxy.http.bodies import read_body
-from projectionist.proxy.http.middleware import Handler, context
-from projectionist.proxy.http.services import SERVICES, Services
-from projectionist.proxy.sessionlog.base import Log
-from projectionist.proxy.sessionlog.summary import summaries, summary
-from projectionist.proxy.upstream.replay import rebuild, send_and_compare
-from projectionist.proxy.http.params import natural
+from ...policy.errors import InvalidRequest, NotFound, Unauthorized
+from ...policy.events import Event
+from ...policy.fold import SessionState
+from ...policy.model import check_id, check_scoped_session
+from ...policy.ports import SessionLog
+from ...policy.projection import recover, refresh
+from .bodies import read_body
+from .middleware import Handler, context
+from .services import SERVICES, Services
+from ..sessionlog.base import Log
+from ..sessionlog.summary import summaries, summary
+from ..upstream.replay import rebuild, send_and_compare
+from .params import natural
 
 
 class ForkRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -14,38 +14,38 @@ from typing import TYPE_CHECKING
 
 from aiohttp import HttpVersion11, web
 
-from projectionist.adapters import openai_chat
-from projectionist.adapters.registry import SPEAKS
-from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
-from projectionist.proxy.config import Config, TelemetryConfig
-from projectionist.proxy.http import gemini_files
-from projectionist.proxy.http.admin import add_admin_routes
-from projectionist.proxy.http.auth import Forbidden, Guard, client_unauthorized
-from projectionist.proxy.http.middleware import context, context_middleware, error_response, note_started
-from projectionist.proxy.http.readiness import READINESS, Readiness, readyz
-from projectionist.proxy.http.routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session, format_spoken
-from projectionist.proxy.http.services import ADMIN_APP, SERVICES, Services
-from projectionist.proxy.http.ui import add_ui_routes
-from projectionist.proxy.http.uploads import download, upload
-from projectionist.proxy.observe.logger import get_logger, request_line
-from projectionist.proxy.observe.metrics import Metrics, OpCounter
-from projectionist.proxy.sessionlog.base import Log
-from projectionist.proxy.sessionlog.cached import CachedLog
-from projectionist.proxy.sessionlog.sqlite import SqliteLog
-from projectionist.proxy.stores.admission import warm_up
-from projectionist.proxy.stores.base import Store
-from projectionist.proxy.stores.cache import CachedStore, VerifiedCache
-from projectionist.proxy.stores.filesystem import FilesystemStore
-from projectionist.proxy.upstream.target import Upstream, new_session
+from ...adapters import openai_chat
+from ...adapters.registry import SPEAKS
+from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
+from ..config import Config, TelemetryConfig
+from . import gemini_files
+from .admin import add_admin_routes
+from .auth import Forbidden, Guard, client_unauthorized
+from .middleware import context, context_middleware, error_response, note_started
+from .readiness import READINESS, Readiness, readyz
+from .routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session, format_spoken
+from .services import ADMIN_APP, SERVICES, Services
+from .ui import add_ui_routes
+from .uploads import download, upload
+from ..observe.logger import get_logger, request_line
+from ..observe.metrics import Metrics, OpCounter
+from ..sessionlog.base import Log
+from ..sessionlog.cached import CachedLog
+from ..sessionlog.sqlite import SqliteLog
+from ..stores.admission import warm_up
+from ..stores.base import Store
+from ..stores.cache import CachedStore, VerifiedCache
+from ..stores.filesystem import FilesystemStore
+from ..upstream.target import Upstream, new_session
 
 if TYPE_CHECKING:
-    from projectionist.proxy.observe.tracing import Tracing
+    from ..observe.tracing import Tracing
 
 
 def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store:
     """The configured attachment store: ``filesystem`` (embedded default) or ``s3``."""
     if config.store.kind == "s3":
-        from projectionist.proxy.stores.s3 import S3Store  # imported on demand: botocore is heavy
+        from ..stores.s3 import S3Store  # imported on demand: botocore is heavy
 
         s3 = config.store.s3
         if not s3.bucket:
@@ -62,7 +62,7 @@ def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store
 def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
     """The configured session log: ``sqlite`` (embedded default) or ``postgres``."""
     if config.log.kind == "postgres":
-        from projectionist.proxy.sessionlog.postgres import PostgresLog
+        from ..sessionlog.postgres import PostgresLog
 
         pg = config.log.postgres
         dsn = config.postgres_dsn(environ)
@@ -80,7 +80,7 @@ def open_tracing(telemetry: TelemetryConfig) -> Tracing | None:
     if not telemetry.otlp_endpoint.startswith(("http://", "https://")):
         raise InvalidRequest("telemetry.otlp_endpoint must be an http(s):// URL", code="INVALID_CONFIG")
     try:
-        from projectionist.proxy.observe.tracing import Tracing
+        from ..observe.tracing import Tracing
     except ImportError:
         raise InvalidRequest("telemetry.otlp_endpoint needs the OpenTelemetry packages: "
                              "pip install 'projectionist[otel]'", code="INVALID_CONFIG") from None

@@ -23,7 +23,7 @@ from typing import Final
 
 from multidict import MultiMapping
 
-from projectionist.policy.errors import ProjectionistError
+from ...policy.errors import ProjectionistError
 
 #: Headers that carry a credential, by SDK: OpenAI (and most others), Anthropic, Gemini.
 CREDENTIAL_HEADERS: Final = ("authorization", "x-api-key", "x-goog-api-key")

@@ -22,7 +22,7 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_exceptions import BadHttpMessage
 from multidict import CIMultiDict
 
-from projectionist.policy.errors import InvalidRequest, PayloadTooLarge, ProjectionistError
+from ...policy.errors import InvalidRequest, PayloadTooLarge, ProjectionistError
 
 _WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 

@@ -34,21 +34,21 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from projectionist.adapters import anthropic_messages, openai_chat
-from projectionist.adapters.base import FilesFormat, WireFormat
-from projectionist.policy.errors import ImageRejected, InvalidRequest, NotFound, UpstreamError
-from projectionist.policy.model import ID_PREFIX, check_id
-from projectionist.proxy.stores.admission import IMAGE_TOO_LARGE, header_info
-from projectionist.proxy.http.bodies import encoding_of, inflate, parse_form
-from projectionist.proxy.http.middleware import context
-from projectionist.proxy.http.proxying import relay_body, relay_unchanged
-from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.stores.base import LIST_MAX, AttachmentMeta
-from projectionist.proxy.upstream.outgoing import outgoing_headers, target_url
-from projectionist.proxy.upstream.relay import client_error, forward_headers
-from projectionist.proxy.upstream.target import Upstream
-from projectionist.proxy.http.uploads import clean_name, serve_image
-from projectionist.proxy.http.params import natural
+from ...adapters import anthropic_messages, openai_chat
+from ...adapters.base import FilesFormat, WireFormat
+from ...policy.errors import ImageRejected, InvalidRequest, NotFound, UpstreamError
+from ...policy.model import ID_PREFIX, check_id
+from ..stores.admission import IMAGE_TOO_LARGE, header_info
+from .bodies import encoding_of, inflate, parse_form
+from .middleware import context
+from .proxying import relay_body, relay_unchanged
+from .services import SERVICES
+from ..stores.base import LIST_MAX, AttachmentMeta
+from ..upstream.outgoing import outgoing_headers, target_url
+from ..upstream.relay import client_error, forward_headers
+from ..upstream.target import Upstream
+from .uploads import clean_name, serve_image
+from .params import natural
 
 FILES_PATH: Final = re.compile(r"(?:/v1)?/files(?:/(?P<id>[^/]+)(?P<content>/content)?)?")
 MULTIPART_SLACK: Final = 64 * 1024

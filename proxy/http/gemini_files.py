@@ -32,18 +32,18 @@ from typing import Final
 import msgspec
 from aiohttp import web
 
-from projectionist.adapters import gemini
-from projectionist.adapters.base import WireFormat
-from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
-from projectionist.policy.model import ID_PREFIX, check_id
-from projectionist.proxy.http.bodies import read_body
-from projectionist.proxy.http.middleware import context, error_response
-from projectionist.proxy.http.proxying import relay_unchanged
-from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.http.uploads import clean_name
-from projectionist.proxy.stores.base import AttachmentMeta
-from projectionist.proxy.upstream.target import Upstream
-from projectionist.proxy.http.params import natural
+from ...adapters import gemini
+from ...adapters.base import WireFormat
+from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
+from ...policy.model import ID_PREFIX, check_id
+from .bodies import read_body
+from .middleware import context, error_response
+from .proxying import relay_unchanged
+from .services import SERVICES
+from .uploads import clean_name
+from ..stores.base import AttachmentMeta
+from ..upstream.target import Upstream
+from .params import natural
 
 START_PATH: Final = re.compile(r"/upload/v1(?:beta|alpha)?/files")
 FILE_PATH: Final = re.compile(r"/v1(?:beta|alpha)?/files/sha256-(?P<hex>[^/:]*)")

@@ -22,15 +22,15 @@ import msgspec
 from aiohttp import web
 from aiohttp.web_exceptions import HTTPException
 
-from projectionist.adapters import openai_chat
-from projectionist.adapters.base import WireFormat
-from projectionist.policy.errors import InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
-from projectionist.proxy.observe.logger import get_logger, request_line, request_lines
-from projectionist.proxy.observe.metrics import Metrics
-from projectionist.proxy.upstream.relay import REQUEST_ID_HEADER, abort
+from ...adapters import openai_chat
+from ...adapters.base import WireFormat
+from ...policy.errors import InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
+from ..observe.logger import get_logger, request_line, request_lines
+from ..observe.metrics import Metrics
+from ..upstream.relay import REQUEST_ID_HEADER, abort
 
 if TYPE_CHECKING:  # imported only when tracing is configured
-    from projectionist.proxy.observe.tracing import CallSpan
+    from ..observe.tracing import CallSpan
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ERROR_CODE_HEADER = "x-projectionist-error-code"

@@ -19,22 +19,22 @@ from urllib.parse import unquote
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
-from projectionist.adapters.base import WireFormat
-from projectionist.adapters.responses import tokens
-from projectionist.policy.errors import ProjectionistError
-from projectionist.policy.model import ImageRef, Placeholder, Resolved, scoped_session
-from projectionist.policy.projection import Projection, project
-from projectionist.proxy.http.bodies import read_body
-from projectionist.proxy.http.middleware import Context, context
-from projectionist.proxy.http import sessions
-from projectionist.proxy.http.resend import Carrying, Resend, carried_ids
-from projectionist.proxy.http.services import SERVICES, Services
-from projectionist.proxy.upstream.outgoing import outgoing_headers, recorded_path, target_url
-from projectionist.proxy.upstream.outgoing import readable_codings
-from projectionist.proxy.upstream.prepare import Built, Read, build, decode_json, may_hold_inline, may_hold_refs, read_images
-from projectionist.proxy.upstream.recording import CallInfo, Meter, Recorder
-from projectionist.proxy.upstream.relay import Body, Timing, relay
-from projectionist.proxy.upstream.target import Upstream
+from ...adapters.base import WireFormat
+from ...adapters.responses import tokens
+from ...policy.errors import ProjectionistError
+from ...policy.model import ImageRef, Placeholder, Resolved, scoped_session
+from ...policy.projection import Projection, project
+from .bodies import read_body
+from .middleware import Context, context
+from . import sessions
+from .resend import Carrying, Resend, carried_ids
+from .services import SERVICES, Services
+from ..upstream.outgoing import outgoing_headers, recorded_path, target_url
+from ..upstream.outgoing import readable_codings
+from ..upstream.prepare import Built, Read, build, decode_json, may_hold_inline, may_hold_refs, read_images
+from ..upstream.recording import CallInfo, Meter, Recorder
+from ..upstream.relay import Body, Timing, relay
+from ..upstream.target import Upstream
 
 CHUNK = 64 * 1024
 #: The model a Gemini method's path names (``/v1beta/models/{model}:generateContent``).

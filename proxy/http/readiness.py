@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
-from projectionist.policy.errors import ProjectionistError
-from projectionist.proxy.observe.logger import get_logger
+from ...policy.errors import ProjectionistError
+from ..observe.logger import get_logger
 
 OK = "ok"
 

@@ -27,25 +27,25 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
-from projectionist.adapters.base import WireFormat
-from projectionist.adapters.registry import ADAPTERS
-from projectionist.adapters.responses import documents
-from projectionist.policy import rejection as attribution
-from projectionist.policy.decide import names_of
-from projectionist.policy.errors import ProjectionistError
-from projectionist.policy.model import ImageRef
-from projectionist.policy.ports import SessionLog
-from projectionist.policy.profile import Rejection
-from projectionist.policy.projection import reject
-from projectionist.proxy.http.bodies import inflate
-from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.upstream.identity import decoded_bytes
-from projectionist.proxy.upstream.prepare import Built, carried, foreign
-from projectionist.proxy.upstream.recording import Recorder
-from projectionist.proxy.upstream.relay import SCREEN_MAX, Observer, Timing
+from ...adapters.base import WireFormat
+from ...adapters.registry import ADAPTERS
+from ...adapters.responses import documents
+from ...policy import rejection as attribution
+from ...policy.decide import names_of
+from ...policy.errors import ProjectionistError
+from ...policy.model import ImageRef
+from ...policy.ports import SessionLog
+from ...policy.profile import Rejection
+from ...policy.projection import reject
+from .bodies import inflate
+from ..observe.logger import get_logger
+from ..upstream.identity import decoded_bytes
+from ..upstream.prepare import Built, carried, foreign
+from ..upstream.recording import Recorder
+from ..upstream.relay import SCREEN_MAX, Observer, Timing
 
 if TYPE_CHECKING:
-    from projectionist.proxy.http.services import Services
+    from .services import Services
 
 #: Builds the call again from the log: the new body, and the recorder of the new call (if any).
 Rebuild = Callable[[], Awaitable[tuple[bytes, Recorder | None]]]

@@ -38,9 +38,9 @@ from typing import Final
 
 import msgspec
 
-from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError, Unavailable
-from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.stores.base import PARTS_MAX, Store, UploadParts, upload_name
+from ...policy.errors import InvalidRequest, NotFound, ProjectionistError, Unavailable
+from ..observe.logger import get_logger
+from ..stores.base import PARTS_MAX, Store, UploadParts, upload_name
 
 #: The environment variable that holds the key the processes of one deployment sign tokens with.
 KEY_ENV: Final = "PROJECTIONIST_UPLOAD_KEY"

@@ -35,14 +35,14 @@ from aiohttp import web
 from multidict import MultiDict, MultiDictProxy, MultiMapping
 from yarl import URL
 
-from projectionist.adapters.registry import SPEAKS, projecting
-from projectionist.policy.errors import InvalidRequest, NotFound, ProjectionistError
-from projectionist.policy.model import check_session_id
-from projectionist.proxy.http import files, gemini_files
-from projectionist.proxy.http.middleware import context
-from projectionist.proxy.http.proxying import PATH_SESSION, relay_projected, relay_unchanged, session_of
-from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.upstream.urls import check_name, check_path
+from ...adapters.registry import SPEAKS, projecting
+from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
+from ...policy.model import check_session_id
+from . import files, gemini_files
+from .middleware import context
+from .proxying import PATH_SESSION, relay_projected, relay_unchanged, session_of
+from .services import SERVICES
+from ..upstream.urls import check_name, check_path
 
 _GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")
 #: Busy un-prefixed paths, registered as plain routes so aiohttp resolves them without a pattern scan.

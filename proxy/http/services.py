@@ -13,24 +13,24 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from projectionist.policy.model import HttpRefs
-from projectionist.policy.probe import Prober
-from projectionist.proxy.config import Config
-from projectionist.proxy.http.auth import Guard
-from projectionist.proxy.observe.metrics import Metrics
-from projectionist.proxy.sessionlog.cached import CachedLog
-from projectionist.proxy.stores.base import Store
-from projectionist.proxy.stores.cache import CachedStore
-from projectionist.proxy.http.resend import Acceptances, InFlight
-from projectionist.proxy.http.resumable import Uploads
-from projectionist.proxy.stores.tenancy import Visible
-from projectionist.proxy.stores.variants import Variants
-from projectionist.proxy.upstream.identity import Identities
-from projectionist.proxy.upstream.recording import Recording
-from projectionist.proxy.upstream.target import Upstream
+from ...policy.model import HttpRefs
+from ...policy.probe import Prober
+from ..config import Config
+from .auth import Guard
+from ..observe.metrics import Metrics
+from ..sessionlog.cached import CachedLog
+from ..stores.base import Store
+from ..stores.cache import CachedStore
+from .resend import Acceptances, InFlight
+from .resumable import Uploads
+from ..stores.tenancy import Visible
+from ..stores.variants import Variants
+from ..upstream.identity import Identities
+from ..upstream.recording import Recording
+from ..upstream.target import Upstream
 
 if TYPE_CHECKING:  # imported only when tracing is configured
-    from projectionist.proxy.observe.tracing import Tracing
+    from ..observe.tracing import Tracing
 
 
 #: The console's own application (``app.admin_site`` serves it), kept on the proxy's.

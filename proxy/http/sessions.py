@@ -29,9 +29,9 @@ from typing import Any, Final, NamedTuple
 import msgspec
 from multidict import MultiMapping
 
-from projectionist.adapters.base import WireFormat
-from projectionist.policy.errors import InvalidRequest
-from projectionist.policy.model import check_session_id, is_session_id
+from ...adapters.base import WireFormat
+from ...policy.errors import InvalidRequest
+from ...policy.model import check_session_id, is_session_id
 
 #: Headers in which clients name their own session, and the source each one's session is named by.
 CLIENT_HEADERS: Final = (

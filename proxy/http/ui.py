@@ -27,17 +27,17 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from PIL import Image
 
-from projectionist.adapters.redact import shorten
-from projectionist.policy.errors import READ_FAILED, AttachmentError, InvalidRequest, NotFound, ProjectionistError, Unauthorized
-from projectionist.policy.fold import EMPTY
-from projectionist.policy.model import check_id, check_scoped_session, short_id
-from projectionist.policy.projection import refresh
-from projectionist.proxy.http import admin
-from projectionist.proxy.http.auth import Guard
-from projectionist.proxy.http.middleware import ERROR_CODE_HEADER, Handler, context
-from projectionist.proxy.http.services import SERVICES, Services
-from projectionist.proxy.http.ui_assets import CSS, ICON, JS
-from projectionist.proxy.http.ui_pages import (
+from ...adapters.redact import shorten
+from ...policy.errors import READ_FAILED, AttachmentError, InvalidRequest, NotFound, ProjectionistError, Unauthorized
+from ...policy.fold import EMPTY
+from ...policy.model import check_id, check_scoped_session, short_id
+from ...policy.projection import refresh
+from . import admin
+from .auth import Guard
+from .middleware import ERROR_CODE_HEADER, Handler, context
+from .services import SERVICES, Services
+from .ui_assets import CSS, ICON, JS
+from .ui_pages import (
     UI,
     error_page,
     login_page,
@@ -45,11 +45,11 @@ from projectionist.proxy.http.ui_pages import (
     session_page,
     sessions_page,
 )
-from projectionist.proxy.lanes import Busy
-from projectionist.proxy.sessionlog.summary import summaries
-from projectionist.proxy.upstream.replay import rebuild
-from projectionist.proxy.http.params import natural
-from projectionist.proxy.upstream.relay import CONSOLE_COOKIE
+from ..lanes import Busy
+from ..sessionlog.summary import summaries
+from ..upstream.replay import rebuild
+from .params import natural
+from ..upstream.relay import CONSOLE_COOKIE
 
 #: Sessions on one page of the session list, and the last page one may ask for.
 SESSIONS_PER_PAGE: Final = 200

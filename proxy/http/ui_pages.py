@@ -15,7 +15,7 @@ from urllib.parse import quote, urlencode
 
 import msgspec
 
-from projectionist.policy.events import (
+from ...policy.events import (
     CheckpointEvent,
     Event,
     ForkedEvent,
@@ -30,9 +30,9 @@ from projectionist.policy.events import (
     answers,
     type_of,
 )
-from projectionist.policy.model import short_id as short
-from projectionist.policy.fold import SessionState
-from projectionist.proxy.sessionlog.summary import SessionSummary
+from ...policy.model import short_id as short
+from ...policy.fold import SessionState
+from ..sessionlog.summary import SessionSummary
 
 UI: Final = "/admin/ui"
 #: Lines of a body shown per side in the replay view (the rest is cut, and said so).

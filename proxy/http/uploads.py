@@ -18,11 +18,11 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from projectionist.policy.errors import NOT_FOUND, AttachmentError, InvalidRequest, ProjectionistError
-from projectionist.policy.model import ATTACHMENTS_PATH, EXTENSION_OF, StoredImage, check_id, split_extension
-from projectionist.proxy.http.bodies import encoding_of, form_parts, parse_form, read_body
-from projectionist.proxy.http.middleware import context
-from projectionist.proxy.http.services import SERVICES
+from ...policy.errors import NOT_FOUND, AttachmentError, InvalidRequest, ProjectionistError
+from ...policy.model import ATTACHMENTS_PATH, EXTENSION_OF, StoredImage, check_id, split_extension
+from .bodies import encoding_of, form_parts, parse_form, read_body
+from .middleware import context
+from .services import SERVICES
 
 MAX_NAME = 255
 

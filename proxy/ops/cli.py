@@ -20,22 +20,22 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from projectionist.policy.errors import InvalidRequest, ProjectionistError
-from projectionist.policy.model import check_id, check_scoped_session
-from projectionist.policy.projection import recover
-from projectionist.proxy.http.admin import events_view, quarantine_view, session_events, session_state
-from projectionist.proxy.http.app import open_log, open_store
-from projectionist.proxy.config import Config, Format, load_config, parse_upstream_spec, with_upstreams
-from projectionist.proxy.ops.serve import StartupError, serve
-from projectionist.proxy.ops.workers import supervise
-from projectionist.proxy.ops.demo import DemoFailed, run_demo, write_snapshot
-from projectionist.proxy.upstream.replay import rebuild, send_and_compare
-from projectionist.proxy.observe.logger import setup_logging
-from projectionist.proxy.ops.tables import sessions_table, timeline_table
-from projectionist.proxy.sessionlog.base import Log
-from projectionist.proxy.sessionlog.cached import CachedLog
-from projectionist.proxy.sessionlog.summary import summaries
-from projectionist.proxy.stores.base import Store
+from ...policy.errors import InvalidRequest, ProjectionistError
+from ...policy.model import check_id, check_scoped_session
+from ...policy.projection import recover
+from ..http.admin import events_view, quarantine_view, session_events, session_state
+from ..http.app import open_log, open_store
+from ..config import Config, Format, load_config, parse_upstream_spec, with_upstreams
+from .serve import StartupError, serve
+from .workers import supervise
+from .demo import DemoFailed, run_demo, write_snapshot
+from ..upstream.replay import rebuild, send_and_compare
+from ..observe.logger import setup_logging
+from .tables import sessions_table, timeline_table
+from ..sessionlog.base import Log
+from ..sessionlog.cached import CachedLog
+from ..sessionlog.summary import summaries
+from ..stores.base import Store
 
 T = TypeVar("T")
 

@@ -24,10 +24,10 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from projectionist.proxy.http.app import create_app
-from projectionist.proxy.http.services import ADMIN_APP
-from projectionist.proxy.config import load_config, with_upstream_urls
-from projectionist.adapters.redact import shorten
+from ..http.app import create_app
+from ..http.services import ADMIN_APP
+from ..config import load_config, with_upstream_urls
+from ...adapters.redact import shorten
 
 IMAGES: dict[str, bytes] = {
     name: base64.b64decode(b64)

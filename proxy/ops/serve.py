@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from aiohttp import web
 
-from projectionist.policy.errors import InvalidRequest, ProjectionistError
-from projectionist.proxy.config import Config
-from projectionist.proxy.http.app import admin_site, create_app
-from projectionist.proxy.observe.logger import get_logger, redact_url, setup_logging
+from ...policy.errors import InvalidRequest, ProjectionistError
+from ..config import Config
+from ..http.app import admin_site, create_app
+from ..observe.logger import get_logger, redact_url, setup_logging
 
 
 def event_loop(choice: str) -> asyncio.AbstractEventLoop:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from projectionist.policy.events import (
+from ...policy.events import (
     CheckpointEvent,
     Event,
     ForkedEvent,
@@ -25,8 +25,8 @@ from projectionist.policy.events import (
     VariantEvent,
     type_of,
 )
-from projectionist.policy.model import short_id as short
-from projectionist.proxy.sessionlog.summary import SessionSummary
+from ...policy.model import short_id as short
+from ..sessionlog.summary import SessionSummary
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> str:

@@ -21,10 +21,10 @@ from typing import BinaryIO
 import msgspec
 from aiohttp import web
 
-from projectionist.policy.errors import ProjectionistError
-from projectionist.proxy.config import Config
-from projectionist.proxy.observe.logger import setup_logging
-from projectionist.proxy.ops.serve import CleanupCtx, limit_malloc_arenas, run_server
+from ...policy.errors import ProjectionistError
+from ..config import Config
+from ..observe.logger import setup_logging
+from .serve import CleanupCtx, limit_malloc_arenas, run_server
 
 #: prctl(2) option: the signal this process gets when its parent dies.
 PR_SET_PDEATHSIG = 1

@@ -31,11 +31,11 @@ from types import FrameType
 
 import msgspec
 
-from projectionist.proxy.config import Config
-from projectionist.proxy.observe.logger import get_logger, setup_logging
-from projectionist.proxy.ops.serve import StartupError, admit_open_proxy, event_loop, listening_fields
-from projectionist.proxy.ops.worker import Brief, Report
-from projectionist.proxy.http.resumable import KEY_ENV as UPLOAD_KEY_ENV
+from ..config import Config
+from ..observe.logger import get_logger, setup_logging
+from .serve import StartupError, admit_open_proxy, event_loop, listening_fields
+from .worker import Brief, Report
+from ..http.resumable import KEY_ENV as UPLOAD_KEY_ENV
 
 RESTART_LIMIT = 5
 RESTART_WINDOW = 60.0

@@ -10,9 +10,9 @@ from typing import NamedTuple, Protocol
 
 import msgspec
 
-from projectionist.policy.errors import LogCorrupt
-from projectionist.policy.events import Event, EventData, RequestEvent, ResponseEvent, decode_event
-from projectionist.policy.ports import SessionLog
+from ...policy.errors import LogCorrupt
+from ...policy.events import Event, EventData, RequestEvent, ResponseEvent, decode_event
+from ...policy.ports import SessionLog
 
 
 class SessionStats(NamedTuple):

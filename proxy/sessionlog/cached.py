@@ -27,9 +27,9 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from projectionist.policy.errors import AppendConflict, Unavailable
-from projectionist.policy.events import Event, EventData, ForkedEvent
-from projectionist.policy.fold import (
+from ...policy.errors import AppendConflict, Unavailable
+from ...policy.events import Event, EventData, ForkedEvent
+from ...policy.fold import (
     CHECKPOINT_EVERY,
     EMPTY,
     SessionState,
@@ -38,10 +38,10 @@ from projectionist.policy.fold import (
     fold,
     fold_states,
 )
-from projectionist.policy.ports import StateRead
-from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.sessionlog.base import Log
-from projectionist.proxy.sessionlog.watch import Mark, StateWatch
+from ...policy.ports import StateRead
+from ..observe.logger import get_logger
+from .base import Log
+from .watch import Mark, StateWatch
 
 
 class StateCache:

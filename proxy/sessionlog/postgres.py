@@ -20,8 +20,8 @@ from typing import Any, Final, TypeVar
 import asyncpg
 import msgspec
 
-from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
-from projectionist.policy.events import (
+from ...policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from ...policy.events import (
     CHECKPOINT,
     FORKED,
     PASSIVE_TYPES,
@@ -34,10 +34,10 @@ from projectionist.policy.events import (
     envelope,
     event_type,
 )
-from projectionist.policy.ports import StateRead
-from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.sessionlog.base import (
+from ...policy.ports import StateRead
+from ..observe.logger import get_logger
+from ..observe.metrics import OpCounter
+from .base import (
     GroupCommit,
     Item,
     SessionStats,
@@ -45,7 +45,7 @@ from projectionist.proxy.sessionlog.base import (
     decode_states,
     utc_now,
 )
-from projectionist.proxy.sessionlog.watch import StateWatch
+from .watch import StateWatch
 
 SCHEMA_VERSION: Final = 3
 #: Event data as the body's ``data`` member (the server wraps it in the envelope).

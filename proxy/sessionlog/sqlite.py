@@ -18,11 +18,11 @@ from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
-from projectionist.policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
-from projectionist.policy.ports import StateRead
-from projectionist.proxy.lanes import Lane
-from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.sessionlog.base import (
+from ...policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from ...policy.ports import StateRead
+from ..lanes import Lane
+from ..observe.metrics import OpCounter
+from .base import (
     GroupCommit,
     Item,
     SessionStats,
@@ -30,7 +30,7 @@ from projectionist.proxy.sessionlog.base import (
     decode_states,
     utc_now,
 )
-from projectionist.policy.events import (
+from ...policy.events import (
     CHECKPOINT,
     FORKED,
     PASSIVE_TYPES,

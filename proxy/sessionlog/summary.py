@@ -14,10 +14,10 @@ from typing import Final
 
 import msgspec
 
-from projectionist.policy.fold import EMPTY, SessionState
-from projectionist.policy.projection import refresh
-from projectionist.proxy.sessionlog.base import SessionStats
-from projectionist.proxy.sessionlog.cached import CachedLog
+from ...policy.fold import EMPTY, SessionState
+from ...policy.projection import refresh
+from .base import SessionStats
+from .cached import CachedLog
 
 #: Folds brought up to date at once while summarising many sessions (the SQLite read lane has two
 #: threads; more would only queue there, behind requests).

@@ -18,8 +18,8 @@ from typing import Final
 import msgspec
 from PIL import Image, ImageFile
 
-from projectionist.policy.errors import ImageRejected
-from projectionist.proxy.config import ImageLimits
+from ...policy.errors import ImageRejected
+from ..config import ImageLimits
 
 INVALID_IMAGE: Final = "INVALID_IMAGE"
 MEDIA_TYPE_MISMATCH: Final = "MEDIA_TYPE_MISMATCH"

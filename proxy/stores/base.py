@@ -14,8 +14,8 @@ from typing import Final, Protocol
 
 import msgspec
 
-from projectionist.policy.model import StoredImage
-from projectionist.policy.ports import AttachmentStore
+from ...policy.model import StoredImage
+from ...policy.ports import AttachmentStore
 
 
 class AttachmentMeta(msgspec.Struct, frozen=True):

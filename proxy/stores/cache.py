@@ -33,10 +33,10 @@ from typing import Any
 
 import msgspec
 
-from projectionist.policy.errors import AttachmentError
-from projectionist.policy.model import StoredImage
-from projectionist.proxy.observe.metrics import Metrics
-from projectionist.proxy.stores.base import StampedStore
+from ...policy.errors import AttachmentError
+from ...policy.model import StoredImage
+from ..observe.metrics import Metrics
+from .base import StampedStore
 
 
 class Splice:

@@ -28,13 +28,13 @@ from typing import Final, TypeVar
 
 import msgspec
 
-from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
-from projectionist.policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id
-from projectionist.proxy.stores.admission import ImageInfo, header_info, inspect_image
-from projectionist.proxy.config import ImageLimits, LanesConfig
-from projectionist.proxy.lanes import Lane
-from projectionist.proxy.observe.metrics import OpCounter
-from projectionist.proxy.stores.base import (
+from ...policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
+from ...policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id
+from .admission import ImageInfo, header_info, inspect_image
+from ..config import ImageLimits, LanesConfig
+from ..lanes import Lane
+from ..observe.metrics import OpCounter
+from .base import (
     LIST_MAX,
     AttachmentMeta,
     UploadParts,

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Final
 
-from projectionist.policy.errors import NOT_FOUND, READ_FAILED, AttachmentError
-from projectionist.policy.model import StoredImage, check_id, short_id
-from projectionist.proxy.stores.base import AttachmentMeta, Store
-from projectionist.proxy.stores.cache import CachedStore
+from ...policy.errors import NOT_FOUND, READ_FAILED, AttachmentError
+from ...policy.model import StoredImage, check_id, short_id
+from .base import AttachmentMeta, Store
+from .cache import CachedStore
 
 #: How many (tenant, attachment) grants a process keeps as known.
 KNOWN_MAX: Final = 65_536

@@ -22,7 +22,7 @@ from typing import Final, TypeVar
 
 from PIL import Image, ImageOps
 
-from projectionist.policy.errors import (
+from ...policy.errors import (
     CORRUPT,
     NOT_FOUND,
     AttachmentError,
@@ -30,12 +30,12 @@ from projectionist.policy.errors import (
     ProjectionistError,
     Unavailable,
 )
-from projectionist.policy.model import ID_PREFIX, StoredImage
-from projectionist.policy.ports import AttachmentStore
-from projectionist.policy.profile import Profile, breaks
-from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.lanes import Lane
-from projectionist.proxy.stores.base import Store, check_target
+from ...policy.model import ID_PREFIX, StoredImage
+from ...policy.ports import AttachmentStore
+from ...policy.profile import Profile, breaks
+from ..observe.logger import get_logger
+from ..lanes import Lane
+from .base import Store, check_target
 
 #: The name of the recipe below, recorded in every variant's admission name. Change it with the recipe.
 RECIPE: Final = "v1"

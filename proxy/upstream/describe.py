@@ -15,9 +15,9 @@ from typing import Final, Protocol
 
 import msgspec
 
-from projectionist.adapters.base import Carried, Json, Site
-from projectionist.policy.events import RefRecord
-from projectionist.policy.model import Outcome, Placeholder, Resolved
+from ...adapters.base import Carried, Json, Site
+from ...policy.events import RefRecord
+from ...policy.model import Outcome, Placeholder, Resolved
 
 
 class Splice(Protocol):

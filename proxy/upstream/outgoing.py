@@ -14,10 +14,10 @@ from typing import Final, Protocol
 from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
-from projectionist.adapters.base import WireFormat
-from projectionist.proxy.upstream.relay import forward_headers
-from projectionist.proxy.upstream.target import Upstream
-from projectionist.proxy.upstream.urls import filter_query
+from ...adapters.base import WireFormat
+from .relay import forward_headers
+from .target import Upstream
+from .urls import filter_query
 
 #: Query parameters that carry a credential (any case); removed from every recorded path.
 CREDENTIAL_QUERY: Final = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})

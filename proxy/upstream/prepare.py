@@ -15,13 +15,13 @@ from typing import Any, Final, NamedTuple, NoReturn
 
 import msgspec
 
-from projectionist.adapters.base import Carried, Site, WireFormat
-from projectionist.policy.decide import held_inline
-from projectionist.policy.errors import AttachmentError, InvalidRequest, PayloadTooLarge
-from projectionist.policy.model import NO_HTTP, HttpRefs, ImageRef, Placeholder, Resolved, StoredImage
-from projectionist.policy.projection import Projection
-from projectionist.proxy.stores.cache import inline as inline_of
-from projectionist.proxy.upstream.describe import (
+from ...adapters.base import Carried, Site, WireFormat
+from ...policy.decide import held_inline
+from ...policy.errors import AttachmentError, InvalidRequest, PayloadTooLarge
+from ...policy.model import NO_HTTP, HttpRefs, ImageRef, Placeholder, Resolved, StoredImage
+from ...policy.projection import Projection
+from ..stores.cache import inline as inline_of
+from .describe import (
     UPSTREAM,
     Described,
     client_records,
@@ -35,8 +35,8 @@ from projectionist.proxy.upstream.describe import (
     site_paths,
     spliced_id,
 )
-from projectionist.proxy.upstream.identity import Identities
-from projectionist.proxy.upstream.scan import Scanned, scan
+from .identity import Identities
+from .scan import Scanned, scan
 
 _decoder: Final = msgspec.json.Decoder()
 _encoder: Final = msgspec.json.Encoder()

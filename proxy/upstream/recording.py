@@ -28,16 +28,16 @@ from typing import Any, Final
 
 import msgspec
 
-from projectionist.adapters.base import WireFormat
-from projectionist.adapters.responses import reported
-from projectionist.policy.errors import ProjectionistError
-from projectionist.policy.events import RequestRecorded, ResponseRecorded
-from projectionist.policy.projection import Projection
-from projectionist.policy.ports import SessionLog
-from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.observe.metrics import Metrics
-from projectionist.proxy.stores.base import Store
-from projectionist.proxy.upstream.describe import Described, sha256_id
+from ...adapters.base import WireFormat
+from ...adapters.responses import reported
+from ...policy.errors import ProjectionistError
+from ...policy.events import RequestRecorded, ResponseRecorded
+from ...policy.projection import Projection
+from ...policy.ports import SessionLog
+from ..observe.logger import get_logger
+from ..observe.metrics import Metrics
+from ..stores.base import Store
+from .describe import Described, sha256_id
 
 _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.

@@ -21,9 +21,9 @@ from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
-from projectionist.policy.errors import UpstreamError
-from projectionist.proxy.observe.logger import get_logger
-from projectionist.proxy.upstream.client import Client, ClientError, Response
+from ...policy.errors import UpstreamError
+from ..observe.logger import get_logger
+from .client import Client, ClientError, Response
 
 #: RFC 9110 §7.6.1 hop-by-hop fields, plus the ones aiohttp recomputes for each leg.
 HOP_BY_HOP = frozenset({

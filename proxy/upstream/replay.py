@@ -18,10 +18,10 @@ import aiohttp
 import msgspec
 from multidict import CIMultiDict
 
-from projectionist.adapters.registry import ADAPTERS
-from projectionist.adapters.responses import documents
-from projectionist.policy.errors import AttachmentError, Conflict, InvalidRequest, NotFound
-from projectionist.policy.events import (
+from ...adapters.registry import ADAPTERS
+from ...adapters.responses import documents
+from ...policy.errors import AttachmentError, Conflict, InvalidRequest, NotFound
+from ...policy.events import (
     Event,
     RequestEvent,
     RequestRecorded,
@@ -30,18 +30,18 @@ from projectionist.policy.events import (
     answer,
     answers,
 )
-from projectionist.policy.fold import fold
-from projectionist.policy.model import HttpRefs, ImageRef
-from projectionist.policy.ports import SessionLog
-from projectionist.policy.projection import Projection, project
-from projectionist.proxy.config import Config
-from projectionist.proxy.upstream.prepare import build, inbound_digest
-from projectionist.proxy.upstream.describe import Described, of_raw, sha256_id
-from projectionist.proxy.upstream.identity import Identities
-from projectionist.adapters.redact import shorten
-from projectionist.proxy.stores.base import Store
-from projectionist.proxy.upstream.relay import HOP_BY_HOP, client_error
-from projectionist.proxy.upstream.urls import Base
+from ...policy.fold import fold
+from ...policy.model import HttpRefs, ImageRef
+from ...policy.ports import SessionLog
+from ...policy.projection import Projection, project
+from ..config import Config
+from .prepare import build, inbound_digest
+from .describe import Described, of_raw, sha256_id
+from .identity import Identities
+from ...adapters.redact import shorten
+from ..stores.base import Store
+from .relay import HOP_BY_HOP, client_error
+from .urls import Base
 
 _decoder: Final = msgspec.json.Decoder()
 

@@ -22,9 +22,9 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from projectionist.adapters.base import Carried, WireFormat
-from projectionist.policy.errors import InvalidRequest
-from projectionist.proxy.upstream.identity import MIN_CHARS
+from ...adapters.base import Carried, WireFormat
+from ...policy.errors import InvalidRequest
+from .identity import MIN_CHARS
 
 _decoder: Final = msgspec.json.Decoder()
 #: What stands for a cut-out run in the small document: unguessable, never in a client's JSON.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from projectionist.proxy.upstream.client import Client
-from projectionist.proxy.upstream.urls import Base
+from .client import Client
+from .urls import Base
 
 
 def new_session(connect_timeout: float, read_timeout: float) -> Client:

@@ -20,8 +20,8 @@ from urllib.parse import unquote_plus, unquote_to_bytes
 
 from yarl import URL
 
-from projectionist.policy.errors import InvalidRequest
-from projectionist.proxy.config import NAME_RE, base_url
+from ...policy.errors import InvalidRequest
+from ..config import NAME_RE, base_url
 
 _SEPARATORS: Final = re.compile(r"[/\\]")
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
