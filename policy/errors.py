@@ -79,7 +79,7 @@ CODES: Final[dict[str, Code]] = {
 #: Codes of mistakes in how projectionist was started: never an HTTP answer; the CLI prints one
 #: line and exits 2.
 STARTUP_CODES: Final = frozenset({"INVALID_CONFIG", "EMPTY_DATA_DIR", "STARTUP_FAILED", "LISTEN_FAILED",
-                                  "OPEN_PROXY_REFUSED"})
+                                  "OPEN_PROXY_REFUSED", "MISSING_EXTRA"})
 
 
 ATTACHMENT_CODES: Final = frozenset({NOT_FOUND, CORRUPT, READ_FAILED, INVALID_REF})

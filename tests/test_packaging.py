@@ -47,3 +47,15 @@ def test_every_source_module_ships_under_projectionist(installed: Path) -> None:
     source = {f"{top}/{p.relative_to(ROOT / top).as_posix()}"
               for top in ("policy", "adapters", "proxy") for p in (ROOT / top).rglob("*.py")}
     assert source | {"__init__.py"} == shipped
+
+
+def test_the_base_install_leaves_each_backends_driver_to_its_extra(installed: Path) -> None:
+    """The embedded default needs no S3 or PostgreSQL driver: they come only with [s3] and [postgres]."""
+    [dist] = installed.glob("projectionist-*.dist-info")
+    requires = [line.split(":", 1)[1].strip() for line in (dist / "METADATA").read_text().splitlines()
+                if line.startswith("Requires-Dist:")]
+    base = {r.split(";")[0].strip() for r in requires if "extra ==" not in r}
+    for driver in ("aiobotocore", "botocore", "asyncpg"):
+        assert not any(r.lower().startswith(driver) for r in base), base
+    assert any(r.startswith("aiobotocore") and "extra == \"s3\"" in r for r in requires), requires
+    assert any(r.startswith("asyncpg") and "extra == \"postgres\"" in r for r in requires), requires

@@ -8,9 +8,10 @@ and keeps one ``Client`` (a connection pool) per upstream for the app's life (``
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from aiohttp import HttpVersion11, web
 
@@ -42,9 +43,22 @@ if TYPE_CHECKING:
     from ..observe.tracing import Tracing
 
 
+#: The drivers each backend's extra installs: ``pip install 'projectionist[s3]'``, ``[postgres]``.
+EXTRAS: Final = {"s3": ("aiobotocore", "botocore"), "postgres": ("asyncpg",)}
+
+
+def needs_extra(extra: str, setting: str) -> None:
+    """A one-line start-up error naming the extra when a configured backend's driver is missing."""
+    for module in EXTRAS[extra]:
+        if importlib.util.find_spec(module) is None:
+            raise ProjectionistError(f"{setting} needs the {extra} extra ({module} is not installed): "
+                                     f"pip install 'projectionist[{extra}]'", code="MISSING_EXTRA")
+
+
 def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store:
     """The configured attachment store: ``filesystem`` (embedded default) or ``s3``."""
     if config.store.kind == "s3":
+        needs_extra("s3", "store.kind = 's3'")
         from ..stores.s3 import S3Store  # imported on demand: botocore is heavy
 
         s3 = config.store.s3
@@ -62,6 +76,7 @@ def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store
 def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
     """The configured session log: ``sqlite`` (embedded default) or ``postgres``."""
     if config.log.kind == "postgres":
+        needs_extra("postgres", "log.kind = 'postgres'")
         from ..sessionlog.postgres import PostgresLog
 
         pg = config.log.postgres

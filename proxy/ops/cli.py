@@ -318,7 +318,7 @@ def _replay_text(report: dict[str, Any]) -> str:
 
 
 #: Codes of mistakes in how projectionist was started (exit status 2, like a usage error).
-SETUP_ERRORS = frozenset({"INVALID_CONFIG", "EMPTY_DATA_DIR"})
+SETUP_ERRORS = frozenset({"INVALID_CONFIG", "EMPTY_DATA_DIR", "MISSING_EXTRA"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

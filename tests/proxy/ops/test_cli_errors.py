@@ -242,3 +242,23 @@ def test_the_refusal_says_when_client_tokens_are_switched_off() -> None:
                                                        "api_key": "sk-held"}})
     refusal = open_proxy_refusal(config, {})
     assert refusal is not None and "client_tokens_env is empty" in refusal and "($)" not in refusal
+
+
+BACKENDS_WITHOUT_EXTRA = [  # (config text, the driver taken away, the extra the line must name)
+    ("[store]\nkind = \"s3\"\n[store.s3]\nbucket = \"b\"\nendpoint = \"http://127.0.0.1:1\"\n", "aiobotocore", "s3"),
+    ("[log]\nkind = \"postgres\"\n[log.postgres]\ndsn = \"postgresql://127.0.0.1:1/x\"\n", "asyncpg", "postgres"),
+]
+
+
+@pytest.mark.parametrize(("text", "driver", "extra"), BACKENDS_WITHOUT_EXTRA, ids=["s3", "postgres"])
+def test_a_backend_without_its_extra_is_one_line_naming_it(tmp_path: Path, text: str, driver: str, extra: str) -> None:
+    """The base install carries neither backend's driver; serve names the extra to install."""
+    import subprocess
+
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    program = (f"import sys; sys.modules[{driver!r}] = None\n"  # as if never installed: import and find_spec fail
+               "from projectionist.proxy.ops.cli import main\n"
+               f"sys.exit(main(['serve', '--config', {str(path)!r}, '--data-dir', {str(tmp_path / 'd')!r}, '--port', '0']))")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    one_line_error(done.returncode, done.stderr, "MISSING_EXTRA", f"projectionist[{extra}]", driver)
