@@ -168,6 +168,8 @@ class RequestRecorded(msgspec.Struct, frozen=True, gc=False, omit_defaults=True)
     inbound_blob: str | None = None
     public_urls: tuple[str, ...] = ()
     response: ResponseRecorded | None = None
+    #: The headers the call went upstream with, in order, credentials left out (replay sends them).
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class _Envelope(msgspec.Struct, frozen=True, tag_field="type", gc=False):

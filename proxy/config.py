@@ -144,6 +144,11 @@ class UpstreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_key_env: str = ""
     connect_timeout: Seconds = 10.0
     read_timeout: Seconds = 600.0
+    #: The upstream leg's transport: the proxy's own HTTP/1.1 client, or the aiohttp reference.
+    transport: Literal["builtin", "aiohttp"] = "builtin"
+    #: Connections to the upstream's origin at most (in use or idle); a call finding all in use
+    #: waits for one within connect_timeout.
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
 
 
 class CacheConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

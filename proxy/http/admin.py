@@ -192,8 +192,10 @@ async def post_replay(request: web.Request) -> web.StreamResponse:
     rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], spec.seq, inbound, request_id=spec.request_id)
     report = rebuilt.summary(show=spec.show)
     if spec.send or spec.diff:
+        live = app.upstreams.get(rebuilt.request.upstream)
         report.update(await send_and_compare(rebuilt, app.config, app.store, upstream_url=spec.upstream,
-                                             headers=spec.headers, compare=spec.diff))
+                                             headers=spec.headers, compare=spec.diff,
+                                             transport=live.client if live is not None else None))
     return _json(report)
 
 

@@ -37,7 +37,7 @@ from ..stores.admission import warm_up
 from ..stores.base import Store
 from ..stores.cache import CachedStore, VerifiedCache
 from ..stores.filesystem import FilesystemStore
-from ..upstream.target import Upstream, new_session
+from ..upstream.target import Upstream
 
 if TYPE_CHECKING:
     from ..observe.tracing import Tracing
@@ -155,7 +155,7 @@ def create_app(
     whatever it holds when it shuts down."""
     upstreams = {
         name: Upstream(name, up.format, up.url.rstrip("/"), config.upstream_key(name, environ),
-                       up.connect_timeout, up.read_timeout)
+                       up.connect_timeout, up.read_timeout, up.transport, up.max_connections)
         for name, up in config.upstreams.items()
     }
     store = store if store is not None else open_store(config, environ)
@@ -292,13 +292,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             get_logger().warning("store_warm_up_failed", error=type(exc).__name__)
     warm_up()  # Pillow's plugins: start-up pays for them, not the first request
     for upstream in services.upstreams.values():
-        upstream.client = new_session(upstream.connect_timeout, upstream.read_timeout)
+        upstream.client = upstream.open_transport()
     try:
         yield
     finally:
         for upstream in services.upstreams.values():
             if upstream.client is not None:
-                await upstream.client.close()
+                await upstream.client.aclose()
                 upstream.client = None
         await app[READINESS].close()
         await services.close_background()

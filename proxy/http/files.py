@@ -197,11 +197,11 @@ async def _upstream_list(request: web.Request, fmt: WireFormat, upstream: Upstre
     url = target_url(raw_path, request.rel_url.raw_query_string, fmt, upstream, services.guard)
     cap = services.config.server.client_max_size
     try:
-        answer = await upstream.session.request("GET", url, headers=headers)
+        answer = await upstream.session.send("GET", url, headers=headers)
         try:
             context(request).fields["upstream_status"] = answer.status
             chunks, size = [], 0
-            async for chunk in answer.content.iter_any():
+            async for chunk in answer.iter_any():
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > cap:

@@ -29,8 +29,7 @@ from .middleware import Context, context
 from . import sessions
 from .resend import Carrying, Resend, carried_ids
 from .services import SERVICES, Services
-from ..upstream.outgoing import outgoing_headers, recorded_path, target_url
-from ..upstream.outgoing import readable_codings
+from ..upstream.outgoing import outgoing_headers, readable_codings, recordable_headers, recorded_path, target_url
 from ..upstream.prepare import Built, Read, build, decode_json, may_hold_inline, may_hold_refs, read_images
 from ..upstream.recording import CallInfo, Meter, Recorder
 from ..upstream.relay import Body, Timing, relay
@@ -110,6 +109,10 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     policy = services.config.policy
     path = recorded_path(raw_path, request.rel_url.raw_query_string)
     identities = services.identities if policy.inline_images and session_id else None
+    headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
+    headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
+    readable_codings(headers)
+    sent_headers = recordable_headers(headers) if recording else ()
 
     async def built_and_recorded(attempt: int) -> tuple[Built, Recorder | None]:
         built = await build(fmt, raw, run, describe=recording, shape_unchanged=False,
@@ -121,7 +124,8 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
         if not (session_id and built.described is not None):
             return built, None
         request_id = ctx.request_id if attempt == 1 else f"{ctx.request_id}.{attempt}"
-        call = CallInfo(session_id, request_id, ctx.started, ctx.route, fmt, upstream.name, request.method, path)
+        call = CallInfo(session_id, request_id, ctx.started, ctx.route, fmt, upstream.name, request.method, path,
+                        sent_headers)
         return built, services.recording.start(call, raw, built.described, built.projection)
 
     in_flight: list[Carrying] = []
@@ -141,9 +145,6 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     screen = None
     if session_id and built.images:
         screen = Resend(services, fmt, session_id, built, list(seen_refs), recorder, again, ctx.fields, ctx.tenant)
-    headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
-    headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
-    readable_codings(headers)
     if session_id is None or not built.images:
         return await relay_body(request, fmt, upstream, raw_path, built.body, headers, recorder=recorder,
                                 screen=screen, meter=Meter() if recorder is None else None)

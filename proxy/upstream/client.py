@@ -3,10 +3,14 @@ per connection, llhttp (``httptools``) parsing the answers, and a pool of keep-a
 origin. It does on the hot path what aiohttp's ``ClientSession`` did, for a quarter of its CPU per
 call; ``relay.client_error`` remains the one place its errors become ``UpstreamError``s.
 
-Errors: ``ClientError`` (``ConnectError``, ``ServerDisconnected``, ``ResponseError`` for malformed
-framing, ``PayloadError`` for a cut body, ``RequestBodyError``) and ``TimeoutError``
-(``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout`` for a streamed body the server stopped
-reading).
+It is the default ``transport.Transport``. Errors are the transport's: ``ClientError``
+(``ConnectError``, ``ServerDisconnected``, ``ResponseError`` for malformed framing,
+``PayloadError`` for a cut body, ``RequestBodyError``) and ``TimeoutError`` (``ConnectTimeout``,
+``PoolTimeout``, ``ReadTimeout``, ``WriteTimeout`` for a streamed body the server stopped reading).
+
+At most ``max_connections`` connections are open to one origin (in use or idle); a call that
+finds them all in use waits, first come first served, for one to be idle again or to close,
+within ``connect_timeout``.
 
 A connection is reused only when its answer ended where its framing said and nothing followed:
 bytes after that end (in the same read, or later while it sits in the pool), a body on an answer
@@ -29,6 +33,7 @@ import asyncio
 import select
 import ssl
 import sys
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Final
 
@@ -36,7 +41,13 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-Body = bytes | AsyncIterable[bytes] | None
+from .transport import (
+    MAX_CONNECTIONS, Body, ClientError, ConnectError, ConnectTimeout, PayloadError, PoolTimeout, ReadTimeout, RequestBodyError,
+    ResponseError, ServerDisconnected, WriteTimeout,
+)
+
+__all__ = ["Client", "Response", "READ_BUFFER", "MAX_HEAD", "IDLE_TIMEOUT", "IDEMPOTENT"]
+
 Origin = tuple[str, str, int]
 
 #: Buffered answer bytes past which the connection stops reading until the consumer catches up.
@@ -70,42 +81,6 @@ else:
     def _queued(fd: int) -> bool:
         """Elsewhere the kernel's queue is not asked: only the transport's own buffer is."""
         return False
-
-
-class ClientError(Exception):
-    """The upstream could not be reached, or its answer could not be read."""
-
-
-class ConnectError(ClientError):
-    """No connection (refused, unresolvable, TLS handshake or certificate failure)."""
-
-
-class ServerDisconnected(ClientError):
-    """The server closed the connection before its answer began."""
-
-
-class ResponseError(ClientError):
-    """An answer that is no valid HTTP/1.1 (framing, both Content-Length and Transfer-Encoding)."""
-
-
-class PayloadError(ClientError):
-    """The answer's body broke off (closed, reset, or malformed) before its end."""
-
-
-class RequestBodyError(ClientError):
-    """The request body could not be sent as declared (its length, or its source failed)."""
-
-
-class ConnectTimeout(TimeoutError):
-    """No connection (with its TLS handshake) within ``connect_timeout``."""
-
-
-class ReadTimeout(TimeoutError):
-    """The server was silent for ``read_timeout`` while an answer (head or body) was awaited."""
-
-
-class WriteTimeout(TimeoutError):
-    """The server read nothing of a streamed request body for ``read_timeout``."""
 
 
 class _Connection(asyncio.Protocol):
@@ -496,14 +471,17 @@ def _keeps_alive(version: str, headers: CIMultiDict[str]) -> bool:
 class Client:
     """HTTP/1.1 to any origin, with explicit timeouts: ``connect_timeout`` for the connection (and
     its TLS handshake), ``read_timeout`` for the longest silence while an answer is awaited.
-    Unlimited connections; idle ones are reused last-in first-out and closed after
-    ``idle_timeout``. ``ssl_context`` defaults to the system's trust (tests pass their own)."""
+    At most ``max_connections`` to one origin; idle ones are reused last-in first-out and closed
+    after ``idle_timeout``. ``ssl_context`` defaults to the system's trust (tests pass their own)."""
 
     def __init__(self, connect_timeout: float, read_timeout: float, *, idle_timeout: float = IDLE_TIMEOUT,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, max_connections: int = MAX_CONNECTIONS) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
+        self._open: dict[Origin, int] = {}
+        self._waiters: dict[Origin, deque[asyncio.Future[None]]] = {}
         self.loop = asyncio.get_running_loop()
         self._ssl = ssl_context
         self._idle: dict[Origin, list[_Connection]] = {}
@@ -512,6 +490,10 @@ class Client:
         self._sweeper: asyncio.TimerHandle | None = None
         self._poller = select.poll() if hasattr(select, "poll") else None
         self.closed = False
+
+    async def send(self, method: str, url: URL, *, headers: CIMultiDict[str], body: Body = None) -> Response:
+        """``Transport.send``: ``request`` by the transport protocol's names."""
+        return await self.request(method, url, data=body, headers=headers)
 
     async def request(self, method: str, url: URL, *, data: Body = None,
                       headers: CIMultiDict[str] | None = None) -> Response:
@@ -525,6 +507,8 @@ class Client:
         head, length = self._head(method, url, origin, headers, data, streamed)
         for attempt in (1, 2):
             conn = self._take(origin)
+            if conn is None:
+                conn = await self._acquire(origin)
             reused = conn is not None
             if conn is None:
                 conn = await self._connect(origin)
@@ -627,7 +611,47 @@ class Client:
         if length is None:
             transport.write(b"0\r\n\r\n")
 
+    async def _acquire(self, origin: Origin) -> _Connection | None:
+        """An idle connection to ``origin``, or None with a place reserved for a new one (which
+        ``_connect`` then fills); while all ``max_connections`` are in use, wait for one (a
+        connection that goes idle or closes wakes the first waiter), within ``connect_timeout``."""
+        loop = self.loop
+        deadline = loop.time() + self.connect_timeout
+        while True:
+            conn = self._take(origin)
+            if conn is not None:
+                return conn
+            opened = self._open.get(origin, 0)
+            if opened < self.max_connections:
+                self._open[origin] = opened + 1
+                return None
+            waiter: asyncio.Future[None] = loop.create_future()
+            queue = self._waiters.setdefault(origin, deque())
+            queue.append(waiter)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await waiter
+            except BaseException as exc:
+                if waiter in queue:
+                    queue.remove(waiter)
+                elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._wake(origin)  # woken just as it gave up: the next waiter goes on instead
+                if isinstance(exc, TimeoutError):
+                    raise PoolTimeout(f"all {self.max_connections} connections to {origin[1]}:{origin[2]} "
+                                      f"stayed busy for {self.connect_timeout:g} s") from None
+                raise
+
+    def _wake(self, origin: Origin) -> None:
+        """A connection to ``origin`` went idle or closed: the first call waiting for one goes on."""
+        queue = self._waiters.get(origin)
+        while queue:
+            waiter = queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
     async def _connect(self, origin: Origin) -> _Connection:
+        """A new connection, in the place ``_acquire`` reserved for it."""
         scheme, host, port = origin
         conn = _Connection(self, origin)
         tls = scheme == "https"
@@ -637,15 +661,26 @@ class Client:
             async with asyncio.timeout(self.connect_timeout):
                 await self.loop.create_connection(lambda: conn, host, port, ssl=self._ssl if tls else None,
                                                   server_hostname=host if tls else None)
-        except TimeoutError:
-            raise ConnectTimeout(f"no connection to {host}:{port} within {self.connect_timeout:g} s") from None
-        except OSError as exc:
-            raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+        except BaseException as exc:
+            self._release_place(origin)
+            if isinstance(exc, TimeoutError):
+                raise ConnectTimeout(f"no connection to {host}:{port} within {self.connect_timeout:g} s") from None
+            if isinstance(exc, OSError):
+                raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+            raise
+        self._all.add(conn)
         if self.closed:
             conn.close()
             raise RuntimeError("the client is closed")
-        self._all.add(conn)
         return conn
+
+    def _release_place(self, origin: Origin) -> None:
+        opened = self._open.get(origin, 0) - 1
+        if opened > 0:
+            self._open[origin] = opened
+        else:
+            self._open.pop(origin, None)
+        self._wake(origin)
 
     # the pool
 
@@ -685,9 +720,13 @@ class Client:
         self._idle.setdefault(conn.origin, []).append(conn)
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(self.idle_timeout, self._sweep)
+        if self._waiters.get(conn.origin):
+            self._wake(conn.origin)
 
     def _forget(self, conn: _Connection) -> None:
-        self._all.discard(conn)
+        if conn in self._all:
+            self._all.discard(conn)
+            self._release_place(conn.origin)
         stack = self._idle.get(conn.origin)
         if stack and conn in stack:
             stack.remove(conn)
@@ -712,6 +751,14 @@ class Client:
         origin = (url.scheme, url.raw_host or "", url.port or _DEFAULT_PORT.get(url.scheme, 80))
         return len(self._idle.get(origin, ()))
 
+    def open_connections(self, url: URL) -> int:
+        """How many connections to ``url``'s origin are open or being opened (in use or idle)."""
+        return self._open.get((url.scheme, url.raw_host or "", url.port or _DEFAULT_PORT.get(url.scheme, 80)), 0)
+
+    async def aclose(self) -> None:
+        """``Transport.aclose``: ``close``."""
+        await self.close()
+
     async def close(self) -> None:
         """Close every connection, idle or in use; requests in flight fail."""
         self.closed = True
@@ -721,4 +768,9 @@ class Client:
         for conn in list(self._all):
             conn.close()
         self._idle.clear()
+        for queue in self._waiters.values():
+            for waiter in queue:
+                if not waiter.done():
+                    waiter.set_exception(RuntimeError("the client is closed"))
+        self._waiters.clear()
         await asyncio.sleep(0)  # let the transports run their connection_lost

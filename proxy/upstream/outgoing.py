@@ -9,6 +9,7 @@ headers) is never forwarded, in whatever header or query parameter it came.
 
 from __future__ import annotations
 
+import re
 from typing import Final, Protocol
 
 from multidict import CIMultiDict, MultiMapping
@@ -21,6 +22,19 @@ from .urls import filter_query
 
 #: Query parameters that carry a credential (any case); removed from every recorded path.
 CREDENTIAL_QUERY: Final = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})
+#: Headers a call's record never keeps: credentials (every format's auth headers, cookies, and any
+#: name that says it holds a key, token, secret or password), and the proxy's own per-call trace
+#: context. Replay sends the rest as the live call sent them, and the configured key again.
+CREDENTIAL_HEADERS: Final = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key", "x-goog-api-key",
+                                       "api-key", "traceparent", "tracestate", "baggage"})
+_CREDENTIAL_NAME: Final = re.compile(r"(?:^|[-_])(?:api[-_]?key|key|token|secret|password|auth)(?:$|[-_])", re.I)
+
+
+def recordable_headers(headers: MultiMapping[str]) -> tuple[tuple[str, str], ...]:
+    """The headers a call went upstream with, in order, minus ``CREDENTIAL_HEADERS`` and any
+    whose name looks like a credential's: what its record keeps, so replay sends the same."""
+    return tuple((str(name), str(value)) for name, value in headers.items()
+                 if name.lower() not in CREDENTIAL_HEADERS and _CREDENTIAL_NAME.search(name) is None)
 
 
 class Withheld(Protocol):

@@ -310,7 +310,8 @@ class _Request(msgspec.Struct, frozen=True, gc=False):
 
 
 class CallInfo(msgspec.Struct, frozen=True, gc=False):
-    """What a record says about the call itself (never headers, keys or tokens)."""
+    """What a record says about the call itself: ``headers`` are the ones it went upstream with,
+    never a key, token or cookie (``outgoing.recordable_headers``)."""
 
     session_id: str
     request_id: str
@@ -320,6 +321,7 @@ class CallInfo(msgspec.Struct, frozen=True, gc=False):
     upstream: str
     method: str
     path: str
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class Meter:
@@ -382,7 +384,7 @@ class Recorder(Meter):
             # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
             # is recorded by its spliced digest: ``describe.spliced_id``)
             inbound_blob=sha256_id(request.raw) if request.raw is not None else None,
-            response=response,
+            response=response, headers=call.headers,
         )
         blobs = blobs if request.raw is None else (request.raw, *blobs)  # full mode: the inbound body first
         return _Pending(call.session_id, call.request_id, data, blobs)

@@ -16,14 +16,13 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Protocol, TypeVar
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from ...policy.errors import UpstreamError
 from ..observe.logger import get_logger
-from .client import Client, ClientError, Response
+from .transport import Answer, ClientError, Transport
 
 #: RFC 9110 §7.6.1 hop-by-hop fields, plus the ones aiohttp recomputes for each leg.
 HOP_BY_HOP = frozenset({
@@ -41,6 +40,7 @@ SCREENED = frozenset({400, 413, 415, 422})
 SCREEN_MAX = 256 * 1024
 
 Body = bytes | AsyncIterable[bytes] | None
+Response = Answer
 _A = TypeVar("_A")
 _R = TypeVar("_R", bound=web.StreamResponse)
 
@@ -119,7 +119,7 @@ class Timing:
 
 async def relay(
     request: web.Request,
-    session: Client,
+    session: Transport,
     url: URL,
     body: Body,
     headers: CIMultiDict[str],
@@ -170,19 +170,19 @@ async def relay(
 
 
 def client_error(exc: BaseException) -> UpstreamError | None:
-    """The one translation of the upstream clients' errors (connect, timeout, refused, bad URL,
-    broken answer: ours in ``client``, aiohttp's for replay) into the proxy's; None for anything
-    that is not one."""
+    """The one translation of a transport's errors (connect, timeout, refused, bad URL, broken
+    answer; every transport raises only ``transport``'s) into the proxy's; None for anything that
+    is not one."""
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamError("upstream timed out before responding", code="UPSTREAM_TIMEOUT")
-    if isinstance(exc, (ClientError, aiohttp.ClientError)):
+    if isinstance(exc, ClientError):
         return UpstreamError(f"upstream unreachable: {type(exc).__name__}")
     return None
 
 
-async def _send(session: Client, method: str, url: URL, body: Body, headers: CIMultiDict[str]) -> Response:
+async def _send(session: Transport, method: str, url: URL, body: Body, headers: CIMultiDict[str]) -> Response:
     try:
-        return await session.request(method, url, data=body, headers=headers)
+        return await session.send(method, url, headers=headers, body=body)
     except Exception as exc:
         translated = client_error(exc)
         if translated is None:
@@ -201,7 +201,7 @@ async def _read_some(answer: Response, limit: int) -> tuple[bytes, bool]:
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in answer.content.iter_any():
+        async for chunk in answer.iter_any():
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:
@@ -279,7 +279,7 @@ def _response_head(response: _R, answer: Response, request_id: str, timing: Timi
 async def _chunks(first: bytes, answer: Response) -> AsyncIterator[bytes]:
     if first:
         yield first
-    async for chunk in answer.content.iter_any():
+    async for chunk in answer.iter_any():
         yield chunk
 
 
@@ -293,7 +293,7 @@ async def _stream(request: web.Request, response: web.StreamResponse, answer: Re
     if observer is not None:
         _watch(observer.begin, answer.headers.get("Content-Type", ""), request_id)
     try:
-        async for chunk in _chunks(first, answer) if first else answer.content.iter_any():
+        async for chunk in _chunks(first, answer) if first else answer.iter_any():
             if observer is not None:
                 _watch(observer.chunk, chunk, request_id)
             if remaining is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-import aiohttp
 import msgspec
 from multidict import CIMultiDict
 
@@ -33,14 +32,16 @@ from ...policy.events import (
 from ...policy.fold import fold
 from ...policy.model import HttpRefs, ImageRef
 from ...policy.ports import SessionLog
-from ...policy.projection import Projection, project
-from ..config import Config
+from ...policy.projection import Projection, ProjectionContext, project
+from ..config import Config, UpstreamConfig
 from .prepare import build, inbound_digest
 from .describe import Described, of_raw, sha256_id
 from .identity import Identities
 from ...adapters.redact import shorten
 from ..stores.base import Store
 from .relay import HOP_BY_HOP, client_error
+from .target import open_transport
+from .transport import Transport
 from .urls import Base
 
 _decoder: Final = msgspec.json.Decoder()
@@ -140,8 +141,9 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
 
     async def run(refs: list[ImageRef], images: int) -> Projection:
         # the log's pins decide which variants are sent: replay makes none (no image library involved)
-        return await project(refs, store=store, log=None, session_id=None, sessionless="fail", state=state,
-                             upstream_format=fmt.FORMAT, profile=fmt.PROFILE, images=images)
+        return await project(refs, ProjectionContext(store=store, log=None, session_id=None, sessionless="fail",
+                                                     state=state, upstream_format=fmt.FORMAT, profile=fmt.PROFILE,
+                                                     images=images))
 
     base = Rebuilt(session, event.seq, record, source, matches=False, response=response)
     try:
@@ -166,10 +168,15 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
 
 
 async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = None,
-               headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:
+               headers: dict[str, str] | None = None, transport: Transport | None = None) -> tuple[int, str, bytes]:
     """Send the rebuilt body to its upstream (or ``upstream_url``); returns status, content
     type and the whole body (an SSE stream concatenated). The upstream's configured key is sent
-    only to that upstream's own URL, never to an override; ``headers`` can carry a key there."""
+    only to that upstream's own URL, never to an override; ``headers`` can carry a key there.
+
+    It goes through ``transport`` (the running app's: the very one live calls use), or one
+    opened as the upstream's configuration says and closed after; with the headers the live call
+    went with (its record's, credentials left out), then the key, then ``headers``. So the
+    method, path, headers and body on the wire are the live call's, credentials aside."""
     if rebuilt.body is None:
         raise Conflict(f"nothing to send: {rebuilt.reason}", code="REPLAY_NOT_REBUILT")
     record = rebuilt.request
@@ -184,24 +191,33 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
     path, _, query = record.path.partition("?")
     url = base.join(path, query)
     fmt = ADAPTERS[record.adapter]
-    outgoing: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json", **check_headers(headers or {})})
+    outgoing: CIMultiDict[str] = CIMultiDict(record.headers or {"Content-Type": "application/json"})
     # The configured key goes only to the configured upstream: an override URL gets no key.
     own = upstream is not None and (not upstream_url or upstream_url.rstrip("/") == configured.rstrip("/"))
     key = config.upstream_key(record.upstream) if own else ""
     if key:
         for name, value in fmt.upstream_auth(key).items():
             outgoing[name] = value
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
+    for name, value in check_headers(headers or {}).items():
+        outgoing[name] = value
+    opened = None
+    if transport is None:
+        settings = upstream or UpstreamConfig(format="openai", url=upstream_url or configured)  # its defaults
+        transport = opened = open_transport(settings.transport, settings.connect_timeout, settings.read_timeout, 1)
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            async with http.request(record.method, url, data=rebuilt.body, headers=outgoing,
-                                    allow_redirects=False) as resp:
-                return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+        answer = await transport.send(record.method, url, headers=outgoing, body=rebuilt.body)
+        try:
+            return answer.status, answer.headers.get("Content-Type", ""), await answer.read()
+        finally:
+            answer.release()
     except Exception as exc:
         translated = client_error(exc)
         if translated is None:
             raise
         raise translated from None
+    finally:
+        if opened is not None:
+            await opened.aclose()
 
 
 _TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -257,10 +273,12 @@ async def recorded_response(store: Store, rebuilt: Rebuilt) -> bytes | None:
 
 
 async def send_and_compare(rebuilt: Rebuilt, config: Config, store: Store, *, upstream_url: str | None,
-                           headers: dict[str, str], compare: bool) -> dict[str, Any]:
+                           headers: dict[str, str], compare: bool,
+                           transport: Transport | None = None) -> dict[str, Any]:
     """Resend a rebuilt call: the ``sent`` entry of a replay report, and with ``compare`` the
     ``diff`` against the recorded answer."""
-    status, content_type, answer = await send(rebuilt, config, upstream_url=upstream_url, headers=headers)
+    status, content_type, answer = await send(rebuilt, config, upstream_url=upstream_url, headers=headers,
+                                              transport=transport)
     out: dict[str, Any] = {"sent": {"status": status, "content_type": content_type, "bytes": len(answer),
                                     "body": answer.decode("utf-8", "replace")[:4000]}}
     if compare:

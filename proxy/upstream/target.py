@@ -1,23 +1,31 @@
-"""One configured upstream: its base URL, its key, and its single HTTP ``Client`` (proxy layer)."""
+"""One configured upstream: its base URL, its key, and its single ``Transport`` (proxy layer)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .client import Client
+from .transport import MAX_CONNECTIONS, Kind, Transport
 from .urls import Base
 
 
-def new_session(connect_timeout: float, read_timeout: float) -> Client:
-    """The one client (and connection pool) an upstream keeps for the app's life, with explicit
-    timeouts. It adds no User-Agent, Accept-Encoding or Content-Type and decompresses nothing."""
-    return Client(connect_timeout, read_timeout)
+def open_transport(kind: Kind, connect_timeout: float, read_timeout: float,
+                   max_connections: int = MAX_CONNECTIONS) -> Transport:
+    """A transport (and its connection pool) with explicit timeouts: the built-in client, or the
+    aiohttp reference (imported only when chosen). Neither adds a User-Agent, Accept-Encoding or
+    Content-Type, nor decompresses anything."""
+    if kind == "aiohttp":
+        from .aiohttp_transport import AiohttpTransport
+
+        return AiohttpTransport(connect_timeout, read_timeout, max_connections=max_connections)
+    return Client(connect_timeout, read_timeout, max_connections=max_connections)
 
 
 @dataclass
 class Upstream:
     """One configured upstream (``base``: its parsed URL, the only origin requests to it may
-    have) and, while the app runs, its single ``Client``."""
+    have) and, while the app runs, its single ``Transport``, which the live calls, the re-sends
+    and replay's sends all go through."""
 
     name: str
     format: str
@@ -25,13 +33,18 @@ class Upstream:
     api_key: str
     connect_timeout: float
     read_timeout: float
-    client: Client | None = None
+    transport: Kind = "builtin"
+    max_connections: int = MAX_CONNECTIONS
+    client: Transport | None = None
 
     def __post_init__(self) -> None:
         self.base = Base(self.url)
 
+    def open_transport(self) -> Transport:
+        return open_transport(self.transport, self.connect_timeout, self.read_timeout, self.max_connections)
+
     @property
-    def session(self) -> Client:
+    def session(self) -> Transport:
         if self.client is None:
             raise RuntimeError(f"upstream {self.name!r} used outside the app's lifetime")
         return self.client

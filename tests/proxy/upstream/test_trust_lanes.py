@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from yarl import URL
 
-import projectionist.proxy.http.app as http_app
-from projectionist.proxy.upstream.client import Client, Response
-from projectionist.proxy.upstream.target import new_session
+from projectionist.proxy.upstream.target import Upstream
+from projectionist.proxy.upstream.transport import Answer, Transport
 from projectionist.proxy.observe.logger import redact_url as redact
 from projectionist.proxy.upstream.urls import Base, check_path
 from projectionist.policy.errors import InvalidRequest
@@ -28,21 +27,22 @@ MakeHarness = Callable[..., Awaitable[Harness]]
 
 @pytest.fixture
 def attempted(monkeypatch: pytest.MonkeyPatch) -> list[URL]:
-    """Every URL the proxy's upstream clients are asked to request, in order."""
+    """Every URL the proxy's upstream transports are asked to send to, in order."""
     urls: list[URL] = []
+    opened = Upstream.open_transport
 
-    def traced(connect_timeout: float, read_timeout: float) -> Client:
-        client = new_session(connect_timeout, read_timeout)
-        send = client.request
+    def traced(upstream: Upstream) -> Transport:
+        transport = opened(upstream)
+        send = transport.send
 
-        async def request(method: str, url: URL, **kwargs: Any) -> Response:
+        async def sending(method: str, url: URL, **kwargs: Any) -> Answer:
             urls.append(url)
             return await send(method, url, **kwargs)
 
-        client.request = request  # type: ignore[method-assign]
-        return client
+        transport.send = sending  # type: ignore[method-assign]
+        return transport
 
-    monkeypatch.setattr(http_app, "new_session", traced)
+    monkeypatch.setattr(Upstream, "open_transport", traced)
     return urls
 
 

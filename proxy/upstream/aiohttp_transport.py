@@ -1,0 +1,123 @@
+"""The reference ``Transport``: aiohttp's ``ClientSession``, set up to put on the wire what the
+built-in client puts there (proxy layer, upstream sublayer).
+
+``[upstreams.NAME] transport = "aiohttp"`` selects it. Its session adds no User-Agent,
+Accept-Encoding or Content-Type (``skip_auto_headers``), keeps no cookies, follows no redirect and
+decompresses nothing; its connector bounds the connections per origin (``limit_per_host``) and
+caches DNS answers for 10 s. aiohttp's exceptions become the transport's at this module's
+boundary, by one table (``AIOHTTP_ERRORS``), so nothing above it knows aiohttp's client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Final
+
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from .transport import (
+    MAX_CONNECTIONS, Body, ClientError, ConnectError, ConnectTimeout, PayloadError, PoolTimeout, ReadTimeout,
+    RequestBodyError, ResponseError, ServerDisconnected,
+)
+
+#: aiohttp's client exceptions and the transport's error each becomes, most specific first (the
+#: first entry the exception is an instance of wins). Anything else (cancellation, a bug) passes.
+AIOHTTP_ERRORS: Final[tuple[tuple[type[BaseException], type[Exception]], ...]] = (
+    (aiohttp.ConnectionTimeoutError, ConnectTimeout),
+    (aiohttp.SocketTimeoutError, ReadTimeout),
+    (aiohttp.ServerTimeoutError, ReadTimeout),
+    (aiohttp.ClientConnectorError, ConnectError),
+    (aiohttp.ServerDisconnectedError, ServerDisconnected),
+    (aiohttp.ClientPayloadError, PayloadError),
+    (aiohttp.ClientResponseError, ResponseError),  # a malformed answer (aiohttp's parser)
+    (aiohttp.InvalidURL, ConnectError),
+    (aiohttp.ClientOSError, ConnectError),
+    (aiohttp.ClientConnectionError, PayloadError),
+    (aiohttp.ClientError, ClientError),
+)
+
+
+@contextmanager
+def mapped(pool_wait: bool = False) -> Iterator[None]:
+    """aiohttp's errors inside become the transport's (``AIOHTTP_ERRORS``); a timeout while
+    ``pool_wait`` (no connection was free) is a ``PoolTimeout``."""
+    try:
+        yield
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, aiohttp.ClientError):
+            raise (PoolTimeout if pool_wait else ReadTimeout)(str(exc) or type(exc).__name__) from exc
+        for foreign, ours in AIOHTTP_ERRORS:
+            if isinstance(exc, foreign):
+                raise ours(str(exc) or type(exc).__name__) from exc
+        raise  # unreachable: aiohttp.ClientError is the last entry
+
+
+class _Answer:
+    """An aiohttp ``ClientResponse`` as a transport ``Answer``."""
+
+    __slots__ = ("status", "reason", "headers", "content_length", "content_type", "_response", "_released")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.status = response.status
+        self.reason = response.reason or ""
+        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict(
+            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+            for name, value in response.raw_headers))
+        length = self.headers.get("Content-Length")
+        self.content_length = int(length) if length is not None and length.isdigit() else None
+        self.content_type = response.content_type
+        self._response = response
+        self._released = False
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        with mapped():
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        self.release()
+
+    def iter_any(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def read(self) -> bytes:
+        with mapped():
+            data = await self._response.read()
+        self.release()
+        return data
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._response.release()
+
+
+class AiohttpTransport:
+    """``Transport`` over one aiohttp ``ClientSession`` (see the module's docstring)."""
+
+    def __init__(self, connect_timeout: float, read_timeout: float, *, ssl_context: ssl.SSLContext | None = None,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=max_connections, ttl_dns_cache=10,
+                                         ssl=ssl_context if ssl_context is not None else True,
+                                         enable_cleanup_closed=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout,
+                                          sock_read=read_timeout))
+        self.max_connections = max_connections
+
+    async def send(self, method: str, url: URL, *, headers: CIMultiDict[str], body: Body = None) -> _Answer:
+        with mapped(pool_wait=True):
+            response = await self._session.request(method, url, headers=headers, data=body, allow_redirects=False,
+                                                   compress=None, chunked=None)
+        return _Answer(response)
+
+    async def aclose(self) -> None:
+        await self._session.close()
+
+
+__all__ = ["AIOHTTP_ERRORS", "AiohttpTransport", "RequestBodyError"]
