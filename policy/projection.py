@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, assert_never
 
 import msgspec
 
@@ -25,7 +25,7 @@ from .errors import (
     ProjectionistError,
     Unavailable,
 )
-from .decide import Done, Fail, Lift, Pin, Read, Sessionless, Vary, decide, names_of
+from .decide import Ask, Done, Fail, Lift, Pin, Progress, Read, Record, Sessionless, Vary, decide, names_of
 from .events import Event, EventData, Quarantine, Recovered, RecoveredEvent, Rejected, Variant
 from .probe import Prober
 from .fold import EMPTY, SessionState, fold, fold_states
@@ -38,6 +38,39 @@ _D = TypeVar("_D", bound=EventData)
 
 #: Bound on re-fold rounds when other writers keep changing the session under us.
 MAX_ROUNDS: Final = 8
+
+
+class ProjectionContext(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one projection works with besides its references, built once by its caller.
+
+    The ports: the ``store`` it reads, the session ``log`` it records in (None: no session), the
+    caller's per-session ``lock``, the ``prober`` that says when a retryable quarantine is read
+    again, and ``vary``, which makes the variant an upstream's profile asks for (None: nothing is
+    made, as in a replay). The session: its ``session_id``, a cached ``state`` of it and whether
+    the caller vouches that state is ``fresh``, and the ``sessionless`` policy when there is none.
+    The upstream: its ``upstream_format`` and ``profile``. The limits: ``parallel`` reads in
+    flight at once, ``probe_wait`` seconds for a probe, and ``images``, how many images the
+    request holds in all. ``project`` promises what each does."""
+
+    store: AttachmentStore
+    log: SessionLog | None
+    lock: Lock | None = None
+    prober: Prober | None = None
+    vary: Varier | None = None
+    session_id: str | None
+    state: SessionState | None = None
+    fresh: bool = False
+    sessionless: Sessionless = "fail"
+    upstream_format: str | None = None
+    profile: Profile | None = None
+    parallel: int = 8
+    probe_wait: float = 2.0
+    images: int | None = None
+
+    @property
+    def recording(self) -> bool:
+        """Whether this projection has a session log to record in."""
+        return self.log is not None and self.session_id is not None
 
 
 class Projection(msgspec.Struct, frozen=True):
@@ -181,13 +214,14 @@ async def reject(
     return await _record(log, session_id, state or EMPTY, rejected, lock or contextlib.nullcontext())
 
 
-async def _pin(
-    log: SessionLog, session_id: str, state: SessionState, variants: Sequence[Variant], seen: dict[tuple[str, str], str | None],
-    lock: Lock,
-) -> SessionState:
+async def _pin(log: SessionLog, session_id: str, state: SessionState, variants: Sequence[Variant], lock: Lock
+               ) -> SessionState:
     """Append the variants made for this request, each only if the image's pin for its target is
-    still the one the decision saw (``seen``: none, or one that would not read): one transition
+    still the one the decision saw in ``state`` (none, or one that would not read): one transition
     per image and target; the loser of a race re-folds and takes the winner's pin."""
+    seen = {(v.attachment_id, v.target): (old.variant_id if (old := state.variants.get((v.attachment_id, v.target)))
+                                          is not None else None) for v in variants}
+
     def missing(now: SessionState) -> list[Variant]:
         new = []
         for variant in variants:
@@ -208,24 +242,7 @@ async def _settle(log: SessionLog, session_id: str, state: SessionState, appende
     return await refresh(log, session_id, state)
 
 
-async def project(
-    refs: Sequence[ImageRef],
-    *,
-    store: AttachmentStore,
-    log: SessionLog | None,
-    session_id: str | None,
-    lock: Lock | None = None,
-    sessionless: Sessionless = "fail",
-    state: SessionState | None = None,
-    parallel: int = 8,
-    prober: Prober | None = None,
-    probe_wait: float = 2.0,
-    fresh: bool = False,
-    upstream_format: str | None = None,
-    profile: Profile | None = None,
-    vary: Varier | None = None,
-    images: int | None = None,
-) -> Projection:
+async def project(refs: Sequence[ImageRef], context: ProjectionContext) -> Projection:
     """Resolve every reference of one request to a verified image or a placeholder.
 
     Promises:
@@ -252,66 +269,108 @@ async def project(
     quarantine whose probe is due is read once more and, if the read verifies, lifted
     (``attachment/recovered``, ``automatic``) before the projection, in the same request.
     """
-    if not refs and not (log is not None and session_id is not None):
-        return Projection((), state or EMPTY)
-    if session_id is not None and log is None:
+    if not refs and not context.recording:
+        return Projection((), context.state or EMPTY)
+    if context.session_id is not None and context.log is None:
         raise ValueError("a session needs a log")
-    recording = log is not None and session_id is not None
-    if log and session_id and not (fresh and state is not None):
-        state = await refresh(log, session_id, state or EMPTY)
+    ask = Ask(refs, context.recording, context.sessionless, context.upstream_format, context.profile, context.images)
+    return await _carry_out(ask, context, await _begin(refs, context))
+
+
+async def _begin(refs: Sequence[ImageRef], context: ProjectionContext) -> Progress:
+    """The progress a projection starts from: the session's state, refreshed from the log unless
+    the caller vouched for it, and the probes due for its references."""
+    state = context.state
+    if context.log and context.session_id and not (context.fresh and state is not None):
+        state = await refresh(context.log, context.session_id, state or EMPTY)
     state = state or EMPTY
-    due = prober.due(state, names_of(refs)) if prober is not None and recording else frozenset()
-    results: dict[str, StoredImage | AttachmentError] = {}
-    made: dict[str, Variant | None] = {}
-    recorded: tuple[Quarantine | Rejected, ...] = ()
-    lifted: tuple[str, ...] = ()
-    pinned: tuple[Variant, ...] = ()
-    reads = retries = rounds = 0
+    prober = context.prober
+    due = prober.due(state, names_of(refs)) if prober is not None and context.recording else frozenset()
+    return Progress(state, due=due)
+
+
+async def _carry_out(ask: Ask, context: ProjectionContext, progress: Progress) -> Projection:
+    """Carry out each step ``decide`` names, each by its own handler, until it is done or fails."""
     while True:
-        step = decide(refs, state, results, recording=recording, sessionless=sessionless, due=due,
-                      upstream_format=upstream_format, profile=profile, made=made, images=images)
-        if isinstance(step, Done):
-            return Projection(step.outcomes, state, reads, recorded, retries, lifted, pinned)
-        if isinstance(step, Fail):
-            raise step.error
-        if isinstance(step, Read):
-            for aid, (result, count) in (await _read_many(store, step.ids, parallel, due, probe_wait)).items():
-                results[aid] = result
-                reads += count
-                retries += count - 1
-                if aid in due and isinstance(result, AttachmentError):
-                    assert prober is not None
-                    prober.failed(aid)  # still unreadable: the next probe waits another period
-                    due -= {aid}
+        step = decide(ask, progress)
+        match step:
+            case Done(outcomes):
+                return Projection(outcomes, progress.state, progress.reads, progress.recorded, progress.retries,
+                                  progress.lifted, progress.pinned)
+            case Fail(error):
+                raise error
+            case Read():
+                await _read_step(step, context, progress)
+            case Vary():
+                await _vary_step(step, context, progress)
+            case Lift():
+                await _lift_step(step, context, progress)
+            case Pin():
+                await _pin_step(step, context, progress)
+            case Record():
+                await _record_step(step, context, progress)
+            case _:
+                assert_never(step)
+
+
+async def _read_step(step: Read, context: ProjectionContext, progress: Progress) -> None:
+    """Read the ids (a due one by its probe); a failed probe waits another period."""
+    found = await _read_many(context.store, step.ids, context.parallel, progress.due, context.probe_wait)
+    for aid, (result, count) in found.items():
+        progress.results[aid] = result
+        progress.reads += count
+        progress.retries += count - 1
+        if aid in progress.due and isinstance(result, AttachmentError):
+            assert context.prober is not None
+            context.prober.failed(aid)  # still unreadable: the next probe waits another period
+            progress.due -= {aid}
+
+
+async def _vary_step(step: Vary, context: ProjectionContext, progress: Progress) -> None:
+    """Make the variants asked for: each one made is read as its verified image from now on."""
+    for image, made in zip(step.images, await _vary_all(context.vary, step)):
+        if made is None:
+            progress.made[image.id] = None
             continue
-        if isinstance(step, Vary):
-            for image, made_one in zip(step.images, await _vary_all(vary, step)):
-                made[image.id] = made_one[0] if made_one is not None else None
-                if made_one is not None:
-                    results[made_one[0].variant_id] = made_one[1]
-            continue
-        rounds += 1
-        if rounds > MAX_ROUNDS:
-            raise Unavailable("session log kept changing while projecting", code="SESSION_CONTENDED")
-        assert log is not None and session_id is not None
-        if isinstance(step, Lift):
-            state, done = await _lift(log, session_id, state, step.images, lock or contextlib.nullcontext())
-            lifted += done
-            due -= {image.id for image in step.images}
-            continue
-        if isinstance(step, Pin):
-            seen = {(v.attachment_id, v.target): (old.variant_id if (old := state.variants.get(
-                (v.attachment_id, v.target))) is not None else None) for v in step.variants}
-            state = await _pin(log, session_id, state, step.variants, seen, lock or contextlib.nullcontext())
-            pinned += tuple(v for v in step.variants if state.variants.get((v.attachment_id, v.target)) == v)
-            # a pin someone else made meanwhile stands: ours is dropped, theirs is read
-            made = {aid: v for aid, v in made.items()
-                    if v is None or state.variants.get((aid, v.target)) in (None, v)}
-            continue
-        state, new = await _record(log, session_id, state, step.quarantines, lock or contextlib.nullcontext())
-        recorded += new
-        for quarantine in step.quarantines:  # one someone recovered meanwhile is read afresh
-            del results[quarantine.attachment_id]
+        variant, stored = made
+        progress.made[image.id] = variant
+        progress.results[variant.variant_id] = stored
+
+
+async def _lift_step(step: Lift, context: ProjectionContext, progress: Progress) -> None:
+    """Lift the probed quarantines that still stand; their probes are no longer due."""
+    log, session_id, lock = _writing(context, progress)
+    progress.state, done = await _lift(log, session_id, progress.state, step.images, lock)
+    progress.lifted += done
+    progress.due -= {image.id for image in step.images}
+
+
+async def _pin_step(step: Pin, context: ProjectionContext, progress: Progress) -> None:
+    """Pin the variants made; a pin someone else made meanwhile stands: ours is dropped, theirs is read."""
+    log, session_id, lock = _writing(context, progress)
+    progress.state = state = await _pin(log, session_id, progress.state, step.variants, lock)
+    progress.pinned += tuple(v for v in step.variants if state.variants.get((v.attachment_id, v.target)) == v)
+    progress.made = {aid: v for aid, v in progress.made.items()
+                     if v is None or state.variants.get((aid, v.target)) in (None, v)}
+
+
+async def _record_step(step: Record, context: ProjectionContext, progress: Progress) -> None:
+    """Record the quarantines; an id someone recovered meanwhile is read afresh."""
+    log, session_id, lock = _writing(context, progress)
+    progress.state, new = await _record(log, session_id, progress.state, step.quarantines, lock)
+    progress.recorded += new
+    for quarantine in step.quarantines:
+        del progress.results[quarantine.attachment_id]
+
+
+def _writing(context: ProjectionContext, progress: Progress) -> tuple[SessionLog, str, Lock]:
+    """The log, session and lock of a step that writes, counted: past ``MAX_ROUNDS`` such steps
+    other writers kept changing the session under this projection."""
+    progress.rounds += 1
+    if progress.rounds > MAX_ROUNDS:
+        raise Unavailable("session log kept changing while projecting", code="SESSION_CONTENDED")
+    assert context.log is not None and context.session_id is not None
+    return context.log, context.session_id, context.lock or contextlib.nullcontext()
 
 
 async def _vary_all(vary: Varier | None, step: Vary) -> list[tuple[Variant, StoredImage] | None]:

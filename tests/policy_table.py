@@ -18,7 +18,7 @@ from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FA
 from projectionist.policy.events import Event, Quarantine, QuarantineEvent, Recovered, RecoveredEvent
 from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder
 from projectionist.policy.ports import SessionLog
-from projectionist.policy.projection import project, recover
+from projectionist.policy.projection import ProjectionContext, project, recover
 from projectionist.proxy.sessionlog.base import Log
 from tests.fakes import CountingStore
 from tests.imaging import make_image, ref_id
@@ -53,7 +53,8 @@ def fails(code: str, times: int = 99) -> Any:
 
 
 async def run(env: Env, *ids: str, session: str | None = SID, log: SessionLog | None = None, **kw: Any) -> Any:
-    return await project([ImageRef(i) for i in ids], store=env.store, log=log or env.log, session_id=session, **kw)
+    context = ProjectionContext(store=env.store, log=log or env.log, session_id=session, **kw)
+    return await project([ImageRef(i) for i in ids], context)
 
 
 @pytest.mark.parametrize(
@@ -154,7 +155,7 @@ async def test_several_failures_in_one_request_are_one_atomic_append(env: Env) -
 async def test_repeated_references_are_all_replaced_and_read_once(env: Env) -> None:
     good = await env.add(GOOD_BYTES)
     refs = [ImageRef(MISSING, "a.png"), ImageRef(GOOD), ImageRef(MISSING), ImageRef(GOOD), ImageRef(MISSING, "b.png")]
-    result = await project(refs, store=env.store, log=env.log, session_id=SID)
+    result = await project(refs, ProjectionContext(store=env.store, log=env.log, session_id=SID))
     assert env.store.reads == {MISSING: 1, GOOD: 1}
     texts = [o.text for o in result.outcomes if isinstance(o, Placeholder)]
     short = MISSING[:15]

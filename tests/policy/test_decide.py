@@ -10,7 +10,7 @@ from projectionist.policy.errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FA
 from projectionist.policy.events import Quarantine
 from projectionist.policy.fold import EMPTY, SessionState
 from projectionist.policy.model import ImageRef, Resolved, StoredImage, Placeholder
-from projectionist.policy.decide import Done, Fail, Lift, Read, Record, decide
+from projectionist.policy.decide import Ask, Done, Fail, Lift, Progress, Read, Record, decide
 
 A, B, C = ("sha256:" + c * 64 for c in "abc")
 
@@ -28,11 +28,12 @@ GONE_A = Quarantine(A, "not_found", retryable=False, name="a.png")
 
 def test_nothing_read_yet_reads_each_unquarantined_id_once_in_order() -> None:
     refs = [ImageRef(B), ImageRef(A), ImageRef(B), ImageRef(C)]
-    assert decide(refs, quarantined(Quarantine(C, "corrupt", retryable=False)), {}, recording=True) == Read((B, A))
+    state = quarantined(Quarantine(C, "corrupt", retryable=False))
+    assert decide(Ask(refs, recording=True), Progress(state)) == Read((B, A))
 
 
 def test_every_read_verified_is_done_with_the_images() -> None:
-    step = decide([ImageRef(A), ImageRef(A)], EMPTY, {A: image(A)}, recording=True)
+    step = decide(Ask([ImageRef(A), ImageRef(A)], recording=True), Progress(EMPTY, {A: image(A)}))
     assert step == Done((Resolved(image(A)), Resolved(image(A))))
 
 
@@ -42,48 +43,50 @@ def test_every_read_verified_is_done_with_the_images() -> None:
 def test_a_failed_read_with_a_session_is_recorded_with_the_first_name_given(
         code: str, failure: str, retryable: bool) -> None:
     refs = [ImageRef(A), ImageRef(A, "shot.png"), ImageRef(A, "other.png")]
-    step = decide(refs, EMPTY, {A: AttachmentError(code)}, recording=True)
+    step = decide(Ask(refs, recording=True), Progress(EMPTY, {A: AttachmentError(code)}))
     assert step == Record((Quarantine(A, failure, retryable=retryable, name="shot.png"),))  # type: ignore[arg-type]
 
 
 def test_without_a_session_a_failure_fails_the_request_by_default() -> None:
     error = AttachmentError(NOT_FOUND)
-    assert decide([ImageRef(A)], EMPTY, {A: error}, recording=False) == Fail(error)
+    assert decide(Ask([ImageRef(A)], recording=False), Progress(EMPTY, {A: error})) == Fail(error)
 
 
 def test_without_a_session_the_placeholder_policy_projects_without_recording() -> None:
-    step = decide([ImageRef(A, "a.png"), ImageRef(B)], EMPTY, {A: AttachmentError(NOT_FOUND), B: image(B)},
-                  recording=False, sessionless="placeholder")
+    ask = Ask([ImageRef(A, "a.png"), ImageRef(B)], recording=False, sessionless="placeholder")
+    step = decide(ask, Progress(EMPTY, {A: AttachmentError(NOT_FOUND), B: image(B)}))
     assert step == Done((Placeholder("not_found", '[image unavailable: not_found; "a.png" (sha256:aaaaaaaa)]'),
                          Resolved(image(B))))
 
 
 def test_a_bad_reference_fails_even_with_a_session() -> None:
     error = AttachmentError(INVALID_REF)
-    assert decide([ImageRef(A), ImageRef(B)], EMPTY, {A: image(A), B: error}, recording=True) == Fail(error)
+    step = decide(Ask([ImageRef(A), ImageRef(B)], recording=True), Progress(EMPTY, {A: image(A), B: error}))
+    assert step == Fail(error)
 
 
 def test_a_quarantined_reference_is_a_placeholder_and_never_read() -> None:
-    step = decide([ImageRef(A), ImageRef(B)], quarantined(GONE_A), {B: image(B)}, recording=True)
+    step = decide(Ask([ImageRef(A), ImageRef(B)], recording=True), Progress(quarantined(GONE_A), {B: image(B)}))
     assert step == Done((Placeholder("not_found", '[image unavailable: not_found; "a.png" (sha256:aaaaaaaa)]'),
                          Resolved(image(B))))
 
 
 def test_a_failure_someone_else_already_recorded_is_not_recorded_again() -> None:
     # the log now holds A's quarantine: the stale read result no longer matters
-    step = decide([ImageRef(A)], quarantined(GONE_A), {A: AttachmentError(NOT_FOUND)}, recording=True)
+    step = decide(Ask([ImageRef(A)], recording=True), Progress(quarantined(GONE_A), {A: AttachmentError(NOT_FOUND)}))
     assert isinstance(step, Done) and isinstance(step.outcomes[0], Placeholder)
 
 
 def test_a_due_probe_of_a_retryable_quarantine_is_read_then_lifted_if_it_verifies() -> None:
     flaky = Quarantine(A, "read_failed", retryable=True)
     state = quarantined(flaky)
-    assert decide([ImageRef(A)], state, {}, recording=True, due=frozenset({A})) == Read((A,))
-    assert decide([ImageRef(A)], state, {A: image(A)}, recording=True, due=frozenset({A})) == Lift((image(A),))
-    failed = decide([ImageRef(A)], state, {A: AttachmentError(READ_FAILED)}, recording=True, due=frozenset({A}))
+    ask, due = Ask([ImageRef(A)], recording=True), frozenset({A})
+    assert decide(ask, Progress(state, due=due)) == Read((A,))
+    assert decide(ask, Progress(state, {A: image(A)}, due=due)) == Lift((image(A),))
+    failed = decide(ask, Progress(state, {A: AttachmentError(READ_FAILED)}, due=due))
     assert isinstance(failed, Done) and isinstance(failed.outcomes[0], Placeholder)  # nothing new recorded
     # not due: never read
-    assert isinstance(decide([ImageRef(A)], state, {}, recording=True), Done)
+    assert isinstance(decide(ask, Progress(state)), Done)
 
 
 def test_the_prober_waits_its_period_and_never_probes_what_cannot_come_back() -> None:

@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import msgspec
 
-from projectionist.policy.decide import Done, Pin, Read, Record, Vary, decide
+from projectionist.policy.decide import Ask, Done, Pin, Progress, Read, Record, Vary, decide
 from projectionist.policy.errors import NOT_FOUND, AttachmentError
 from projectionist.policy.events import (
     Quarantine,
@@ -91,8 +91,8 @@ def test_a_rejection_holds_for_its_format_and_recovery_lifts_all_of_an_images_qu
     assert state.standing(A, "openai") is None and state.standing(A, None) is None
     assert state.standing(B, "openai") is not None  # a store failure holds everywhere
     refs = [ImageRef(A)]
-    assert decide(refs, state, {}, recording=True, upstream_format="openai") == Read((A,))
-    step = decide(refs, state, {}, recording=True, upstream_format="anthropic")
+    assert decide(Ask(refs, recording=True, upstream_format="openai"), Progress(state)) == Read((A,))
+    step = decide(Ask(refs, recording=True, upstream_format="anthropic"), Progress(state))
     assert step == Done((Placeholder("rejected", f'[image unavailable: rejected; "a.png" ({A[:15]})]'),))
     lifted = fold([envelope(3, "t", Recovered(A, 1, "image/png", 1, 1))], state)
     assert lifted.standing(A, "anthropic") is None and not lifted.rejected
@@ -102,37 +102,40 @@ def test_an_image_that_breaks_the_profile_is_varied_then_pinned_then_sent_as_its
     big = image(A, size=500)
     refs = [ImageRef(A)]
     assert breaks(PROFILE, "image/png", 500, 10, 10) == "bytes"
-    step = decide(refs, EMPTY, {A: big}, recording=True, profile=PROFILE)
+    ask = Ask(refs, recording=True, profile=PROFILE)
+    step = decide(ask, Progress(EMPTY, {A: big}))
     assert step == Vary((big,), PROFILE, 1)
     pin = Variant(A, PROFILE.target(1), V, "image/png", 50, 10, 10, "v1")
     results = {A: big, V: image(V, 50)}
-    assert decide(refs, EMPTY, results, recording=True, profile=PROFILE, made={A: pin}) == Pin((pin,))
+    assert decide(ask, Progress(EMPTY, results, made={A: pin})) == Pin((pin,))
     pinned = SessionState(1, variants=MappingProxyType({(A, pin.target): pin}))
     # pinned: the variant is read instead of the original
-    assert decide(refs, pinned, {}, recording=True, profile=PROFILE) == Read((V,))
-    assert decide(refs, pinned, {V: image(V, 50)}, recording=True, profile=PROFILE) == Done((Resolved(image(V, 50)),))
+    assert decide(ask, Progress(pinned)) == Read((V,))
+    assert decide(ask, Progress(pinned, {V: image(V, 50)})) == Done((Resolved(image(V, 50)),))
     # a pin that will not read falls back to the original, which is varied again; never quarantined
     gone = {V: AttachmentError(NOT_FOUND)}
-    assert decide(refs, pinned, gone, recording=True, profile=PROFILE) == Read((A,))
-    assert decide(refs, pinned, {**gone, A: big}, recording=True, profile=PROFILE) == Vary((big,), PROFILE, 1)
+    assert decide(ask, Progress(pinned, gone)) == Read((A,))
+    assert decide(ask, Progress(pinned, {**gone, A: big})) == Vary((big,), PROFILE, 1)
 
 
 def test_a_fitting_image_is_sent_as_it_is_and_one_without_a_variant_too() -> None:
     refs = [ImageRef(A)]
-    assert decide(refs, EMPTY, {A: image(A)}, recording=True, profile=PROFILE) == Done((Resolved(image(A)),))
+    ask = Ask(refs, recording=True, profile=PROFILE)
+    assert decide(ask, Progress(EMPTY, {A: image(A)})) == Done((Resolved(image(A)),))
     big = image(A, size=500)
-    assert decide(refs, EMPTY, {A: big}, recording=True, profile=PROFILE, made={A: None}) == Done((Resolved(big),))
+    assert decide(ask, Progress(EMPTY, {A: big}, made={A: None})) == Done((Resolved(big),))
 
 
 def test_the_many_image_rule_is_its_own_target() -> None:
     assert PROFILE.target(2) == "anthropic@8000" and PROFILE.target(3) == "anthropic@50"
     wide = image(A, side=60)
     refs = [ImageRef(A), ImageRef(B), ImageRef(C)]
-    step = decide(refs, EMPTY, {A: wide, B: image(B), C: image(C)}, recording=True, profile=PROFILE)
+    step = decide(Ask(refs, recording=True, profile=PROFILE), Progress(EMPTY, {A: wide, B: image(B), C: image(C)}))
     assert step == Vary((wide,), PROFILE, 3)
-    assert decide(refs[:1], EMPTY, {A: wide}, recording=True, profile=PROFILE) == Done((Resolved(wide),))
+    assert decide(Ask(refs[:1], recording=True, profile=PROFILE), Progress(EMPTY, {A: wide})) == Done((Resolved(wide),))
 
 
 def test_a_store_failure_of_the_original_is_still_a_quarantine_with_a_profile() -> None:
-    step = decide([ImageRef(A)], EMPTY, {A: AttachmentError(NOT_FOUND)}, recording=True, profile=PROFILE)
+    ask = Ask([ImageRef(A)], recording=True, profile=PROFILE)
+    step = decide(ask, Progress(EMPTY, {A: AttachmentError(NOT_FOUND)}))
     assert step == Record((Quarantine(A, "not_found", retryable=False),))
