@@ -23,7 +23,7 @@ from ...adapters.base import WireFormat
 from ...adapters.responses import tokens
 from ...policy.errors import ProjectionistError
 from ...policy.model import ImageRef, Placeholder, Resolved, scoped_session
-from ...policy.projection import Projection, project
+from ...policy.projection import Projection, ProjectionContext, project
 from .bodies import read_body
 from .middleware import Context, context
 from . import sessions
@@ -93,8 +93,8 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
     async def run(refs: list[ImageRef], images: int) -> Projection:
         seen_refs[:] = refs
         fresh = services.log.fresh(session_id) if session_id else None
-        return await project(
-            refs, store=store, log=services.log, session_id=session_id, upstream_format=fmt.FORMAT,
+        return await project(refs, ProjectionContext(
+            store=store, log=services.log, session_id=session_id, upstream_format=fmt.FORMAT,
             profile=fmt.PROFILE, vary=services.variants, images=images,
             lock=services.log.lock(session_id) if session_id else None,
             sessionless=services.config.server.sessionless,
@@ -103,7 +103,7 @@ async def relay_projected(request: web.Request, fmt: WireFormat, upstream: Upstr
             parallel=services.config.policy.parallel_reads,
             prober=services.prober,
             probe_wait=services.config.policy.probe_wait,
-        )
+        ))
 
     recording = bool(session_id) and services.recording.on
     policy = services.config.policy
