@@ -11,7 +11,7 @@ import os
 
 from projectionist.adapters import openai_responses
 from projectionist.policy.model import ImageRef, Resolved, Placeholder
-from projectionist.policy.projection import project
+from projectionist.policy.projection import ProjectionContext, project
 from tests.fakes import CountingStore
 from tests.golden_responses import (
     A, B, GOLDEN_PROJECTED, GONE, PNG_A, PNG_B, data_url, golden_projected, golden_request, not_found_text, stored,
@@ -33,7 +33,7 @@ async def test_golden_find_refs_and_render_through_the_policy() -> None:
     assert sites[3].parent is body["input"][3]["output"]
 
     store, log = CountingStore(MemoryStore(stored(PNG_A), stored(PNG_B))), MemoryLog()  # type: ignore[arg-type]
-    projection = await project([s.ref for s in sites], store=store, log=log, session_id="golden")
+    projection = await project([s.ref for s in sites], ProjectionContext(store=store, log=log, session_id="golden"))
     assert store.reads == {A: 1, B: 1, GONE: 1}  # repeated references are read once
     assert [type(o).__name__ for o in projection.outcomes] == [
         "Resolved", "Resolved", "Placeholder", "Resolved", "Placeholder", "Resolved"]

@@ -16,7 +16,7 @@ import pytest
 from projectionist.policy.events import Quarantine, RequestRecorded
 from projectionist.policy.errors import AttachmentError
 from projectionist.policy.model import ImageRef
-from projectionist.policy.projection import project
+from projectionist.policy.projection import ProjectionContext, project
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.postgres import PostgresLog
 from projectionist.proxy.sessionlog.watch import StateWatch
@@ -128,8 +128,9 @@ async def test_a_decision_made_before_the_notice_arrives_still_records_one_trans
 
     stale = a.fresh("race")
     assert stale is not None and not stale.quarantined  # A decides on a fold without B's quarantine
-    projection = await project([ImageRef(ID)], store=Missing(), log=a, session_id="race",  # type: ignore[arg-type]
-                               lock=a.lock("race"), state=stale, fresh=True)
+    projection = await project([ImageRef(ID)], ProjectionContext(store=Missing(), log=a,  # type: ignore[arg-type]
+                                                                 session_id="race", lock=a.lock("race"),
+                                                                 state=stale, fresh=True))
     assert projection.recorded == ()  # its own quarantine met the conditional append and gave way
     assert ID in projection.state.quarantined
     events = await b.read("race", 0)

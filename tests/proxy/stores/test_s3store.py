@@ -25,7 +25,7 @@ from projectionist.policy.errors import AttachmentError, Unavailable
 from projectionist.policy.events import Quarantine, QuarantineEvent
 from projectionist.policy.model import ImageRef, StoredImage
 from projectionist.policy.model import Placeholder
-from projectionist.policy.projection import project
+from projectionist.policy.projection import ProjectionContext, project
 from projectionist.proxy.stores import s3 as s3store
 from projectionist.proxy.config import ImageLimits, LanesConfig
 from projectionist.proxy.lanes import Busy
@@ -372,7 +372,8 @@ async def test_stopped_server_is_read_failed_and_quarantined_after_one_retry(
 
         counting = CountingStore(s)
         log = MemoryLog()
-        projection = await project([ImageRef(stored.id, "shot.png")], store=counting, log=log, session_id="s")
+        projection = await project([ImageRef(stored.id, "shot.png")], ProjectionContext(store=counting, log=log,
+                                                                                         session_id="s"))
         assert counting.reads == {stored.id: 2}
         assert projection.reads == 2
         events = log.sessions["s"]
