@@ -100,8 +100,7 @@ def readable_codings(headers: CIMultiDict[str]) -> None:
         return
     kept = [token.strip() for value in offered for token in value.split(",")
             if token.split(";", 1)[0].strip().lower() in READABLE_CODINGS and not _refused(token)]
-    headers.popall("Accept-Encoding", None)
-    headers["Accept-Encoding"] = ", ".join(kept) if kept else "identity"
+    headers["Accept-Encoding"] = ", ".join(kept) if kept else "identity"  # in its place: a replay sends the same order
 
 
 def _refused(token: str) -> bool:
