@@ -1,5 +1,5 @@
-"""One registry of error codes: every code the code raises is registered once, the README's table
-is the registry, and a code whose message may not reach a client never leaks it."""
+"""One registry of error codes: every code the code raises is registered once, the docs' table
+(docs/reference/errors.md) is the registry, and a code whose message may not reach a client never leaks it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from projectionist.adapters import anthropic_messages, openai_chat
 from projectionist.policy import errors
 from projectionist.policy.errors import CODES, STARTUP_CODES, ProjectionistError, Unavailable
-from projectionist.proxy.http.middleware import error_response
+from projectionist.proxy.inbound.context import error_response
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE_SHAPE = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
@@ -64,8 +64,8 @@ def test_the_registry_defines_each_code_once() -> None:
 
 
 def readme_table() -> set[tuple[int, str]]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Errors"):]
+    text = (ROOT / "docs" / "reference" / "errors.md").read_text()
+    section = text[text.index("## By status"):]
     section = section[:section.index("\n## ")]
     pairs: set[tuple[int, str]] = set()
     for line in section.splitlines():

@@ -1,7 +1,7 @@
-"""The README's SDK snippets run as written: each Python block of "With the official SDKs", in a
-fresh interpreter with no provider key in its environment, against a live proxy whose upstreams
-are the fake one. Only the address changes (the README's 127.0.0.1:8787 becomes the test
-server's); a snippet that raises, or never reaches the upstream, fails here."""
+"""The docs' SDK snippets run as written: each Python block of "With the official SDKs" in
+docs/clients.md, in a fresh interpreter with no provider key in its environment, against a live
+proxy whose upstreams are the fake one. Only the address changes (the page's 127.0.0.1:8787
+becomes the test server's); a snippet that raises, or never reaches the upstream, fails here."""
 
 from __future__ import annotations
 
@@ -22,15 +22,15 @@ from tests.fakes import FakeUpstream
 from tests.imaging import make_image
 from tests.paths import ROOT
 
-README = ROOT / "README.md"
-SECTION = "### With the official SDKs"
+PAGE = ROOT / "docs" / "clients.md"
+SECTION = "## With the official SDKs"
 ADDRESS = "http://127.0.0.1:8787"
 
 
 def snippets() -> list[str]:
-    text = README.read_text()
+    text = PAGE.read_text()
     start = text.index(SECTION)
-    end = text.index("\n### ", start + len(SECTION))
+    end = text.index("\n## ", start + len(SECTION))
     return re.findall(r"```python\n(.*?)```", text[start:end], re.S)
 
 
