@@ -245,6 +245,15 @@ def test_the_readmes_links_land() -> None:
             assert anchor in slugs(path), link
 
 
+def test_every_external_link_is_well_formed() -> None:
+    """mkdocs checks the site's own links; links out of it cannot be fetched here, so their form is checked."""
+    external = [link for path in pages() for link in links(path.read_text()) if "://" in link]
+    assert len(external) >= 4
+    for link in external:
+        parts = urlsplit(link)
+        assert parts.scheme == "https" and "." in parts.netloc and not parts.username, link
+
+
 def test_the_bench_readme_links_land() -> None:
     for link in links((ROOT / "bench" / "README.md").read_text()):
         assert (ROOT / "bench" / link.partition("#")[0]).exists(), link
