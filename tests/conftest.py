@@ -29,9 +29,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from projectionist.proxy.http.app import create_app, open_log, open_store
+from projectionist.proxy.edge.app import create_app, open_log, open_store
 from projectionist.proxy.config import Config, load_config, with_upstream_urls
-from projectionist.proxy.http.services import ADMIN_APP, SERVICES
+from projectionist.proxy.inbound.services import ADMIN_APP, SERVICES
 from projectionist.proxy.stores.filesystem import FilesystemStore
 from projectionist.proxy.stores.s3 import S3Store
 from tests.backends import BACKENDS, BUCKET, Seaweed, pg_dsn, stop_postgres

@@ -13,7 +13,7 @@ import pytest
 from projectionist.adapters import anthropic_messages, openai_chat
 from projectionist.policy import errors
 from projectionist.policy.errors import CODES, STARTUP_CODES, ProjectionistError, Unavailable
-from projectionist.proxy.http.middleware import error_response
+from projectionist.proxy.inbound.context import error_response
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE_SHAPE = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")

@@ -3,11 +3,14 @@
     policy     pure domain                      (nothing of ours below it)
     adapters   wire formats, pure               -> policy
     proxy/     all I/O, in layers, each importing only the ones below it:
-      ops          CLI, demo                    -> anything
-      http         app, middleware, handlers    -> upstream, stores, sessionlog, observe, config
-      upstream     prepare, relay, record, URLs -> stores, sessionlog, observe, config
+      ops          CLI, demo, serve, workers              -> anything
+      edge         apps, middleware, routing, readiness   -> files, console, call, and below
+      files, console   file APIs; admin API and inspector -> call, and below (never each other)
+      call         the proxied call: read, send, record, re-send, replay -> inbound, and below
+      inbound      context, services, auth, bodies        -> upstream, and below
+      upstream     transports, targets, URLs, body prep   -> stores, sessionlog, observe, config
       stores, sessionlog   backends             -> observe, config     (never each other; no aiohttp.web)
-      observe, config, lanes   leaves           -> nothing of proxy/
+      observe, config, lanes, faults   leaves   -> nothing of proxy/
 """
 
 from __future__ import annotations
@@ -21,17 +24,33 @@ ROOT = Path(__file__).resolve().parent.parent
 IO_LIBRARIES = {"aiohttp", "multidict", "yarl", "sqlite3", "asyncpg", "aiobotocore", "botocore", "PIL",
                 "socket", "structlog", "logging", "prometheus_client", "httpx", "httptools"}
 P = "projectionist.proxy"
+#: proxy/'s folders from the top down: each imports only the ones after it (files and console
+#: stand side by side and never import each other; stores and sessionlog likewise).
+ORDER = ("ops", "edge", "files", "console", "call", "inbound", "upstream", "stores", "sessionlog", "observe", "config")
+ALL = ORDER
+
+
+def above(part: str) -> set[str]:
+    """The folders above ``part``, which it may not import."""
+    return {f"{P}.{name}" for name in ORDER[:ORDER.index(part)]}
+
+
 #: What each part may NOT import (besides the standard library and third-party packages).
 FORBIDDEN: dict[str, set[str]] = {
     "policy": IO_LIBRARIES | {"projectionist.adapters", P},
     "adapters": IO_LIBRARIES | {P},
-    "proxy/config.py": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores", "sessionlog", "observe")},
-    "proxy/lanes.py": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores", "sessionlog", "observe")},
-    "proxy/observe": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores", "sessionlog", "config")} | {"aiohttp"},
-    "proxy/stores": {f"{P}.{part}" for part in ("ops", "http", "upstream", "sessionlog")} | {"aiohttp.web"},
-    "proxy/sessionlog": {f"{P}.{part}" for part in ("ops", "http", "upstream", "stores")} | {"aiohttp"},
-    "proxy/upstream": {f"{P}.{part}" for part in ("ops", "http")},
-    "proxy/http": {f"{P}.ops"},
+    "proxy/config.py": {f"{P}.{part}" for part in ALL},
+    "proxy/lanes.py": {f"{P}.{part}" for part in ALL},
+    "proxy/faults.py": {f"{P}.{part}" for part in ALL},
+    "proxy/observe": {f"{P}.{part}" for part in ALL if part != "observe"} | {"aiohttp"},
+    "proxy/stores": above("stores") | {f"{P}.sessionlog", "aiohttp.web"},
+    "proxy/sessionlog": above("sessionlog") | {f"{P}.stores", "aiohttp"},
+    "proxy/upstream": above("upstream"),
+    "proxy/inbound": above("inbound"),
+    "proxy/call": above("call"),
+    "proxy/files": above("files") | {f"{P}.console"},
+    "proxy/console": above("console") | {f"{P}.files"},
+    "proxy/edge": above("edge"),
 }
 #: Pairs inside a part that must stay apart.
 APART = [("proxy/sessionlog/postgres.py", f"{P}.sessionlog.sqlite"), ("proxy/sessionlog/sqlite.py", f"{P}.sessionlog.postgres"),
@@ -52,12 +71,20 @@ def module_name(path: Path) -> list[str]:
     return ["projectionist", *parts] if parts[0] in OLD_ROOTS else parts
 
 
+def _run_time(tree: ast.Module) -> list[ast.AST]:
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:``: an import made for an
+    annotation alone names a type and is never run, so it ties no layer to another."""
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+               and node.test.id == "TYPE_CHECKING" for child in node.body for n in ast.walk(child)}
+    return [node for node in ast.walk(tree) if id(node) not in skipped]
+
+
 def imported(path: Path) -> set[str]:
-    """Every import of ``path``, relative ones resolved: each module name and all its parents
-    (``a.b.c``, ``a.b``, ``a``)."""
+    """Every import of ``path`` that runs, relative ones resolved: each module name and all its
+    parents (``a.b.c``, ``a.b``, ``a``)."""
     package = module_name(path)[:-1]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _run_time(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -112,9 +139,9 @@ def test_no_folder_of_the_package_is_a_link() -> None:
 
 
 def test_the_scanner_sees_imports() -> None:
-    names = imported(ROOT / "proxy" / "http" / "proxying.py")
-    assert {"aiohttp", "projectionist.policy", f"{P}.upstream", f"{P}.upstream.relay"} <= names
-    assert f"{P}.http" in FORBIDDEN["proxy/upstream"] and f"{P}.http" in names  # a real offence would show
+    names = imported(ROOT / "proxy" / "call" / "pipeline.py")
+    assert {"aiohttp", "projectionist.policy", f"{P}.call", f"{P}.call.send"} <= names
+    assert f"{P}.call" in FORBIDDEN["proxy/upstream"] and f"{P}.call" in names  # a real offence would show
 
 
 @pytest.mark.parametrize("package", ["policy", "adapters", "proxy"])

@@ -23,13 +23,13 @@ import msgspec
 from ...policy.errors import InvalidRequest, ProjectionistError
 from ...policy.model import check_id, check_scoped_session
 from ...policy.projection import recover
-from ..http.admin import events_view, quarantine_view, session_events, session_state
-from ..http.app import open_log, open_store
+from ..console.admin import events_view, quarantine_view, session_events, session_state
+from ..edge.app import open_log, open_store
 from ..config import Config, Format, load_config, parse_upstream_spec, with_upstreams
 from .serve import StartupError, serve
 from .workers import supervise
 from .demo import DemoFailed, run_demo, write_snapshot
-from ..upstream.replay import rebuild, send_and_compare
+from ..call.replay import rebuild, send_and_compare
 from ..observe.logger import setup_logging
 from .tables import sessions_table, timeline_table
 from ..sessionlog.base import Log

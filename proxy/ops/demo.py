@@ -24,8 +24,8 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from ..http.app import create_app
-from ..http.services import ADMIN_APP
+from ..edge.app import create_app
+from ..inbound.services import ADMIN_APP
 from ..config import load_config, with_upstream_urls
 from ...adapters.redact import shorten
 

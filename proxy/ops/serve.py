@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ...policy.errors import InvalidRequest, ProjectionistError
 from ..config import Config
-from ..http.app import admin_site, create_app
+from ..edge.app import admin_site, create_app
 from ..observe.logger import get_logger, redact_url, setup_logging
 
 

@@ -35,7 +35,7 @@ from ..config import Config
 from ..observe.logger import get_logger, setup_logging
 from .serve import StartupError, admit_open_proxy, event_loop, listening_fields
 from .worker import Brief, Report
-from ..http.resumable import KEY_ENV as UPLOAD_KEY_ENV
+from ..inbound.resumable import KEY_ENV as UPLOAD_KEY_ENV
 
 RESTART_LIMIT = 5
 RESTART_WINDOW = 60.0

@@ -1,2 +1,3 @@
-"""The outbound side: the upstream body prepared by the policy, the outgoing URL and headers, the
-relay that streams the answer back, and the recording and replay of those calls (proxy layer)."""
+"""The upstream leg (proxy layer): the ``Transport`` seam and its two transports (the built-in
+client, the aiohttp reference), each upstream's target and URLs; and, until they join ``call``,
+the projection step's body preparation (``prepare``, ``scan``, ``describe``, ``identity``)."""

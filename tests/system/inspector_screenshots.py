@@ -22,7 +22,7 @@ from aiohttp import web
 from PIL import Image, ImageDraw
 
 from projectionist.proxy.config import load_config, with_upstream_urls
-from projectionist.proxy.http.app import create_app
+from projectionist.proxy.edge.app import create_app
 from tests.browser import Browser, chromium
 from tests.fakes import FakeUpstream
 

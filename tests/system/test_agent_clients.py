@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 
 from projectionist.proxy.config import Config
-from projectionist.proxy.http.app import create_app, open_log, open_store
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.edge.app import create_app, open_log, open_store
+from projectionist.proxy.inbound.services import SERVICES
 from tests.agent_upstream import ANSWER, ScriptedUpstream, Seen
 from tests.agents import CLAUDE_CODE_VERSIONS, CODEX_VERSION, claude_code, codex, codex_config, run_agent
 from tests.conftest import ADMIN, Harness, routed_client

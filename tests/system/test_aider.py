@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from projectionist.proxy.config import Config
-from projectionist.proxy.http.app import create_app, open_log, open_store
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.edge.app import create_app, open_log, open_store
+from projectionist.proxy.inbound.services import SERVICES
 from tests.aider import AiderRun, run_aider
 from tests.agent_upstream import ANSWER, ScriptedUpstream, Seen, Trap
 from tests.conftest import ADMIN, Harness, routed_client

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.backends import backend_on_both  # noqa: F401  (every test here on both backends)
 from tests.conftest import Harness
 from tests.imaging import make_image, ref_id

@@ -30,11 +30,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from projectionist.policy.errors import READ_FAILED, AttachmentError
-from projectionist.proxy.http.app import create_app, open_store
-from projectionist.proxy.http.services import ADMIN_APP
+from projectionist.proxy.edge.app import create_app, open_store
+from projectionist.proxy.inbound.services import ADMIN_APP
 from projectionist.proxy.config import Config, load_config, with_upstreams
-from projectionist.proxy.upstream.replay import rebuild
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.call.replay import rebuild
+from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import Routed
 from tests.fakes import CountingStore, FakeUpstream
 from tests.imaging import make_image, ref_id

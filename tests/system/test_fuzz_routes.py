@@ -24,9 +24,9 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings, strategies as st
 from structlog.testing import capture_logs
 
-from projectionist.proxy.http.app import create_app, open_log, open_store
+from projectionist.proxy.edge.app import create_app, open_log, open_store
 from projectionist.proxy.config import load_config
-from projectionist.proxy.http.services import ADMIN_APP
+from projectionist.proxy.inbound.services import ADMIN_APP
 
 EXAMPLES = int(os.environ.get("PROJECTIONIST_FUZZ_EXAMPLES", "300"))
 

@@ -18,7 +18,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.backends import free_port
 from tests.conftest import Harness
 from tests.imaging import make_image

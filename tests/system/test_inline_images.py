@@ -30,8 +30,8 @@ from aiohttp import ClientResponse, web
 from structlog.testing import capture_logs
 
 from projectionist.proxy.config import Config
-from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.upstream.replay import rebuild
+from projectionist.proxy.inbound.services import SERVICES
+from projectionist.proxy.call.replay import rebuild
 from tests.calls import recorded_calls
 from tests.backends import BACKENDS
 from tests.conftest import ADMIN, Harness

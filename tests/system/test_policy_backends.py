@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from projectionist.proxy.config import load_config
-from projectionist.proxy.http.app import open_log, open_store
+from projectionist.proxy.edge.app import open_log, open_store
 from projectionist.proxy.sessionlog.base import Log
 from tests.conftest import replicated_backend
 from tests.fakes import CountingStore

@@ -24,10 +24,10 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from projectionist.proxy.config import Config
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from projectionist.proxy.upstream import scan as scan_module
 from projectionist.proxy.upstream.describe import sha256_id
-from projectionist.proxy.upstream.replay import rebuild
+from projectionist.proxy.call.replay import rebuild
 from tests.conftest import Harness
 from tests.imaging import make_image, ref_id
 from tests.refusing import inlined
@@ -466,7 +466,7 @@ async def test_accept_encoding_identity_refused_is_not_turned_into_identity(make
 async def test_codex_with_two_images_keeps_the_healthy_one_when_the_other_is_refused(
         named: bool, aiohttp_client: Any, aiohttp_server: Any, make_config: Callable[..., Config],
         tmp_path: Any) -> None:
-    from projectionist.proxy.http.app import create_app, open_log, open_store
+    from projectionist.proxy.edge.app import create_app, open_log, open_store
     from tests.agent_upstream import ANSWER, ScriptedUpstream
     from tests.agents import codex, codex_config, run_agent
     from tests.fakes import CountingStore

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from projectionist.policy.rejection import message_digest
-from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.upstream.replay import rebuild
+from projectionist.proxy.inbound.services import SERVICES
+from projectionist.proxy.call.replay import rebuild
 from tests.calls import recorded_calls
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id

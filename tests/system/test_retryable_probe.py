@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from projectionist.policy.errors import READ_FAILED
-from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.upstream.replay import rebuild
+from projectionist.proxy.inbound.services import SERVICES
+from projectionist.proxy.call.replay import rebuild
 from tests.backends import backend_on_both  # noqa: F401  (every test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import fail_with

@@ -14,7 +14,7 @@ import pytest
 from google import genai
 from google.genai import types
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import BACKENDS, Harness
 from tests.fakes import FakeUpstream
 from tests.imaging import make_image, ref_id

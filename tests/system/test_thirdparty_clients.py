@@ -19,8 +19,8 @@ from aiohttp import web
 
 from projectionist.proxy.config import Config, load_config
 from projectionist.policy.model import scoped_session
-from projectionist.proxy.http.app import create_app, open_log, open_store
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.edge.app import create_app, open_log, open_store
+from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import Harness, routed_client
 from tests.fakes import COMPLETION, CountingStore, FakeUpstream
 from tests.imaging import make_image

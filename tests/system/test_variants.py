@@ -15,9 +15,9 @@ import pytest
 from PIL import Image
 
 from projectionist.adapters import anthropic_messages, gemini
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from projectionist.proxy.stores.filesystem import FilesystemStore
-from projectionist.proxy.upstream.replay import rebuild
+from projectionist.proxy.call.replay import rebuild
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 

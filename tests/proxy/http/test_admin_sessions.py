@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from projectionist.proxy.sessionlog.summary import summaries
 from tests.backends import BACKENDS
 from tests.calls import recorded_calls

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.backends import BACKENDS
 from tests.conftest import ADMIN, Harness
 from tests.imaging import make_image

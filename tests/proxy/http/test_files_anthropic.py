@@ -19,7 +19,7 @@ from projectionist.policy.events import Quarantine
 from projectionist.policy.fold import placeholder
 from projectionist.policy.model import ImageRef
 from projectionist.proxy.stores.s3 import S3Store
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import MESSAGE

@@ -15,8 +15,8 @@ from google import genai
 from google.genai import errors, types
 from structlog.testing import capture_logs
 
-from projectionist.proxy.http.resumable import Uploads
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.resumable import Uploads
+from projectionist.proxy.inbound.services import SERVICES
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.fakes import FakeUpstream

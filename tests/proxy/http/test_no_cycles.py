@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 from collections import Counter
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.calls import chat_body
 from tests.conftest import Harness
 from tests.imaging import make_image

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from projectionist.policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image, ref_id
@@ -518,7 +518,7 @@ async def test_the_harness_runs_on_the_backend_it_names(harness: Harness, backen
     from projectionist.proxy.sessionlog.postgres import PostgresLog
     from projectionist.proxy.stores.s3 import S3Store
     from projectionist.proxy.sessionlog.sqlite import SqliteLog
-    from projectionist.proxy.http.services import SERVICES
+    from projectionist.proxy.inbound.services import SERVICES
 
     state = harness.app[SERVICES]
     expected = (FilesystemStore, SqliteLog) if backend == "embedded" else (S3Store, PostgresLog)

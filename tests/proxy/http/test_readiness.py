@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
 from projectionist.proxy.stores.filesystem import FilesystemStore
 from tests.backends import BACKENDS

@@ -22,8 +22,8 @@ from PIL import Image
 from yarl import URL
 
 from projectionist.policy.errors import InvalidRequest
-from projectionist.proxy.http.resumable import KEY_ENV, Uploads
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.resumable import KEY_ENV, Uploads
+from projectionist.proxy.inbound.services import SERVICES
 from projectionist.proxy.stores.base import PARTS_MAX, UploadParts, upload_name
 from tests.backends import backend_on_both  # noqa: F401  (every test here on both backends)
 from tests.conftest import Harness

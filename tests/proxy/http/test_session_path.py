@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 from yarl import URL
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 
 from tests.conftest import ADMIN, Harness
 from tests.fakes import FakeUpstream

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
 from projectionist.proxy.stores.filesystem import FilesystemStore
 from projectionist.proxy.stores.s3 import S3Store

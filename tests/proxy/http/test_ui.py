@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from projectionist.policy.events import Quarantine
-from projectionist.proxy.http import ui
-from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.http.auth import Guard
+from projectionist.proxy.console import ui
+from projectionist.proxy.inbound.services import SERVICES
+from projectionist.proxy.inbound.auth import Guard
 from tests.backends import BACKENDS
 from tests.conftest import ADMIN, Harness
 from tests.imaging import make_image, ref_id

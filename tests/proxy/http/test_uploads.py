@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from projectionist.policy.profile import Profile
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id
 

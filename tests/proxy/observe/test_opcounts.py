@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import BACKENDS, Harness
 from tests.imaging import make_image
 

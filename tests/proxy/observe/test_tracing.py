@@ -22,7 +22,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from projectionist.policy.errors import ProjectionistError
 from projectionist.proxy.config import load_config
-from projectionist.proxy.http.app import open_tracing
+from projectionist.proxy.edge.app import open_tracing
 from projectionist.proxy.observe.tracing import traces_url
 from tests.conftest import Harness
 from tests.imaging import make_image, ref_id
@@ -174,7 +174,7 @@ def test_tracing_off_loads_no_opentelemetry(tmp_path: Any) -> None:
     script = f"""
 import sys
 from projectionist.proxy.config import load_config
-from projectionist.proxy.http.app import create_app
+from projectionist.proxy.edge.app import create_app
 app = create_app(load_config(None, **{{"server.data_dir": {str(tmp_path)!r}}}))
 loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
 assert not loaded, loaded

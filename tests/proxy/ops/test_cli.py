@@ -132,7 +132,7 @@ def test_documented_config_file_is_exactly_the_defaults() -> None:
 
 
 def test_replica_example_config_loads_and_opens_the_replicated_backends() -> None:
-    from projectionist.proxy.http.app import open_log, open_store
+    from projectionist.proxy.edge.app import open_log, open_store
     from projectionist.proxy.sessionlog.postgres import PostgresLog
     from projectionist.proxy.stores.s3 import S3Store
 

@@ -272,7 +272,7 @@ async def test_fork_races_an_append_to_the_child(make_log: Callable[..., Postgre
 async def test_start_creates_the_schema_before_any_request(
     make_log: Callable[..., PostgresLog], schema: str, aiohttp_client: Any, tmp_path: Path
 ) -> None:
-    from projectionist.proxy.http.app import create_app
+    from projectionist.proxy.edge.app import create_app
     from projectionist.proxy.config import load_config
 
     config = load_config(None, **{"server.data_dir": str(tmp_path), "log.kind": "postgres",

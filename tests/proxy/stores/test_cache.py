@@ -14,7 +14,7 @@ import pytest
 
 from projectionist.policy.errors import READ_FAILED
 from projectionist.proxy.stores.cache import Encoded, VerifiedCache
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.fakes import fail_with
 from tests.imaging import make_image

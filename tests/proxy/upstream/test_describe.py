@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from projectionist.policy.events import RequestRecorded
 from projectionist.proxy.upstream.describe import of_raw, of_unchanged, shape
-from projectionist.proxy.upstream.replay import locate
+from projectionist.proxy.call.replay import locate
 
 BODY = {"model": "m", "a/b~": 1, "messages": [{"role": "user", "content": "hi"}, {"role": "x", "content": [1, 2]}]}
 

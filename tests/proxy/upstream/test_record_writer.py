@@ -15,7 +15,7 @@ from projectionist.adapters import openai_chat
 from projectionist.policy.events import EventData, RequestRecorded, ResponseRecorded, envelope
 from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.upstream.describe import of_raw
-from projectionist.proxy.upstream.recording import CallInfo, Recorder, Recording
+from projectionist.proxy.call.record import CallInfo, Recorder, Recording
 
 
 class AppendsLog:

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from projectionist.policy.fold import fold
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.calls import recorded_calls, state_kinds
 from tests.conftest import ADMIN, BACKENDS, Harness
 from tests.imaging import make_image, ref_id

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.calls import recorded_calls
 from tests.backends import BACKENDS
 from tests.conftest import Harness

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from projectionist.adapters import openai_chat
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests import fakes
 from tests.calls import call, chat_body, recorded_calls, state_kinds
 from tests.conftest import ADMIN, BACKENDS, Harness
@@ -226,7 +226,7 @@ async def test_a_body_sent_unchanged_is_recorded_without_a_shape_and_replay_stil
     resp = await harness.client.post("/admin/sessions/r/replay", json={"inbound": body.decode()}, headers=ADMIN)
     assert resp.status == 200 and (await resp.json())["matches"] is True
     # a code change that now rewrites the second message of such a body
-    from projectionist.proxy.upstream import replay as replay_module
+    from projectionist.proxy.call import replay as replay_module
     real_build = replay_module.build
 
     async def changed(fmt: Any, raw: bytes, run: Any, **kwargs: Any) -> Any:

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.upstream.replay import rebuild, send
+from projectionist.proxy.inbound.services import SERVICES
+from projectionist.proxy.call.replay import rebuild, send
 from tests.calls import chat_body, recorded_calls
 from tests.conftest import ADMIN, Harness
 from tests.imaging import make_image

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from projectionist.policy.events import RefRecord, RequestRecorded, ResponseRecorded
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import BACKENDS
 from tests.system.refusals.hostile import StallMeter
 

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from projectionist.policy.events import RequestRecorded
-from projectionist.proxy.http.services import SERVICES
-from projectionist.proxy.upstream.recording import _Pending
+from projectionist.proxy.inbound.services import SERVICES
+from projectionist.proxy.call.record import _Pending
 
 
 class SlowRecords:

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from projectionist.policy.errors import Unavailable
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 from tests.system.refusals.hostile import chat_body
 from tests.refusing import OPENAI_MESSAGE
 

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from projectionist.policy.events import encode_event
-from projectionist.proxy.http.services import SERVICES
+from projectionist.proxy.inbound.services import SERVICES
 
 # -- 3e4ef79's schema ------------------------------------------------------------------------------
 Failure = Literal["not_found", "corrupt", "read_failed"]

@@ -20,9 +20,9 @@ from aiohttp.http_exceptions import BadHttpMessage
 
 from ...policy.errors import NOT_FOUND, AttachmentError, InvalidRequest, ProjectionistError
 from ...policy.model import ATTACHMENTS_PATH, EXTENSION_OF, StoredImage, check_id, split_extension
-from .bodies import encoding_of, form_parts, parse_form, read_body
-from .middleware import context
-from .services import SERVICES
+from ..inbound.bodies import encoding_of, form_parts, parse_form, read_body
+from ..inbound.context import context
+from ..inbound.services import SERVICES
 
 MAX_NAME = 255
 

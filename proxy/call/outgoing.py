@@ -16,9 +16,9 @@ from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from ...adapters.base import WireFormat
-from .relay import forward_headers
-from .target import Upstream
-from .urls import filter_query
+from .send import forward_headers
+from ..upstream.target import Upstream
+from ..upstream.urls import filter_query
 
 #: Query parameters that carry a credential (any case); removed from every recorded path.
 CREDENTIAL_QUERY: Final = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})

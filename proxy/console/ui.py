@@ -33,9 +33,9 @@ from ...policy.fold import EMPTY
 from ...policy.model import check_id, check_scoped_session, short_id
 from ...policy.projection import refresh
 from . import admin
-from .auth import Guard
-from .middleware import ERROR_CODE_HEADER, Handler, context
-from .services import SERVICES, Services
+from ..inbound.auth import Guard
+from ..inbound.context import ERROR_CODE_HEADER, Handler, context
+from ..inbound.services import SERVICES, Services
 from .ui_assets import CSS, ICON, JS
 from .ui_pages import (
     UI,
@@ -47,9 +47,9 @@ from .ui_pages import (
 )
 from ..lanes import Busy
 from ..sessionlog.summary import summaries
-from ..upstream.replay import rebuild
-from .params import natural
-from ..upstream.relay import CONSOLE_COOKIE
+from ..call.replay import rebuild
+from ..inbound.params import natural
+from ..call.send import CONSOLE_COOKIE
 
 #: Sessions on one page of the session list, and the last page one may ask for.
 SESSIONS_PER_PAGE: Final = 200

@@ -36,14 +36,14 @@ from ...adapters import gemini
 from ...adapters.base import WireFormat
 from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import ID_PREFIX, check_id
-from .bodies import read_body
-from .middleware import context, error_response
-from .proxying import relay_unchanged
-from .services import SERVICES
-from .uploads import clean_name
+from ..inbound.bodies import read_body
+from ..inbound.context import context, error_response
+from ..call.pipeline import relay_unchanged
+from ..inbound.services import SERVICES
+from .attachments import clean_name
 from ..stores.base import AttachmentMeta
 from ..upstream.target import Upstream
-from .params import natural
+from ..inbound.params import natural
 
 START_PATH: Final = re.compile(r"/upload/v1(?:beta|alpha)?/files")
 FILE_PATH: Final = re.compile(r"/v1(?:beta|alpha)?/files/sha256-(?P<hex>[^/:]*)")

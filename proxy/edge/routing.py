@@ -38,10 +38,11 @@ from yarl import URL
 from ...adapters.registry import SPEAKS, projecting
 from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import check_session_id
-from . import files, gemini_files
-from .middleware import context
-from .proxying import PATH_SESSION, relay_projected, relay_unchanged, session_of
-from .services import SERVICES
+from ..files import gemini as gemini_files
+from ..files import sdk as files
+from ..inbound.context import context
+from ..call.pipeline import PATH_SESSION, relay_projected, relay_unchanged, session_of
+from ..inbound.services import SERVICES
 from ..upstream.urls import check_name, check_path
 
 _GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")

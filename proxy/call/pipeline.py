@@ -24,15 +24,17 @@ from ...adapters.responses import tokens
 from ...policy.errors import ProjectionistError
 from ...policy.model import ImageRef, Placeholder, Resolved, scoped_session
 from ...policy.projection import Projection, ProjectionContext, project
-from .bodies import read_body
-from .middleware import Context, context
+from ..inbound.bodies import read_body
+from ..inbound.context import Context, context
 from . import sessions
-from .resend import Carrying, Resend, carried_ids
-from .services import SERVICES, Services
-from ..upstream.outgoing import outgoing_headers, readable_codings, recordable_headers, recorded_path, target_url
+from .resend import Resend, carried_ids
+from ..inbound.inflight import Carrying
+from ..inbound.services import SERVICES, Services
+from .outgoing import outgoing_headers, readable_codings, recordable_headers, recorded_path, target_url
 from ..upstream.prepare import Built, Read, build, decode_json, may_hold_inline, may_hold_refs, read_images
-from ..upstream.recording import CallInfo, Meter, Recorder
-from ..upstream.relay import Body, Timing, relay
+from .record import CallInfo, Meter, Recorder
+from .send import Body, relay
+from ..inbound.context import Timing
 from ..upstream.target import Upstream
 
 CHUNK = 64 * 1024

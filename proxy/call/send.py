@@ -22,7 +22,8 @@ from yarl import URL
 
 from ...policy.errors import UpstreamError
 from ..observe.logger import get_logger
-from .transport import Answer, ClientError, Transport
+from ..inbound.context import Timing
+from ..upstream.transport import Answer, ClientError, Transport
 
 #: RFC 9110 §7.6.1 hop-by-hop fields, plus the ones aiohttp recomputes for each leg.
 HOP_BY_HOP = frozenset({
@@ -102,19 +103,6 @@ class Screen(Protocol):
 
     async def __call__(self, status: int, content_type: str, body: bytes, encoding: str = "") -> bytes | None:
         """``body`` as it came (``encoding``: its Content-Encoding)."""
-
-
-class Timing:
-    """Times of one request: ``headers_s`` from sending upstream to its response headers,
-    ``upstream_s`` to the end of its body; ``request_started`` is when the proxy got the request."""
-
-    __slots__ = ("request_started", "headers_s", "upstream_s", "status")
-
-    def __init__(self, request_started: float) -> None:
-        self.request_started = request_started
-        self.headers_s = 0.0
-        self.upstream_s = 0.0
-        self.status: int | None = None
 
 
 async def relay(

@@ -37,7 +37,7 @@ from ...policy.ports import SessionLog
 from ..observe.logger import get_logger
 from ..observe.metrics import Metrics
 from ..stores.base import Store
-from .describe import Described, sha256_id
+from ..upstream.describe import Described, sha256_id
 
 _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.

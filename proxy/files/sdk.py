@@ -39,16 +39,16 @@ from ...adapters.base import FilesFormat, WireFormat
 from ...policy.errors import ImageRejected, InvalidRequest, NotFound, UpstreamError
 from ...policy.model import ID_PREFIX, check_id
 from ..stores.admission import IMAGE_TOO_LARGE, header_info
-from .bodies import encoding_of, inflate, parse_form
-from .middleware import context
-from .proxying import relay_body, relay_unchanged
-from .services import SERVICES
+from ..inbound.bodies import encoding_of, inflate, parse_form
+from ..inbound.context import context
+from ..call.pipeline import relay_body, relay_unchanged
+from ..inbound.services import SERVICES
 from ..stores.base import LIST_MAX, AttachmentMeta
-from ..upstream.outgoing import outgoing_headers, target_url
-from ..upstream.relay import client_error, forward_headers
+from ..call.outgoing import outgoing_headers, target_url
+from ..call.send import client_error, forward_headers
 from ..upstream.target import Upstream
-from .uploads import clean_name, serve_image
-from .params import natural
+from .attachments import clean_name, serve_image
+from ..inbound.params import natural
 
 FILES_PATH: Final = re.compile(r"(?:/v1)?/files(?:/(?P<id>[^/]+)(?P<content>/content)?)?")
 MULTIPART_SLACK: Final = 64 * 1024

@@ -19,15 +19,17 @@ from ...adapters import openai_chat
 from ...adapters.registry import SPEAKS
 from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
 from ..config import Config, TelemetryConfig
-from . import gemini_files
-from .admin import add_admin_routes
-from .auth import Forbidden, Guard, client_unauthorized
-from .middleware import context, context_middleware, error_response, note_started
+from ..files import gemini as gemini_files
+from ..console.admin import add_admin_routes
+from ..inbound.auth import Forbidden, Guard, client_unauthorized
+from .middleware import context_middleware, note_started
+from ..inbound.context import context, error_response
 from .readiness import READINESS, Readiness, readyz
 from .routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session, format_spoken
-from .services import ADMIN_APP, SERVICES, Services
-from .ui import add_ui_routes
-from .uploads import download, upload
+from ..call.record import Recording
+from ..inbound.services import ADMIN_APP, SERVICES, Services
+from ..console.ui import add_ui_routes
+from ..files.attachments import download, upload
 from ..observe.logger import get_logger, request_line
 from ..observe.metrics import Metrics, OpCounter
 from ..sessionlog.base import Log
@@ -163,17 +165,20 @@ def create_app(
     counters = Metrics()
     counters.store_ops, counters.log_round_trips = _ops_of(store), _ops_of(log)
     counters.watch = getattr(log, "watch", None)
-    server = config.server
+    server, record = config.server, config.record
+    cached_log = CachedLog(log, config.cache.sessions)
     services = Services(
         config=config,
         store=store,
         reader=CachedStore(store, VerifiedCache(config.cache.max_bytes), counters,  # type: ignore[arg-type]
                            stamp_ttl=config.store.stamp_ttl),
-        log=CachedLog(log, config.cache.sessions),
+        log=cached_log,
         upstreams=upstreams,
         guard=Guard(config.tenants(environ), config.admin_token(environ),
                     (server.session_header, *server.session_header_aliases)),
         metrics=counters,
+        recording=Recording(cached_log, store, record.mode, record.max_response_bytes, counters, record.queue_size,
+                            batch_wait=record.batch_wait, hold=record.hold),
         tracing=open_tracing(config.telemetry),
     )
     app = web.Application(client_max_size=server.client_max_size,

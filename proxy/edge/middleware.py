@@ -27,55 +27,11 @@ from ...adapters.base import WireFormat
 from ...policy.errors import InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
 from ..observe.logger import get_logger, request_line, request_lines
 from ..observe.metrics import Metrics
-from ..upstream.relay import REQUEST_ID_HEADER, abort
+from ..call.send import REQUEST_ID_HEADER, abort
+from ..inbound.context import CONTEXT, Context, Handler, error_response
 
-if TYPE_CHECKING:  # imported only when tracing is configured
-    from ..observe.tracing import CallSpan
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-ERROR_CODE_HEADER = "x-projectionist-error-code"
-#: Request ids: a random per-process prefix and a counter (unique across replicas, cheap to make).
-_ID_PREFIX = secrets.token_hex(3)
-#: The token of a Gemini upload URL (``gemini_files.UPLOAD_ROUTE``), under a session prefix too.
+#: The token of a Gemini upload URL (``files.gemini.UPLOAD_ROUTE``), under a session prefix too.
 _UPLOAD_TOKEN = re.compile(r"(/v1/attachments/uploads/)[^/]+")
-_ids = itertools.count(1)
-
-
-class Context:
-    """One request as the proxy sees it: id, start time, route name, the wire format its errors
-    take, the canonical log line's fields, the response once it has started, the call's span
-    when tracing is on, and the client's tenant."""
-
-    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response", "trace", "tenant")
-
-    def __init__(self, route: str) -> None:
-        self.request_id = f"{_ID_PREFIX}{next(_ids):010x}"
-        self.started = time.perf_counter()
-        self.route = route
-        self.fmt: WireFormat = openai_chat
-        #: The canonical log line's fields: handlers add counts and codes, never payloads.
-        self.fields: dict[str, Any] = {}
-        self.response: web.StreamResponse | None = None
-        self.trace: CallSpan | None = None
-        #: The client's tenant, once its token is checked; None is every tenant (no client tokens,
-        #: or the admin token).
-        self.tenant: str | None = None
-
-
-CONTEXT = web.RequestKey("projectionist.context", Context)
-
-
-def context(request: web.Request) -> Context:
-    return request[CONTEXT]
-
-
-def error_response(fmt: WireFormat, error: ProjectionistError) -> web.Response:
-    headers = {ERROR_CODE_HEADER: error.code}
-    if error.retryable and error.status == 503:
-        headers["Retry-After"] = "1"
-    body = msgspec.json.encode(fmt.error_body(error.code, error.public_message, error.status))
-    return web.Response(status=error.status, body=body, content_type="application/json", headers=headers)
-
 
 def _translate(exc: Exception) -> ProjectionistError | None:
     """aiohttp's and msgspec's words for a bad request body, as the client's errors."""

@@ -21,13 +21,13 @@ from ...policy.fold import SessionState
 from ...policy.model import check_id, check_scoped_session
 from ...policy.ports import SessionLog
 from ...policy.projection import recover, refresh
-from .bodies import read_body
-from .middleware import Handler, context
-from .services import SERVICES, Services
+from ..inbound.bodies import read_body
+from ..inbound.context import Handler, context
+from ..inbound.services import SERVICES, Services
 from ..sessionlog.base import Log
 from ..sessionlog.summary import summaries, summary
-from ..upstream.replay import rebuild, send_and_compare
-from .params import natural
+from ..call.replay import rebuild, send_and_compare
+from ..inbound.params import natural
 
 
 class ForkRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -1,7 +1,9 @@
 """Everything a handler needs, typed, behind one AppKey: config, store, log, upstreams, guard (proxy layer).
 
-No module globals: handlers reach these through ``request.app[SERVICES]``. Only ``http/`` sees
-this hub; the layers below it get what they need as arguments.
+No module globals: handlers reach these through ``request.app[SERVICES]``. The edge builds it,
+with the call's record writer (``call.record.Recording``, named here for its type only); the
+edge, the file APIs, the console and the call read it; the layers below get what they need as
+arguments.
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ from ..observe.metrics import Metrics
 from ..sessionlog.cached import CachedLog
 from ..stores.base import Store
 from ..stores.cache import CachedStore
-from .resend import Acceptances, InFlight
+from .inflight import Acceptances, InFlight
 from .resumable import Uploads
 from ..stores.tenancy import Visible
 from ..stores.variants import Variants
 from ..upstream.identity import Identities
-from ..upstream.recording import Recording
 from ..upstream.target import Upstream
 
-if TYPE_CHECKING:  # imported only when tracing is configured
+if TYPE_CHECKING:  # types only: tracing is imported only when configured; the record writer is the call's
+    from ..call.record import Recording
     from ..observe.tracing import Tracing
 
 
@@ -51,9 +53,10 @@ class Services:
     upstreams: dict[str, Upstream]
     guard: Guard
     metrics: Metrics
+    #: The record writer of proxied calls (the edge makes it: it is the call's).
+    recording: Recording
     #: Traces of proxied calls, when ``[telemetry] otlp_endpoint`` is set.
     tracing: Tracing | None = None
-    recording: Recording = field(init=False)
     variants: Variants = field(init=False)
     #: What each upstream format accepted in each session (for attributing a refusal).
     acceptances: Acceptances = field(init=False)
@@ -66,9 +69,6 @@ class Services:
         self.http_refs = HttpRefs.of(self.config.public_url)
         server = self.config.server
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
-        record = self.config.record
-        self.recording = Recording(self.log, self.store, record.mode, record.max_response_bytes, self.metrics,
-                                   record.queue_size, batch_wait=record.batch_wait, hold=record.hold)
         policy = self.config.policy
         self.variants = Variants(self.store, self.reader, threads=policy.variant_threads,
                                  timeout=policy.variant_timeout, queue_timeout=self.config.store.lanes.queue_timeout)

@@ -34,15 +34,15 @@ from ...policy.model import HttpRefs, ImageRef
 from ...policy.ports import SessionLog
 from ...policy.projection import Projection, ProjectionContext, project
 from ..config import Config, UpstreamConfig
-from .prepare import build, inbound_digest
-from .describe import Described, of_raw, sha256_id
-from .identity import Identities
+from ..upstream.prepare import build, inbound_digest
+from ..upstream.describe import Described, of_raw, sha256_id
+from ..upstream.identity import Identities
 from ...adapters.redact import shorten
 from ..stores.base import Store
-from .relay import HOP_BY_HOP, client_error
-from .target import open_transport
-from .transport import Transport
-from .urls import Base
+from .send import HOP_BY_HOP, client_error
+from ..upstream.target import open_transport
+from ..upstream.transport import Transport
+from ..upstream.urls import Base
 
 _decoder: Final = msgspec.json.Decoder()
 
