@@ -9,6 +9,7 @@ way (``http.resumable``) are ``uploads/<name>/<offset>`` (twelve digits), publis
 that of racing chunks at one offset exactly one is written, beside ``closed`` once it finished or
 was cancelled; every worker on the machine reads the same ones. All blocking work runs on a dedicated thread pool.
 Every filesystem call the store makes is counted in ``ops`` (``projectionist_store_operations_total``).
+Each operation maps OS faults once, at its boundary (``faults.OS_ERRORS``); ``verify`` checks what a read found.
 """
 
 from __future__ import annotations
@@ -24,16 +25,18 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from functools import partial
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final, ParamSpec, TypeVar
 
 import msgspec
 
-from ...policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
-from ...policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id
-from .admission import ImageInfo, header_info, inspect_image
+from ...policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
+from ...policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id, short_id
+from .admission import ImageInfo, inspect_image
 from ..config import ImageLimits, LanesConfig
+from ..faults import OS_ERRORS, map_exceptions
 from ..lanes import Lane
 from ..observe.metrics import OpCounter
+from .verify import verify
 from .base import (
     LIST_MAX,
     AttachmentMeta,
@@ -60,6 +63,7 @@ _CLOSED: Final = "closed"
 SWEEP_MAX: Final = 256
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 #: Told the name of each filesystem call as it is made (``OpCounter.add``).
 Count = Callable[[str], object]
 
@@ -96,6 +100,15 @@ def _read_file(path: Path) -> bytes:
     """Read a whole file (module-level so tests can substitute faults)."""
     with open(path, "rb") as f:
         return f.read()
+
+
+def _present(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T | None:
+    """``fn``'s result, or None when what it opens is not there: an answer, not a fault (every other
+    OS error goes on to the operation's boundary)."""
+    try:
+        return fn(*args, **kwargs)
+    except FileNotFoundError:
+        return None
 
 
 def _fsync_dir(directory: Path, count: Count) -> None:
@@ -197,20 +210,18 @@ class FilesystemStore:
         Raises ``ImageRejected`` for refused bytes, ``Unavailable(ATTACHMENT_WRITE_FAILED)`` when the
         filesystem fails while publishing.
         """
-        try:
-            return await self.writes.run(partial(self._admit_sync, data, declared_type, name))
-        except TimeoutError:
-            raise Unavailable(f"{WRITE_FAILED}: admission timed out", code=WRITE_FAILED) from None
+        return await self._on_lane(partial(self._admit_sync, data, declared_type, name), self.writes,
+                                   WRITE_FAILED, "admission")
 
     async def read_image(self, attachment_id: str) -> StoredImage:
         """Return the verified image or raise ``AttachmentError`` (see ``policy.ports``)."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        return await self._timed(partial(self._load, hex_digest), attachment_id)
+        return await self._read(partial(self._load, hex_digest), attachment_id)
 
     async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]:
         """``read_image`` plus the object's stamp taken before the read (see ``stamp``)."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        return await self._timed(partial(self._load_stamped, hex_digest), attachment_id)
+        return await self._read(partial(self._load_stamped, hex_digest), attachment_id)
 
     async def stamps(self, attachment_ids: Sequence[str]) -> list[str | None]:
         """Cheap tokens that change whenever an object or its record is replaced, rewritten or
@@ -219,17 +230,13 @@ class FilesystemStore:
         hexes = [check_id(aid)[len(ID_PREFIX):] for aid in attachment_ids]
         return await self.stamp_lane.run(lambda: [self._stamp_sync(h) for h in hexes])
 
-    async def _timed(self, fn: Callable[[], _T], attachment_id: str) -> _T:
-        hex_digest = attachment_id[len(ID_PREFIX):]
-        try:
+    async def _read(self, fn: Callable[[], _T], attachment_id: str) -> _T:
+        """A verified read on the read lane, and its boundary: an object that is not there is
+        ``ATTACHMENT_NOT_FOUND``; any other OS fault, or no answer within ``read_timeout``,
+        ``ATTACHMENT_READ_FAILED``. ``_load`` raises damage as ``ATTACHMENT_CORRUPT`` itself."""
+        with map_exceptions(OS_ERRORS, READ_FAILED, short_id(attachment_id), missing=NOT_FOUND,
+                            attachment_id=attachment_id):
             return await self.reads.run(fn, key=attachment_id)  # a retry of a stuck read takes no thread
-        except TimeoutError:
-            # Only the lane raises TimeoutError here: _load converts every OSError itself.
-            raise AttachmentError(
-                READ_FAILED,
-                f"{READ_FAILED}: {_short(hex_digest)} read timed out after {self.read_timeout}s",
-                attachment_id=attachment_id,
-            ) from None
 
     async def stat(self, attachment_id: str) -> AttachmentMeta | None:
         """The admission record of a present object, without reading or verifying its bytes."""
@@ -240,12 +247,8 @@ class FilesystemStore:
         """Admission records of present objects after ``after``, in id order (see ``Store``): one
         directory listing per shard it walks and one record read per object, no bytes."""
         after_hex = check_id(after)[len(ID_PREFIX):] if after is not None else ""
-        try:
-            return await self.listing.run(partial(self._list_sync, after_hex, max(0, min(limit, LIST_MAX))))
-        except TimeoutError:
-            raise Unavailable(f"{UNAVAILABLE}: listing timed out", code=UNAVAILABLE) from None
-        except OSError as exc:
-            raise Unavailable(f"{UNAVAILABLE}: listing failed ({_errname(exc)})", code=UNAVAILABLE) from None
+        return await self._on_lane(partial(self._list_sync, after_hex, max(0, min(limit, LIST_MAX))), self.listing,
+                                   UNAVAILABLE, "listing")
 
     # -- grants: what each tenant admitted (``stores.tenancy``) ------------------------------------
 
@@ -256,10 +259,8 @@ class FilesystemStore:
     async def grant(self, tenant: str, attachment_id: str, name: str | None = None) -> None:
         """Record that ``tenant`` admitted ``attachment_id`` (the name it gave first stays)."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        try:
-            await self.writes.run(partial(self._grant_sync, tenant, hex_digest, name))
-        except TimeoutError:
-            raise Unavailable(f"{WRITE_FAILED}: {_short(hex_digest)} grant timed out", code=WRITE_FAILED) from None
+        await self._on_lane(partial(self._grant_sync, tenant, hex_digest, name), self.writes, WRITE_FAILED,
+                            f"{_short(hex_digest)} grant")
 
     async def granted(self, tenant: str, attachment_id: str) -> AttachmentMeta | None:
         """The admission record of a present object ``tenant`` admitted, with the name and time
@@ -269,55 +270,44 @@ class FilesystemStore:
 
     async def has_grant(self, tenant: str, attachment_id: str) -> bool:
         """Whether ``tenant`` admitted ``attachment_id``: its grant alone, nothing of the object
-        (whose own read says whether it is there and intact)."""
-        path = self._grant_path(tenant, check_id(attachment_id)[len(ID_PREFIX):])
+        (whose own read says whether it is there and intact). Its boundary is on the lane's thread:
+        a lookup that does not answer in time raises the lane's ``TimeoutError`` (``stores.tenancy``
+        reads that as a failed read of the object)."""
+        hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
+        path = self._grant_path(tenant, hex_digest)
 
         def look() -> bool:
             self._count("stat")
-            try:
-                return stat.S_ISREG(os.stat(path).st_mode)
-            except FileNotFoundError:
-                return False
-            except OSError as exc:
-                raise Unavailable(f"{UNAVAILABLE}: grant lookup failed ({_errname(exc)})", code=UNAVAILABLE) from None
+            with map_exceptions(OS_ERRORS, UNAVAILABLE, f"{_short(hex_digest)} grant lookup"):
+                found = _present(os.stat, path)
+            return found is not None and stat.S_ISREG(found.st_mode)
 
         return await self.stamp_lane.run(look)
 
     async def list_granted(self, tenant: str, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
         """``list_admitted`` for what ``tenant`` admitted: one listing of its grants, in id order."""
         after_hex = check_id(after)[len(ID_PREFIX):] if after is not None else ""
-        try:
-            return await self.listing.run(partial(self._list_granted_sync, tenant, after_hex,
-                                                  max(0, min(limit, LIST_MAX))))
-        except TimeoutError:
-            raise Unavailable(f"{UNAVAILABLE}: listing timed out", code=UNAVAILABLE) from None
-        except OSError as exc:
-            raise Unavailable(f"{UNAVAILABLE}: listing failed ({_errname(exc)})", code=UNAVAILABLE) from None
+        return await self._on_lane(partial(self._list_granted_sync, tenant, after_hex, max(0, min(limit, LIST_MAX))),
+                                   self.listing, UNAVAILABLE, "listing")
 
     async def put_blob(self, data: bytes) -> str:
         """Store opaque bytes (recorded request and response bodies) content-addressed under
         ``blobs/``; idempotent; returns ``sha256:<hex>``."""
-        try:
-            return await self.writes.run(partial(self._put_blob_sync, data))
-        except TimeoutError:
-            raise Unavailable(f"{WRITE_FAILED}: blob write timed out", code=WRITE_FAILED) from None
+        return await self._on_lane(partial(self._put_blob_sync, data), self.writes, WRITE_FAILED, "blob")
 
     async def get_blob(self, blob_id: str) -> bytes | None:
+        """The blob's bytes; None when it is not there (any other fault: ``STORE_UNAVAILABLE``)."""
         hex_digest = check_id(blob_id)[len(ID_PREFIX):]
         path = self.root / "blobs" / hex_digest[:2] / hex_digest
-        try:
-            return await self.reads.run(partial(self._read_file, path))
-        except FileNotFoundError:
-            return None
+        return await self._on_lane(partial(_present, self._read_file, path), self.reads, UNAVAILABLE,
+                                   f"blob {_short(hex_digest)}")
 
     async def delete(self, attachment_id: str) -> bool:
         """Remove the object and its record, and its variant index entries (not its variants'
         objects); True if anything of the object was removed."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        try:
-            return await self.writes.run(partial(self._delete_sync, hex_digest))
-        except TimeoutError:
-            raise Unavailable(f"{WRITE_FAILED}: {_short(hex_digest)} delete timed out", code=WRITE_FAILED) from None
+        return await self._on_lane(partial(self._delete_sync, hex_digest), self.writes, WRITE_FAILED,
+                                   f"{_short(hex_digest)} delete")
 
     # -- the variant index (see ``stores.variants``) -----------------------------------------------
 
@@ -347,19 +337,16 @@ class FilesystemStore:
 
     async def _index(self, fn: Callable[[], _T], kind: str) -> _T:
         """Run an index operation on its lane (reads with the stamps, writes with the writes)."""
-        return await self._on_lane(fn, self.writes if kind == "write" else self.stamp_lane,
-                                   kind == "write", f"variant index {kind}")
+        writes = kind == "write"
+        return await self._on_lane(fn, self.writes if writes else self.stamp_lane,
+                                   WRITE_FAILED if writes else UNAVAILABLE, f"variant index {kind}")
 
-    async def _on_lane(self, fn: Callable[[], _T], lane: Lane, writes: bool, what: str) -> _T:
-        """``fn`` on ``lane``; an OS fault or a timeout is a retryable ``Unavailable``
-        (``ATTACHMENT_WRITE_FAILED`` for a write, else ``STORE_UNAVAILABLE``)."""
-        code = WRITE_FAILED if writes else UNAVAILABLE
-        try:
+    async def _on_lane(self, fn: Callable[[], _T], lane: Lane, code: str, what: str) -> _T:
+        """``fn`` on ``lane``, and the operation's boundary: an OS fault or a timeout is a retryable
+        ``Unavailable`` with ``code`` (``ATTACHMENT_WRITE_FAILED`` for a write, else
+        ``STORE_UNAVAILABLE``)."""
+        with map_exceptions(OS_ERRORS, code, what):
             return await lane.run(fn)
-        except TimeoutError:
-            raise Unavailable(f"{code}: {what} timed out", code=code) from None
-        except OSError as exc:
-            raise Unavailable(f"{code}: {what} failed ({_errname(exc)})", code=code) from None
 
     # -- uploads under way (``http.resumable``) ----------------------------------------------------
 
@@ -397,7 +384,7 @@ class FilesystemStore:
         """Run an upload operation on its lane (listings with the stamps, parts' bytes with the
         reads, writes with the writes)."""
         lane = {"write": self.writes, "read": self.stamp_lane, "bytes": self.reads}[kind]
-        return await self._on_lane(fn, lane, kind == "write", f"upload parts {kind}")
+        return await self._on_lane(fn, lane, WRITE_FAILED if kind == "write" else UNAVAILABLE, f"upload parts {kind}")
 
     async def start(self) -> None:
         """Start-up: the read and stamp lanes' threads now, so a process's first request does not
@@ -408,12 +395,7 @@ class FilesystemStore:
     async def ping(self) -> None:
         """Readiness: one stat of the objects directory on the stamp lane (a hung disk holds the
         lane; a missing or unreadable directory fails it)."""
-        try:
-            await self.stamp_lane.run(self._ping_sync)
-        except TimeoutError:
-            raise Unavailable(f"{UNAVAILABLE}: the objects directory did not answer", code=UNAVAILABLE) from None
-        except OSError as exc:
-            raise Unavailable(f"{UNAVAILABLE}: objects directory ({_errname(exc)})", code=UNAVAILABLE) from None
+        await self._on_lane(self._ping_sync, self.stamp_lane, UNAVAILABLE, "objects directory")
 
     def _ping_sync(self) -> None:
         self._count("stat")
@@ -437,51 +419,24 @@ class FilesystemStore:
         return _read_file(path)
 
     def _load(self, hex_digest: str) -> StoredImage:
-        """The verified read: open, read, hash, parse. Raises only ``AttachmentError``."""
+        """The verified read: the bytes, then the record beside them, then ``verify``. Damage is
+        ``ATTACHMENT_CORRUPT`` (a missing record too); an absent object and every other OS fault
+        go on as they are, to the read's boundary (``_read``)."""
         attachment_id = ID_PREFIX + hex_digest
-        short = _short(hex_digest)
-
-        def fail(code: str, why: str) -> AttachmentError:
-            return AttachmentError(code, f"{code}: {short} {why}", attachment_id=attachment_id)
-
         data_path, record_path = self._paths(hex_digest)
-        try:
-            data = self._read_file(data_path)
-        except FileNotFoundError:
-            raise fail(NOT_FOUND, "is not in the store") from None
-        except OSError as exc:
-            raise fail(READ_FAILED, f"could not be read ({_errname(exc)})") from None
-        try:
-            raw_record = self._read_file(record_path)
-        except FileNotFoundError:
-            raise fail(CORRUPT, "has no admission record") from None
-        except OSError as exc:
-            raise fail(READ_FAILED, f"record could not be read ({_errname(exc)})") from None
+        data = self._read_file(data_path)
+        raw_record = _present(self._read_file, record_path)
 
-        if hashlib.sha256(data).hexdigest() != hex_digest:
-            raise fail(CORRUPT, "content does not match its digest")
+        def corrupt(why: str) -> AttachmentError:
+            return AttachmentError(CORRUPT, f"{CORRUPT}: {_short(hex_digest)} {why}", attachment_id=attachment_id)
+
+        if raw_record is None:
+            raise corrupt("has no admission record")
         try:
             record = _RECORD_DECODER.decode(raw_record)
         except msgspec.DecodeError:
-            raise fail(CORRUPT, "admission record is unparsable") from None
-        if len(data) != record.bytes:
-            raise fail(CORRUPT, f"size {len(data)} disagrees with its record ({record.bytes})")
-        try:
-            info = header_info(data)
-        except ImageRejected:
-            raise fail(CORRUPT, "image header cannot be parsed") from None
-        if info.media_type != record.media_type:
-            raise fail(CORRUPT, f"media type {info.media_type} disagrees with its record")
-        if (info.width, info.height) != (record.width, record.height):
-            raise fail(CORRUPT, f"dimensions {info.width}x{info.height} disagree with its record")
-        return StoredImage(
-            id=attachment_id,
-            media_type=info.media_type,
-            bytes=len(data),
-            width=info.width,
-            height=info.height,
-            data=data,
-        )
+            raise corrupt("admission record is unparsable") from None
+        return verify(attachment_id, data, record)
 
     def _stamp_sync(self, hex_digest: str) -> str | None:
         stats = []
@@ -502,24 +457,18 @@ class FilesystemStore:
         hex_digest = hashlib.sha256(data).hexdigest()
         try:
             return self._load(hex_digest)
-        except AttachmentError:
+        except (AttachmentError, OSError):
             pass  # absent, partial, corrupt or unreadable: (re)publish below
         record = _Record(media_type=info.media_type, bytes=len(data), width=info.width, height=info.height,
                          name=name, created_at=int(time.time()))
         data_path, record_path = self._paths(hex_digest)
         directory = data_path.parent
-        try:
-            _ensure_dir(directory, self._count)
-            # Record first, data last: the data file is the publish point, so a crash in between
-            # leaves an object that reads as not found and that re-admission repairs.
-            _write_atomic(directory, record_path.name, msgspec.json.encode(record), self._count)
-            _write_atomic(directory, data_path.name, data, self._count)
-            _fsync_dir(directory, self._count)
-        except OSError as exc:
-            raise Unavailable(
-                f"{WRITE_FAILED}: {_short(hex_digest)} could not be stored ({_errname(exc)})",
-                code=WRITE_FAILED,
-            ) from None
+        _ensure_dir(directory, self._count)
+        # Record first, data last: the data file is the publish point, so a crash in between
+        # leaves an object that reads as not found and that re-admission repairs.
+        _write_atomic(directory, record_path.name, msgspec.json.encode(record), self._count)
+        _write_atomic(directory, data_path.name, data, self._count)
+        _fsync_dir(directory, self._count)
         return StoredImage(
             id=ID_PREFIX + hex_digest,
             media_type=info.media_type,
@@ -530,6 +479,9 @@ class FilesystemStore:
         )
 
     def _stat_sync(self, hex_digest: str) -> AttachmentMeta | None:
+        """The admission record of a present object; None when the object or a readable,
+        parsable record is not there (no bytes are read: whether the object is intact is for its
+        own read to say)."""
         data_path, record_path = self._paths(hex_digest)
         try:
             self._count("stat")
@@ -548,12 +500,11 @@ class FilesystemStore:
         self._count("list")
         shards = sorted(n for n in os.listdir(self._objects) if _SHARD.fullmatch(n) and n >= after_hex[:2])
         for shard in shards:
-            try:
-                self._count("list")
-                names = sorted(n for n in os.listdir(self._objects / shard)
-                               if _HEX.fullmatch(n) and n.startswith(shard) and n > after_hex)
-            except FileNotFoundError:
-                continue
+            self._count("list")
+            listed = _present(os.listdir, self._objects / shard)
+            if listed is None:
+                continue  # dropped since the listing
+            names = sorted(n for n in listed if _HEX.fullmatch(n) and n.startswith(shard) and n > after_hex)
             for name in names:
                 meta = self._stat_sync(name)
                 if meta is not None:
@@ -564,18 +515,15 @@ class FilesystemStore:
 
     def _grant_sync(self, tenant: str, hex_digest: str, name: str | None) -> None:
         path = self._grant_path(tenant, hex_digest)
-        try:
-            self._count("stat")
-            if path.is_file():
-                return
-            _ensure_dir(path.parent, self._count)
-            _write_atomic(path.parent, path.name, msgspec.json.encode(_Grant(name, int(time.time()))), self._count)
-            _fsync_dir(path.parent, self._count)
-        except OSError as exc:
-            raise Unavailable(f"{WRITE_FAILED}: {_short(hex_digest)} grant could not be stored ({_errname(exc)})",
-                              code=WRITE_FAILED) from None
+        self._count("stat")
+        if path.is_file():
+            return
+        _ensure_dir(path.parent, self._count)
+        _write_atomic(path.parent, path.name, msgspec.json.encode(_Grant(name, int(time.time()))), self._count)
+        _fsync_dir(path.parent, self._count)
 
     def _granted_sync(self, tenant: str, hex_digest: str) -> AttachmentMeta | None:
+        """``_stat_sync`` with the grant's name and time; None without a readable grant too."""
         try:
             grant = _GRANT_DECODER.decode(self._read_file(self._grant_path(tenant, hex_digest)))
         except (OSError, msgspec.DecodeError):
@@ -596,31 +544,23 @@ class FilesystemStore:
 
     def _names(self, directory: Path) -> list[str]:
         """The names in ``directory`` (one counted listing); none when it does not exist."""
-        try:
-            self._count("list")
-            return os.listdir(directory)
-        except FileNotFoundError:
-            return []
+        self._count("list")
+        return _present(os.listdir, directory) or []
 
     def _put_blob_sync(self, data: bytes) -> str:
         hex_digest = hashlib.sha256(data).hexdigest()
         directory = self.root / "blobs" / hex_digest[:2]
         self._count("stat")
         if not (directory / hex_digest).exists():
-            try:
-                _ensure_dir(directory, self._count)
-                _write_atomic(directory, hex_digest, data, self._count)
-                _fsync_dir(directory, self._count)
-            except OSError as exc:
-                raise Unavailable(f"{WRITE_FAILED}: blob could not be stored ({_errname(exc)})",
-                                  code=WRITE_FAILED) from None
+            _ensure_dir(directory, self._count)
+            _write_atomic(directory, hex_digest, data, self._count)
+            _fsync_dir(directory, self._count)
         return ID_PREFIX + hex_digest
 
     def _entry_at(self, path: Path) -> str | None:
         """The variant id an index entry holds; None when there is none or it is damaged."""
-        try:
-            raw = self._read_file(path)
-        except FileNotFoundError:
+        raw = _present(self._read_file, path)
+        if raw is None:
             return None
         entry = raw.decode("ascii", "replace")
         return entry if is_valid_id(entry) else None
@@ -681,21 +621,17 @@ class FilesystemStore:
         parts = []
         for name in names:
             if _OFFSET.fullmatch(name):
-                try:
-                    self._count("stat")
-                    parts.append((int(name), os.stat(directory / name).st_size))
-                except FileNotFoundError:
-                    continue  # dropped since the listing
+                self._count("stat")
+                found = _present(os.stat, directory / name)
+                if found is not None:  # else dropped since the listing
+                    parts.append((int(name), found.st_size))
         return UploadParts(tuple(sorted(parts)), _CLOSED in names)
 
     def _read_parts_sync(self, directory: Path, parts: tuple[tuple[int, int], ...]) -> bytes | None:
         chunks = []
         for offset, size in parts:
-            try:
-                data = self._read_file(directory / f"{offset:012d}")
-            except FileNotFoundError:
-                return None
-            if len(data) != size:
+            data = _present(self._read_file, directory / f"{offset:012d}")
+            if data is None or len(data) != size:
                 return None
             chunks.append(data)
         return b"".join(chunks)
@@ -725,11 +661,7 @@ class FilesystemStore:
 
     def _sweep_sync(self, opened_before: int) -> int:
         area = self.root / "uploads"
-        try:
-            self._count("list")
-            names = sorted(os.listdir(area))
-        except FileNotFoundError:
-            return 0
+        names = sorted(self._names(area))
         removed = 0
         for name in names:
             opened = upload_opened(name)
@@ -738,10 +670,9 @@ class FilesystemStore:
             if opened >= opened_before or removed == SWEEP_MAX:
                 break
             directory = area / name
-            try:
-                self._count("list")
-                entries = os.listdir(directory)
-            except FileNotFoundError:
+            self._count("list")
+            entries = _present(os.listdir, directory)
+            if entries is None:
                 continue  # another worker swept it meanwhile
             for entry in entries:
                 with suppress(FileNotFoundError):
@@ -759,10 +690,9 @@ class FilesystemStore:
         """Remove an original's index entries (its variants are objects in their own right: they
         stay, and may be another original's variant or an upload of their own)."""
         directory = self._variant_dir(hex_digest)
-        try:
-            self._count("list")
-            names = os.listdir(directory)
-        except FileNotFoundError:
+        self._count("list")
+        names = _present(os.listdir, directory)
+        if names is None:
             return
         for name in names:
             with suppress(FileNotFoundError):
@@ -775,28 +705,13 @@ class FilesystemStore:
     def _delete_sync(self, hex_digest: str) -> bool:
         data_path, record_path = self._paths(hex_digest)
         removed = False
-        try:
-            # Data first: once it is gone the object reads as not found, whatever happens next.
-            for path in (data_path, record_path):
-                try:
-                    self._count("unlink")
-                    path.unlink()
-                    removed = True
-                except FileNotFoundError:
-                    pass
-            if removed:
-                _fsync_dir(data_path.parent, self._count)
-            self._drop_variants(hex_digest)
-        except OSError as exc:
-            raise Unavailable(
-                f"{WRITE_FAILED}: {_short(hex_digest)} could not be deleted ({_errname(exc)})",
-                code=WRITE_FAILED,
-            ) from None
+        # Data first: once it is gone the object reads as not found, whatever happens next.
+        for path in (data_path, record_path):
+            self._count("unlink")
+            with suppress(FileNotFoundError):
+                path.unlink()
+                removed = True
+        if removed:
+            _fsync_dir(data_path.parent, self._count)
+        self._drop_variants(hex_digest)
         return removed
-
-
-def _errname(exc: OSError) -> str:
-    """A short, byte-free description of an OS error: its errno name, else its class."""
-    if exc.errno is not None and exc.errno in errno.errorcode:
-        return errno.errorcode[exc.errno]
-    return type(exc).__name__

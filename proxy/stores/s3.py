@@ -2,8 +2,10 @@
 
 Content-addressed keys ``{prefix}objects/<hex[:2]>/<hex>``; the admission record travels with the
 object as user metadata. Verified reads map faults to exactly the policy's codes: 404/NoSuchKey is
-ATTACHMENT_NOT_FOUND; a digest, size, type or dimension mismatch is ATTACHMENT_CORRUPT; any other
-fault or a timeout is ATTACHMENT_READ_FAILED; cancellation propagates. Memory stays bounded: the
+ATTACHMENT_NOT_FOUND; a digest, size, type or dimension mismatch is ATTACHMENT_CORRUPT (``verify``);
+any other fault or a timeout is ATTACHMENT_READ_FAILED; cancellation propagates. botocore's,
+aiobotocore's and the network's exceptions are one table (``S3_ERRORS``), applied once at each
+operation's boundary (``faults.map_exceptions``). Memory stays bounded: the
 size on record (never more than ``max_bytes``) is checked against ``Content-Length`` before a byte
 is read, and the body is read in chunks up to that size. Every request the client sends is
 counted in ``ops`` by a ``before-send`` hook on that one client.
@@ -39,10 +41,11 @@ import botocore.exceptions
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
-from ...policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, ImageRejected, Unavailable
-from ...policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id
-from .admission import ImageInfo, header_info, inspect_image
+from ...policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
+from ...policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id, short_id
+from .admission import inspect_image
 from ..config import ImageLimits, LanesConfig
+from ..faults import FAILED, LOST, MISSING, OS_FAULTS, TIMEOUT, Table, describe, map_exceptions
 from ..lanes import AsyncLane, Busy, Lane
 from ..observe.metrics import OpCounter
 from .base import (
@@ -55,8 +58,10 @@ from .base import (
     is_valid_target,
     upload_opened,
 )
+from .verify import verify
 
 WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
+UNAVAILABLE: Final = "STORE_UNAVAILABLE"
 CHUNK: Final = 256 * 1024
 #: Above this size hashing and header parsing move off the event loop.
 INLINE_LIMIT: Final = 256 * 1024
@@ -65,7 +70,6 @@ _MISSING: Final = ("NoSuchKey", "404", "NotFound")
 _LOST_RACE: Final = ("PreconditionFailed", "412", "ConditionalRequestConflict")
 #: An index entry is an id (71 bytes); anything much longer is damage, never read whole.
 _ENTRY_MAX: Final = 1024
-_FAULTS: Final = (botocore.exceptions.BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
 _HEX: Final = re.compile(r"[0-9a-f]{64}")
 #: A part of an upload under way: its offset, twelve digits (``uploads/<name>/<offset>``).
 _OFFSET: Final = re.compile(r"[0-9]{12}")
@@ -167,7 +171,7 @@ class S3Store:
         try:
             head = await self.stamp_lane.run(fetch_head)
         except Exception as exc:
-            if _fault(exc) is None and not isinstance(exc, Busy):
+            if S3_ERRORS.classify(exc) is None and not isinstance(exc, Busy):
                 raise
             return None  # a failed check is a miss: the full read classifies the fault
         return _stamp(head)
@@ -175,25 +179,17 @@ class S3Store:
     async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]:
         """``read_image`` plus the object's stamp from the same GET (see ``stamp``)."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        short = attachment_id[:15]
-        try:
+        with map_exceptions(S3_ERRORS, READ_FAILED, short_id(attachment_id), missing=NOT_FOUND,
+                            attachment_id=attachment_id):
             return await self.reads.run(lambda: self._read(hex_digest))
-        except AttachmentError:
-            raise
-        except Exception as exc:
-            kind = _fault(exc)
-            if kind is None:
-                raise
-            if kind == "missing":
-                raise AttachmentError(NOT_FOUND, f"{NOT_FOUND}: {short} is not in the bucket",
-                                      attachment_id=attachment_id) from None
-            raise AttachmentError(READ_FAILED, f"{READ_FAILED}: {short} ({kind})", attachment_id=attachment_id) from None
 
     async def _read(self, hex_digest: str) -> tuple[StoredImage, str]:
+        """The GET, its record's checks before a byte is read, the body in chunks, then ``verify``
+        (off the loop when large)."""
         attachment_id = ID_PREFIX + hex_digest
 
         def corrupt(why: str) -> AttachmentError:
-            return AttachmentError(CORRUPT, f"{CORRUPT}: {attachment_id[:15]} {why}", attachment_id=attachment_id)
+            return AttachmentError(CORRUPT, f"{CORRUPT}: {short_id(attachment_id)} {why}", attachment_id=attachment_id)
 
         client = await self.client()
         response = await client.get_object(Bucket=self.bucket, Key=self.key(hex_digest))
@@ -212,15 +208,8 @@ class S3Store:
                     raise corrupt("is longer than its record")
         finally:
             body.close()
-        blob = bytes(data)
-        info, digest = await _off_loop(len(blob), _inspect, blob)
-        if digest != hex_digest:
-            raise corrupt("content does not match its digest")
-        if len(blob) != meta.bytes:
-            raise corrupt(f"size {len(blob)} disagrees with its record ({meta.bytes})")
-        if info is None or info.media_type != meta.media_type or (info.width, info.height) != (meta.width, meta.height):
-            raise corrupt("header disagrees with its record")
-        return StoredImage(attachment_id, info.media_type, len(blob), info.width, info.height, blob), _stamp(response)
+        image: StoredImage = await _off_loop(len(data), verify, attachment_id, bytes(data), meta)
+        return image, _stamp(response)
 
     async def stat(self, attachment_id: str) -> AttachmentMeta | None:
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
@@ -228,7 +217,7 @@ class S3Store:
         async def fetch() -> Any:
             return await (await self.client()).head_object(Bucket=self.bucket, Key=self.key(hex_digest))
 
-        head = await _unless_missing(self.stamp_lane.run(fetch))
+        head = await _unless_missing(self.stamp_lane.run(fetch), f"{short_id(attachment_id)} stat")
         if head is None:
             return None
         record = _record(head.get("Metadata") or {})
@@ -246,13 +235,8 @@ class S3Store:
             return await (await self.client()).list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}objects/",
                                                                MaxKeys=1)
 
-        try:
+        with map_exceptions(S3_ERRORS, UNAVAILABLE, "bucket"):
             await self.stamp_lane.run(list_one)
-        except Exception as exc:
-            kind = _fault(exc)
-            if kind is None:
-                raise
-            raise Unavailable(f"attachment store unavailable ({kind})", code="STORE_UNAVAILABLE") from None
 
     async def list_admitted(self, after: str | None = None, limit: int = 100) -> list[AttachmentMeta]:
         """Admission records of present objects after ``after``, in id order (see ``Store``): key
@@ -290,15 +274,12 @@ class S3Store:
                 token = keys[-1]
             return found
 
-        return await _unless_missing(self.stamp_lane.run(fetch)) or []
+        return await _unless_missing(self.stamp_lane.run(fetch), "listing") or []
 
     async def _head_record(self, client: Any, hex_digest: str) -> AttachmentMeta | None:
         """The admission record of one listed object; None when it went meanwhile or has none."""
-        try:
-            head = await client.head_object(Bucket=self.bucket, Key=self.key(hex_digest))
-        except botocore.exceptions.ClientError as exc:
-            if _fault(exc) != "missing":
-                raise
+        head = await _unless(MISSING, client.head_object(Bucket=self.bucket, Key=self.key(hex_digest)))
+        if head is None:
             return None
         record = _record(head.get("Metadata") or {})
         return None if record is None else msgspec.structs.replace(record, id=ID_PREFIX + hex_digest)
@@ -317,19 +298,13 @@ class S3Store:
         if name:
             metadata["name"] = quote(name, safe="")
 
-        async def put() -> Any:
-            try:
-                return await (await self.client()).put_object(Bucket=self.bucket, Key=self.grant_key(tenant, hex_digest),
-                                                              Body=b"", Metadata=metadata, IfNoneMatch="*")
-            except botocore.exceptions.ClientError as exc:
-                if _fault(exc) in _LOST_RACE:
-                    return None  # granted already
-                raise
+        async def put() -> Any:  # a put that lost: granted already
+            return await _unless(LOST, (await self.client()).put_object(
+                Bucket=self.bucket, Key=self.grant_key(tenant, hex_digest), Body=b"", Metadata=metadata,
+                IfNoneMatch="*"))
 
-        try:
+        with map_exceptions(S3_ERRORS, WRITE_FAILED, f"{short_id(attachment_id)} grant"):
             await self.writes.run(put)
-        except Exception as exc:
-            raise _write_failed(exc, "grant could not be stored") from None
 
     async def granted(self, tenant: str, attachment_id: str) -> AttachmentMeta | None:
         """The record of a present object ``tenant`` admitted, with its own name and time."""
@@ -338,7 +313,7 @@ class S3Store:
         async def fetch() -> AttachmentMeta | None:
             return await self._granted(await self.client(), tenant, hex_digest)
 
-        return await _unless_missing(self.stamp_lane.run(fetch))
+        return await _unless_missing(self.stamp_lane.run(fetch), f"{short_id(attachment_id)} grant")
 
     async def has_grant(self, tenant: str, attachment_id: str) -> bool:
         """Whether ``tenant`` admitted ``attachment_id``: one HEAD of its grant, nothing of the object."""
@@ -347,14 +322,11 @@ class S3Store:
         async def fetch() -> Any:
             return await (await self.client()).head_object(Bucket=self.bucket, Key=key)
 
-        return await _unless_missing(self.stamp_lane.run(fetch)) is not None
+        return await _unless_missing(self.stamp_lane.run(fetch), f"{short_id(attachment_id)} grant lookup") is not None
 
     async def _granted(self, client: Any, tenant: str, hex_digest: str) -> AttachmentMeta | None:
-        try:
-            head = await client.head_object(Bucket=self.bucket, Key=self.grant_key(tenant, hex_digest))
-        except botocore.exceptions.ClientError as exc:
-            if _fault(exc) != "missing":
-                raise
+        head = await _unless(MISSING, client.head_object(Bucket=self.bucket, Key=self.grant_key(tenant, hex_digest)))
+        if head is None:
             return None
         meta = await self._head_record(client, hex_digest)
         if meta is None:
@@ -384,28 +356,24 @@ class S3Store:
     async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
         """Validate and store; idempotent (a verified existing object is left alone); re-admitting
         the right bytes repairs a missing or corrupt object."""
-        # Always a thread: admission decodes every pixel, and a few KB can hold millions of them.
-        try:
+        with map_exceptions(S3_ERRORS, WRITE_FAILED, "admission"):
+            # Always a thread: admission decodes every pixel, and a few KB can hold millions of them.
             info = await self.decodes.run(partial(inspect_image, data, declared_type, self.limits))
-        except TimeoutError:
-            raise Unavailable(f"{WRITE_FAILED}: admission timed out", code=WRITE_FAILED) from None
-        hex_digest = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
-        try:
-            return await self.read_image(ID_PREFIX + hex_digest)
-        except AttachmentError:
-            pass  # absent, corrupt or unreadable: (re)publish
-        metadata = {"media-type": info.media_type, "bytes": str(len(data)), "width": str(info.width),
-                    "height": str(info.height), "created-at": str(int(time.time()))}
-        if name:
-            metadata["name"] = quote(name, safe="")
-        async def put() -> Any:
-            return await (await self.client()).put_object(Bucket=self.bucket, Key=self.key(hex_digest), Body=data,
-                                                          ContentType=info.media_type, Metadata=metadata)
+            hex_digest = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
+            try:
+                return await self.read_image(ID_PREFIX + hex_digest)
+            except AttachmentError:
+                pass  # absent, corrupt or unreadable: (re)publish
+            metadata = {"media-type": info.media_type, "bytes": str(len(data)), "width": str(info.width),
+                        "height": str(info.height), "created-at": str(int(time.time()))}
+            if name:
+                metadata["name"] = quote(name, safe="")
 
-        try:
+            async def put() -> Any:
+                return await (await self.client()).put_object(Bucket=self.bucket, Key=self.key(hex_digest), Body=data,
+                                                              ContentType=info.media_type, Metadata=metadata)
+
             await self.writes.run(put)
-        except Exception as exc:
-            raise _write_failed(exc, "could not store") from None
         return StoredImage(ID_PREFIX + hex_digest, info.media_type, len(data), info.width, info.height, data)
 
     def blob_key(self, hex_digest: str) -> str:
@@ -417,10 +385,8 @@ class S3Store:
         async def put() -> Any:
             return await (await self.client()).put_object(Bucket=self.bucket, Key=self.blob_key(hex_digest), Body=data)
 
-        try:
+        with map_exceptions(S3_ERRORS, WRITE_FAILED, "blob"):
             await self.writes.run(put)
-        except Exception as exc:
-            raise _write_failed(exc, "blob could not be stored") from None
         return ID_PREFIX + hex_digest
 
     async def get_blob(self, blob_id: str) -> bytes | None:
@@ -432,7 +398,7 @@ class S3Store:
                 data: bytes = await body.read()
             return data
 
-        return await _unless_missing(self.reads.run(fetch))
+        return await _unless_missing(self.reads.run(fetch), f"blob {short_id(blob_id)}")
 
     async def delete(self, attachment_id: str) -> bool:
         """Remove the object and its variant index entries (not its variants' objects); True if
@@ -442,24 +408,16 @@ class S3Store:
 
         async def remove() -> bool:
             client = await self.client()
-            try:
-                await client.head_object(Bucket=self.bucket, Key=key)
-            except Exception as exc:
-                if _fault(exc) != "missing":
-                    raise
-                found = False
-            else:
+            found = await _unless(MISSING, client.head_object(Bucket=self.bucket, Key=key)) is not None
+            if found:
                 await client.delete_object(Bucket=self.bucket, Key=key)
-                found = True
             # its index entries go too; its variants are objects in their own right and stay
             for entry in await self._entry_keys(client, hex_digest):
                 await client.delete_object(Bucket=self.bucket, Key=entry)
             return found
 
-        try:
+        with map_exceptions(S3_ERRORS, WRITE_FAILED, f"{short_id(attachment_id)} delete"):
             return await self.writes.run(remove)
-        except Exception as exc:
-            raise _write_failed(exc, "could not delete") from None
 
     # -- the variant index (see ``stores.variants``) -----------------------------------------------
 
@@ -471,7 +429,7 @@ class S3Store:
         async def fetch() -> tuple[str | None, str]:
             return await self._entry(await self.client(), key)
 
-        found = await _unless_missing(self.reads.run(fetch))
+        found = await _unless_missing(self.reads.run(fetch), "variant index read")
         return None if found is None else found[0]
 
     async def put_variant(self, attachment_id: str, target: str, variant_id: str, *,
@@ -494,10 +452,8 @@ class S3Store:
             current, _ = await self._entry(client, key)  # replaced meanwhile by another replica
             return current or variant_id
 
-        try:
+        with map_exceptions(S3_ERRORS, WRITE_FAILED, "variant index write"):
             return await self.writes.run(put)
-        except Exception as exc:
-            raise _write_failed(exc, "variant index could not be written") from None
 
     async def variants(self, attachment_id: str) -> dict[str, str]:
         """Every variant recorded for ``attachment_id``: target -> variant id."""
@@ -508,17 +464,12 @@ class S3Store:
             client = await self.client()
             found: dict[str, str] = {}
             for key in await self._entry_keys(client, hex_digest):
-                try:
-                    entry, _ = await self._entry(client, key)
-                except botocore.exceptions.ClientError as exc:
-                    if _fault(exc) != "missing":
-                        raise
-                    continue  # dropped since the listing
-                if entry is not None:
-                    found[key[start:]] = entry
+                entry = await _unless(MISSING, self._entry(client, key))  # None: dropped since the listing
+                if entry is not None and entry[0] is not None:
+                    found[key[start:]] = entry[0]
             return found
 
-        return await _unless_missing(self.reads.run(fetch)) or {}
+        return await _unless_missing(self.reads.run(fetch), "variant index read") or {}
 
     async def _entry_keys(self, client: Any, hex_digest: str) -> list[str]:
         prefix = self.variants_key(hex_digest)
@@ -536,13 +487,8 @@ class S3Store:
 
     async def _put_entry(self, client: Any, key: str, body: bytes, **condition: str) -> bool:
         """A conditional put of an index entry: False when its condition failed."""
-        try:
-            await client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="text/plain", **condition)
-        except botocore.exceptions.ClientError as exc:
-            if _fault(exc) in _LOST_RACE:
-                return False
-            raise
-        return True
+        put = client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="text/plain", **condition)
+        return await _unless(LOST, put) is not None
 
     # -- uploads under way (``http.resumable``) ----------------------------------------------------
 
@@ -553,18 +499,11 @@ class S3Store:
     async def _put_new(self, key: str, body: bytes) -> bool:
         """Create ``key`` unless it exists (``If-None-Match: *``): False when it did."""
         async def put() -> bool:
-            try:
-                await (await self.client()).put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
-            except botocore.exceptions.ClientError as exc:
-                if _fault(exc) in _LOST_RACE:
-                    return False
-                raise
-            return True
+            put_new = (await self.client()).put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
+            return await _unless(LOST, put_new) is not None
 
-        try:
+        with map_exceptions(S3_ERRORS, WRITE_FAILED, "upload part"):
             return await self.writes.run(put)
-        except Exception as exc:
-            raise _write_failed(exc, "upload part could not be written") from None
 
     async def put_part(self, upload: str, offset: int, data: bytes) -> bool:
         """Put one chunk of ``upload`` at ``offset`` unless a part is there (False then)."""
@@ -591,7 +530,7 @@ class S3Store:
                 closed = closed or name == _CLOSED
             return UploadParts(tuple(sorted(parts)), closed)
 
-        return await _unless_missing(self.stamp_lane.run(fetch)) or UploadParts()
+        return await _unless_missing(self.stamp_lane.run(fetch), "upload parts read") or UploadParts()
 
     async def read_parts(self, upload: str, parts: Sequence[tuple[int, int]]) -> bytes | None:
         """The bytes of ``parts`` in order; None when one is gone or is not the size named (its
@@ -613,7 +552,7 @@ class S3Store:
                 chunks.append(data)
             return b"".join(chunks)
 
-        return await _unless_missing(self.reads.run(fetch))
+        return await _unless_missing(self.reads.run(fetch), "upload parts bytes")
 
     async def _delete_keys(self, client: Any, keys: Sequence[str]) -> None:
         for start in range(0, len(keys), 1000):  # one DeleteObjects per thousand keys
@@ -630,10 +569,8 @@ class S3Store:
             keys = [str(item["Key"]) for item in listing.get("Contents") or ()]
             await self._delete_keys(client, [k for k in keys if _OFFSET.fullmatch(k[len(prefix):])])
 
-        try:
+        with map_exceptions(S3_ERRORS, WRITE_FAILED, "upload parts drop"):
             await self.writes.run(drop)
-        except Exception as exc:
-            raise _write_failed(exc, "upload parts could not be dropped") from None
 
     async def sweep_uploads(self, opened_before: int) -> int:
         """Remove the keys of uploads opened before ``opened_before``: one page of the uploads'
@@ -658,44 +595,58 @@ class S3Store:
             await self._delete_keys(client, keys)
             return len(names)
 
-        try:
+        with map_exceptions(S3_ERRORS, WRITE_FAILED, "expired uploads sweep"):
             return await self.writes.run(sweep)
-        except Exception as exc:
-            raise _write_failed(exc, "expired uploads could not be swept") from None
 
 
-def _fault(exc: BaseException) -> str | None:
-    """The one translation of botocore's and aiobotocore's errors: ``"missing"`` (no such key),
-    a short name of any other fault of the store or the network (its S3 error code, or the
-    exception's class), or None for anything that is not the store's (re-raised as it is)."""
-    if isinstance(exc, botocore.exceptions.ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        return "missing" if code in _MISSING else (code or "error")
-    if isinstance(exc, _FAULTS):
-        return type(exc).__name__
-    return None
+def _s3_error(exc: BaseException) -> str:
+    """An S3 error status by its code: no such key, a conditional put that lost, or a fault."""
+    assert isinstance(exc, botocore.exceptions.ClientError)
+    code = _s3_code(exc)
+    return MISSING if code in _MISSING else LOST if code in _LOST_RACE else FAILED
 
 
-def _write_failed(exc: BaseException, what: str) -> BaseException:
-    """A write's fault as ``ATTACHMENT_WRITE_FAILED``; anything that is not the store's as itself."""
-    kind = _fault(exc)
-    if kind is None:
-        return exc
-    return Unavailable(f"{WRITE_FAILED}: {what} ({kind})", code=WRITE_FAILED)
+def _s3_code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "")) or "error"
 
 
-async def _unless_missing(call: Awaitable[_T]) -> _T | None:
-    """``call``'s result, or None when the key is not in the bucket; any other fault is a
-    retryable ``STORE_UNAVAILABLE``."""
+def _s3_detail(exc: BaseException) -> str:
+    """A fault's name in messages: its S3 error code, else ``faults.describe``."""
+    return _s3_code(exc) if isinstance(exc, botocore.exceptions.ClientError) else describe(exc)
+
+
+#: botocore's, aiobotocore's and the network's exceptions (``proxy.faults``): an S3 error status by
+#: its code (``_s3_error``); botocore's own (endpoint, connection, parsing, its timeouts), aiohttp's
+#: (aiobotocore's transport) and the OS's (sockets; the lanes' ``TimeoutError``) are faults of the
+#: store: only S3 itself says a key is missing (a local file that is not there, a CA bundle, is a
+#: fault). Anything else (a bug, a misuse of the client) is not the store's and goes on as it is.
+S3_ERRORS: Final = Table("botocore", {
+    botocore.exceptions.ClientError: _s3_error,
+    botocore.exceptions.ConnectTimeoutError: TIMEOUT,
+    botocore.exceptions.ReadTimeoutError: TIMEOUT,
+    botocore.exceptions.BotoCoreError: FAILED,
+    aiohttp.ClientError: FAILED,
+    **OS_FAULTS,
+}, detail=_s3_detail)
+
+
+async def _unless(fault: str, call: Awaitable[_T]) -> _T | None:
+    """``call``'s result, or None when it failed with ``fault``: ``MISSING`` (the key is not
+    there) or ``LOST`` (a conditional put lost its race) are answers, not errors. Every other
+    error goes on to the operation's boundary."""
     try:
         return await call
     except Exception as exc:
-        kind = _fault(exc)
-        if kind is None:
+        if S3_ERRORS.classify(exc) != fault:
             raise
-        if kind == "missing":
-            return None
-        raise Unavailable(f"attachment store unavailable ({kind})", code="STORE_UNAVAILABLE") from None
+        return None
+
+
+async def _unless_missing(call: Awaitable[_T], what: str) -> _T | None:
+    """A lookup and its boundary: ``call``'s result, or None when the key is not in the bucket;
+    any other fault of the store is a retryable ``STORE_UNAVAILABLE``."""
+    with map_exceptions(S3_ERRORS, UNAVAILABLE, what):
+        return await _unless(MISSING, call)
 
 
 def _stamp(response: dict[str, Any]) -> str:
@@ -712,14 +663,6 @@ def _record(metadata: dict[str, str]) -> AttachmentMeta | None:
         )
     except (KeyError, ValueError):
         return None
-
-
-def _inspect(blob: bytes) -> tuple[ImageInfo | None, str]:
-    try:
-        info: ImageInfo | None = header_info(blob)
-    except ImageRejected:
-        info = None
-    return info, hashlib.sha256(blob).hexdigest()
 
 
 async def _off_loop(size: int, fn: Any, *args: Any) -> Any:

@@ -20,7 +20,7 @@ import pytest
 from projectionist.policy.errors import AttachmentError, Unavailable
 from projectionist.policy.ports import AttachmentStore
 from projectionist.proxy.config import LanesConfig
-from projectionist.proxy.stores import filesystem as fsstore
+from projectionist.proxy.stores import filesystem as fsstore, verify as verifying
 from projectionist.proxy.stores.admission import header_info
 from projectionist.proxy.stores.filesystem import FilesystemStore
 from tests.imaging import FORMATS, make_image, ref_id
@@ -287,7 +287,7 @@ async def test_whole_verified_read_runs_in_one_worker_thread(
         return real_header(data)
 
     monkeypatch.setattr(fsstore, "_read_file", spy_read)
-    monkeypatch.setattr(fsstore, "header_info", spy_header)
+    monkeypatch.setattr(verifying, "header_info", spy_header)  # the one verify() parses the header
     assert await store.read_image(stored.id) == stored
     assert [kind for kind, _ in threads] == ["read", "read", "header"]
     workers = {t for _, t in threads}

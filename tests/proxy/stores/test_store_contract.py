@@ -271,9 +271,10 @@ class S3Backend(StoreBackend):
         "metadata-bytes-garbage": (lambda d: (d, s3_record(d, bytes="lots")), "record"),
         "metadata-width-garbage": (lambda d: (d, s3_record(d, width="4.0")), "record"),
         "metadata-incomplete": (lambda d: (d, {k: v for k, v in s3_record(d).items() if k != "height"}), "record"),
-        "media-type-mismatch": (lambda d: (d, s3_record(d, media_type="image/gif")), "header"),
-        "width-mismatch": (lambda d: (d, s3_record(d, width="5")), "header"),
-        "height-mismatch": (lambda d: (d, s3_record(d, height="2")), "header"),
+        # the same words as the filesystem's: both backends' reads end in the one ``stores.verify``
+        "media-type-mismatch": (lambda d: (d, s3_record(d, media_type="image/gif")), "media type"),
+        "width-mismatch": (lambda d: (d, s3_record(d, width="5")), "dimensions"),
+        "height-mismatch": (lambda d: (d, s3_record(d, height="2")), "dimensions"),
     }
     REPAIRABLE: dict[str, Damage] = {
         "same-size-bytes": lambda d: (_flip_middle(d), s3_record(d)),
