@@ -4,7 +4,8 @@ One table keyed by ``(session, seq)``, so the database itself enforces the condi
 two replicas can never both write seq N. An append is one autocommitted statement, durable when
 it returns. The schema is created or migrated idempotently under an advisory lock, with its
 version recorded. Connection faults surface as ``Unavailable(LOG_UNAVAILABLE)`` (a retryable
-503), never as anything the policy could mistake for a quarantine; the pool reconnects by itself
+503; ``PG_ERRORS``, applied once in ``_run``), never as anything the policy could mistake for a
+quarantine; the pool reconnects by itself
 once the database is back. Every statement a pooled connection sends is one round trip, counted
 in ``ops`` by the connection's query logger.
 """
@@ -35,6 +36,7 @@ from ...policy.events import (
     event_type,
 )
 from ...policy.ports import StateRead
+from ..faults import FAILED, LOST, OS_FAULTS, Table, map_exceptions
 from ..observe.logger import get_logger
 from ..observe.metrics import OpCounter
 from .base import (
@@ -53,10 +55,16 @@ _DATA: Final = msgspec.json.Encoder()
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _T = TypeVar("_T")
 
-#: Database faults: unreachable, shut down, read-only after a failover, out of space, timed out.
-#: None is the client's doing and none is a quarantine: all are a retryable 503 LOG_UNAVAILABLE.
-#: (A unique violation is not a fault: it is the conditional append losing a race.)
-_UNAVAILABLE: Final = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+#: asyncpg's and the OS's exceptions (``proxy.faults``). Database faults: unreachable, shut down,
+#: read-only after a failover, out of space, timed out. None is the client's doing and none is a
+#: quarantine: all are a retryable 503 LOG_UNAVAILABLE. A unique violation is no fault: it is a
+#: write losing a race (``LOST``), which ``append`` and ``fork`` read themselves.
+PG_ERRORS: Final = Table("asyncpg", {
+    asyncpg.UniqueViolationError: LOST,
+    asyncpg.PostgresError: FAILED,
+    asyncpg.InterfaceError: FAILED,
+    **OS_FAULTS,
+})
 
 
 def _sql_list(types: frozenset[str]) -> str:
@@ -248,7 +256,7 @@ class PostgresLog:
         and the pool is opened on first use instead. An unsupported schema version does."""
         try:
             await self._open()
-        except _UNAVAILABLE as exc:
+        except PG_ERRORS.types as exc:
             get_logger().warning("session_log_unavailable_at_startup", error=type(exc).__name__,
                                  retry="on first use")
         if self._listener is None:
@@ -258,16 +266,13 @@ class PostgresLog:
 
     async def _run(self, job: Callable[[Any], Awaitable[_T]]) -> _T:
         """``job`` on a pooled connection; waiting for the connection and the job together take at
-        most ``timeout`` (they used to take it each)."""
-        try:
+        most ``timeout`` (they used to take it each). The log's boundary: a lost race goes on as
+        it is, for ``append`` and ``fork``."""
+        with map_exceptions(PG_ERRORS, "LOG_UNAVAILABLE", "session log"):
             pool = await self._open()
             async with asyncio.timeout(self._timeout):
                 async with pool.acquire() as conn:
                     return await job(conn)
-        except asyncpg.UniqueViolationError:
-            raise
-        except _UNAVAILABLE as exc:
-            raise Unavailable(f"session log unavailable: {type(exc).__name__}", code="LOG_UNAVAILABLE") from exc
 
     async def _open(self) -> asyncpg.Pool:
         """The pool, created (and the schema migrated) at startup or, if the database was down
@@ -317,9 +322,7 @@ class PostgresLog:
                         break
                     async with asyncio.timeout(self._timeout):
                         await conn.fetchval(self._sql["watch"])
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+            except Exception as exc:  # (never a cancellation: that is no Exception) retried, forever
                 get_logger().warning("session_log_watch_lost", error=type(exc).__name__, retry_s=delay)
             finally:
                 self.watch.lost()

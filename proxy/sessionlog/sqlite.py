@@ -4,6 +4,7 @@ One append-only table keyed by ``(session, seq)``. Appends and forks are ``BEGIN
 transactions on a WAL database with ``synchronous=FULL``: several processes may share the file and
 nothing is acknowledged before it is durable. Every sqlite3 call runs on one dedicated worker thread.
 Each job sent to a lane thread (one transaction, or one read) is one round trip, counted in ``ops``.
+sqlite3's and the OS's exceptions are one table (``SQLITE_ERRORS``), applied once in ``_run``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Final, TypeVar
 
 from ...policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
 from ...policy.ports import StateRead
+from ..faults import FAILED, OS_FAULTS, Table, describe, map_exceptions
 from ..lanes import Lane
 from ..observe.metrics import OpCounter
 from .base import (
@@ -109,6 +111,18 @@ _PING: Final = "SELECT 1 FROM events LIMIT 1"
 _T = TypeVar("_T")
 
 
+def _sqlite_detail(exc: BaseException) -> str:
+    """sqlite3's own words ("database is locked", "disk I/O error"): never a value of a row."""
+    return f"{type(exc).__name__}: {exc}" if isinstance(exc, sqlite3.Error) else describe(exc)
+
+
+#: sqlite3's and the OS's exceptions on the log's file (``proxy.faults``): every one a fault of the
+#: log (``LOG_UNAVAILABLE``, retryable), never the client's, never a quarantine. That includes an
+#: ``IntegrityError`` on ``(session, seq)``: ``BEGIN IMMEDIATE`` holds the only write lock, so a
+#: duplicate cannot be a race; another writer broke the rules.
+SQLITE_ERRORS: Final = Table("sqlite3", {sqlite3.Error: FAILED, **OS_FAULTS}, detail=_sqlite_detail)
+
+
 def _log_busy(message: str) -> Exception:
     return Unavailable(f"session log busy: {message}", code="LOG_UNAVAILABLE")
 
@@ -121,7 +135,7 @@ class SqliteLog:
     a slow disk, a write that hangs (a stuck ``fsync``) times out as ``LOG_UNAVAILABLE`` and never
     holds the process at exit. Each job is one complete transaction (committed or rolled back
     before it ends), so a cancelled caller never leaves one open. sqlite3 and OS faults surface as
-    ``Unavailable(code="LOG_UNAVAILABLE")``.
+    ``Unavailable(code="LOG_UNAVAILABLE")`` (``SQLITE_ERRORS``).
     """
 
     def __init__(
@@ -231,10 +245,8 @@ class SqliteLog:
         if self._closed:
             raise RuntimeError("SqliteLog is closed")
         deadline = time.monotonic() + self._busy_timeout
-        try:
+        with map_exceptions(SQLITE_ERRORS, "LOG_UNAVAILABLE", f"session log {op}"):
             return await (lane or self._writes).run(partial(self._call, job, deadline, op))
-        except TimeoutError:
-            raise Unavailable("session log unavailable: a call hung past its timeout", code="LOG_UNAVAILABLE") from None
 
     # -- worker thread only ----------------------------------------------------------------------
 
@@ -243,15 +255,12 @@ class SqliteLog:
         if left <= 0:
             raise Unavailable("session log busy: its write lock was held too long", code="LOG_UNAVAILABLE")
         self.ops.add(op)  # the one place a job reaches the database
-        try:
-            conn = self._connection()
-            wait_ms = max(1, int(left * 1000))
-            if abs(getattr(self._local, "busy_ms", -1000) - wait_ms) > 100:  # within 0.1 s of the budget left
-                conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
-                self._local.busy_ms = wait_ms
-            return job(conn)
-        except (sqlite3.Error, OSError) as exc:
-            raise Unavailable(f"session log unavailable: {exc}", code="LOG_UNAVAILABLE") from exc
+        conn = self._connection()
+        wait_ms = max(1, int(left * 1000))
+        if abs(getattr(self._local, "busy_ms", -1000) - wait_ms) > 100:  # within 0.1 s of the budget left
+            conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
+            self._local.busy_ms = wait_ms
+        return job(conn)
 
     def _connection(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -385,12 +394,7 @@ class SqliteLog:
         durable: bool,
         conn: sqlite3.Connection,
     ) -> list[Event]:
-        try:
-            return self._transaction(partial(self._append_tx, session_id, expected_seq, items, types), conn, durable)
-        except sqlite3.IntegrityError as exc:
-            # BEGIN IMMEDIATE holds the only write lock: a duplicate (session, seq) cannot be a
-            # race, so the PRIMARY KEY refusing one means another writer broke the rules
-            raise sqlite3.DatabaseError("event seq already taken") from exc
+        return self._transaction(partial(self._append_tx, session_id, expected_seq, items, types), conn, durable)
 
     def _append_tx(
         self,
