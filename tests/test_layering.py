@@ -41,7 +41,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "adapters": IO_LIBRARIES | {P},
     "proxy/config.py": {f"{P}.{part}" for part in ALL},
     "proxy/lanes.py": {f"{P}.{part}" for part in ALL},
-    "proxy/faults.py": {f"{P}.{part}" for part in ALL},
+    "proxy/faults.py": IO_LIBRARIES | {P, "projectionist.adapters"},  # stdlib and policy.errors only
     "proxy/observe": {f"{P}.{part}" for part in ALL if part != "observe"} | {"aiohttp"},
     "proxy/stores": above("stores") | {f"{P}.sessionlog", "aiohttp.web"},
     "proxy/sessionlog": above("sessionlog") | {f"{P}.stores", "aiohttp"},
