@@ -37,6 +37,11 @@ class Cell:
         values = [v for run in self.runs if (v := getattr(run, name)) is not None and not math.isnan(v)]
         return statistics.median(values) if values else None
 
+    def most(self, name: str) -> float | None:
+        """The largest figure over the runs (for ``hwm_mb``: the process's peak over all of them)."""
+        values = [v for run in self.runs if (v := getattr(run, name)) is not None and not math.isnan(v)]
+        return max(values) if values else None
+
 
 @dataclass
 class Ratio:
@@ -135,6 +140,7 @@ def ratios(results: Results) -> list[Ratio]:
     out.append(_check("P4 images CPU/request projectionist(refs, cache cold)/bare(inlined)",
                       _ratio(fig("images", "projectionist-cold", 16, "cpu_ms_per_req"), bare_cpu), "≤", 1.5,
                       extras.get("images_cold", "")))
+    out.append(_image_memory(results))
     warm = _ratio(fig("images", "projectionist", 16, "cpu_ms_per_req"), bare_cpu)
     out.append(Ratio("images CPU/request projectionist(refs, cache warm)/bare(inlined)", warm, "(reported)",
                      "info" if warm is not None else "n/a"))
@@ -188,6 +194,20 @@ def ratios(results: Results) -> list[Ratio]:
                      "info" if same_loop is not None else "n/a",
                      f"CPU/request {_fmt(_ratio(cpu('projectionist'), cpu('bare-uvloop')), 3)}x"))
     return out
+
+
+def _image_memory(results: Results) -> Ratio:
+    """Cold-image memory: the peak RSS (VmHWM after the last run) of projectionist-cold, which
+    reads, verifies and inlines the ten images on every request, against the bare proxy's under
+    the same load with the same images inlined by the client (both at c=16, in the same run)."""
+    label = "images peak RSS projectionist(refs, cache cold)/bare(inlined)"
+    cold, bare = results.cell("images", "projectionist-cold", 16), results.cell("images", "bare", 16)
+    if cold is None or bare is None:
+        return Ratio(label, None, "≤ 2", "n/a", "projectionist-cold or bare not measured")
+    peaks = cold.most("hwm_mb"), bare.most("hwm_mb")
+    note = (f"peak {_fmt(peaks[0], 1)} MB vs {_fmt(peaks[1], 1)} MB; RSS after the runs {_fmt(cold.median('rss_mb'), 1)} "
+            f"vs {_fmt(bare.median('rss_mb'), 1)} MB")
+    return _check(label, _ratio(*peaks), "≤", 2.0, note)
 
 
 def _rps(fig: Any, target: str) -> float | None:

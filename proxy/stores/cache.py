@@ -60,9 +60,13 @@ class Encoded:
     """One verified image's base64 as the JSON values adapters splice: a data URL, or the bare
     string. Each is built on first use from whichever form exists, so an entry usually holds only
     the one form its clients' format needs. Adapters get ``Splice`` markers (``data_url()``,
-    ``base64()``); the encoders resolve them."""
+    ``base64()``); the encoders resolve them.
 
-    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare", "_digests", "_splices", "on_resize")
+    A marker is made for each call, never kept here: an ``Encoded`` that held its markers would
+    be a reference cycle, freed only by the cyclic GC, and a cold read's base64 (one per image per
+    request) would pile up between collections instead of going when its request does."""
+
+    __slots__ = ("media_type", "_head", "_b64", "_url", "_bare", "_digests", "on_resize")
 
     def __init__(self, media_type: str, b64: bytes) -> None:
         self.media_type = media_type
@@ -71,7 +75,6 @@ class Encoded:
         self._url: msgspec.Raw | None = None
         self._bare: msgspec.Raw | None = None
         self._digests: dict[str, str] = {}
-        self._splices = {"data_url": Splice(self, "data_url"), "base64": Splice(self, "base64")}
         #: Told the change in ``size`` when a form is built (the cache keeps its byte total exact).
         self.on_resize: Callable[[Encoded, int], None] | None = None
 
@@ -88,10 +91,10 @@ class Encoded:
         return memoryview(self._bare)[1:-1]
 
     def data_url(self) -> Splice:
-        return self._splices["data_url"]
+        return Splice(self, "data_url")
 
     def base64(self) -> Splice:
-        return self._splices["base64"]
+        return Splice(self, "base64")
 
     def raw(self, form: str) -> msgspec.Raw:
         """The exact JSON bytes of ``form`` ("data_url" or "base64"), built once."""

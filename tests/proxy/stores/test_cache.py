@@ -8,6 +8,7 @@ and verifies the object again. On both backends.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -98,6 +99,26 @@ async def test_a_disabled_cache_reads_every_time(make_harness: MakeHarness) -> N
         await harness.chat("off", aid)
     assert harness.store.reads[aid] == 3 and harness.store.stamp_checks[aid] == 0
     assert len({r.body for r in harness.upstream.received}) == 1
+
+
+async def test_a_cold_reads_base64_goes_with_its_request(make_harness: MakeHarness) -> None:
+    """With the cache off every request encodes its images afresh: that base64 must be freed by
+    reference counting when the request ends, not left to the cyclic GC, which a server runs
+    rarely (``ops.serve.tune_gc``): cold memory then follows the requests in flight (it held
+    ~500 MB of dead data URLs under the bench's image load)."""
+    harness = await make_harness(**{"cache.max_bytes": 0})
+    aid = await harness.admit(make_image(color=166))
+    await harness.chat("cold", aid)
+    gc.collect()
+    gc.disable()
+    try:
+        before = {id(o) for o in gc.get_objects() if isinstance(o, Encoded)}  # other tests' caches
+        for _ in range(3):
+            await harness.chat("cold", aid)
+        left = [o for o in gc.get_objects() if isinstance(o, Encoded) and id(o) not in before]
+    finally:
+        gc.enable()
+    assert harness.store.reads[aid] == 4 and left == []
 
 
 def test_the_cache_is_bounded_by_bytes_lru(backend: str) -> None:
