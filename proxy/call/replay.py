@@ -39,7 +39,7 @@ from ..upstream.describe import Described, of_raw, sha256_id
 from ..upstream.identity import Identities
 from ...adapters.redact import shorten
 from ..stores.base import Store
-from .send import HOP_BY_HOP, client_error
+from .send import HOP_BY_HOP, upstream_errors
 from ..upstream.target import open_transport
 from ..upstream.transport import Transport
 from ..upstream.urls import Base
@@ -205,16 +205,12 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
         settings = upstream or UpstreamConfig(format="openai", url=upstream_url or configured)  # its defaults
         transport = opened = open_transport(settings.transport, settings.connect_timeout, settings.read_timeout, 1)
     try:
-        answer = await transport.send(record.method, url, headers=outgoing, body=rebuilt.body)
-        try:
-            return answer.status, answer.headers.get("Content-Type", ""), await answer.read()
-        finally:
-            answer.release()
-    except Exception as exc:
-        translated = client_error(exc)
-        if translated is None:
-            raise
-        raise translated from None
+        with upstream_errors():
+            answer = await transport.send(record.method, url, headers=outgoing, body=rebuilt.body)
+            try:
+                return answer.status, answer.headers.get("Content-Type", ""), await answer.read()
+            finally:
+                answer.release()
     finally:
         if opened is not None:
             await opened.aclose()

@@ -11,9 +11,10 @@ configured key never travels to a host the upstream names.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from typing import Protocol, TypeVar
 
 from aiohttp import web
@@ -168,14 +169,21 @@ def client_error(exc: BaseException) -> UpstreamError | None:
     return None
 
 
-async def _send(session: Transport, method: str, url: URL, body: Body, headers: CIMultiDict[str]) -> Response:
+@contextlib.contextmanager
+def upstream_errors() -> Iterator[None]:
+    """A transport's error inside becomes the proxy's (``client_error``); anything else passes."""
     try:
-        return await session.send(method, url, headers=headers, body=body)
+        yield
     except Exception as exc:
         translated = client_error(exc)
         if translated is None:
             raise
         raise translated from None
+
+
+async def _send(session: Transport, method: str, url: URL, body: Body, headers: CIMultiDict[str]) -> Response:
+    with upstream_errors():
+        return await session.send(method, url, headers=headers, body=body)
 
 
 def _small(answer: Response) -> bool:

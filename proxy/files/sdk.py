@@ -45,7 +45,7 @@ from ..call.pipeline import relay_body, relay_unchanged
 from ..inbound.services import SERVICES
 from ..stores.base import LIST_MAX, AttachmentMeta
 from ..call.outgoing import outgoing_headers, target_url
-from ..call.send import client_error, forward_headers
+from ..call.send import forward_headers, upstream_errors
 from ..upstream.target import Upstream
 from .attachments import clean_name, serve_image
 from ..inbound.params import natural
@@ -196,7 +196,7 @@ async def _upstream_list(request: web.Request, fmt: WireFormat, upstream: Upstre
     headers["Accept-Encoding"] = "identity"  # the page is read here, and the upstream session never decodes
     url = target_url(raw_path, request.rel_url.raw_query_string, fmt, upstream, services.guard)
     cap = services.config.server.client_max_size
-    try:
+    with upstream_errors():
         answer = await upstream.session.send("GET", url, headers=headers)
         try:
             context(request).fields["upstream_status"] = answer.status
@@ -209,11 +209,6 @@ async def _upstream_list(request: web.Request, fmt: WireFormat, upstream: Upstre
             body, status, head = b"".join(chunks), answer.status, forward_headers(answer.headers)
         finally:
             answer.release()
-    except Exception as exc:
-        translated = client_error(exc)
-        if translated is None:
-            raise
-        raise translated from None
     if status in NO_FILES_API:
         return [], False
     try:
