@@ -22,19 +22,15 @@ are admitted into the store (best effort), so an operator can look at them and r
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 from ...adapters.base import WireFormat
-from ...adapters.registry import ADAPTERS
 from ...adapters.responses import documents
 from ...policy import rejection as attribution
 from ...policy.decide import names_of
 from ...policy.errors import ProjectionistError
 from ...policy.model import ImageRef
-from ...policy.ports import SessionLog
 from ...policy.profile import Rejection
 from ...policy.projection import reject
 from ..inbound.bodies import inflate
@@ -43,7 +39,6 @@ from ..upstream.identity import decoded_bytes
 from ..upstream.prepare import Built, carried, foreign
 from .record import Recorder
 from .send import SCREEN_MAX, Observer
-from ..inbound.context import Timing
 
 if TYPE_CHECKING:
     from ..inbound.services import Services
@@ -54,11 +49,6 @@ Rebuild = Callable[[], Awaitable[tuple[bytes, Recorder | None]]]
 SETTLE_MAX: Final = 2.0
 #: The longest the admission of a refused image's bytes may take (it never delays the re-send).
 ADMIT_TIMEOUT: Final = 10.0
-
-
-def _format_of(adapter: str) -> str | None:
-    found = ADAPTERS.get(adapter)
-    return found.FORMAT if found is not None else None
 
 
 def carried_ids(built: Built) -> frozenset[str]:
