@@ -139,8 +139,8 @@ def test_no_folder_of_the_package_is_a_link() -> None:
 
 
 def test_the_scanner_sees_imports() -> None:
-    names = imported(ROOT / "proxy" / "call" / "pipeline.py")
-    assert {"aiohttp", "projectionist.policy", f"{P}.call", f"{P}.call.send"} <= names
+    names = imported(ROOT / "proxy" / "call" / "send.py")
+    assert {"aiohttp", "projectionist.policy", f"{P}.call", f"{P}.call.relay"} <= names
     assert f"{P}.call" in FORBIDDEN["proxy/upstream"] and f"{P}.call" in names  # a real offence would show
 
 

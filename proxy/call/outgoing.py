@@ -16,7 +16,7 @@ from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from ...adapters.base import WireFormat
-from .send import forward_headers
+from .relay import forward_headers
 from ..upstream.target import Upstream
 from ..upstream.urls import filter_query
 

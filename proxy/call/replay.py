@@ -39,7 +39,7 @@ from ..upstream.describe import Described, of_raw, sha256_id
 from ..upstream.identity import Identities
 from ...adapters.redact import shorten
 from ..stores.base import Store
-from .send import HOP_BY_HOP, upstream_errors
+from .relay import HOP_BY_HOP, upstream_errors
 from ..upstream.target import open_transport
 from ..upstream.transport import Transport
 from ..upstream.urls import Base

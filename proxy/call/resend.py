@@ -38,7 +38,7 @@ from ..observe.logger import get_logger
 from ..upstream.identity import decoded_bytes
 from ..upstream.prepare import Built, carried, foreign
 from .record import Recorder
-from .send import SCREEN_MAX, Observer
+from .relay import SCREEN_MAX, Observer
 
 if TYPE_CHECKING:
     from ..inbound.services import Services
@@ -49,11 +49,6 @@ Rebuild = Callable[[], Awaitable[tuple[bytes, Recorder | None]]]
 SETTLE_MAX: Final = 2.0
 #: The longest the admission of a refused image's bytes may take (it never delays the re-send).
 ADMIT_TIMEOUT: Final = 10.0
-
-
-def carried_ids(built: Built) -> frozenset[str]:
-    """Every image id ``built``'s upstream body carries (proxy-inlined or the client's own)."""
-    return frozenset(aid for _, aid in (built.inlined or {}).values())
 
 
 def _decoded(body: bytes, encoding: str) -> bytes | None:

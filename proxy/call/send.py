@@ -1,333 +1,97 @@
-"""The relay: one call upstream per request, its answer streamed back chunk by chunk (proxy layer).
+"""Send, the third stage of a call (proxy layer, call sublayer): the body goes upstream through the
+upstream's transport (``relay``), the answer comes back chunk by chunk, and what the call reports
+reaches its recorder (the fourth stage, ``record``), the log line and the metrics.
 
-Everything that can fail before the first response byte (connect, timeout, refused) raises an
-``UpstreamError`` for the middleware to render in the client's wire format. Once the response has
-started nothing is raised into it: a broken upstream stream closes the client connection (the
-client sees a cut stream, never a completed one), and an ``Observer`` (recording) that fails is
-logged and ignored. Redirects are never followed: a 3xx goes back to the client as it came, so a
-configured key never travels to a host the upstream names.
+``send`` sends a prepared (projected) call: while it is in flight, its images count as carried
+(``inbound.inflight``), for attributing a concurrent refusal. ``relay_body`` sends any body: a
+projected one, one already read (the Files API), or the request's own stream as it arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
-from typing import Protocol, TypeVar
 
 from aiohttp import web
-from multidict import CIMultiDict, MultiMapping
-from yarl import URL
+from multidict import CIMultiDict
 
-from ...policy.errors import UpstreamError
-from ..observe.logger import get_logger
-from ..inbound.context import Timing
-from ..upstream.transport import Answer, ClientError, Transport
-
-#: RFC 9110 §7.6.1 hop-by-hop fields, plus the ones aiohttp recomputes for each leg.
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-})
-OVERHEAD_HEADER = "x-projectionist-overhead-ms"
-#: A response body declared this small (and not an event stream) is read whole before it goes out,
-#: so its status line, headers and body leave in one write (one send instead of two).
-WHOLE_BODY_MAX = 64 * 1024
-REQUEST_ID_HEADER = "x-projectionist-request-id"
-#: Statuses a ``Screen`` looks at (an upstream refusing the request's content), and how much of
-#: such an answer it reads before the client gets anything.
-SCREENED = frozenset({400, 413, 415, 422})
-SCREEN_MAX = 256 * 1024
-
-Body = bytes | AsyncIterable[bytes] | None
-Response = Answer
-_A = TypeVar("_A")
-_R = TypeVar("_R", bound=web.StreamResponse)
+from ...adapters.responses import tokens
+from ...policy.errors import ProjectionistError
+from .call import Call
+from .outgoing import outgoing_headers, target_url
+from .project import MODEL_MAX, Prepared
+from .read import Inbound
+from .record import Meter, Recorder
+from .relay import Body, relay
+from .resend import Resend
 
 
-def _connection_tokens(headers: MultiMapping[str]) -> set[str]:
-    tokens: set[str] = set()
-    for value in headers.getall("Connection", ()):
-        tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
-    return tokens
+async def send(call: Call, inbound: Inbound, prepared: Prepared) -> web.StreamResponse:
+    built, recorder, screen = prepared.built, prepared.recorder, prepared.screen
+    meter = Meter() if recorder is None else None
+    if inbound.session_id is None or not built.images:
+        return await relay_body(call, built.body, prepared.headers, recorder=recorder, screen=screen, meter=meter)
+    with call.services.inflight.carrying(inbound.session_id, call.fmt.FORMAT, prepared.carried, call.timing) as carrying:
+        prepared.in_flight.append(carrying)
+        return await relay_body(call, built.body, prepared.headers, recorder=recorder, screen=screen, meter=meter)
 
 
-@functools.lru_cache(maxsize=64)
-def _hop_by_hop_and(drop: frozenset[str]) -> frozenset[str]:
-    return HOP_BY_HOP | drop
-
-
-def _skipped(incoming: MultiMapping[str], drop: frozenset[str]) -> frozenset[str]:
-    skip = _hop_by_hop_and(drop) if drop else HOP_BY_HOP
-    return skip | _connection_tokens(incoming) if "Connection" in incoming else skip
-
-
-def forward_headers(
-    incoming: MultiMapping[str],
-    *,
-    drop: frozenset[str] = frozenset(),
-    replace: dict[str, str] | None = None,
-) -> CIMultiDict[str]:
-    """Copy end-to-end headers: hop-by-hop ones (and those named in ``Connection``) are dropped,
-    as is everything in ``drop`` (lowercase names); ``replace`` is added after the drop."""
-    skip = _skipped(incoming, drop)
-    out: CIMultiDict[str] = CIMultiDict([(k, v) for k, v in incoming.items() if k.lower() not in skip])
-    if replace:
-        for key, value in replace.items():
-            out[key] = value
-    return out
-
-
-class Observer(Protocol):
-    """Watches a relayed response (recording). It can slow the stream down, never change it:
-    whatever it raises is logged and ignored."""
-
-    def begin(self, content_type: str) -> None:
-        """The response started (its content type)."""
-
-    def chunk(self, data: bytes) -> None:
-        """One chunk as it was relayed."""
-
-    async def body_complete(self, status: int) -> None:
-        """The whole body arrived from upstream; the client still lacks its last chunk."""
-
-
-class Screen(Protocol):
-    """Looks at a refusal (a ``SCREENED`` status, whole body) before any byte reaches the client,
-    and may answer with a new body to send instead, once. ``observer`` watches the call in
-    flight: a screen that re-sends has dealt with the refused call's own and set the next one's."""
-
-    @property
-    def observer(self) -> Observer | None: ...
-
-    async def __call__(self, status: int, content_type: str, body: bytes, encoding: str = "") -> bytes | None:
-        """``body`` as it came (``encoding``: its Content-Encoding)."""
-
-
-async def relay(
-    request: web.Request,
-    session: Transport,
-    url: URL,
+async def relay_body(
+    call: Call,
     body: Body,
-    headers: CIMultiDict[str],
-    timing: Timing,
-    *,
-    request_id: str = "",
-    observer: Observer | None = None,
-    screen: Screen | None = None,
+    headers: CIMultiDict[str] | None = None,
+    recorder: Recorder | None = None,
+    screen: Resend | None = None,
+    meter: Meter | None = None,
 ) -> web.StreamResponse:
-    """Send one request upstream and stream its response back unchanged (minus hop-by-hop).
-
-    The response carries ``x-projectionist-overhead-ms``: the proxy's own time so far, i.e. its
-    time until the response starts minus the upstream's time to its headers. With a ``screen``,
-    a refusal is read whole first, and if the screen says so the call is sent once more, with
-    the body it gives, and that answer goes back (unscreened: no loops)."""
-    started = time.perf_counter()
-    answer = await _send(session, request.method, url, body, headers)
-    preread: bytes | None = None
+    """Relay ``body`` to the call's upstream and the answer back; timing goes to the log line and
+    metrics, and the recorder (if any) hears how the call ended. A ``screen`` may send the call
+    once more (an image the upstream refused); then its recorder is the one that hears. What the
+    answer reports (usage, model) is read from the recorder, else from ``meter``."""
+    request, services, ctx, upstream, timing = call.request, call.services, call.ctx, call.upstream, call.timing
+    url = target_url(call.raw_path, request.rel_url.raw_query_string, call.fmt, upstream, services.guard)
+    if headers is None:
+        headers = outgoing_headers(request.headers, call.fmt, upstream, services.guard)
+    if ctx.trace is not None:
+        ctx.trace.inject(headers)
     try:
-        timing.headers_s = time.perf_counter() - started
-        timing.status = answer.status
-        if screen is not None and request.method != "HEAD" and answer.status in SCREENED:
-            preread, whole = await _read_some(answer, SCREEN_MAX)
-            again = await screen(answer.status, answer.headers.get("Content-Type", ""), preread,
-                                 answer.headers.get("Content-Encoding", "")) if whole else None
-            if again is not None:
-                answer.release()
-                observer, preread = screen.observer, None
-                started = time.perf_counter()
-                answer = await _send(session, request.method, url, again, headers)
-                timing.headers_s = time.perf_counter() - started
-                timing.status = answer.status
-            elif whole:
-                return await _complete_whole(answer, preread, observer, request_id, timing)
-        if request.method != "HEAD" and preread is None and _small(answer):
-            return await _whole(answer, observer, request_id, timing)
-        response = _response_head(web.StreamResponse(status=answer.status, reason=answer.reason), answer,
-                                  request_id, timing)
-        try:
-            await response.prepare(request)
-        except ConnectionError:
-            return response  # the client left before the response started: nothing to send it
-        await _stream(request, response, answer, observer, request_id, preread or b"")
-        return response
+        response = await relay(request, upstream.session, url, body, headers, timing,
+                               request_id=ctx.request_id, observer=recorder or meter, screen=screen)
+    except ProjectionistError as error:
+        recorder = screen.recorder if screen is not None else recorder
+        if recorder is not None:
+            await recorder.failed(error.code)
+        raise
+    except asyncio.CancelledError:
+        recorder = screen.recorder if screen is not None else recorder
+        if recorder is not None:
+            recorder.cancelled()
+        raise
     finally:
-        timing.upstream_s = time.perf_counter() - started
-        answer.release()
-
-
-def client_error(exc: BaseException) -> UpstreamError | None:
-    """The one translation of a transport's errors (connect, timeout, refused, bad URL, broken
-    answer; every transport raises only ``transport``'s) into the proxy's; None for anything that
-    is not one."""
-    if isinstance(exc, asyncio.TimeoutError):
-        return UpstreamError("upstream timed out before responding", code="UPSTREAM_TIMEOUT")
-    if isinstance(exc, ClientError):
-        return UpstreamError(f"upstream unreachable: {type(exc).__name__}")
-    return None
-
-
-@contextlib.contextmanager
-def upstream_errors() -> Iterator[None]:
-    """A transport's error inside becomes the proxy's (``client_error``); anything else passes."""
-    try:
-        yield
-    except Exception as exc:
-        translated = client_error(exc)
-        if translated is None:
-            raise
-        raise translated from None
-
-
-async def _send(session: Transport, method: str, url: URL, body: Body, headers: CIMultiDict[str]) -> Response:
-    with upstream_errors():
-        return await session.send(method, url, headers=headers, body=body)
-
-
-def _small(answer: Response) -> bool:
-    length = answer.content_length
-    return length is not None and length <= WHOLE_BODY_MAX and answer.content_type != "text/event-stream"
-
-
-async def _read_some(answer: Response, limit: int) -> tuple[bytes, bool]:
-    """Up to about ``limit`` bytes of the body, and whether that is all of it. Nothing has been
-    sent yet: a body that breaks off is an ``UpstreamError`` in the client's own shape."""
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in answer.iter_any():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                return b"".join(chunks), False
-    except (ClientError, asyncio.TimeoutError) as exc:
-        raise (client_error(exc) or UpstreamError("upstream response broke off")) from None
-    return b"".join(chunks), True
-
-
-async def _whole(answer: Response, observer: Observer | None, request_id: str,
-                 timing: Timing) -> web.StreamResponse:
-    """A small sized body, read before the response starts: a body that breaks off on the way is
-    still an ``UpstreamError`` the client gets in its own shape, as nothing has been sent yet."""
-    try:
-        data = await answer.read()
-    except (ClientError, asyncio.TimeoutError) as exc:
-        raise (client_error(exc) or UpstreamError("upstream response broke off")) from None
-    return await _complete_whole(answer, data, observer, request_id, timing)
-
-
-async def _complete_whole(answer: Response, data: bytes, observer: Observer | None, request_id: str,
-                          timing: Timing) -> web.StreamResponse:
-    response = _response_head(web.Response(status=answer.status, reason=answer.reason), answer, request_id, timing)
-    response.body = data
-    if observer is not None:
-        _watch(observer.begin, answer.headers.get("Content-Type", ""), request_id)
-        _watch(observer.chunk, data, request_id)
-        await _complete(observer, answer.status, request_id)
+        ctx.fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
+        if timing.status is not None:
+            services.metrics.upstream_answered(upstream.name, timing.headers_s)
+    recorder = screen.recorder if screen is not None else recorder
+    watched = recorder or meter
+    if watched is not None:
+        _reported(call, watched)
+    if recorder is not None:
+        await recorder.finished(response.status)
     return response
 
 
-#: The console's cookie (``http.ui.COOKIE``) and the paths it lives under: an upstream's
-#: ``Set-Cookie`` for either never reaches the browser (it could sign the operator out, or plant a
-#: cookie the console would read).
-CONSOLE_COOKIE = "projectionist_ui"
-CONSOLE_PATH = "/admin"
-
-
-def _console_cookie(value: str) -> bool:
-    """Whether a ``Set-Cookie`` value names the console's cookie or a path under the console."""
-    name, _, rest = value.partition("=")
-    if name.strip() == CONSOLE_COOKIE:
-        return True
-    for attribute in rest.split(";")[1:]:
-        key, _, path = attribute.partition("=")
-        if key.strip().lower() == "path" and path.strip().lower().startswith(CONSOLE_PATH):
-            return True
-    return False
-
-
-def _response_head(response: _R, answer: Response, request_id: str, timing: Timing) -> _R:
-    """``response`` with the upstream's end-to-end headers, the request id and the overhead. A
-    pass-through answer is never sniffed into active content (``nosniff``), is sandboxed
-    (``Content-Security-Policy: sandbox``: no script, no origin), and an upstream's cookie for the
-    console's name or path is dropped."""
-    skip = _skipped(answer.headers, frozenset())
-    out = response.headers
-    for key, value in answer.headers.items():
-        low = key.lower()
-        if low not in skip and not (low == "set-cookie" and _console_cookie(value)):
-            out.add(key, value)
-    out["X-Content-Type-Options"] = "nosniff"
-    # whatever an upstream answers is a document of no origin in a browser (a sandbox with no
-    # permission at all): a page it returns never runs as this proxy's origin, where the console is
-    out.add("Content-Security-Policy", "sandbox")
-    if request_id:
-        out[REQUEST_ID_HEADER] = request_id
-    if answer.content_length is not None:
-        out["Content-Length"] = str(answer.content_length)
-    overhead = time.perf_counter() - timing.request_started - timing.headers_s
-    out[OVERHEAD_HEADER] = f"{overhead * 1000:.3f}"
-    return response
-
-
-async def _chunks(first: bytes, answer: Response) -> AsyncIterator[bytes]:
-    if first:
-        yield first
-    async for chunk in answer.iter_any():
-        yield chunk
-
-
-async def _stream(request: web.Request, response: web.StreamResponse, answer: Response,
-                  observer: Observer | None, request_id: str, first: bytes = b"") -> None:
-    """Relay the body (``first``: what was read of it already); tell ``observer`` each chunk, and
-    that the body is complete before the client can have all of it (before the last byte of a
-    sized body, else before the final chunk)."""
-    remaining = answer.content_length
-    told = observer is None
-    if observer is not None:
-        _watch(observer.begin, answer.headers.get("Content-Type", ""), request_id)
-    try:
-        async for chunk in _chunks(first, answer) if first else answer.iter_any():
-            if observer is not None:
-                _watch(observer.chunk, chunk, request_id)
-            if remaining is not None:
-                remaining -= len(chunk)
-                if remaining <= 0 and not told:
-                    told = True
-                    await _complete(observer, answer.status, request_id)
-            try:
-                await response.write(chunk)
-            except ConnectionError:
-                return  # the client went away; nothing left to tell it
-    except (ClientError, asyncio.TimeoutError) as exc:
-        get_logger().warning("upstream_stream_broken", error=type(exc).__name__, request_id=request_id)
-        abort(request)  # no terminating chunk: the client sees a cut stream
+def _reported(call: Call, meter: Meter) -> None:
+    """The usage and model an answer reported: to the log line, the token counters (by the
+    model the answer names, else the one the request named) and the span."""
+    ctx = call.ctx
+    usage, model = meter.reported(call.fmt)
+    if usage is None:
         return
-    if not told:
-        await _complete(observer, answer.status, request_id)
-    await response.write_eof()
-
-
-def _watch(call: Callable[[_A], None], argument: _A, request_id: str) -> None:
-    try:
-        call(argument)
-    except Exception as exc:
-        get_logger().warning("observer_failed", error=type(exc).__name__, request_id=request_id)
-
-
-async def _complete(observer: Observer | None, status: int, request_id: str) -> None:
-    if observer is None:
-        return
-    try:
-        await observer.body_complete(status)
-    except Exception as exc:  # never into the response: log, and let the stream finish
-        get_logger().warning("observer_failed", error=type(exc).__name__, request_id=request_id)
-
-
-def abort(request: web.Request) -> None:
-    """End a started response without completing it: the connection closes, so the client sees
-    a cut body (no final chunk, or fewer bytes than announced), never an error appended to it."""
-    if request.transport is not None:
-        request.transport.close()
+    input_tokens, output_tokens = tokens(usage)
+    if input_tokens is not None:
+        ctx.fields["input_tokens"] = input_tokens
+    if output_tokens is not None:
+        ctx.fields["output_tokens"] = output_tokens
+    call.services.metrics.used(call.upstream.name, model or ctx.fields.get("model"), input_tokens, output_tokens)
+    if ctx.trace is not None:
+        ctx.trace.answered(model=model[:MODEL_MAX] if model else None, input_tokens=input_tokens,
+                           output_tokens=output_tokens)

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
 import msgspec
+from aiohttp import web
 from multidict import MultiMapping
 
 from ...adapters.base import WireFormat
@@ -141,3 +142,14 @@ def _scoped(prefix: str, value: str, headers: MultiMapping[str]) -> str:
     if prefix[:-1] in SHARED:
         session += "@" + _credentials(headers)
     return session
+
+
+#: The session a ``/s/{session}/`` path prefix named (``edge.routing``), already checked.
+PATH_SESSION = web.RequestKey("projectionist.path_session", str)
+
+
+def session_of(headers: MultiMapping[str], names: tuple[str, ...], in_path: str | None = None) -> str | None:
+    """The session the client named on purpose (``named``): its header (``names[0]``, which must
+    agree with a path that names one), the path, or a configured alias."""
+    found = named(headers, names[0], names[1:], in_path)
+    return found.id if found is not None else None

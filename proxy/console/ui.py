@@ -49,7 +49,7 @@ from ..lanes import Busy
 from ..sessionlog.summary import summaries
 from ..call.replay import rebuild
 from ..inbound.params import natural
-from ..call.send import CONSOLE_COOKIE
+from ..call.relay import CONSOLE_COOKIE
 
 #: Sessions on one page of the session list, and the last page one may ask for.
 SESSIONS_PER_PAGE: Final = 200

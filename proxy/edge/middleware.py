@@ -27,7 +27,7 @@ from ...adapters.base import WireFormat
 from ...policy.errors import InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
 from ..observe.logger import get_logger, request_line, request_lines
 from ..observe.metrics import Metrics
-from ..call.send import REQUEST_ID_HEADER, abort
+from ..call.relay import REQUEST_ID_HEADER, abort
 from ..inbound.context import CONTEXT, Context, Handler, error_response
 
 #: The token of a Gemini upload URL (``files.gemini.UPLOAD_ROUTE``), under a session prefix too.

@@ -41,7 +41,9 @@ from ...policy.model import check_session_id
 from ..files import gemini as gemini_files
 from ..files import sdk as files
 from ..inbound.context import context
-from ..call.pipeline import PATH_SESSION, relay_projected, relay_unchanged, session_of
+from ..call.call import Call
+from ..call.pipeline import relay_projected, relay_unchanged
+from ..call.sessions import PATH_SESSION, session_of
 from ..inbound.services import SERVICES
 from ..upstream.urls import check_name, check_path
 
@@ -174,13 +176,13 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
     fmt = ctx.fmt = adapter if adapter is not None else SPEAKS[upstream.format]
     handler: Callable[[], Awaitable[web.StreamResponse]]
     if adapter is not None:
-        ctx.route, handler = fmt.NAME, lambda: relay_projected(request, fmt, upstream, raw_path)
+        ctx.route, handler = fmt.NAME, lambda: relay_projected(Call.of(request, fmt, upstream, raw_path))
     elif files.handles(upstream.format, request.method, path):
         ctx.route, handler = "files", lambda: files.handle(request, fmt, upstream, raw_path, path)
     elif gemini_files.handles(upstream.format, request.method, path):
         ctx.route, handler = "files", lambda: gemini_files.handle(request, fmt, upstream, raw_path, path)
     else:
-        ctx.route, handler = "passthrough", lambda: relay_unchanged(request, fmt, upstream, raw_path)
+        ctx.route, handler = "passthrough", lambda: relay_unchanged(Call.of(request, fmt, upstream, raw_path))
     if services.tracing is not None:  # the middleware ends the span, with the answer's status
         ctx.trace = services.tracing.call(request.headers, method=request.method, path=request.rel_url.raw_path,
                                           route=ctx.route, upstream=upstream.name, upstream_format=upstream.format,

@@ -38,6 +38,7 @@ from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import ID_PREFIX, check_id
 from ..inbound.bodies import read_body
 from ..inbound.context import context, error_response
+from ..call.call import Call
 from ..call.pipeline import relay_unchanged
 from ..inbound.services import SERVICES
 from .attachments import clean_name
@@ -91,7 +92,7 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
         declared = _declared(request)
         if declared is None or (request.content_length or 0) > START_MAX:
             context(request).fields.update(files="forwarded")
-            return await relay_unchanged(request, fmt, upstream, raw_path)
+            return await relay_unchanged(Call.of(request, fmt, upstream, raw_path))
         return await _start(request, *declared)
     match = FILE_PATH.fullmatch(path)
     assert match is not None

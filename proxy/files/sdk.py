@@ -41,11 +41,13 @@ from ...policy.model import ID_PREFIX, check_id
 from ..stores.admission import IMAGE_TOO_LARGE, header_info
 from ..inbound.bodies import encoding_of, inflate, parse_form
 from ..inbound.context import context
-from ..call.pipeline import relay_body, relay_unchanged
+from ..call.call import Call
+from ..call.pipeline import relay_unchanged
+from ..call.send import relay_body
 from ..inbound.services import SERVICES
 from ..stores.base import LIST_MAX, AttachmentMeta
 from ..call.outgoing import outgoing_headers, target_url
-from ..call.send import forward_headers, upstream_errors
+from ..call.relay import forward_headers, upstream_errors
 from ..upstream.target import Upstream
 from .attachments import clean_name, serve_image
 from ..inbound.params import natural
@@ -104,7 +106,7 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
     if file_id is None:
         return await _upload(request, fmt, upstream, raw_path)
     if not file_id.startswith(ID_PREFIX):
-        return await relay_unchanged(request, fmt, upstream, raw_path)
+        return await relay_unchanged(Call.of(request, fmt, upstream, raw_path))
     check_id(file_id)
     context(request).fields.update(attachment=file_id[:15])
     if request.method == "DELETE":  # removes history for every session that uses it: admin only
@@ -126,7 +128,7 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
     limit = min(app.config.store.limits.max_bytes + MULTIPART_SLACK, app.config.server.client_max_size)
     length = request.content_length
     if not request.content_type.startswith("multipart/") or length is None or length > limit:
-        return await relay_unchanged(request, fmt, upstream, raw_path)
+        return await relay_unchanged(Call.of(request, fmt, upstream, raw_path))
     raw = await request.read()  # forwarded as it came, if it is not an image to admit
     encoding = encoding_of(request)
     form = await asyncio.to_thread(inflate, raw, encoding, app.config.server.client_max_size) if encoding else raw
@@ -134,7 +136,7 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
     wanted = upstream.format == "anthropic" or fields.get("purpose") == "vision"
     if not wanted or upload is None or not _is_image(upload[0]):
         context(request).fields.update(files="forwarded")
-        return await relay_body(request, fmt, upstream, raw_path, raw)
+        return await relay_body(Call.of(request, fmt, upstream, raw_path), raw)
     data, declared, filename = upload
     filename = clean_name(filename)
     tenant = context(request).tenant
@@ -150,7 +152,7 @@ async def _list(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_p
     """The upstream's files, then the admitted images (the rule in the module docstring)."""
     query = request.query
     if query.get("purpose", "vision") not in ("", "vision"):
-        return await relay_unchanged(request, fmt, upstream, raw_path)
+        return await relay_unchanged(Call.of(request, fmt, upstream, raw_path))
     limit = _limit(query.get("limit"))
     after = query.get("after") or None
     theirs: list[Any] = []

@@ -32,7 +32,7 @@ from projectionist.proxy.upstream.client import (
     READ_BUFFER, Client, ConnectError, ConnectTimeout, PayloadError, ReadTimeout, RequestBodyError, ResponseError,
     ServerDisconnected,
 )
-from projectionist.proxy.call.send import client_error
+from projectionist.proxy.call.relay import client_error
 
 Serve = Callable[["Conn"], Awaitable[None]]
 

@@ -14,7 +14,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from projectionist.proxy.upstream.client import Client
-from projectionist.proxy.call.send import relay
+from projectionist.proxy.call.relay import relay
 from projectionist.proxy.inbound.context import Timing
 from tests.fakes import FakeUpstream
 

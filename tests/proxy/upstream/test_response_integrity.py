@@ -106,7 +106,7 @@ async def test_an_error_after_the_response_started_closes_the_connection_instead
         harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever raises once the response has started (here: a bug in the relay's last step) is
     logged and counted, and the connection closes: the client sees a cut stream, not a 500."""
-    import projectionist.proxy.call.send as relay_module
+    import projectionist.proxy.call.relay as relay_module
 
     real = relay_module._stream
 

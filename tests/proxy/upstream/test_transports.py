@@ -14,7 +14,7 @@ import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
-from projectionist.proxy.call.send import client_error
+from projectionist.proxy.call.relay import client_error
 from projectionist.proxy.upstream.target import open_transport
 from projectionist.proxy.upstream.transport import ClientError, ConnectError, Kind, Transport
 from tests.proxy.upstream.test_client import Conn, MakeServer, answering, serve  # noqa: F401 (a fixture)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from projectionist.proxy.call.send import WHOLE_BODY_MAX
+from projectionist.proxy.call.relay import WHOLE_BODY_MAX
 from tests.calls import raw_exchange, recorded_calls
 from tests.conftest import Harness
 

@@ -1,0 +1,171 @@
+"""Prepare, the second stage of a projected call (proxy layer, call sublayer): the policy's
+projection of its images, the upstream body rendered from it, the headers it goes with, its
+recorder, and the screen that re-sends it once when the upstream refuses an image.
+
+The projection runs centrally, before any provider format is written (``upstream.prepare.build``
+around ``policy.projection.project``). A re-send builds the call again through the same step,
+as attempt 2, from the log (the refused images are placeholders by then).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Final
+from urllib.parse import unquote
+
+from multidict import CIMultiDict
+
+from ...adapters.base import WireFormat
+from ...policy.model import ImageRef, Placeholder
+from ...policy.projection import Projection, ProjectionContext, project
+from ..inbound.inflight import Carrying
+from ..upstream.prepare import Built, build
+from .call import Call
+from .outgoing import outgoing_headers, readable_codings, recordable_headers, recorded_path
+from .read import Inbound
+from .record import CallInfo, Recorder
+from .resend import Resend
+
+#: The model a Gemini method's path names (``/v1beta/models/{model}:generateContent``).
+_GEMINI_MODEL: Final = re.compile(r"/models/([^/:]+):")
+#: The longest model name the log line and the span repeat.
+MODEL_MAX: Final = 128
+
+
+@dataclass(slots=True, eq=False)
+class Prepared:
+    """What goes upstream: the built body (and its projection), the headers, the recorder, the
+    re-send screen (a session's call with images), and the calls in flight that carry it."""
+
+    built: Built
+    headers: CIMultiDict[str]
+    recorder: Recorder | None
+    screen: Resend | None
+    in_flight: list[Carrying] = field(default_factory=list)
+
+    @property
+    def carried(self) -> frozenset[str]:
+        return carried_ids(self.built)
+
+
+def carried_ids(built: Built) -> frozenset[str]:
+    """Every image id ``built``'s upstream body carries (proxy-inlined or the client's own)."""
+    return frozenset(aid for _, aid in (built.inlined or {}).values())
+
+
+async def prepare(call: Call, inbound: Inbound) -> Prepared:
+    projecting = _Projecting(call, inbound)
+    built, recorder = await projecting.built(1)
+    ctx = call.ctx
+    model = requested_model(call.fmt, call.raw_path, built.tree)
+    if model is not None:
+        ctx.fields["model"] = model
+        if ctx.trace is not None:
+            ctx.trace.requested(model)
+    screen = None
+    if inbound.session_id and built.images:
+        screen = Resend(call.services, call.fmt, inbound.session_id, built, list(projecting.refs), recorder,
+                        projecting.again, ctx.fields, ctx.tenant)
+    return Prepared(built, projecting.headers, recorder, screen, projecting.in_flight)
+
+
+class _Projecting:
+    """One call's projection, run once and, for a re-send, once more (``again``)."""
+
+    def __init__(self, call: Call, inbound: Inbound) -> None:
+        self.call, self.inbound = call, inbound
+        services, session_id = call.services, inbound.session_id
+        tenant = call.ctx.tenant
+        self.store = services.reader if tenant is None else services.visible.reader(tenant)
+        self.recording = bool(session_id) and services.recording.on
+        self.identities = services.identities if services.config.policy.inline_images and session_id else None
+        self.headers = outgoing_headers(call.request.headers, call.fmt, call.upstream, services.guard)
+        self.headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
+        readable_codings(self.headers)
+        self.sent_headers = recordable_headers(self.headers) if self.recording else ()
+        self.started = time.perf_counter()
+        self.refs: list[ImageRef] = []
+        #: The calls in flight that carry this call's body (``send`` adds them; a re-send updates them).
+        self.in_flight: list[Carrying] = []
+
+    async def run(self, refs: list[ImageRef], images: int) -> Projection:
+        self.refs[:] = refs
+        services, session_id = self.call.services, self.inbound.session_id
+        policy = services.config.policy
+        fresh = services.log.fresh(session_id) if session_id else None
+        return await project(refs, ProjectionContext(
+            store=self.store, log=services.log, session_id=session_id, upstream_format=self.call.fmt.FORMAT,
+            profile=self.call.fmt.PROFILE, vary=services.variants, images=images,
+            lock=services.log.lock(session_id) if session_id else None,
+            sessionless=services.config.server.sessionless,
+            state=fresh or (services.log.state(session_id) if session_id else None),
+            fresh=fresh is not None,
+            parallel=policy.parallel_reads,
+            prober=services.prober,
+            probe_wait=policy.probe_wait,
+        ))
+
+    async def built(self, attempt: int) -> tuple[Built, Recorder | None]:
+        call, inbound, services = self.call, self.inbound, self.call.services
+        policy = services.config.policy
+        built = await build(call.fmt, inbound.raw, self.run, describe=self.recording, shape_unchanged=False,
+                            max_references=policy.max_references, max_projected_bytes=policy.max_projected_bytes,
+                            http=services.http_refs, identities=self.identities,
+                            read=inbound.read if attempt == 1 else None)
+        if built.projection is not None:
+            account(call, built, time.perf_counter() - self.started)
+        if not (inbound.session_id and built.described is not None):
+            return built, None
+        ctx = call.ctx
+        request_id = ctx.request_id if attempt == 1 else f"{ctx.request_id}.{attempt}"
+        path = recorded_path(call.raw_path, call.request.rel_url.raw_query_string)
+        info = CallInfo(inbound.session_id, request_id, ctx.started, ctx.route, call.fmt, call.upstream.name,
+                        call.request.method, path, self.sent_headers)
+        return built, services.recording.start(info, inbound.raw, built.described, built.projection)
+
+    async def again(self) -> tuple[bytes, Recorder | None]:
+        built, recorder = await self.built(2)
+        for carrying in self.in_flight:  # the call sent now carries these (the refused images are placeholders)
+            carrying.ids = carried_ids(built)
+        return built.body, recorder
+
+
+def requested_model(fmt: WireFormat, raw_path: str, tree: object) -> str | None:
+    """The model a request names where it costs nothing to find: Gemini's path, or the body the
+    projection decoded anyway (a body that was not decoded is not decoded for this)."""
+    if fmt.FORMAT == "gemini":
+        found = _GEMINI_MODEL.search(raw_path)
+        model: object = unquote(found[1]) if found is not None else None
+    else:
+        model = tree.get("model") if isinstance(tree, dict) else None
+    return model[:MODEL_MAX] if isinstance(model, str) and model else None
+
+
+def account(call: Call, built: Built, seconds: float) -> None:
+    """A projection's counts: to the log line, the span and the metrics."""
+    ctx = call.ctx
+    projection = built.projection
+    assert projection is not None
+    placeholders = sum(isinstance(o, Placeholder) for o in projection.outcomes)
+    if built.client or built.held:
+        ctx.fields.update(client_images=len(built.client) + built.held, client_placeholders=built.held)
+    ctx.fields.update(
+        refs=len(projection.outcomes),
+        reads=projection.reads,
+        quarantined=[q.failure for q in projection.recorded],
+        lifted=len(projection.lifted),
+        placeholders=placeholders,
+        variants=len(projection.pinned),
+    )
+    if ctx.trace is not None:
+        ctx.trace.projection(seconds, references=len(projection.outcomes), reads=projection.reads,
+                             quarantines=len(projection.recorded), placeholders=placeholders)
+    metrics = call.services.metrics
+    metrics.projection.observe(seconds)
+    for quarantine in projection.recorded:
+        metrics.quarantines[quarantine.failure] += 1
+    metrics.automatic_recoveries += len(projection.lifted)
+    metrics.variants_pinned += len(projection.pinned)
+    metrics.store_retries += projection.retries
