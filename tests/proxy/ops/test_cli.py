@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -177,6 +178,35 @@ def test_event_loop_choice() -> None:
             assert (choice == "asyncio") != isinstance(loop, uvloop.Loop)
         finally:
             loop.close()
+
+
+_MALLINFO = """
+import ctypes, os, sys
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                                               "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+from projectionist.proxy.ops.serve import fix_malloc_thresholds
+fix_malloc_thresholds()
+before = libc.mallinfo2().hblks
+bodies = [bytes(4 << 20) for _ in range(3)]  # image-body sized
+after_bodies = libc.mallinfo2().hblks
+huge = bytes(64 << 20)  # past the threshold
+print(after_bodies - before, libc.mallinfo2().hblks - after_bodies)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@pytest.mark.parametrize("environ", [{}, {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}])
+def test_serving_process_takes_image_sized_buffers_from_the_heap(environ: dict[str, str]) -> None:
+    """``fix_malloc_thresholds`` (in a child process: it changes process-wide malloc state): a
+    4 MB buffer comes from the heap, which the periodic trim hands back, not from a mapping of its
+    own made and unmade per request; a 64 MB one still gets its own. An operator's own
+    ``MALLOC_MMAP_THRESHOLD_`` is left as it is."""
+    out = subprocess.run([sys.executable, "-c", _MALLINFO], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, **environ})
+    assert out.stdout.split() == (["0", "1"] if not environ else ["3", "1"])
 
 
 def test_serving_process_freezes_startup_objects_and_raises_the_young_gc_threshold() -> None:
