@@ -1,9 +1,10 @@
 """The one closed error hierarchy of projectionist (policy layer, pure).
 
 Every error a client can see carries a stable ``code`` (never match on message text), an HTTP
-``status`` and a ``retryable`` flag; ``CODES`` registers each code once, with its status and
-whether its message may reach a client. Foreign exceptions are translated into these at one boundary
-in ``proxy/``; adapters only shape them into each provider's wire format.
+``status`` and a ``retryable`` flag. ``Code`` names every code (the package refers to a code by name, never
+by string); ``CODES`` registers each code once, with its status and whether its message may reach
+a client, and ``STARTUP_CODES`` the start-up ones. Foreign exceptions are translated into these at
+one boundary in ``proxy/``; adapters only shape them into each provider's wire format.
 
     ProjectionistError
     ├── InvalidRequest          400  INVALID_REQUEST, INVALID_JSON, INVALID_SESSION_ID, ...
@@ -22,16 +23,101 @@ in ``proxy/``; adapters only shape them into each provider's wire format.
 
 from __future__ import annotations
 
+from enum import StrEnum, auto
 from typing import ClassVar, Final, NamedTuple
 
-NOT_FOUND: Final = "ATTACHMENT_NOT_FOUND"
-CORRUPT: Final = "ATTACHMENT_CORRUPT"
-READ_FAILED: Final = "ATTACHMENT_READ_FAILED"
-INVALID_REF: Final = "INVALID_ATTACHMENT_REF"
+
+class Code(StrEnum):
+    """Every error code, by name: ``code=Code.INVALID_CONFIG``, never the string, so that a typo is
+    an ``AttributeError`` at import (and a mypy error), not a new code no registry knows.
+
+    A member is its string: equal to it, with its hash (``CODES.get("LOG_UNAVAILABLE")`` finds it,
+    as codes arrive as plain strings from the log and from tests), and the same text in ``str``,
+    formatting, ``repr``, JSON (msgspec's and the standard library's) and headers. Each member is in
+    ``CODES`` or in ``STARTUP_CODES``, exactly once; the import checks it."""
+
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list[str]) -> str:
+        return name
+
+    def __repr__(self) -> str:  # a code in a repr (an error's, a log's key=value) reads as the string did
+        return str.__repr__(self)
+
+    # the client's request
+    INVALID_REQUEST = auto()
+    INVALID_JSON = auto()
+    INVALID_BODY = auto()
+    INVALID_QUERY = auto()
+    INVALID_SESSION_ID = auto()
+    INVALID_ATTACHMENT_REF = auto()
+    INVALID_IMAGE = auto()
+    MEDIA_TYPE_MISMATCH = auto()
+    EMPTY_UPLOAD = auto()
+    MISSING_FILE = auto()
+    INVALID_NAME = auto()
+    INVALID_MULTIPART = auto()
+    INVALID_CONTENT_TYPE = auto()
+    INVALID_PATH = auto()
+    INVALID_UPSTREAM_NAME = auto()
+    INVALID_FORK_SEQ = auto()
+    INBOUND_MISMATCH = auto()
+    UNKNOWN_ADAPTER = auto()
+    TOO_MANY_REFERENCES = auto()
+    INVALID_UPLOAD = auto()
+    SESSION_CONFLICT = auto()
+    UPGRADE_NOT_SUPPORTED = auto()
+    CLIENT_UNAUTHORIZED = auto()
+    ADMIN_UNAUTHORIZED = auto()
+    ADMIN_REQUIRED = auto()
+    CSRF_REJECTED = auto()
+    UNKNOWN_UPSTREAM = auto()
+    FILE_NOT_FOUND = auto()
+    ROUTE_NOT_FOUND = auto()
+    NOT_RECORDED = auto()
+    BLOB_NOT_FOUND = auto()
+    SESSION_NOT_FOUND = auto()
+    UPLOAD_NOT_FOUND = auto()
+    METHOD_NOT_ALLOWED = auto()
+    EXPECTATION_FAILED = auto()
+    SESSION_EXISTS = auto()
+    REPLAY_NEEDS_BODY = auto()
+    REPLAY_NOT_REBUILT = auto()
+    PAYLOAD_TOO_LARGE = auto()
+    IMAGE_TOO_LARGE = auto()
+    PROJECTED_TOO_LARGE = auto()
+    UNSUPPORTED_ENCODING = auto()
+    # an unreadable attachment
+    ATTACHMENT_NOT_FOUND = auto()
+    ATTACHMENT_CORRUPT = auto()
+    ATTACHMENT_READ_FAILED = auto()
+    # the upstream, the proxy's own storage, contention
+    UPSTREAM_UNAVAILABLE = auto()
+    UPSTREAM_TIMEOUT = auto()
+    LOG_UNAVAILABLE = auto()
+    STORE_UNAVAILABLE = auto()
+    ATTACHMENT_WRITE_FAILED = auto()
+    SESSION_CONTENDED = auto()
+    STORE_BUSY = auto()
+    UPLOADS_BUSY = auto()
+    LOG_CORRUPT = auto()
+    UNCLASSIFIED_ERROR = auto()
+    # how projectionist was started (STARTUP_CODES)
+    INVALID_CONFIG = auto()
+    EMPTY_DATA_DIR = auto()
+    STARTUP_FAILED = auto()
+    LISTEN_FAILED = auto()
+    OPEN_PROXY_REFUSED = auto()
+    MISSING_EXTRA = auto()
 
 
-class Code(NamedTuple):
-    """One stable error code: its HTTP status, and whether its message may reach a client.
+NOT_FOUND: Final = Code.ATTACHMENT_NOT_FOUND
+CORRUPT: Final = Code.ATTACHMENT_CORRUPT
+READ_FAILED: Final = Code.ATTACHMENT_READ_FAILED
+INVALID_REF: Final = Code.INVALID_ATTACHMENT_REF
+
+
+class Entry(NamedTuple):
+    """What the registry says of one code: its HTTP status, and whether its message may reach a client.
 
     A code whose message is not ``public`` answers with ``says`` instead (its own message can
     hold a path, a driver's text or an internal name; it goes to the proxy's log). ``also`` lists
@@ -46,41 +132,56 @@ class Code(NamedTuple):
         return not self.says
 
 
-#: Every code a client can see, by status. ``tests/test_errors.py`` holds the README's table to it.
-CODES: Final[dict[str, Code]] = {
+#: Every code a client can see, by status. ``tests/test_errors.py`` holds the docs' table to it.
+#: Keyed by ``Code`` members, so a lookup by the plain string finds the same entry.
+CODES: Final[dict[str, Entry]] = {
     # the client's request
-    "INVALID_REQUEST": Code(400), "INVALID_JSON": Code(400), "INVALID_BODY": Code(400),
-    "INVALID_QUERY": Code(400), "INVALID_SESSION_ID": Code(400), INVALID_REF: Code(400),
-    "INVALID_IMAGE": Code(400), "MEDIA_TYPE_MISMATCH": Code(400), "EMPTY_UPLOAD": Code(400),
-    "MISSING_FILE": Code(400), "INVALID_NAME": Code(400), "INVALID_MULTIPART": Code(400),
-    "INVALID_CONTENT_TYPE": Code(400), "INVALID_PATH": Code(400), "INVALID_UPSTREAM_NAME": Code(400),
-    "INVALID_FORK_SEQ": Code(400), "INBOUND_MISMATCH": Code(400), "UNKNOWN_ADAPTER": Code(400),
-    "TOO_MANY_REFERENCES": Code(400), "INVALID_UPLOAD": Code(400), "SESSION_CONFLICT": Code(400),
-    "UPGRADE_NOT_SUPPORTED": Code(400),
-    "CLIENT_UNAUTHORIZED": Code(401), "ADMIN_UNAUTHORIZED": Code(401), "ADMIN_REQUIRED": Code(403),
-    "CSRF_REJECTED": Code(403),
-    "UNKNOWN_UPSTREAM": Code(404), "FILE_NOT_FOUND": Code(404), "ROUTE_NOT_FOUND": Code(404),
-    "NOT_RECORDED": Code(404), "BLOB_NOT_FOUND": Code(404), "SESSION_NOT_FOUND": Code(404), "UPLOAD_NOT_FOUND": Code(404),
-    "METHOD_NOT_ALLOWED": Code(405), "EXPECTATION_FAILED": Code(417),
-    "SESSION_EXISTS": Code(409), "REPLAY_NEEDS_BODY": Code(409), "REPLAY_NOT_REBUILT": Code(409),
-    "PAYLOAD_TOO_LARGE": Code(413), "IMAGE_TOO_LARGE": Code(413), "PROJECTED_TOO_LARGE": Code(413), "UNSUPPORTED_ENCODING": Code(415),
+    Code.INVALID_REQUEST: Entry(400), Code.INVALID_JSON: Entry(400), Code.INVALID_BODY: Entry(400),
+    Code.INVALID_QUERY: Entry(400), Code.INVALID_SESSION_ID: Entry(400), INVALID_REF: Entry(400),
+    Code.INVALID_IMAGE: Entry(400), Code.MEDIA_TYPE_MISMATCH: Entry(400), Code.EMPTY_UPLOAD: Entry(400),
+    Code.MISSING_FILE: Entry(400), Code.INVALID_NAME: Entry(400), Code.INVALID_MULTIPART: Entry(400),
+    Code.INVALID_CONTENT_TYPE: Entry(400), Code.INVALID_PATH: Entry(400), Code.INVALID_UPSTREAM_NAME: Entry(400),
+    Code.INVALID_FORK_SEQ: Entry(400), Code.INBOUND_MISMATCH: Entry(400), Code.UNKNOWN_ADAPTER: Entry(400),
+    Code.TOO_MANY_REFERENCES: Entry(400), Code.INVALID_UPLOAD: Entry(400), Code.SESSION_CONFLICT: Entry(400),
+    Code.UPGRADE_NOT_SUPPORTED: Entry(400),
+    Code.CLIENT_UNAUTHORIZED: Entry(401), Code.ADMIN_UNAUTHORIZED: Entry(401), Code.ADMIN_REQUIRED: Entry(403),
+    Code.CSRF_REJECTED: Entry(403),
+    Code.UNKNOWN_UPSTREAM: Entry(404), Code.FILE_NOT_FOUND: Entry(404), Code.ROUTE_NOT_FOUND: Entry(404),
+    Code.NOT_RECORDED: Entry(404), Code.BLOB_NOT_FOUND: Entry(404), Code.SESSION_NOT_FOUND: Entry(404),
+    Code.UPLOAD_NOT_FOUND: Entry(404),
+    Code.METHOD_NOT_ALLOWED: Entry(405), Code.EXPECTATION_FAILED: Entry(417),
+    Code.SESSION_EXISTS: Entry(409), Code.REPLAY_NEEDS_BODY: Entry(409), Code.REPLAY_NOT_REBUILT: Entry(409),
+    Code.PAYLOAD_TOO_LARGE: Entry(413), Code.IMAGE_TOO_LARGE: Entry(413), Code.PROJECTED_TOO_LARGE: Entry(413),
+    Code.UNSUPPORTED_ENCODING: Entry(415),
     # an unreadable attachment without a session (409: a recovery whose verification failed;
     # 404: GET /v1/attachments/{id} of an absent object)
-    NOT_FOUND: Code(422, also=(409, 404)), CORRUPT: Code(422, also=(409,)), READ_FAILED: Code(503, also=(409,)),
+    NOT_FOUND: Entry(422, also=(409, 404)), CORRUPT: Entry(422, also=(409,)), READ_FAILED: Entry(503, also=(409,)),
     # the upstream, the proxy's own storage, contention
-    "UPSTREAM_UNAVAILABLE": Code(502), "UPSTREAM_TIMEOUT": Code(504),
-    "LOG_UNAVAILABLE": Code(503, "the session log is unavailable; retry"),
-    "STORE_UNAVAILABLE": Code(503, "the attachment store is unavailable; retry"),
-    "ATTACHMENT_WRITE_FAILED": Code(503, "the attachment store could not write; retry"),
-    "SESSION_CONTENDED": Code(503), "STORE_BUSY": Code(503), "UPLOADS_BUSY": Code(503),
-    "LOG_CORRUPT": Code(503, "the session log holds a damaged event; see the proxy log"),
-    "UNCLASSIFIED_ERROR": Code(500, "internal error; see the proxy log"),
+    Code.UPSTREAM_UNAVAILABLE: Entry(502), Code.UPSTREAM_TIMEOUT: Entry(504),
+    Code.LOG_UNAVAILABLE: Entry(503, "the session log is unavailable; retry"),
+    Code.STORE_UNAVAILABLE: Entry(503, "the attachment store is unavailable; retry"),
+    Code.ATTACHMENT_WRITE_FAILED: Entry(503, "the attachment store could not write; retry"),
+    Code.SESSION_CONTENDED: Entry(503), Code.STORE_BUSY: Entry(503), Code.UPLOADS_BUSY: Entry(503),
+    Code.LOG_CORRUPT: Entry(503, "the session log holds a damaged event; see the proxy log"),
+    Code.UNCLASSIFIED_ERROR: Entry(500, "internal error; see the proxy log"),
 }
 #: Codes of mistakes in how projectionist was started: never an HTTP answer; the CLI prints one
 #: line and exits 2.
-STARTUP_CODES: Final = frozenset({"INVALID_CONFIG", "EMPTY_DATA_DIR", "STARTUP_FAILED", "LISTEN_FAILED",
-                                  "OPEN_PROXY_REFUSED", "MISSING_EXTRA"})
+STARTUP_CODES: Final[frozenset[str]] = frozenset({Code.INVALID_CONFIG, Code.EMPTY_DATA_DIR, Code.STARTUP_FAILED,
+                                                  Code.LISTEN_FAILED, Code.OPEN_PROXY_REFUSED, Code.MISSING_EXTRA})
 
+
+def _each_code_registered_once() -> None:
+    """The names and the registry cannot drift: every ``Code`` is in exactly one of the two, and
+    neither holds anything else."""
+    placed = CODES.keys() | STARTUP_CODES
+    twice, never, strays = CODES.keys() & STARTUP_CODES, set(Code) - placed, placed - set(Code)
+    if twice or never or strays:
+        raise AssertionError(f"error codes registered twice {sorted(twice)}, never {sorted(never)}, "
+                             f"without a name {sorted(strays)}")
+
+
+_each_code_registered_once()
 
 ATTACHMENT_CODES: Final = frozenset({NOT_FOUND, CORRUPT, READ_FAILED, INVALID_REF})
 
@@ -88,7 +189,7 @@ ATTACHMENT_CODES: Final = frozenset({NOT_FOUND, CORRUPT, READ_FAILED, INVALID_RE
 class ProjectionistError(Exception):
     """Base class: a stable code, an HTTP status and whether retrying may help."""
 
-    default_code: ClassVar[str] = "UNCLASSIFIED_ERROR"
+    default_code: ClassVar[str] = Code.UNCLASSIFIED_ERROR
     default_status: ClassVar[int] = 500
 
     def __init__(
@@ -117,7 +218,7 @@ class ProjectionistError(Exception):
 
 
 class InvalidRequest(ProjectionistError):
-    default_code = "INVALID_REQUEST"
+    default_code = Code.INVALID_REQUEST
     default_status = 400
 
 
@@ -138,37 +239,37 @@ class AttachmentError(ProjectionistError):
 class ImageRejected(ProjectionistError):
     """Admission refused the bytes (not an image, type disagreement, over a limit)."""
 
-    default_code = "INVALID_IMAGE"
+    default_code = Code.INVALID_IMAGE
     default_status = 400
 
 
 class PayloadTooLarge(ProjectionistError):
-    default_code = "PAYLOAD_TOO_LARGE"
+    default_code = Code.PAYLOAD_TOO_LARGE
     default_status = 413
 
 
 class Unauthorized(ProjectionistError):
-    default_code = "ADMIN_UNAUTHORIZED"
+    default_code = Code.ADMIN_UNAUTHORIZED
     default_status = 401
 
 
 class NotFound(ProjectionistError):
-    default_code = "ROUTE_NOT_FOUND"
+    default_code = Code.ROUTE_NOT_FOUND
     default_status = 404
 
 
 class Conflict(ProjectionistError):
-    default_code = "SESSION_EXISTS"
+    default_code = Code.SESSION_EXISTS
     default_status = 409
 
 
 class UpstreamError(ProjectionistError):
-    default_code = "UPSTREAM_UNAVAILABLE"
+    default_code = Code.UPSTREAM_UNAVAILABLE
     default_status = 502
 
 
 class Unavailable(ProjectionistError):
-    default_code = "LOG_UNAVAILABLE"
+    default_code = Code.LOG_UNAVAILABLE
     default_status = 503
 
 
@@ -176,7 +277,7 @@ class LogCorrupt(Unavailable):
     """The session log holds an event that does not decode, or a gap in its seqs: that session
     cannot be decided on until an operator mends it; other sessions go on."""
 
-    default_code = "LOG_CORRUPT"
+    default_code = Code.LOG_CORRUPT
 
     def __init__(self, session_id: str, seq: int, why: str) -> None:
         super().__init__(f"session {session_id!r} seq {seq}: {why}", retryable=False)
@@ -185,7 +286,7 @@ class LogCorrupt(Unavailable):
 
 
 class InternalError(ProjectionistError):
-    default_code = "UNCLASSIFIED_ERROR"
+    default_code = Code.UNCLASSIFIED_ERROR
     default_status = 500
 
 
