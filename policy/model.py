@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
-from .errors import INVALID_REF, AttachmentError, InvalidRequest
+from .errors import INVALID_REF, AttachmentError, Code, InvalidRequest
 
 #: The store's three failures: what an ``attachment/quarantine`` event can say.
 StoreFailure = Literal["not_found", "corrupt", "read_failed"]
@@ -104,7 +104,7 @@ def check_session_id(value: str) -> str:
     """A session id is 1-256 visible ASCII characters, not ``.`` or ``..``; anything else is the
     client's error."""
     if _SESSION_RE.fullmatch(value) is None:
-        raise InvalidRequest("session id must be 1-256 visible ASCII characters", code="INVALID_SESSION_ID")
+        raise InvalidRequest("session id must be 1-256 visible ASCII characters", code=Code.INVALID_SESSION_ID)
     return value
 
 
@@ -132,7 +132,7 @@ def check_scoped_session(value: str) -> str:
     """A session id as the log holds it (what the admin API and the CLI name): a client's id,
     behind a tenant's name and ``~`` when it has one (up to 321 characters)."""
     if _SCOPED_RE.fullmatch(value) is None:
-        raise InvalidRequest("session id must be 1-321 visible ASCII characters", code="INVALID_SESSION_ID")
+        raise InvalidRequest("session id must be 1-321 visible ASCII characters", code=Code.INVALID_SESSION_ID)
     return value
 
 

@@ -19,7 +19,7 @@ from typing import assert_never
 import msgspec
 
 from .decide import Ask, Done, Fail, Lift, Pin, Progress, Read, Record, Sessionless, Vary, decide, names_of
-from .errors import AttachmentError, Conflict, Unavailable
+from .errors import AttachmentError, Code, Conflict, Unavailable
 from .events import Quarantine, Recovered, RecoveredEvent, Rejected, Variant
 from .fold import EMPTY, SessionState
 from .model import ImageRef, Outcome, StoredImage, check_id
@@ -210,7 +210,7 @@ def _writing(context: ProjectionContext, progress: Progress) -> tuple[SessionLog
     other writers kept changing the session under this projection."""
     progress.rounds += 1
     if progress.rounds > MAX_ROUNDS:
-        raise Unavailable("session log kept changing while projecting", code="SESSION_CONTENDED")
+        raise Unavailable("session log kept changing while projecting", code=Code.SESSION_CONTENDED)
     assert context.log is not None and context.session_id is not None
     return context.log, context.session_id, context.lock or contextlib.nullcontext()
 

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
-from .errors import AppendConflict, Unavailable
+from .errors import AppendConflict, Code, Unavailable
 from .events import Event, EventData, Quarantine, Recovered, Rejected, Variant
 from .fold import EMPTY, SessionState, fold, fold_states
 from .model import StoredImage
@@ -51,7 +51,7 @@ async def transition(
             except AppendConflict:
                 continue
             return await _settle(log, session_id, state, events), new, events
-    raise Unavailable(f"session log kept changing while {doing}", code="SESSION_CONTENDED")
+    raise Unavailable(f"session log kept changing while {doing}", code=Code.SESSION_CONTENDED)
 
 
 async def _settle(log: SessionLog, session_id: str, state: SessionState, appended: list[Event]) -> SessionState:

@@ -20,7 +20,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 from yarl import URL
 
-from ..policy.errors import InvalidRequest
+from ..policy.errors import Code, InvalidRequest
 from ..policy.model import is_tenant
 from .config_explain import explain
 
@@ -50,9 +50,9 @@ def base_url(configured: str) -> URL:
     except ValueError:
         valid = False
     if not valid:
-        raise InvalidRequest("upstream url must be http(s)://host[:port][/path]", code="INVALID_CONFIG")
+        raise InvalidRequest("upstream url must be http(s)://host[:port][/path]", code=Code.INVALID_CONFIG)
     if url.raw_query_string or url.raw_fragment:
-        raise InvalidRequest("upstream url must not have a query or fragment", code="INVALID_CONFIG")
+        raise InvalidRequest("upstream url must not have a query or fragment", code=Code.INVALID_CONFIG)
     return url
 
 
@@ -242,7 +242,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             return "127.0.0.1", port + 1 if 0 < port < 65535 else 0
         match = _LISTEN.fullmatch(listen)
         if match is None or int(match["port"]) > 65535:
-            raise InvalidRequest(f"admin.listen must be host:port or auto, not {listen[:80]!r}", code="INVALID_CONFIG")
+            raise InvalidRequest(f"admin.listen must be host:port or auto, not {listen[:80]!r}", code=Code.INVALID_CONFIG)
         return match["host"].strip("[]"), int(match["port"])
 
     @property
@@ -301,9 +301,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             where = f"${server.tenant_tokens_env}"
             if not is_tenant(tenant) or not token:
                 raise InvalidRequest(f"{where}: each entry is tenant:token, the tenant 1-64 of a-z, 0-9, _ and - "
-                                     f"(entry {number} is not)", code="INVALID_CONFIG")
+                                     f"(entry {number} is not)", code=Code.INVALID_CONFIG)
             if found.get(token, tenant) != tenant:
-                raise InvalidRequest(f"{where}: one token is given to two tenants", code="INVALID_CONFIG")
+                raise InvalidRequest(f"{where}: one token is given to two tenants", code=Code.INVALID_CONFIG)
             found[token] = tenant
         return found
 
@@ -322,11 +322,11 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
             with open(path, "rb") as f:
                 raw = tomllib.load(f)
         except OSError as exc:
-            raise InvalidRequest(f"cannot read config file {str(path)!r}: {exc.strerror}", code="INVALID_CONFIG") from None
+            raise InvalidRequest(f"cannot read config file {str(path)!r}: {exc.strerror}", code=Code.INVALID_CONFIG) from None
         except tomllib.TOMLDecodeError as exc:
-            raise InvalidRequest(f"{path}: TOML syntax error: {exc}", code="INVALID_CONFIG") from None
+            raise InvalidRequest(f"{path}: TOML syntax error: {exc}", code=Code.INVALID_CONFIG) from None
         except UnicodeDecodeError:
-            raise InvalidRequest(f"{path}: not UTF-8 text", code="INVALID_CONFIG") from None
+            raise InvalidRequest(f"{path}: not UTF-8 text", code=Code.INVALID_CONFIG) from None
     for dotted, value in overrides.items():
         if value is None:
             continue
@@ -335,14 +335,14 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
         for part in parents:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise InvalidRequest(f"invalid configuration: {part!r} must be a table", code="INVALID_CONFIG")
+                raise InvalidRequest(f"invalid configuration: {part!r} must be a table", code=Code.INVALID_CONFIG)
             node = child
         node[leaf] = value
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
         flags = {k: v for k, v in FLAGS.items() if overrides.get(k) is not None}
-        raise InvalidRequest(explain(exc, Config, path=path, flags=flags), code="INVALID_CONFIG") from None
+        raise InvalidRequest(explain(exc, Config, path=path, flags=flags), code=Code.INVALID_CONFIG) from None
     config = msgspec.structs.replace(config, upstreams={**_default_upstreams(), **config.upstreams})
     check_upstreams(config)
     config.admin_address  # noqa: B018 (a malformed admin.listen is an error now, not at the bind)
@@ -359,9 +359,9 @@ def check_public_url(configured: str) -> str:
     try:
         url = base_url(configured)
     except InvalidRequest:
-        raise InvalidRequest("server.public_url must be http(s)://host[:port][/path]", code="INVALID_CONFIG") from None
+        raise InvalidRequest("server.public_url must be http(s)://host[:port][/path]", code=Code.INVALID_CONFIG) from None
     if url.raw_user is not None or url.raw_password is not None:
-        raise InvalidRequest("server.public_url must not hold credentials", code="INVALID_CONFIG")
+        raise InvalidRequest("server.public_url must not hold credentials", code=Code.INVALID_CONFIG)
     return str(url).rstrip("/")
 
 
@@ -369,11 +369,11 @@ def check_upstreams(config: Config) -> None:
     """Every upstream has a name that can follow ``/u/`` and a base URL that parses."""
     for name, upstream in config.upstreams.items():
         if NAME_RE.fullmatch(name) is None:
-            raise InvalidRequest(f"upstream name {name!r}: use 1-64 of [A-Za-z0-9_.-]", code="INVALID_CONFIG")
+            raise InvalidRequest(f"upstream name {name!r}: use 1-64 of [A-Za-z0-9_.-]", code=Code.INVALID_CONFIG)
         try:
             base_url(upstream.url)
         except InvalidRequest as error:
-            raise InvalidRequest(f"upstream {name!r}: {error.message}", code="INVALID_CONFIG") from None
+            raise InvalidRequest(f"upstream {name!r}: {error.message}", code=Code.INVALID_CONFIG) from None
 
 
 def parse_upstream_spec(spec: str) -> tuple[str, Format | None, str]:
@@ -386,7 +386,7 @@ def parse_upstream_spec(spec: str) -> tuple[str, Format | None, str]:
         shown = spec.partition("=")[0] + "=..." if "@" in spec else spec  # never echo a URL's password
         raise InvalidRequest(
             f"--upstream {shown!r}: expected NAME=URL or NAME=FORMAT:URL with FORMAT one of {', '.join(FORMATS)}",
-            code="INVALID_CONFIG",
+            code=Code.INVALID_CONFIG,
         )
     return name, fmt, rest
 
@@ -399,7 +399,7 @@ def with_upstreams(config: Config, specs: Iterable[tuple[str, Format | None, str
         current = upstreams.get(name)
         if current is None and fmt is None:
             if name not in FORMATS:
-                raise InvalidRequest(f"upstream {name!r} needs a format: {name}=FORMAT:URL", code="INVALID_CONFIG")
+                raise InvalidRequest(f"upstream {name!r} needs a format: {name}=FORMAT:URL", code=Code.INVALID_CONFIG)
             fmt = name
         if current is None:
             upstreams[name] = UpstreamConfig(fmt, url.rstrip("/"))  # type: ignore[arg-type]

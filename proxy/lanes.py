@@ -32,7 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from ..policy.errors import Unavailable
+from ..policy.errors import Code, Unavailable
 
 _T = TypeVar("_T")
 
@@ -40,7 +40,7 @@ _T = TypeVar("_T")
 class Busy(Unavailable):
     """No room in a lane within its queue timeout: retry later; nothing was read or decided."""
 
-    default_code = "STORE_BUSY"
+    default_code = Code.STORE_BUSY
 
 
 class _Job(Generic[_T]):
@@ -193,7 +193,7 @@ class Lane:
 
 
 def _store_busy(message: str) -> Exception:
-    return Busy(message, code="STORE_BUSY")
+    return Busy(message, code=Code.STORE_BUSY)
 
 
 def _tell(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
@@ -229,7 +229,7 @@ class AsyncLane:
             await asyncio.wait_for(self._room.acquire(), self.queue_timeout)
         except TimeoutError:
             self.busy += 1
-            raise Busy(f"the store's {self.name} lane is full ({self.size} calls in it)", code="STORE_BUSY") from None
+            raise Busy(f"the store's {self.name} lane is full ({self.size} calls in it)", code=Code.STORE_BUSY) from None
         try:
             async with asyncio.timeout(self.timeout if timeout is None else timeout):
                 return await call()

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from ...policy.errors import InvalidRequest, NotFound, Unauthorized
+from ...policy.errors import Code, InvalidRequest, NotFound, Unauthorized
 from ...policy.events import Event
 from ...policy.fold import SessionState
 from ...policy.model import check_id, check_scoped_session
@@ -46,7 +46,7 @@ def events_view(session_id: str, events: list[Event]) -> dict[str, Any]:
 
 
 def no_session(session_id: str) -> NotFound:
-    return NotFound(f"no session {session_id!r}", code="SESSION_NOT_FOUND")
+    return NotFound(f"no session {session_id!r}", code=Code.SESSION_NOT_FOUND)
 
 
 async def session_events(log: SessionLog, index: Log, session_id: str, after: int = 0) -> list[Event]:
@@ -102,7 +102,7 @@ async def list_sessions(request: web.Request) -> web.StreamResponse:
     if raw is not None:
         limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 6 else 0
         if not 1 <= limit <= MAX_LIMIT:
-            raise InvalidRequest(f"'limit' must be an integer from 1 to {MAX_LIMIT}", code="INVALID_QUERY")
+            raise InvalidRequest(f"'limit' must be an integer from 1 to {MAX_LIMIT}", code=Code.INVALID_QUERY)
     await app.recording.drain()  # the records of calls that already finished
     found = await summaries(app.log, limit=limit)
     context(request).fields.update(sessions=len(found))
@@ -125,7 +125,7 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     sid = request.match_info["sid"]
     after = natural(request.query.get("after", "0"))
     if after is None or not after < 2**62:
-        raise InvalidRequest("'after' must be a non-negative integer", code="INVALID_QUERY")
+        raise InvalidRequest("'after' must be a non-negative integer", code=Code.INVALID_QUERY)
     return _json(events_view(sid, await session_events(app.log, app.log.inner, sid, after)))
 
 
@@ -153,7 +153,7 @@ async def post_fork(request: web.Request) -> web.StreamResponse:
     try:
         spec = msgspec.json.decode(await read_body(request), type=ForkRequest)
     except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"fork body: {exc}", code="INVALID_REQUEST") from None
+        raise InvalidRequest(f"fork body: {exc}", code=Code.INVALID_REQUEST) from None
     child = check_scoped_session(spec.new_session_id)
     event = await app.log.fork(sid, child, spec.at_seq)
     return _json({"session": child, "parent": sid, "event": event}, status=201)
@@ -175,7 +175,7 @@ async def get_replay(request: web.Request) -> web.StreamResponse:
     app = request.app[SERVICES]
     seq = natural(request.query["seq"]) if "seq" in request.query else None
     if "seq" in request.query and seq is None:
-        raise InvalidRequest("'seq' must be a non-negative integer", code="INVALID_QUERY")
+        raise InvalidRequest("'seq' must be a non-negative integer", code=Code.INVALID_QUERY)
     rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], seq,
                             request_id=request.query.get("request_id"))
     return _json(rebuilt.summary(show=request.query.get("show") in ("1", "true")))
@@ -187,7 +187,7 @@ async def post_replay(request: web.Request) -> web.StreamResponse:
     try:
         spec = msgspec.json.decode(await read_body(request) or b"{}", type=ReplayRequest)
     except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"replay body: {exc}", code="INVALID_REQUEST") from None
+        raise InvalidRequest(f"replay body: {exc}", code=Code.INVALID_REQUEST) from None
     inbound = spec.inbound.encode() if spec.inbound is not None else None
     rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], spec.seq, inbound, request_id=spec.request_id)
     report = rebuilt.summary(show=spec.show)
@@ -207,7 +207,7 @@ async def get_attachment(request: web.Request) -> web.StreamResponse:
     context(request).fields.update(attachment=attachment_id[:15])
     meta = await app.store.stat(attachment_id)
     if meta is None:
-        raise NotFound(f"no attachment {attachment_id[:15]}", code="FILE_NOT_FOUND")
+        raise NotFound(f"no attachment {attachment_id[:15]}", code=Code.FILE_NOT_FOUND)
     view: dict[str, Any] = {"id": meta.id, "media_type": meta.media_type, "bytes": meta.bytes,
                             "width": meta.width, "height": meta.height}
     if meta.name:

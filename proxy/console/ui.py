@@ -28,7 +28,15 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from PIL import Image
 
 from ...adapters.redact import shorten
-from ...policy.errors import READ_FAILED, AttachmentError, InvalidRequest, NotFound, ProjectionistError, Unauthorized
+from ...policy.errors import (
+    READ_FAILED,
+    AttachmentError,
+    Code,
+    InvalidRequest,
+    NotFound,
+    ProjectionistError,
+    Unauthorized,
+)
 from ...policy.fold import EMPTY
 from ...policy.model import check_id, check_scoped_session, short_id
 from ...policy.projection import refresh
@@ -161,7 +169,7 @@ def _allowed(request: web.Request) -> Services:
         presented = request.headers.get(CSRF_HEADER, "")
         if not hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), csrf_of(services.guard, cookie).encode()):
             raise ProjectionistError("missing or wrong X-CSRF-Token: use the inspector's own page",
-                                     code="CSRF_REJECTED", status=403)
+                                     code=Code.CSRF_REJECTED, status=403)
     elif not services.guard.is_admin(request.headers):
         raise Unauthorized("sign in at /admin/ui/login, or send the admin bearer token")
     return services
@@ -190,14 +198,14 @@ async def post_login(request: web.Request) -> web.StreamResponse:
     try:
         form = await request.post()
     except (ValueError, KeyError, AssertionError):  # aiohttp's words for a malformed form
-        raise InvalidRequest("the sign-in form is malformed", code="INVALID_MULTIPART") from None
+        raise InvalidRequest("the sign-in form is malformed", code=Code.INVALID_MULTIPART) from None
     token, target = form.get("token"), _safe_next(str(form.get("next", UI)))
     presented: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict(
         {"Authorization": f"Bearer {token}"} if isinstance(token, str) and token else {}))
     if not services.guard.is_admin(presented):
-        context(request).fields["error_code"] = "ADMIN_UNAUTHORIZED"
+        context(request).fields["error_code"] = Code.ADMIN_UNAUTHORIZED
         response = web.Response(text=login_page(target, "That is not the admin token."), status=401,
-                                content_type="text/html", headers={ERROR_CODE_HEADER: "ADMIN_UNAUTHORIZED"})
+                                content_type="text/html", headers={ERROR_CODE_HEADER: Code.ADMIN_UNAUTHORIZED})
         return _secured(response)
     response = web.Response(status=303, headers={"Location": target})
     # Secure when the browser came over TLS, here or at a terminator in front (an https public_url)
@@ -231,7 +239,7 @@ async def sessions(request: web.Request, csrf: str) -> web.StreamResponse:
     each): a proxy of 20,000 sessions renders 200 rows, not 11 MB on the event loop."""
     number = _int_query(request, "page") or 0
     if number > MAX_PAGE:
-        raise InvalidRequest(f"'page' must be at most {MAX_PAGE}", code="INVALID_QUERY")
+        raise InvalidRequest(f"'page' must be at most {MAX_PAGE}", code=Code.INVALID_QUERY)
     start = number * SESSIONS_PER_PAGE
     found = await summaries(request.app[SERVICES].log, limit=start + SESSIONS_PER_PAGE + 1, skip=start)
     more = len(found) > SESSIONS_PER_PAGE
@@ -245,7 +253,7 @@ def _int_query(request: web.Request, name: str) -> int | None:
         return None
     number = natural(value)
     if number is None or number >= 2**62:
-        raise InvalidRequest(f"'{name}' must be a non-negative integer", code="INVALID_QUERY")
+        raise InvalidRequest(f"'{name}' must be a non-negative integer", code=Code.INVALID_QUERY)
     return number
 
 
@@ -309,11 +317,11 @@ async def thumbnail(request: web.Request) -> web.StreamResponse:
     except AttachmentError as error:
         if error.code == READ_FAILED:
             raise
-        raise NotFound(f"no verified bytes for {attachment_id[:15]} ({error.code})", code="FILE_NOT_FOUND") from None
+        raise NotFound(f"no verified bytes for {attachment_id[:15]} ({error.code})", code=Code.FILE_NOT_FOUND) from None
     try:  # Pillow's work on the variants lane: bounded, timed, never the default executor
         png = await services.variants.lane.run(partial(make_thumbnail, image.data))
     except TimeoutError:
-        raise Busy(f"rendering the thumbnail of {short_id(attachment_id)} timed out", code="STORE_BUSY") from None
+        raise Busy(f"rendering the thumbnail of {short_id(attachment_id)} timed out", code=Code.STORE_BUSY) from None
     return _secured(web.Response(body=png, content_type="image/png", headers={"ETag": etag}), cache)
 
 

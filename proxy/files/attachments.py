@@ -18,7 +18,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from ...policy.errors import NOT_FOUND, AttachmentError, InvalidRequest, ProjectionistError
+from ...policy.errors import NOT_FOUND, AttachmentError, Code, InvalidRequest, ProjectionistError
 from ...policy.model import ATTACHMENTS_PATH, EXTENSION_OF, StoredImage, check_id, split_extension
 from ..inbound.bodies import encoding_of, form_parts, parse_form, read_body
 from ..inbound.context import context
@@ -35,11 +35,11 @@ def clean_name(name: str | None) -> str | None:
     try:
         name.encode("utf-8")  # aiohttp keeps bytes that are not UTF-8 as lone surrogates
     except UnicodeEncodeError:
-        raise InvalidRequest("display name must be UTF-8", code="INVALID_NAME") from None
+        raise InvalidRequest("display name must be UTF-8", code=Code.INVALID_NAME) from None
     if "\ufffd" in name:  # the email parser (Files API) turns bytes that are not UTF-8 into U+FFFD
-        raise InvalidRequest("display name must be UTF-8", code="INVALID_NAME")
+        raise InvalidRequest("display name must be UTF-8", code=Code.INVALID_NAME)
     if len(name) > MAX_NAME or not name.isprintable():
-        raise InvalidRequest(f"display name must be printable and at most {MAX_NAME} characters", code="INVALID_NAME")
+        raise InvalidRequest(f"display name must be printable and at most {MAX_NAME} characters", code=Code.INVALID_NAME)
     return name
 
 
@@ -68,10 +68,10 @@ async def read_upload(request: web.Request, limit: int, field: str = "file") -> 
             try:
                 reader = await request.multipart()
             except (BadHttpMessage, ValueError, AssertionError):
-                raise InvalidRequest("malformed multipart body", code="INVALID_MULTIPART") from None
+                raise InvalidRequest("malformed multipart body", code=Code.INVALID_MULTIPART) from None
             _, upload = await form_parts(reader, limit, field)
         if upload is None:
-            raise InvalidRequest(f"multipart upload needs a {field!r} file part", code="MISSING_FILE")
+            raise InvalidRequest(f"multipart upload needs a {field!r} file part", code=Code.MISSING_FILE)
         return upload
     return await read_body(request), request.headers.get("Content-Type"), None
 
@@ -81,7 +81,7 @@ async def upload(request: web.Request) -> web.StreamResponse:
     tenant = context(request).tenant = app.guard.require_client(request.headers, request.query)
     data, declared, filename = await read_upload(request, app.config.store.limits.max_bytes)
     if not data:
-        raise InvalidRequest("empty upload", code="EMPTY_UPLOAD")
+        raise InvalidRequest("empty upload", code=Code.EMPTY_UPLOAD)
     name = clean_name(request.query.get("name") or filename)
     image = await app.visible.admit(tenant, data, declared, name=name)
     context(request).fields.update(attachment=image.id[:15], bytes=image.bytes)

@@ -34,7 +34,7 @@ from aiohttp import web
 
 from ...adapters import gemini
 from ...adapters.base import WireFormat
-from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
+from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import ID_PREFIX, check_id
 from ..inbound.bodies import read_body
 from ..inbound.context import context, error_response
@@ -102,11 +102,11 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
     if request.method == "DELETE":  # removes history for every session that uses it: admin only
         services.guard.require_admin(request.headers, request.query, "deleting an attachment")
         if not await services.reader.delete(attachment_id):
-            raise NotFound(f"no attachment {attachment_id[:15]}", code="FILE_NOT_FOUND")
+            raise NotFound(f"no attachment {attachment_id[:15]}", code=Code.FILE_NOT_FOUND)
         return _json({})
     meta = await services.visible.stat(context(request).tenant, attachment_id)
     if meta is None:
-        raise NotFound(f"no attachment {attachment_id[:15]}", code="FILE_NOT_FOUND")
+        raise NotFound(f"no attachment {attachment_id[:15]}", code=Code.FILE_NOT_FOUND)
     return _json(_file(meta))
 
 
@@ -115,7 +115,7 @@ async def _start(request: web.Request, media_type: str, size: int) -> web.Respon
     try:
         doc = msgspec.json.decode(raw) if raw.strip() else {}
     except (msgspec.DecodeError, RecursionError):
-        raise InvalidRequest("the upload's start body is not valid JSON", code="INVALID_JSON") from None
+        raise InvalidRequest("the upload's start body is not valid JSON", code=Code.INVALID_JSON) from None
     described = doc.get("file") if isinstance(doc, dict) else None
     name = described.get("display_name", described.get("displayName")) if isinstance(described, dict) else None
     tenant = context(request).tenant
@@ -163,7 +163,7 @@ async def _chunk(request: web.Request) -> web.Response:
         await uploads.cancel(store, token)
         return web.Response(headers={STATUS: "cancelled"})
     if "query" not in commands and (not commands <= {"upload", "finalize"} or not commands):
-        raise InvalidRequest("X-Goog-Upload-Command must be upload, finalize, query or cancel", code="INVALID_UPLOAD")
+        raise InvalidRequest("X-Goog-Upload-Command must be upload, finalize, query or cancel", code=Code.INVALID_UPLOAD)
     upload, parts = await uploads.held(store, token)  # what every process has received of it
     received = parts.size
     if "query" in commands:
@@ -173,19 +173,19 @@ async def _chunk(request: web.Request) -> web.Response:
         offset = request.headers.get("X-Goog-Upload-Offset", str(received))
         length = request.content_length
         if offset != str(received):
-            raise InvalidRequest(f"offset {offset[:20]!r} is not the {received} bytes received", code="INVALID_UPLOAD")
+            raise InvalidRequest(f"offset {offset[:20]!r} is not the {received} bytes received", code=Code.INVALID_UPLOAD)
         if length is None or received + length > upload.size:
             raise InvalidRequest(f"the upload declared {upload.size} bytes; send that many, with Content-Length",
-                                 code="INVALID_UPLOAD")
+                                 code=Code.INVALID_UPLOAD)
         if upload.receiving:
-            raise InvalidRequest("another chunk of this upload is being received", code="INVALID_UPLOAD")
+            raise InvalidRequest("another chunk of this upload is being received", code=Code.INVALID_UPLOAD)
         upload.receiving = True
         try:
             chunk = await request.content.readexactly(length)  # at most the declared size
             if "finalize" not in commands:  # a part in the store; the last chunk is only joined to them
                 received = await uploads.receive(store, upload, parts, chunk)
         except asyncio.IncompleteReadError:
-            raise InvalidRequest("the chunk ended before its Content-Length", code="INVALID_UPLOAD") from None
+            raise InvalidRequest("the chunk ended before its Content-Length", code=Code.INVALID_UPLOAD) from None
         finally:
             upload.receiving = False
     if "finalize" not in commands:

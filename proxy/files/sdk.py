@@ -36,7 +36,7 @@ from aiohttp import web
 
 from ...adapters import anthropic_messages, openai_chat
 from ...adapters.base import FilesFormat, WireFormat
-from ...policy.errors import ImageRejected, InvalidRequest, NotFound, UpstreamError
+from ...policy.errors import Code, ImageRejected, InvalidRequest, NotFound, UpstreamError
 from ...policy.model import ID_PREFIX, check_id
 from ..stores.admission import IMAGE_TOO_LARGE, header_info
 from ..inbound.bodies import encoding_of, inflate, parse_form
@@ -113,13 +113,13 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
         request.app[SERVICES].guard.require_admin(request.headers, request.query, "deleting an attachment")
         # through the reader: this process's cached copy goes at once, whatever stamp_ttl says
         if not await request.app[SERVICES].reader.delete(file_id):
-            raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
+            raise NotFound(f"no attachment {file_id[:15]}", code=Code.FILE_NOT_FOUND)
         return _json(_files(upstream.format).file_deleted(file_id))
     if match["content"]:
-        return await serve_image(request, file_id, NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND"))
+        return await serve_image(request, file_id, NotFound(f"no attachment {file_id[:15]}", code=Code.FILE_NOT_FOUND))
     meta = await request.app[SERVICES].visible.stat(context(request).tenant, file_id)
     if meta is None:
-        raise NotFound(f"no attachment {file_id[:15]}", code="FILE_NOT_FOUND")
+        raise NotFound(f"no attachment {file_id[:15]}", code=Code.FILE_NOT_FOUND)
     return _json(file_object(upstream.format, meta))
 
 
@@ -178,7 +178,7 @@ def _limit(raw: str | None) -> int:
         return high
     limit = natural(raw)
     if limit is None or not low <= limit <= high:
-        raise InvalidRequest(f"limit must be an integer from {low} to {high}", code="INVALID_QUERY")
+        raise InvalidRequest(f"limit must be an integer from {low} to {high}", code=Code.INVALID_QUERY)
     return limit
 
 

@@ -23,7 +23,7 @@ from typing import Final
 
 from multidict import MultiMapping
 
-from ...policy.errors import ProjectionistError
+from ...policy.errors import Code, ProjectionistError
 
 #: Headers that carry a credential, by SDK: OpenAI (and most others), Anthropic, Gemini.
 CREDENTIAL_HEADERS: Final = ("authorization", "x-api-key", "x-goog-api-key")
@@ -35,14 +35,14 @@ TOKEN_HEADER: Final = "x-projectionist-token"
 
 
 class Forbidden(ProjectionistError):
-    default_code = "ADMIN_REQUIRED"
+    default_code = Code.ADMIN_REQUIRED
     default_status = 403
 
 
 def client_unauthorized() -> ProjectionistError:
     return ProjectionistError("missing or wrong client token (Authorization: Bearer, x-api-key, "
                               "x-goog-api-key, ?key= or X-Projectionist-Token)",
-                              code="CLIENT_UNAUTHORIZED", status=401)
+                              code=Code.CLIENT_UNAUTHORIZED, status=401)
 
 
 def _bytes(value: str) -> bytes:

@@ -22,7 +22,7 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_exceptions import BadHttpMessage
 from multidict import CIMultiDict
 
-from ...policy.errors import InvalidRequest, PayloadTooLarge, ProjectionistError
+from ...policy.errors import Code, InvalidRequest, PayloadTooLarge, ProjectionistError
 
 _WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
@@ -40,21 +40,21 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     may hold several members (all are decoded); anything after the last member is an error."""
     if encoding not in _WBITS:
         raise ProjectionistError(f"Content-Encoding {encoding[:40]!r} is not read here: send gzip, deflate or none",
-                                 code="UNSUPPORTED_ENCODING", status=415)
+                                 code=Code.UNSUPPORTED_ENCODING, status=415)
     if encoding == "deflate":  # zlib-wrapped, or raw deflate as some clients send
         for wbits in (zlib.MAX_WBITS, -zlib.MAX_WBITS):
             with contextlib.suppress(zlib.error):
                 out, rest = _one_member(raw, wbits, limit)
                 if not rest:
                     return out
-        raise InvalidRequest("request body is not valid deflate", code="INVALID_BODY")
+        raise InvalidRequest("request body is not valid deflate", code=Code.INVALID_BODY)
     parts: list[bytes] = []
     size, rest = 0, raw
     while rest:
         try:
             out, rest = _one_member(rest, _WBITS[encoding], limit - size)
         except zlib.error:
-            raise InvalidRequest(f"request body is not valid {encoding}", code="INVALID_BODY") from None
+            raise InvalidRequest(f"request body is not valid {encoding}", code=Code.INVALID_BODY) from None
         parts.append(out)
         size += len(out)
     return b"".join(parts)
@@ -97,7 +97,7 @@ async def read_part(part: BodyPartReader, limit: int) -> bytes:
     while chunk := await part.read_chunk():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"the file exceeds {limit} bytes", code="IMAGE_TOO_LARGE")
+            raise PayloadTooLarge(f"the file exceeds {limit} bytes", code=Code.IMAGE_TOO_LARGE)
         chunks.append(chunk)
         await asyncio.sleep(0)
     return b"".join(chunks)
@@ -110,11 +110,11 @@ async def parse_form(content_type: str, raw: bytes, limit: int,
     try:
         content_type.encode("ascii")
     except UnicodeEncodeError:
-        raise InvalidRequest("Content-Type must be ASCII", code="INVALID_CONTENT_TYPE") from None
+        raise InvalidRequest("Content-Type must be ASCII", code=Code.INVALID_CONTENT_TYPE) from None
     try:
         reader = MultipartReader(CIMultiDict({"Content-Type": content_type}), _memory_stream(raw))
     except (ValueError, KeyError):  # no boundary, or one aiohttp cannot read
-        raise InvalidRequest("malformed multipart body: no boundary", code="INVALID_MULTIPART") from None
+        raise InvalidRequest("malformed multipart body: no boundary", code=Code.INVALID_MULTIPART) from None
     return await form_parts(reader, limit, field)
 
 
@@ -132,5 +132,5 @@ async def form_parts(reader: MultipartReader, limit: int, field: str = "file") -
             else:
                 await part.release()
     except (BadHttpMessage, ValueError, AssertionError):  # aiohttp's words for a malformed body
-        raise InvalidRequest("malformed multipart body", code="INVALID_MULTIPART") from None
+        raise InvalidRequest("malformed multipart body", code=Code.INVALID_MULTIPART) from None
     return fields, upload

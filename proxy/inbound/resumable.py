@@ -38,7 +38,7 @@ from typing import Final
 
 import msgspec
 
-from ...policy.errors import InvalidRequest, NotFound, ProjectionistError, Unavailable
+from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError, Unavailable
 from ..observe.logger import get_logger
 from ..stores.base import PARTS_MAX, Store, UploadParts, upload_name
 
@@ -76,7 +76,7 @@ class Upload:
 
 def _gone() -> NotFound:
     return NotFound("no upload under way at this URL (finished, cancelled, expired, or started elsewhere)",
-                    code="UPLOAD_NOT_FOUND")
+                    code=Code.UPLOAD_NOT_FOUND)
 
 
 def upload_key() -> bytes:
@@ -124,7 +124,7 @@ class Uploads:
         self._expire()
         refusal = self._refusal(size, owner)
         if refusal is not None:
-            raise Unavailable(refusal, code="UPLOADS_BUSY")
+            raise Unavailable(refusal, code=Code.UPLOADS_BUSY)
         opened = int(self.wall())
         payload = base64.urlsafe_b64encode(msgspec.json.encode(
             [media_type, size, name, owner, opened, secrets.token_hex(16), tenant])).decode().rstrip("=")
@@ -161,7 +161,7 @@ class Uploads:
         if not (0 <= age <= self.ttl and isinstance(media_type, str) and isinstance(size, int)):
             return None
         if len(self._open) >= self.max_sessions:
-            raise Unavailable("too many uploads under way; retry", code="UPLOADS_BUSY")
+            raise Unavailable("too many uploads under way; retry", code=Code.UPLOADS_BUSY)
         upload = Upload(media_type, size, name if isinstance(name, str) else None, self.clock() - age,
                         owner if isinstance(owner, str) else "", tenant if isinstance(tenant, str) else None,
                         _stored(opened, token))
@@ -204,9 +204,9 @@ class Uploads:
             return received
         if len(parts.received) >= PARTS_MAX:
             raise InvalidRequest(f"the upload was sent in more than {PARTS_MAX} chunks; send larger ones",
-                                 code="INVALID_UPLOAD")
+                                 code=Code.INVALID_UPLOAD)
         if not await store.put_part(upload.stored, received, data):
-            raise InvalidRequest(f"another chunk at offset {received} was received meanwhile", code="INVALID_UPLOAD")
+            raise InvalidRequest(f"another chunk at offset {received} was received meanwhile", code=Code.INVALID_UPLOAD)
         return received + len(data)
 
     async def finish(self, store: Store, token: str, upload: Upload, parts: UploadParts, last: bytes) -> bytes:
@@ -228,7 +228,7 @@ class Uploads:
             raise _gone()
         if sent != upload.size:
             await self.drop(store, upload)
-            raise InvalidRequest(f"the upload declared {upload.size} bytes and sent {sent}", code="INVALID_UPLOAD")
+            raise InvalidRequest(f"the upload declared {upload.size} bytes and sent {sent}", code=Code.INVALID_UPLOAD)
         return earlier + last
 
     async def cancel(self, store: Store, token: str) -> None:

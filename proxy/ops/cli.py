@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ...policy.errors import InvalidRequest, ProjectionistError
+from ...policy.errors import Code, InvalidRequest, ProjectionistError
 from ...policy.model import check_id, check_scoped_session
 from ...policy.projection import recover
 from ..console.admin import events_view, quarantine_view, session_events, session_state
@@ -178,9 +178,9 @@ def _token_file(path: str | None) -> str | None:
         token = Path(path).read_text(encoding="utf-8").splitlines()[0].strip() if Path(path).stat().st_size else ""
     except (OSError, UnicodeDecodeError, IndexError) as exc:
         raise ProjectionistError(f"--admin-token-file {path}: cannot be read ({type(exc).__name__})",
-                                 code="INVALID_CONFIG") from None
+                                 code=Code.INVALID_CONFIG) from None
     if not token:
-        raise ProjectionistError(f"--admin-token-file {path}: holds no token", code="INVALID_CONFIG")
+        raise ProjectionistError(f"--admin-token-file {path}: holds no token", code=Code.INVALID_CONFIG)
     return token
 
 
@@ -192,7 +192,7 @@ def workers_flag(value: str | None) -> int | None:
         return int(value)
     except ValueError:
         raise InvalidRequest(f"--workers {value!r}: expected a whole number from 1 to 64",
-                             code="INVALID_CONFIG") from None
+                             code=Code.INVALID_CONFIG) from None
 
 
 def _print_json(payload: Any) -> None:
@@ -215,7 +215,7 @@ def check_data_dir(config: Config) -> None:
         holds = "no store or log" if config.store.kind != "filesystem" or not config.store_path.is_dir() \
             else "no session log"
         raise InvalidRequest(f"{config.data_dir} holds {holds} ({config.log_path.name} missing): is --data-dir right?",
-                             code="EMPTY_DATA_DIR")
+                             code=Code.EMPTY_DATA_DIR)
 
 
 #: The CLI only reads: its folds never add a checkpoint to the log.
@@ -318,7 +318,7 @@ def _replay_text(report: dict[str, Any]) -> str:
 
 
 #: Codes of mistakes in how projectionist was started (exit status 2, like a usage error).
-SETUP_ERRORS = frozenset({"INVALID_CONFIG", "EMPTY_DATA_DIR", "MISSING_EXTRA"})
+SETUP_ERRORS = frozenset({Code.INVALID_CONFIG, Code.EMPTY_DATA_DIR, Code.MISSING_EXTRA})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

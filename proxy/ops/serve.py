@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from aiohttp import web
 
-from ...policy.errors import InvalidRequest, ProjectionistError
+from ...policy.errors import Code, InvalidRequest, ProjectionistError
 from ..config import Config
 from ..edge.app import admin_site, create_app
 from ..observe.logger import get_logger, redact_url, setup_logging
@@ -31,7 +31,7 @@ def event_loop(choice: str) -> asyncio.AbstractEventLoop:
         except ImportError:
             if choice == "uvloop":
                 raise InvalidRequest("server.event_loop = 'uvloop' but uvloop is not installed",
-                                     code="INVALID_CONFIG") from None
+                                     code=Code.INVALID_CONFIG) from None
         else:
             return uvloop.new_event_loop()
     return asyncio.new_event_loop()
@@ -161,7 +161,7 @@ def unset_keys(config: Config, environ: Mapping[str, str] = os.environ) -> str |
 class StartupError(ProjectionistError):
     """``serve`` cannot start: one line, exit status 2."""
 
-    default_code = "STARTUP_FAILED"
+    default_code = Code.STARTUP_FAILED
 
 
 def admit_open_proxy(config: Config, insecure_open_proxy: bool) -> bool:
@@ -170,10 +170,10 @@ def admit_open_proxy(config: Config, insecure_open_proxy: bool) -> bool:
     ``api_key_env`` that names an unset variable is an INVALID_CONFIG first (``unset_keys``)."""
     unset = unset_keys(config)
     if unset:
-        raise StartupError(unset, code="INVALID_CONFIG")
+        raise StartupError(unset, code=Code.INVALID_CONFIG)
     refusal = open_proxy_refusal(config)
     if refusal and not insecure_open_proxy:
-        raise StartupError(refusal, code="OPEN_PROXY_REFUSED")
+        raise StartupError(refusal, code=Code.OPEN_PROXY_REFUSED)
     return bool(refusal)
 
 
@@ -247,6 +247,6 @@ def _startup_error(exc: ProjectionistError | OSError, phase: str, config: Config
         return StartupError(exc.message, code=exc.code)
     if phase == "binding":
         return StartupError(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}",
-                            code="LISTEN_FAILED")
+                            code=Code.LISTEN_FAILED)
     where = f": {exc.filename}" if exc.filename else ""
-    return StartupError(f"cannot start: {exc.strerror or type(exc).__name__}{where}", code="STARTUP_FAILED")
+    return StartupError(f"cannot start: {exc.strerror or type(exc).__name__}{where}", code=Code.STARTUP_FAILED)

@@ -31,6 +31,7 @@ from types import FrameType
 
 import msgspec
 
+from ...policy.errors import Code
 from ..config import Config
 from ..observe.logger import get_logger, setup_logging
 from .serve import StartupError, admit_open_proxy, event_loop, listening_fields
@@ -100,7 +101,7 @@ def probe_port(host: str, port: int) -> int:
             sock.bind((address[0], port, *address[2:]))
             port = sock.getsockname()[1]
     except OSError as exc:
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code="LISTEN_FAILED") from None
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code=Code.LISTEN_FAILED) from None
     finally:
         for sock in held:
             sock.close()
@@ -178,7 +179,7 @@ class Supervisor:
             if all(w.ready for w in self.workers.values()):
                 return True
             for worker in self._poll(None):
-                error = worker.error or Report(code="STARTUP_FAILED", message=(
+                error = worker.error or Report(code=Code.STARTUP_FAILED, message=(
                     f"worker {worker.slot} ended before it listened ({exit_status(worker.process.returncode)})"))
                 raise StartupError(error.message, code=error.code)
         return False

@@ -21,7 +21,7 @@ from typing import Any, Final, TypeVar
 import asyncpg
 import msgspec
 
-from ...policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from ...policy.errors import AppendConflict, Code, Conflict, InvalidRequest, Unavailable
 from ...policy.events import (
     CHECKPOINT,
     FORKED,
@@ -90,7 +90,7 @@ class PostgresLog:
         clock: Callable[[], str] | None = None,
     ) -> None:
         if _SCHEMA_NAME.fullmatch(schema) is None:
-            raise InvalidRequest(f"invalid PostgreSQL schema name {schema!r}", code="INVALID_CONFIG")
+            raise InvalidRequest(f"invalid PostgreSQL schema name {schema!r}", code=Code.INVALID_CONFIG)
         self._dsn = dsn
         self._schema = schema
         self._min_size, self._max_size, self._timeout = min_size, max_size, timeout
@@ -204,12 +204,12 @@ class PostgresLog:
                 # the child's append lock: a fork and an append to the new session never interleave
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", child)
                 if child == parent or await conn.fetchval(self._sql["exists"], child):
-                    raise Conflict(f"session {child!r} already exists", code="SESSION_EXISTS")
+                    raise Conflict(f"session {child!r} already exists", code=Code.SESSION_EXISTS)
                 last = int(await conn.fetchval(self._sql["last"], parent))
                 at = last if at_seq is None else at_seq
                 if not 0 <= at <= last:
                     raise InvalidRequest(f"cannot fork {parent!r} at seq {at}: its last seq is {last}",
-                                         code="INVALID_FORK_SEQ")
+                                         code=Code.INVALID_FORK_SEQ)
                 await conn.execute(self._sql["copy"], child, parent, at)  # verbatim bodies and times
                 marker = ForkedEvent(seq=at + 1, time=self._clock(), data=Forked(parent=parent, at_seq=at))
                 await conn.execute(self._sql["insert"], child, marker.seq, FORKED, marker.time, encode_event(marker))
@@ -219,7 +219,7 @@ class PostgresLog:
         try:
             return await self._run(tx)
         except asyncpg.UniqueViolationError:
-            raise Conflict(f"session {child!r} already exists", code="SESSION_EXISTS") from None
+            raise Conflict(f"session {child!r} already exists", code=Code.SESSION_EXISTS) from None
 
     # -- extras ----------------------------------------------------------------------------------
 
@@ -268,7 +268,7 @@ class PostgresLog:
         """``job`` on a pooled connection; waiting for the connection and the job together take at
         most ``timeout`` (they used to take it each). The log's boundary: a lost race goes on as
         it is, for ``append`` and ``fork``."""
-        with map_exceptions(PG_ERRORS, "LOG_UNAVAILABLE", "session log"):
+        with map_exceptions(PG_ERRORS, Code.LOG_UNAVAILABLE, "session log"):
             pool = await self._open()
             async with asyncio.timeout(self._timeout):
                 async with pool.acquire() as conn:
@@ -377,7 +377,7 @@ class PostgresLog:
                 version = SCHEMA_VERSION
         if int(version) != SCHEMA_VERSION:
             raise Unavailable(f"session log schema version {version} is not supported (expected {SCHEMA_VERSION})",
-                              code="LOG_UNAVAILABLE", retryable=False)
+                              code=Code.LOG_UNAVAILABLE, retryable=False)
 
 
 async def _keep_session(conn: Any) -> None:

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
-from ...policy.errors import AppendConflict, Conflict, InvalidRequest, Unavailable
+from ...policy.errors import AppendConflict, Code, Conflict, InvalidRequest, Unavailable
 from ...policy.ports import StateRead
 from ..faults import FAILED, OS_FAULTS, Table, describe, map_exceptions
 from ..lanes import Lane
@@ -124,7 +124,7 @@ SQLITE_ERRORS: Final = Table("sqlite3", {sqlite3.Error: FAILED, **OS_FAULTS}, de
 
 
 def _log_busy(message: str) -> Exception:
-    return Unavailable(f"session log busy: {message}", code="LOG_UNAVAILABLE")
+    return Unavailable(f"session log busy: {message}", code=Code.LOG_UNAVAILABLE)
 
 
 class SqliteLog:
@@ -245,7 +245,7 @@ class SqliteLog:
         if self._closed:
             raise RuntimeError("SqliteLog is closed")
         deadline = time.monotonic() + self._busy_timeout
-        with map_exceptions(SQLITE_ERRORS, "LOG_UNAVAILABLE", f"session log {op}"):
+        with map_exceptions(SQLITE_ERRORS, Code.LOG_UNAVAILABLE, f"session log {op}"):
             return await (lane or self._writes).run(partial(self._call, job, deadline, op))
 
     # -- worker thread only ----------------------------------------------------------------------
@@ -253,7 +253,7 @@ class SqliteLog:
     def _call(self, job: Callable[[sqlite3.Connection], _T], deadline: float, op: str) -> _T:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise Unavailable("session log busy: its write lock was held too long", code="LOG_UNAVAILABLE")
+            raise Unavailable("session log busy: its write lock was held too long", code=Code.LOG_UNAVAILABLE)
         self.ops.add(op)  # the one place a job reaches the database
         conn = self._connection()
         wait_ms = max(1, int(left * 1000))
@@ -319,7 +319,7 @@ class SqliteLog:
         elif version != SCHEMA_VERSION:
             raise Unavailable(
                 f"session log schema version {version} is not supported (expected {SCHEMA_VERSION})",
-                code="LOG_UNAVAILABLE",
+                code=Code.LOG_UNAVAILABLE,
                 retryable=False,
             )
 
@@ -432,12 +432,12 @@ class SqliteLog:
 
     def _fork_tx(self, parent: str, child: str, at_seq: int | None, conn: sqlite3.Connection) -> ForkedEvent:
         if child == parent or conn.execute(_EXISTS, (child,)).fetchone() is not None:
-            raise Conflict(f"session {child!r} already exists", code="SESSION_EXISTS")
+            raise Conflict(f"session {child!r} already exists", code=Code.SESSION_EXISTS)
         last = self._last_seq(conn, parent)
         at = last if at_seq is None else at_seq
         if not 0 <= at <= last:
             raise InvalidRequest(
-                f"cannot fork {parent!r} at seq {at}: its last seq is {last}", code="INVALID_FORK_SEQ"
+                f"cannot fork {parent!r} at seq {at}: its last seq is {last}", code=Code.INVALID_FORK_SEQ
             )
         conn.execute(_COPY_PREFIX, (child, parent, at))  # verbatim: same type, time and body bytes
         marker = ForkedEvent(seq=at + 1, time=self._clock(), data=Forked(parent=parent, at_seq=at))

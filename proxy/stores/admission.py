@@ -18,12 +18,12 @@ from typing import Final
 import msgspec
 from PIL import Image, ImageFile
 
-from ...policy.errors import ImageRejected
+from ...policy.errors import Code, ImageRejected
 from ..config import ImageLimits
 
-INVALID_IMAGE: Final = "INVALID_IMAGE"
-MEDIA_TYPE_MISMATCH: Final = "MEDIA_TYPE_MISMATCH"
-IMAGE_TOO_LARGE: Final = "IMAGE_TOO_LARGE"
+INVALID_IMAGE: Final = Code.INVALID_IMAGE
+MEDIA_TYPE_MISMATCH: Final = Code.MEDIA_TYPE_MISMATCH
+IMAGE_TOO_LARGE: Final = Code.IMAGE_TOO_LARGE
 
 #: The only Pillow formats admission tries, in detection order.
 _FORMATS: Final = ["PNG", "JPEG", "GIF", "WEBP"]

@@ -29,7 +29,7 @@ from typing import Final, ParamSpec, TypeVar
 
 import msgspec
 
-from ...policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
+from ...policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, Code
 from ...policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id, short_id
 from .admission import ImageInfo, inspect_image
 from ..config import ImageLimits, LanesConfig
@@ -48,9 +48,9 @@ from .base import (
 )
 
 #: Code of the ``Unavailable`` (503) raised when admitting or deleting hits an OS fault.
-WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
+WRITE_FAILED: Final = Code.ATTACHMENT_WRITE_FAILED
 #: Code of the ``Unavailable`` (503) raised when reading the variant index hits an OS fault.
-UNAVAILABLE: Final = "STORE_UNAVAILABLE"
+UNAVAILABLE: Final = Code.STORE_UNAVAILABLE
 
 #: An object's file name (its records end in ``.json``, temp files start with ``.``).
 _HEX: Final = re.compile(r"[0-9a-f]{64}")

@@ -41,7 +41,7 @@ import botocore.exceptions
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
-from ...policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError
+from ...policy.errors import CORRUPT, NOT_FOUND, READ_FAILED, AttachmentError, Code
 from ...policy.model import ID_PREFIX, StoredImage, check_id, check_tenant, is_valid_id, short_id
 from .admission import inspect_image
 from ..config import ImageLimits, LanesConfig
@@ -60,8 +60,8 @@ from .base import (
 )
 from .verify import verify
 
-WRITE_FAILED: Final = "ATTACHMENT_WRITE_FAILED"
-UNAVAILABLE: Final = "STORE_UNAVAILABLE"
+WRITE_FAILED: Final = Code.ATTACHMENT_WRITE_FAILED
+UNAVAILABLE: Final = Code.STORE_UNAVAILABLE
 CHUNK: Final = 256 * 1024
 #: Above this size hashing and header parsing move off the event loop.
 INLINE_LIMIT: Final = 256 * 1024

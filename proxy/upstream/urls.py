@@ -20,7 +20,7 @@ from urllib.parse import unquote_plus, unquote_to_bytes
 
 from yarl import URL
 
-from ...policy.errors import InvalidRequest
+from ...policy.errors import Code, InvalidRequest
 from ..config import NAME_RE, base_url
 
 _SEPARATORS: Final = re.compile(r"[/\\]")
@@ -30,7 +30,7 @@ _ROUNDS: Final = 4
 
 
 def _bad_path(why: str) -> InvalidRequest:
-    return InvalidRequest(f"path refused: {why}", code="INVALID_PATH")
+    return InvalidRequest(f"path refused: {why}", code=Code.INVALID_PATH)
 
 
 def _dot_segment(path: str) -> bool:
@@ -69,7 +69,7 @@ def check_name(raw: str) -> str:
     """An upstream name as it appears in ``/u/{name}/``: letters, digits, ``_.-``, literally."""
     if NAME_RE.fullmatch(raw) is None:
         raise InvalidRequest("upstream name must be 1-64 of [A-Za-z0-9_.-], not percent-encoded",
-                             code="INVALID_UPSTREAM_NAME")
+                             code=Code.INVALID_UPSTREAM_NAME)
     return raw
 
 
