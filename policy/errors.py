@@ -1,10 +1,10 @@
 """The one closed error hierarchy of projectionist (policy layer, pure).
 
 Every error a client can see carries a stable ``code`` (never match on message text), an HTTP
-``status`` and a ``retryable`` flag. ``Code`` names every code (the package refers to a code by name, never
-by string); ``CODES`` registers each code once, with its status and whether its message may reach
-a client, and ``STARTUP_CODES`` the start-up ones. Foreign exceptions are translated into these at
-one boundary in ``proxy/``; adapters only shape them into each provider's wire format.
+``status`` and a ``retryable`` flag. ``Code`` names every code (the package refers to a code by
+name, never by string); ``CODES`` registers each code once, with its status and whether its message
+may reach a client, and ``STARTUP_CODES`` the start-up ones. Foreign exceptions are translated into
+these at one boundary in ``proxy/``; adapters only shape them into each provider's wire format.
 
     ProjectionistError
     ├── InvalidRequest          400  INVALID_REQUEST, INVALID_JSON, INVALID_SESSION_ID, ...
