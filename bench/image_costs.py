@@ -27,7 +27,7 @@ from projectionist.proxy.config import ImageLimits
 from projectionist.proxy.stores.admission import header_info
 from projectionist.proxy.stores.cache import Encoded
 from projectionist.proxy.stores.filesystem import FilesystemStore
-from projectionist.proxy.upstream.describe import UPSTREAM
+from projectionist.proxy.call.describe import UPSTREAM
 
 
 def _per_image(run: Callable[[], Any], images: int, rounds: int) -> float:
@@ -118,8 +118,8 @@ def measure_inline(pngs: list[bytes], rounds: int = 30) -> dict[str, Any]:
     from projectionist.policy.fold import EMPTY
     from projectionist.policy.projection import Projection
     from projectionist.proxy.upstream.identity import Identities
-    from projectionist.proxy.upstream.prepare import build, decode_json, digest_of, scan_body
-    from projectionist.proxy.upstream import scan as scanning
+    from projectionist.proxy.call.prepare import build, decode_json, digest_of, scan_body
+    from projectionist.proxy.call import scan as scanning
 
     raw = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64," + pybase64.b64encode(p).decode()}}

@@ -2,7 +2,7 @@
 projection of its images, the upstream body rendered from it, the headers it goes with, its
 recorder, and the screen that re-sends it once when the upstream refuses an image.
 
-The projection runs centrally, before any provider format is written (``upstream.prepare.build``
+The projection runs centrally, before any provider format is written (``prepare.build``
 around ``policy.projection.project``). A re-send builds the call again through the same step,
 as attempt 2, from the log (the refused images are placeholders by then).
 """
@@ -21,7 +21,7 @@ from ...adapters.base import WireFormat
 from ...policy.model import ImageRef, Placeholder
 from ...policy.projection import Projection, ProjectionContext, project
 from ..inbound.inflight import Carrying
-from ..upstream.prepare import Built, build
+from .prepare import Built, build
 from .call import Call
 from .outgoing import outgoing_headers, readable_codings, recordable_headers, recorded_path
 from .read import Inbound

@@ -13,7 +13,7 @@ For a request with a session and ``record.mode`` other than ``off``:
   request record (``response``). A call still running then gets a ``response/recorded`` event.
 
 What a request record says of the body (its projected digest, reference paths, shape) comes
-from ``upstream.describe``, computed on the very tree that became the upstream body. Records are
+from ``describe``, computed on the very tree that became the upstream body. Records are
 appended non-durably (ordered in the log, flushed with the next durable append) and never hold
 headers, keys, tokens or attachment base64.
 """
@@ -37,7 +37,7 @@ from ...policy.ports import SessionLog
 from ..observe.logger import get_logger
 from ..observe.metrics import Metrics
 from ..stores.base import Store
-from ..upstream.describe import Described, sha256_id
+from .describe import Described, sha256_id
 
 _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.

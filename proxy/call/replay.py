@@ -34,8 +34,8 @@ from ...policy.model import HttpRefs, ImageRef
 from ...policy.ports import SessionLog
 from ...policy.projection import Projection, ProjectionContext, project
 from ..config import Config, UpstreamConfig
-from ..upstream.prepare import build, inbound_digest
-from ..upstream.describe import Described, of_raw, sha256_id
+from .prepare import build, inbound_digest
+from .describe import Described, of_raw, sha256_id
 from ..upstream.identity import Identities
 from ...adapters.redact import shorten
 from ..stores.base import Store

@@ -36,7 +36,7 @@ from ...policy.projection import reject
 from ..inbound.bodies import inflate
 from ..observe.logger import get_logger
 from ..upstream.identity import decoded_bytes
-from ..upstream.prepare import Built, carried, foreign
+from .prepare import Built, carried, foreign
 from .record import Recorder
 from .relay import SCREEN_MAX, Observer
 

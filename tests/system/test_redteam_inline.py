@@ -25,8 +25,8 @@ from structlog.testing import capture_logs
 
 from projectionist.proxy.config import Config
 from projectionist.proxy.inbound.services import SERVICES
-from projectionist.proxy.upstream import scan as scan_module
-from projectionist.proxy.upstream.describe import sha256_id
+from projectionist.proxy.call import scan as scan_module
+from projectionist.proxy.call.describe import sha256_id
 from projectionist.proxy.call.replay import rebuild
 from tests.conftest import Harness
 from tests.imaging import make_image, ref_id

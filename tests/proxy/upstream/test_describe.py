@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from projectionist.policy.events import RequestRecorded
-from projectionist.proxy.upstream.describe import of_raw, of_unchanged, shape
+from projectionist.proxy.call.describe import of_raw, of_unchanged, shape
 from projectionist.proxy.call.replay import locate
 
 BODY = {"model": "m", "a/b~": 1, "messages": [{"role": "user", "content": "hi"}, {"role": "x", "content": [1, 2]}]}

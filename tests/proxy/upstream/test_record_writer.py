@@ -14,7 +14,7 @@ from typing import Any
 from projectionist.adapters import openai_chat
 from projectionist.policy.events import EventData, RequestRecorded, ResponseRecorded, envelope
 from projectionist.proxy.observe.metrics import Metrics
-from projectionist.proxy.upstream.describe import of_raw
+from projectionist.proxy.call.describe import of_raw
 from projectionist.proxy.call.record import CallInfo, Recorder, Recording
 
 

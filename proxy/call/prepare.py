@@ -35,7 +35,7 @@ from .describe import (
     site_paths,
     spliced_id,
 )
-from .identity import Identities
+from ..upstream.identity import Identities
 from .scan import Scanned, scan
 
 _decoder: Final = msgspec.json.Decoder()

@@ -24,7 +24,7 @@ import msgspec
 
 from ...adapters.base import Carried, WireFormat
 from ...policy.errors import InvalidRequest
-from .identity import MIN_CHARS
+from ..upstream.identity import MIN_CHARS
 
 _decoder: Final = msgspec.json.Decoder()
 #: What stands for a cut-out run in the small document: unguessable, never in a client's JSON.
