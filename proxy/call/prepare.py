@@ -17,7 +17,7 @@ import msgspec
 
 from ...adapters.base import Carried, Site, WireFormat
 from ...policy.decide import held_inline
-from ...policy.errors import AttachmentError, InvalidRequest, PayloadTooLarge
+from ...policy.errors import AttachmentError, Code, InvalidRequest, PayloadTooLarge
 from ...policy.model import NO_HTTP, HttpRefs, ImageRef, Placeholder, Resolved, StoredImage
 from ...policy.projection import Projection
 from ..stores.cache import inline as inline_of
@@ -150,7 +150,7 @@ def may_hold_refs(raw: bytes) -> bool:
 
 
 def _too_many(limit: int) -> NoReturn:
-    raise InvalidRequest(f"more than {limit} distinct attachment references in one request", code="TOO_MANY_REFERENCES")
+    raise InvalidRequest(f"more than {limit} distinct attachment references in one request", code=Code.TOO_MANY_REFERENCES)
 
 
 def decode_json(raw: bytes) -> Any:
@@ -159,7 +159,7 @@ def decode_json(raw: bytes) -> Any:
     try:
         return _decoder.decode(raw)
     except (msgspec.DecodeError, RecursionError):
-        raise InvalidRequest("request body is not valid JSON", code="INVALID_JSON") from None
+        raise InvalidRequest("request body is not valid JSON", code=Code.INVALID_JSON) from None
 
 
 async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False, shape_unchanged: bool = True,
@@ -207,7 +207,7 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
         inlined = sum(4 * -(-o.image.bytes // 3) for o in projection.outcomes if isinstance(o, Resolved))
         if inlined > max_projected_bytes:
             raise PayloadTooLarge(f"the images this request references would inline {inlined} bytes of base64, "
-                                  f"over max_projected_bytes ({max_projected_bytes})", code="PROJECTED_TOO_LARGE")
+                                  f"over max_projected_bytes ({max_projected_bytes})", code=Code.PROJECTED_TOO_LARGE)
     held = held_inline([aid for _, aid in client], projection.state, fmt.FORMAT)
     sent = tuple(aid for (_, aid), outcome in zip(client, held) if outcome is None)
     # the inbound digest, without hashing the base64 the client sends again every turn

@@ -21,7 +21,7 @@ from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
-from ...policy.errors import UpstreamError
+from ...policy.errors import Code, UpstreamError
 from ..observe.logger import get_logger
 from ..inbound.context import Timing
 from ..upstream.transport import Answer, ClientError, Transport
@@ -163,7 +163,7 @@ def client_error(exc: BaseException) -> UpstreamError | None:
     answer; every transport raises only ``transport``'s) into the proxy's; None for anything that
     is not one."""
     if isinstance(exc, asyncio.TimeoutError):
-        return UpstreamError("upstream timed out before responding", code="UPSTREAM_TIMEOUT")
+        return UpstreamError("upstream timed out before responding", code=Code.UPSTREAM_TIMEOUT)
     if isinstance(exc, ClientError):
         return UpstreamError(f"upstream unreachable: {type(exc).__name__}")
     return None

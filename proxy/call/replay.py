@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 
 from ...adapters.registry import ADAPTERS
 from ...adapters.responses import documents
-from ...policy.errors import AttachmentError, Conflict, InvalidRequest, NotFound
+from ...policy.errors import AttachmentError, Code, Conflict, InvalidRequest, NotFound
 from ...policy.events import (
     Event,
     RequestEvent,
@@ -86,10 +86,10 @@ def _pick(events: list[Event], seq: int | None, request_id: str | None = None
         if not requests:  # records are evidence: one the log could not take is dropped, and said so
             raise NotFound(f"request {request_id[:40]!r} was not recorded in this session (recording off, or "
                            "the log could not take its record: see projectionist_records_dropped_total)",
-                           code="NOT_RECORDED")
+                           code=Code.NOT_RECORDED)
     if not requests:
         where = f"at seq {seq}" if seq is not None else "in this session"
-        raise NotFound(f"no recorded request {where}", code="NOT_RECORDED")
+        raise NotFound(f"no recorded request {where}", code=Code.NOT_RECORDED)
     event = requests[-1]
     return event, answer(event, answers(e for e in events if isinstance(e, ResponseEvent)))
 
@@ -124,19 +124,19 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     if inbound is None:
         if record.inbound_blob is None:
             raise Conflict("this call was recorded in metadata mode: pass the inbound body (--body)",
-                           code="REPLAY_NEEDS_BODY")
+                           code=Code.REPLAY_NEEDS_BODY)
         inbound = await store.get_blob(record.inbound_blob)
         if inbound is None:
-            raise NotFound(f"the recorded inbound body {record.inbound_blob[:15]} is gone", code="BLOB_NOT_FOUND")
+            raise NotFound(f"the recorded inbound body {record.inbound_blob[:15]} is gone", code=Code.BLOB_NOT_FOUND)
         source = record.inbound_blob
     fmt = ADAPTERS.get(record.adapter)
     if fmt is None:
-        raise InvalidRequest(f"unknown adapter {record.adapter!r}", code="UNKNOWN_ADAPTER")
+        raise InvalidRequest(f"unknown adapter {record.adapter!r}", code=Code.UNKNOWN_ADAPTER)
     identities = Identities()
     # a body with images the client inlined is recorded by its spliced digest (their identities)
     if sha256_id(inbound) != record.inbound_digest and inbound_digest(fmt, inbound, identities) != record.inbound_digest:
         raise InvalidRequest("this is not the inbound body of the recorded call (digest differs)",
-                             code="INBOUND_MISMATCH")
+                             code=Code.INBOUND_MISMATCH)
     state = fold(e for e in events if e.seq <= record.log_seq)
 
     async def run(refs: list[ImageRef], images: int) -> Projection:
@@ -178,16 +178,16 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
     went with (its record's, credentials left out), then the key, then ``headers``. So the
     method, path, headers and body on the wire are the live call's, credentials aside."""
     if rebuilt.body is None:
-        raise Conflict(f"nothing to send: {rebuilt.reason}", code="REPLAY_NOT_REBUILT")
+        raise Conflict(f"nothing to send: {rebuilt.reason}", code=Code.REPLAY_NOT_REBUILT)
     record = rebuilt.request
     upstream = config.upstreams.get(record.upstream)
     configured = upstream.url if upstream else ""
     if not (upstream_url or configured):
-        raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code="UNKNOWN_UPSTREAM")
+        raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code=Code.UNKNOWN_UPSTREAM)
     try:
         base = Base(upstream_url or configured)
     except InvalidRequest as error:
-        raise InvalidRequest(f"upstream URL: {error.message}", code="INVALID_REQUEST") from None
+        raise InvalidRequest(f"upstream URL: {error.message}", code=Code.INVALID_REQUEST) from None
     path, _, query = record.path.partition("?")
     url = base.join(path, query)
     fmt = ADAPTERS[record.adapter]
@@ -225,9 +225,9 @@ def check_headers(headers: dict[str, str]) -> dict[str, str]:
     control characters, and the ones the client computes (length, framing) are not theirs to set."""
     for name, value in headers.items():
         if _TOKEN.fullmatch(name) is None or _UNSAFE_VALUE.search(value):
-            raise InvalidRequest(f"header {name[:40]!r} is not a valid HTTP header", code="INVALID_REQUEST")
+            raise InvalidRequest(f"header {name[:40]!r} is not a valid HTTP header", code=Code.INVALID_REQUEST)
         if name.lower() in HOP_BY_HOP:
-            raise InvalidRequest(f"header {name!r} is set by the connection, not by replay", code="INVALID_REQUEST")
+            raise InvalidRequest(f"header {name!r} is set by the connection, not by replay", code=Code.INVALID_REQUEST)
     return headers
 
 

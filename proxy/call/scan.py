@@ -23,7 +23,7 @@ from typing import Any, Final, NamedTuple
 import msgspec
 
 from ...adapters.base import Carried, WireFormat
-from ...policy.errors import InvalidRequest
+from ...policy.errors import Code, InvalidRequest
 from ..upstream.identity import MIN_CHARS
 
 _decoder: Final = msgspec.json.Decoder()
@@ -119,7 +119,7 @@ def scan(fmt: WireFormat, raw: bytes, identify: Callable[[bytes, int, int], str 
     try:
         tree = _decoder.decode(b"".join(pieces))
     except (msgspec.DecodeError, RecursionError):
-        raise InvalidRequest("request body is not valid JSON", code="INVALID_JSON") from None
+        raise InvalidRequest("request body is not valid JSON", code=Code.INVALID_JSON) from None
     client: list[tuple[Carried, str]] = []
     ids: dict[int, str] = {}
     for image in find(fmt, tree):

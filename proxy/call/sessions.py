@@ -31,7 +31,7 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from ...adapters.base import WireFormat
-from ...policy.errors import InvalidRequest
+from ...policy.errors import Code, InvalidRequest
 from ...policy.model import check_session_id, is_session_id
 
 #: Headers in which clients name their own session, and the source each one's session is named by.
@@ -70,7 +70,7 @@ def named(headers: MultiMapping[str], header: str, aliases: tuple[str, ...], in_
         session = check_session_id(value)
         if in_path is not None and session != in_path:
             raise InvalidRequest(f"the {header} header and the /s/{{session}}/ path name different sessions",
-                                 code="SESSION_CONFLICT")
+                                 code=Code.SESSION_CONFLICT)
         return Found(session, "header")
     if in_path is not None:
         return Found(in_path, "path")

@@ -17,7 +17,7 @@ from aiohttp import HttpVersion11, web
 
 from ...adapters import openai_chat
 from ...adapters.registry import SPEAKS
-from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
+from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ..config import Config, TelemetryConfig
 from ..files import gemini as gemini_files
 from ..console.admin import add_admin_routes
@@ -54,7 +54,7 @@ def needs_extra(extra: str, setting: str) -> None:
     for module in EXTRAS[extra]:
         if importlib.util.find_spec(module) is None:
             raise ProjectionistError(f"{setting} needs the {extra} extra ({module} is not installed): "
-                                     f"pip install 'projectionist[{extra}]'", code="MISSING_EXTRA")
+                                     f"pip install 'projectionist[{extra}]'", code=Code.MISSING_EXTRA)
 
 
 def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store:
@@ -65,7 +65,7 @@ def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store
 
         s3 = config.store.s3
         if not s3.bucket:
-            raise InvalidRequest("store.kind = 's3' needs store.s3.bucket", code="INVALID_CONFIG")
+            raise InvalidRequest("store.kind = 's3' needs store.s3.bucket", code=Code.INVALID_CONFIG)
         access_key, secret_key = config.s3_credentials(environ)
         return S3Store(endpoint=s3.endpoint, bucket=s3.bucket, region=s3.region, prefix=s3.prefix,
                        access_key=access_key, secret_key=secret_key, limits=config.store.limits,
@@ -85,7 +85,7 @@ def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
         dsn = config.postgres_dsn(environ)
         if not dsn:
             raise InvalidRequest("log.kind = 'postgres' needs log.postgres.dsn or PROJECTIONIST_PG_DSN",
-                                 code="INVALID_CONFIG")
+                                 code=Code.INVALID_CONFIG)
         return PostgresLog(dsn, schema=pg.schema, min_size=pg.min_size, max_size=pg.max_size, timeout=pg.timeout)
     return SqliteLog(config.log_path, busy_timeout=config.log.busy_timeout)
 
@@ -95,12 +95,12 @@ def open_tracing(telemetry: TelemetryConfig) -> Tracing | None:
     if not telemetry.otlp_endpoint:
         return None
     if not telemetry.otlp_endpoint.startswith(("http://", "https://")):
-        raise InvalidRequest("telemetry.otlp_endpoint must be an http(s):// URL", code="INVALID_CONFIG")
+        raise InvalidRequest("telemetry.otlp_endpoint must be an http(s):// URL", code=Code.INVALID_CONFIG)
     try:
         from ..observe.tracing import Tracing
     except ImportError:
         raise InvalidRequest("telemetry.otlp_endpoint needs the OpenTelemetry packages: "
-                             "pip install 'projectionist[otel]'", code="INVALID_CONFIG") from None
+                             "pip install 'projectionist[otel]'", code=Code.INVALID_CONFIG) from None
     return Tracing(telemetry.otlp_endpoint, telemetry.service_name)
 
 
@@ -133,8 +133,8 @@ async def owned(request: web.Request) -> web.StreamResponse:
     request.app[SERVICES].guard.require_client(request.headers, request.query)
     if request.match_info.get("tail") is None:
         raise ProjectionistError(f"{request.method} is not allowed on {request.path}",
-                                 code="METHOD_NOT_ALLOWED", status=405)
-    raise NotFound("no such route", code="ROUTE_NOT_FOUND")
+                                 code=Code.METHOD_NOT_ALLOWED, status=405)
+    raise NotFound("no such route", code=Code.ROUTE_NOT_FOUND)
 
 
 #: Any rest of a path, line breaks included (``.*`` would let ``%0a`` fall through to aiohttp's 404).
@@ -246,7 +246,7 @@ async def admin_site(app: web.Application, *, reuse_port: bool = False,
     except OSError as exc:
         await runner.cleanup()
         raise AdminListenError(f"cannot listen on {host}:{port} for the console ([admin] listen): "
-                               f"{exc.strerror or exc}", code="LISTEN_FAILED") from None
+                               f"{exc.strerror or exc}", code=Code.LISTEN_FAILED) from None
     if on_bound is not None:
         server = site._server  # noqa: SLF001 (aiohttp keeps the bound sockets there)
         sockets = getattr(server, "sockets", None) or ()
@@ -260,7 +260,7 @@ async def admin_site(app: web.Application, *, reuse_port: bool = False,
 class AdminListenError(ProjectionistError):
     """The console's listener cannot be bound."""
 
-    default_code = "LISTEN_FAILED"
+    default_code = Code.LISTEN_FAILED
 
 
 async def expect(request: web.Request) -> web.StreamResponse | None:
@@ -274,9 +274,9 @@ async def expect(request: web.Request) -> web.StreamResponse | None:
     spoken = SPEAKS[format_spoken(request.path, request.headers, request.query)]
     # answered before the middleware: its request line is written here
     request_line({"method": request.method, "path": request.rel_url.raw_path, "route": "expect", "status": 417,
-                  "error_code": "EXPECTATION_FAILED"})
+                  "error_code": Code.EXPECTATION_FAILED})
     return error_response(spoken, ProjectionistError("only Expect: 100-continue is understood",
-                                                     code="EXPECTATION_FAILED"))
+                                                     code=Code.EXPECTATION_FAILED))
 
 
 def _ops_of(backend: object) -> OpCounter:

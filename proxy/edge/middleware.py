@@ -24,7 +24,7 @@ from aiohttp.web_exceptions import HTTPException
 
 from ...adapters import openai_chat
 from ...adapters.base import WireFormat
-from ...policy.errors import InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
+from ...policy.errors import Code, InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
 from ..observe.logger import get_logger, request_line, request_lines
 from ..observe.metrics import Metrics
 from ..call.relay import REQUEST_ID_HEADER, abort
@@ -38,9 +38,9 @@ def _translate(exc: Exception) -> ProjectionistError | None:
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return PayloadTooLarge("request body exceeds the configured client_max_size")
     if isinstance(exc, (msgspec.DecodeError, RecursionError)):
-        return InvalidRequest("request body is not valid JSON", code="INVALID_JSON")
+        return InvalidRequest("request body is not valid JSON", code=Code.INVALID_JSON)
     if isinstance(exc, web.RequestPayloadError):
-        return InvalidRequest("request body cannot be decoded (Content-Encoding)", code="INVALID_BODY")
+        return InvalidRequest("request body cannot be decoded (Content-Encoding)", code=Code.INVALID_BODY)
     return None
 
 

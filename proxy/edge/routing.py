@@ -36,7 +36,7 @@ from multidict import MultiDict, MultiDictProxy, MultiMapping
 from yarl import URL
 
 from ...adapters.registry import SPEAKS, projecting
-from ...policy.errors import InvalidRequest, NotFound, ProjectionistError
+from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import check_session_id
 from ..files import gemini as gemini_files
 from ..files import sdk as files
@@ -112,14 +112,14 @@ async def dispatch_session(request: web.Request) -> web.StreamResponse:
     ctx.fmt = SPEAKS[format_spoken(unquote(rest), request.headers, request.query)]
     _require_client(request)
     if not literal:  # /%73/x/...: aiohttp matched the decoded path; the prefix must be spelled as is
-        raise NotFound("no such route", code="ROUTE_NOT_FOUND")
+        raise NotFound("no such route", code=Code.ROUTE_NOT_FOUND)
     check_path(raw_path)  # a '.' or '..' segment, the session's included, in any encoding
     session = check_session_id(unquote(segment))
     session_of(request.headers, request.app[SERVICES].session_headers, session)  # a header that disagrees
     request[PATH_SESSION] = session
     ctx.fields["session"] = session
     if not rest:
-        raise NotFound("nothing to route after /s/{session}", code="ROUTE_NOT_FOUND")
+        raise NotFound("nothing to route after /s/{session}", code=Code.ROUTE_NOT_FOUND)
     if rest == ATTACHMENTS or rest.startswith(ATTACHMENTS + "/"):
         return await _unprefixed(request, rest)
     if unquote(rest).startswith("/u/"):
@@ -133,7 +133,7 @@ async def _unprefixed(request: web.Request, rest: str) -> web.StreamResponse:
     inner = request.clone(rel_url=URL.build(path=rest, query_string=request.rel_url.raw_query_string, encoded=True))
     match = await request.app.router.resolve(inner)
     if match.http_exception is not None:
-        raise NotFound("no such route", code="ROUTE_NOT_FOUND")
+        raise NotFound("no such route", code=Code.ROUTE_NOT_FOUND)
     match.add_app(request.app)
     match.freeze()
     inner._match_info = match  # what aiohttp's own dispatch sets (``web.Application._handle``)
@@ -161,15 +161,15 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
     if upstream is None:
         ctx.route = "unknown_upstream"
         check_name(name)
-        raise NotFound(f"no upstream named {name!r}", code="UNKNOWN_UPSTREAM")
+        raise NotFound(f"no upstream named {name!r}", code=Code.UNKNOWN_UPSTREAM)
     ctx.fields["upstream"] = upstream.name
     if guard_owned and owned(raw_path):
-        raise NotFound("no such route", code="ROUTE_NOT_FOUND")
+        raise NotFound("no such route", code=Code.ROUTE_NOT_FOUND)
     if request.method not in METHODS:
-        raise ProjectionistError(f"{request.method} is not forwarded", code="METHOD_NOT_ALLOWED", status=405)
+        raise ProjectionistError(f"{request.method} is not forwarded", code=Code.METHOD_NOT_ALLOWED, status=405)
     if "websocket" in request.headers.get("Upgrade", "").lower():  # not relayed (yet): never as a plain call
         raise InvalidRequest("this proxy relays HTTP requests only; send the call without Upgrade",
-                             code="UPGRADE_NOT_SUPPORTED")
+                             code=Code.UPGRADE_NOT_SUPPORTED)
     check_path(raw_path)
     path = unquote(raw_path) if "%" in raw_path else raw_path
     adapter = projecting(upstream.format, request.method, path)
