@@ -61,6 +61,9 @@ IDLE_TIMEOUT: Final = 30.0
 #: Methods aiohttp sends ``Content-Length: 0`` for when there is no body; the others send none.
 _NO_LENGTH: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _DEFAULT_PORT: Final = {"http": 80, "https": 443}
+#: Seconds before the next address of a host is tried beside the first (RFC 8305's "Happy
+#: Eyeballs", asyncio's own): a host whose IPv6 route is black-holed still connects over IPv4.
+HAPPY_EYEBALLS_DELAY: Final = 0.25
 #: Methods sent once more after a reused connection closed before answering (RFC 9110 §9.2.2).
 IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
@@ -660,7 +663,8 @@ class Client:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await self.loop.create_connection(lambda: conn, host, port, ssl=self._ssl if tls else None,
-                                                  server_hostname=host if tls else None)
+                                                  server_hostname=host if tls else None,
+                                                  happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY)
         except BaseException as exc:
             self._release_place(origin)
             if isinstance(exc, TimeoutError):

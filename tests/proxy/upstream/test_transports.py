@@ -185,3 +185,44 @@ async def test_a_cancelled_call_gives_its_connection_place_back(serve: MakeServe
         await task
     answer = await asyncio.wait_for(transport.send("GET", server.url / "next", headers=CIMultiDict()), 2)
     assert await answer.read() == b"ok"
+
+
+async def test_a_black_holed_first_address_still_connects_by_the_next(serve: MakeServer, make: MakeTransport,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Happy Eyeballs (RFC 8305): a host whose first address swallows the SYN (a listener with a
+    full accept queue, as a black-holed route behaves) connects by its second within a fraction of
+    a second, not after the connect timeout."""
+    import socket
+
+    server = await serve(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+    hole = socket.socket()
+    hole.bind(("127.0.0.2", 0))
+    hole.listen(0)
+    fillers = []
+    for _ in range(3):  # fill its accept queue: further SYNs are dropped, a connect there hangs
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(hole.getsockname())
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    loop = asyncio.get_running_loop()
+    real = loop.getaddrinfo
+    port, hole_port = server.url.port, hole.getsockname()[1]
+
+    async def hole_first(host: object, *args: object, **kwargs: object) -> list[object]:
+        if host != "dual.test":
+            return await real(host, *args, **kwargs)  # type: ignore[arg-type]
+        stream = socket.SOCK_STREAM
+        return [(socket.AF_INET, stream, 6, "", ("127.0.0.2", hole_port)), (socket.AF_INET, stream, 6, "", ("127.0.0.1", port))]
+    monkeypatch.setattr(loop, "getaddrinfo", hole_first)
+    try:
+        transport = make(connect_timeout=5.0)
+        started = time.monotonic()
+        answer = await transport.send("GET", URL(f"http://dual.test:{port}/x"), headers=CIMultiDict())
+        assert await answer.read() == b"ok"
+        assert time.monotonic() - started < 2.0
+    finally:
+        for sock in (*fillers, hole):
+            sock.close()
