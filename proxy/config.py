@@ -83,6 +83,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     shutdown_grace: Seconds = 10.0
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     ready_timeout: Seconds = 2.0
+    #: Seconds a client may leave one chunk of a streamed answer unread; past it its connection
+    #: is closed (a cut stream), so a client that stops reading never holds an upstream connection.
+    write_timeout: Seconds = 60.0
     #: Where clients reach this proxy (``http(s)://host[:port][/path]``); '' is the listen address.
     public_url: str = ""
 

@@ -40,6 +40,8 @@ REQUEST_ID_HEADER = "x-projectionist-request-id"
 #: such an answer it reads before the client gets anything.
 SCREENED = frozenset({400, 413, 415, 422})
 SCREEN_MAX = 256 * 1024
+#: Seconds a client may leave one chunk unread (``[server] write_timeout``).
+WRITE_TIMEOUT = 60.0
 
 Body = bytes | AsyncIterable[bytes] | None
 Response = Answer
@@ -117,6 +119,7 @@ async def relay(
     request_id: str = "",
     observer: Observer | None = None,
     screen: Screen | None = None,
+    write_timeout: float = WRITE_TIMEOUT,
 ) -> web.StreamResponse:
     """Send one request upstream and stream its response back unchanged (minus hop-by-hop).
 
@@ -151,7 +154,7 @@ async def relay(
             await response.prepare(request)
         except ConnectionError:
             return response  # the client left before the response started: nothing to send it
-        await _stream(request, response, answer, observer, request_id, preread or b"")
+        await _stream(request, response, answer, observer, request_id, preread or b"", write_timeout)
         return response
     finally:
         timing.upstream_s = time.perf_counter() - started
@@ -280,10 +283,12 @@ async def _chunks(first: bytes, answer: Response) -> AsyncIterator[bytes]:
 
 
 async def _stream(request: web.Request, response: web.StreamResponse, answer: Response,
-                  observer: Observer | None, request_id: str, first: bytes = b"") -> None:
+                  observer: Observer | None, request_id: str, first: bytes = b"",
+                  write_timeout: float = WRITE_TIMEOUT) -> None:
     """Relay the body (``first``: what was read of it already); tell ``observer`` each chunk, and
     that the body is complete before the client can have all of it (before the last byte of a
-    sized body, else before the final chunk)."""
+    sized body, else before the final chunk). A client that takes over ``write_timeout`` to take
+    one chunk is cut off, and the upstream's connection is given up with it."""
     remaining = answer.content_length
     told = observer is None
     if observer is not None:
@@ -298,16 +303,29 @@ async def _stream(request: web.Request, response: web.StreamResponse, answer: Re
                     told = True
                     await _complete(observer, answer.status, request_id)
             try:
-                await response.write(chunk)
+                async with asyncio.timeout(write_timeout):
+                    await response.write(chunk)
             except ConnectionError:
                 return  # the client went away; nothing left to tell it
+            except TimeoutError:
+                _client_stalled(request, request_id)
+                return
     except (ClientError, asyncio.TimeoutError) as exc:
         get_logger().warning("upstream_stream_broken", error=type(exc).__name__, request_id=request_id)
         abort(request)  # no terminating chunk: the client sees a cut stream
         return
     if not told:
         await _complete(observer, answer.status, request_id)
-    await response.write_eof()
+    try:
+        async with asyncio.timeout(write_timeout):
+            await response.write_eof()
+    except TimeoutError:
+        _client_stalled(request, request_id)
+
+
+def _client_stalled(request: web.Request, request_id: str) -> None:
+    get_logger().warning("client_write_timeout", request_id=request_id)
+    abort(request)  # the client sees a cut stream; the answer's connection is released by the caller
 
 
 def _watch(call: Callable[[_A], None], argument: _A, request_id: str) -> None:

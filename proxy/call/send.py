@@ -55,7 +55,8 @@ async def relay_body(
         ctx.trace.inject(headers)
     try:
         response = await relay(request, upstream.session, url, body, headers, timing,
-                               request_id=ctx.request_id, observer=recorder or meter, screen=screen)
+                               request_id=ctx.request_id, observer=recorder or meter, screen=screen,
+                               write_timeout=services.config.server.write_timeout)
     except ProjectionistError as error:
         recorder = screen.recorder if screen is not None else recorder
         if recorder is not None:

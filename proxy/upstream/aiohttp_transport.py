@@ -4,8 +4,10 @@ built-in client puts there (proxy layer, upstream sublayer).
 ``[upstreams.NAME] transport = "aiohttp"`` selects it. Its session adds no User-Agent,
 Accept-Encoding or Content-Type (``skip_auto_headers``), keeps no cookies, follows no redirect and
 decompresses nothing; its connector bounds the connections per origin (``limit_per_host``) and
-caches DNS answers for 10 s. One difference is aiohttp's own: a field repeated under names that
-differ in case (``X-A``, then ``x-a``) keeps only its last value. aiohttp's exceptions become the transport's at this module's
+caches DNS answers for 10 s. The differences are aiohttp's own: a field repeated under names that
+differ in case (``X-A``, then ``x-a``) keeps only its last value; its parser is more lenient (a
+bare LF, obs-fold) and its header lines shorter (8190 bytes); a 204 with a body is refused; and a
+call waiting for a connection may be overtaken by one that comes later. aiohttp's exceptions become the transport's at this module's
 boundary, by one table (``AIOHTTP_ERRORS``), so nothing above it knows aiohttp's client.
 """
 

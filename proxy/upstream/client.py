@@ -9,8 +9,8 @@ It is the default ``transport.Transport``. Errors are the transport's: ``ClientE
 ``PoolTimeout``, ``ReadTimeout``, ``WriteTimeout`` for a streamed body the server stopped reading).
 
 At most ``max_connections`` connections are open to one origin (in use or idle); a call that
-finds them all in use waits, first come first served, for one to be idle again or to close,
-within ``connect_timeout``.
+finds them all in use waits in line, first come first served: a connection that goes idle, or the
+place of one that closes, is handed to the first waiter, within ``connect_timeout``.
 
 A connection is reused only when its answer ended where its framing said and nothing followed:
 bytes after that end (in the same read, or later while it sits in the pool), a body on an answer
@@ -484,7 +484,7 @@ class Client:
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
         self._open: dict[Origin, int] = {}
-        self._waiters: dict[Origin, deque[asyncio.Future[None]]] = {}
+        self._waiters: dict[Origin, deque[asyncio.Future[_Connection | None]]] = {}
         self.loop = asyncio.get_running_loop()
         self._ssl = ssl_context
         self._idle: dict[Origin, list[_Connection]] = {}
@@ -509,7 +509,7 @@ class Client:
         streamed = data is not None and not isinstance(data, (bytes, bytearray))
         head, length = self._head(method, url, origin, headers, data, streamed)
         for attempt in (1, 2):
-            conn = self._take(origin)
+            conn = None if self._waiters.get(origin) else self._take(origin)
             if conn is None:
                 conn = await self._acquire(origin)
             reused = conn is not None
@@ -616,42 +616,55 @@ class Client:
 
     async def _acquire(self, origin: Origin) -> _Connection | None:
         """An idle connection to ``origin``, or None with a place reserved for a new one (which
-        ``_connect`` then fills); while all ``max_connections`` are in use, wait for one (a
-        connection that goes idle or closes wakes the first waiter), within ``connect_timeout``."""
-        loop = self.loop
-        deadline = loop.time() + self.connect_timeout
+        ``_connect`` then fills). While all ``max_connections`` are in use, or others already wait,
+        wait in line: a connection that goes idle, or the place of one that closes, is handed to
+        the first waiter (``_give``), so nobody who comes later takes it first; within
+        ``connect_timeout``, else ``PoolTimeout``."""
         while True:
-            conn = self._take(origin)
-            if conn is not None:
-                return conn
-            opened = self._open.get(origin, 0)
-            if opened < self.max_connections:
-                self._open[origin] = opened + 1
-                return None
-            waiter: asyncio.Future[None] = loop.create_future()
+            if not self._waiters.get(origin):
+                conn = self._take(origin)
+                if conn is not None:
+                    return conn
+                opened = self._open.get(origin, 0)
+                if opened < self.max_connections:
+                    self._open[origin] = opened + 1
+                    return None
+            waiter: asyncio.Future[_Connection | None] = self.loop.create_future()
             queue = self._waiters.setdefault(origin, deque())
             queue.append(waiter)
             try:
-                async with asyncio.timeout_at(deadline):
-                    await waiter
+                async with asyncio.timeout(self.connect_timeout):
+                    handed = await waiter
             except BaseException as exc:
                 if waiter in queue:
                     queue.remove(waiter)
                 elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                    self._wake(origin)  # woken just as it gave up: the next waiter goes on instead
+                    self._pass_on(origin, waiter.result())  # handed over just as it gave up
                 if isinstance(exc, TimeoutError):
                     raise PoolTimeout(f"all {self.max_connections} connections to {origin[1]}:{origin[2]} "
                                       f"stayed busy for {self.connect_timeout:g} s") from None
                 raise
+            if handed is None or not (handed.lost or handed.transport is None or handed.transport.is_closing()):
+                return handed
+            handed.close()  # it closed on the way: its place went on to the next in line; wait again
 
-    def _wake(self, origin: Origin) -> None:
-        """A connection to ``origin`` went idle or closed: the first call waiting for one goes on."""
+    def _give(self, origin: Origin, handed: _Connection | None) -> bool:
+        """Hand an idle connection (or, None, the place of one that closed) to the first call
+        waiting for one; False when nobody waits."""
         queue = self._waiters.get(origin)
         while queue:
             waiter = queue.popleft()
             if not waiter.done():
-                waiter.set_result(None)
-                return
+                waiter.set_result(handed)
+                return True
+        return False
+
+    def _pass_on(self, origin: Origin, handed: _Connection | None) -> None:
+        """What a waiter was handed as it gave up goes to the next in line, or back."""
+        if handed is None:
+            self._release_place(origin)
+        else:
+            self._recycle(handed)
 
     async def _connect(self, origin: Origin) -> _Connection:
         """A new connection, in the place ``_acquire`` reserved for it."""
@@ -679,12 +692,14 @@ class Client:
         return conn
 
     def _release_place(self, origin: Origin) -> None:
+        """A connection's place is free: the first waiter takes it over, else it is given up."""
+        if self._give(origin, None):
+            return
         opened = self._open.get(origin, 0) - 1
         if opened > 0:
             self._open[origin] = opened
         else:
             self._open.pop(origin, None)
-        self._wake(origin)
 
     # the pool
 
@@ -721,11 +736,11 @@ class Client:
             conn.close()
             return
         conn.idle_since = self.loop.time()
+        if self._give(conn.origin, conn):
+            return  # straight to the first call waiting for one
         self._idle.setdefault(conn.origin, []).append(conn)
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(self.idle_timeout, self._sweep)
-        if self._waiters.get(conn.origin):
-            self._wake(conn.origin)
 
     def _forget(self, conn: _Connection) -> None:
         if conn in self._all:
