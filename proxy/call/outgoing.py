@@ -27,14 +27,25 @@ CREDENTIAL_QUERY: Final = frozenset({"key", "api_key", "api-key", "apikey", "acc
 #: context. Replay sends the rest as the live call sent them, and the configured key again.
 CREDENTIAL_HEADERS: Final = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key", "x-goog-api-key",
                                        "api-key", "traceparent", "tracestate", "baggage"})
-_CREDENTIAL_NAME: Final = re.compile(r"(?:^|[-_])(?:api[-_]?key|key|token|secret|password|auth)(?:$|[-_])", re.I)
+#: A name that says it holds a credential: anywhere in it auth (authorization, authentication,
+#: oauth), token, secret, passw(ord), credential, cookie, an api key; or key as a word of its own.
+_CREDENTIAL_NAME: Final = re.compile(r"auth|token|secret|passw|credential|cookie|api[-_]?keys?|(?:^|[-_])keys?(?:$|[-_])",
+                                     re.I)
+#: A value shaped like a credential whatever its name: an auth scheme's prefix, an OpenAI- or
+#: Anthropic-style secret key, a Google API key.
+_CREDENTIAL_VALUE: Final = re.compile(r"^\s*(?:bearer|basic|token|digest)\s|\bsk-[A-Za-z0-9_-]{8,}|\bAIza[0-9A-Za-z_-]{20,}", re.I)
+
+
+def is_credential(name: str, value: str = "") -> bool:
+    """Whether a header or a query parameter carries a credential, by its name or its value."""
+    return (name.lower() in CREDENTIAL_HEADERS or name.lower() in CREDENTIAL_QUERY
+            or _CREDENTIAL_NAME.search(name) is not None or _CREDENTIAL_VALUE.search(value) is not None)
 
 
 def recordable_headers(headers: MultiMapping[str]) -> tuple[tuple[str, str], ...]:
-    """The headers a call went upstream with, in order, minus ``CREDENTIAL_HEADERS`` and any
-    whose name looks like a credential's: what its record keeps, so replay sends the same."""
-    return tuple((str(name), str(value)) for name, value in headers.items()
-                 if name.lower() not in CREDENTIAL_HEADERS and _CREDENTIAL_NAME.search(name) is None)
+    """The headers a call went upstream with, in order, minus every one that ``is_credential``:
+    what its record keeps, so replay sends the same (and the configured key again)."""
+    return tuple((str(name), str(value)) for name, value in headers.items() if not is_credential(name, value))
 
 
 class Withheld(Protocol):
@@ -64,9 +75,11 @@ def upstream_query(raw_query: str, fmt: WireFormat, upstream: Upstream, withheld
     return filter_query(raw_query, keep)
 
 
-def recorded_path(raw_path: str, raw_query: str) -> str:
-    """The path and query as the session log keeps them: no credential parameter, on any format."""
-    query = filter_query(raw_query, lambda k, v: k.lower() not in CREDENTIAL_QUERY)
+def recorded_path(raw_path: str, raw_query: str, withheld: Withheld) -> str:
+    """The path and query as the session log keeps them: no parameter that ``is_credential``, and
+    none holding one of the proxy's own tokens, on any format."""
+    query = filter_query(raw_query, lambda k, v: not (is_credential(k, v) or withheld.holds_own(v)
+                                                      or withheld.holds_own(k)))
     return raw_path + (f"?{query}" if query else "")
 
 
