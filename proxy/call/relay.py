@@ -30,6 +30,9 @@ from ..upstream.transport import Answer, ClientError, Transport
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+    # the proxy answered the client's Expect itself; sent on, it would hold the body back until an
+    # upstream that waits for the body says 100 Continue (aiohttp's client waits with no deadline)
+    "expect",
 })
 OVERHEAD_HEADER = "x-projectionist-overhead-ms"
 #: A response body declared this small (and not an event stream) is read whole before it goes out,
@@ -251,14 +254,13 @@ def _console_cookie(value: str) -> bool:
     return False
 
 
-def _response_head(response: _R, answer: Response, request_id: str, timing: Timing) -> _R:
-    """``response`` with the upstream's end-to-end headers, the request id and the overhead. A
-    pass-through answer is never sniffed into active content (``nosniff``), is sandboxed
-    (``Content-Security-Policy: sandbox``: no script, no origin), and an upstream's cookie for the
-    console's name or path is dropped."""
-    skip = _skipped(answer.headers, frozenset())
-    out = response.headers
-    for key, value in answer.headers.items():
+def answer_headers(out: CIMultiDict[str], headers: MultiMapping[str]) -> None:
+    """The upstream's end-to-end ``headers``, added to ``out`` as every answer the proxy passes
+    on gets them: never sniffed into active content (``nosniff``), sandboxed
+    (``Content-Security-Policy: sandbox``: no script, no origin), and without an upstream's cookie
+    for the console's name or path."""
+    skip = _skipped(headers, frozenset())
+    for key, value in headers.items():
         low = key.lower()
         if low not in skip and not (low == "set-cookie" and _console_cookie(value)):
             out.add(key, value)
@@ -266,6 +268,15 @@ def _response_head(response: _R, answer: Response, request_id: str, timing: Timi
     # whatever an upstream answers is a document of no origin in a browser (a sandbox with no
     # permission at all): a page it returns never runs as this proxy's origin, where the console is
     out.add("Content-Security-Policy", "sandbox")
+
+
+def _response_head(response: _R, answer: Response, request_id: str, timing: Timing) -> _R:
+    """``response`` with the upstream's end-to-end headers, the request id and the overhead. A
+    pass-through answer is never sniffed into active content (``nosniff``), is sandboxed
+    (``Content-Security-Policy: sandbox``: no script, no origin), and an upstream's cookie for the
+    console's name or path is dropped."""
+    out = response.headers
+    answer_headers(out, answer.headers)
     if request_id:
         out[REQUEST_ID_HEADER] = request_id
     if answer.content_length is not None:

@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 
 from ...adapters.registry import ADAPTERS
 from ...adapters.responses import documents
-from ...policy.errors import AttachmentError, Code, Conflict, InvalidRequest, NotFound
+from ...policy.errors import AttachmentError, ProjectionistError, Code, Conflict, InvalidRequest, NotFound
 from ...policy.events import (
     Event,
     RequestEvent,
@@ -34,6 +34,7 @@ from ...policy.model import HttpRefs, ImageRef
 from ...policy.ports import SessionLog
 from ...policy.projection import Projection, ProjectionContext, project
 from ..config import Config, UpstreamConfig
+from ..inbound.bodies import inflate
 from .prepare import build, inbound_digest
 from .describe import Described, of_raw, sha256_id
 from ..upstream.identity import Identities
@@ -208,12 +209,26 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
         with upstream_errors():
             answer = await transport.send(record.method, url, headers=outgoing, body=rebuilt.body)
             try:
-                return answer.status, answer.headers.get("Content-Type", ""), await answer.read()
+                data = await answer.read()
+                encoding = answer.headers.get("Content-Encoding", "").strip().lower()
+                return answer.status, answer.headers.get("Content-Type", ""), _decoded(data, encoding, config)
             finally:
                 answer.release()
     finally:
         if opened is not None:
             await opened.aclose()
+
+
+def _decoded(data: bytes, encoding: str, config: Config) -> bytes:
+    """An answer's body as its client read it: a gzip or deflate coding the live call asked for
+    (its recorded Accept-Encoding) is undone, so the report and the diff read the document; a
+    coding the proxy cannot read, or a body that does not decode, stays as it came."""
+    if not encoding or encoding == "identity":
+        return data
+    try:
+        return inflate(data, encoding, config.record.max_response_bytes)
+    except ProjectionistError:
+        return data
 
 
 _TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -268,6 +283,12 @@ async def recorded_response(store: Store, rebuilt: Rebuilt) -> bytes | None:
     return await store.get_blob(blob) if blob else None
 
 
+def _as_read(data: bytes | None, config: Config) -> bytes | None:
+    """A recorded answer as its client read it: the relay records bytes as they came, so a gzip
+    body (its magic bytes say so) is undone, as the new answer's coding is (``_decoded``)."""
+    return _decoded(data, "gzip", config) if data is not None and data[:2] == b"\x1f\x8b" else data
+
+
 async def send_and_compare(rebuilt: Rebuilt, config: Config, store: Store, *, upstream_url: str | None,
                            headers: dict[str, str], compare: bool,
                            transport: Transport | None = None) -> dict[str, Any]:
@@ -278,6 +299,6 @@ async def send_and_compare(rebuilt: Rebuilt, config: Config, store: Store, *, up
     out: dict[str, Any] = {"sent": {"status": status, "content_type": content_type, "bytes": len(answer),
                                     "body": answer.decode("utf-8", "replace")[:4000]}}
     if compare:
-        out["diff"] = diff(await recorded_response(store, rebuilt), answer, content_type,
+        out["diff"] = diff(_as_read(await recorded_response(store, rebuilt), config), answer, content_type,
                            ADAPTERS[rebuilt.request.adapter].VOLATILE)
     return out

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import msgspec
 from aiohttp import web
+from multidict import CIMultiDict
 
 from ...adapters import anthropic_messages, openai_chat
 from ...adapters.base import FilesFormat, WireFormat
@@ -47,7 +48,7 @@ from ..call.send import relay_body
 from ..inbound.services import SERVICES
 from ..stores.base import LIST_MAX, AttachmentMeta
 from ..call.outgoing import outgoing_headers, target_url
-from ..call.relay import forward_headers, upstream_errors
+from ..call.relay import answer_headers, upstream_errors
 from ..upstream.target import Upstream
 from .attachments import clean_name, serve_image
 from ..inbound.params import natural
@@ -208,7 +209,8 @@ async def _upstream_list(request: web.Request, fmt: WireFormat, upstream: Upstre
                 size += len(chunk)
                 if size > cap:
                     raise UpstreamError("upstream file list exceeds the configured client_max_size")
-            body, status, head = b"".join(chunks), answer.status, forward_headers(answer.headers)
+            body, status, head = b"".join(chunks), answer.status, CIMultiDict[str]()
+            answer_headers(head, answer.headers)  # as the relay passes on any answer: sandboxed, no console cookie
         finally:
             answer.release()
     if status in NO_FILES_API:

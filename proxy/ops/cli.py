@@ -339,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that left shows here, inside the try, not at the interpreter's exit
         return code
     except ProjectionistError as error:
-        print(f"projectionist: {error.code}: {error.message}", file=sys.stderr)
+        message = error.message.removeprefix(f"{error.code}: ")  # a boundary's message may open with its code
+        print(f"projectionist: {error.code}: {message}", file=sys.stderr)
         return 2 if error.code in SETUP_ERRORS or isinstance(error, StartupError) else 1
     except DemoFailed as failed:
         print(f"projectionist demo: FAILED: {failed}", file=sys.stderr)

@@ -117,6 +117,9 @@ class AiohttpTransport:
         with mapped(pool_wait=True):
             response = await self._session.request(method, url, headers=headers, data=body, allow_redirects=False,
                                                    compress=None, chunked=None)
+        if response.status == 101 or not 100 <= response.status <= 599:  # an upgrade nobody asked for
+            response.close()
+            raise ResponseError(f"a response status {response.status} to a plain call")
         return _Answer(response)
 
     async def aclose(self) -> None:

@@ -302,6 +302,9 @@ class Response:
                 self._fail(ResponseError(f"the response head is over {MAX_HEAD} bytes"))
                 return
         if self._head_ready and not self._head.done():
+            if not 100 <= self.status <= 599 or self._head_size() > MAX_HEAD:
+                self._fail(ResponseError(f"a response status {self.status}, or a head over {MAX_HEAD} bytes"))
+                return
             if self._has_body and self._conn.unsent():
                 # answered before the request was all out (an early 413, a 401 from the head): the
                 # server did not read the rest, and what it makes of it on this connection is unknown
@@ -312,6 +315,10 @@ class Response:
             self._stop_timer()
         if self._waiter is not None and (self._buffer or self._done) and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def _head_size(self) -> int:
+        """The answer's head as received, near enough: its reason and every field."""
+        return len(self._reason) + sum(len(name) + len(value) + 4 for name, value in self._raw)
 
     def _lost(self) -> None:
         if self._done or self._error is not None:
