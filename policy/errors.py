@@ -16,7 +16,7 @@ these at one boundary in ``proxy/``; adapters only shape them into each provider
     ├── Forbidden (proxy.http)  403  ADMIN_REQUIRED
     ├── NotFound                404  ROUTE_NOT_FOUND, UNKNOWN_UPSTREAM, FILE_NOT_FOUND, ...
     ├── Conflict                409  SESSION_EXISTS, a refused recovery (its failure code), ...
-    ├── UpstreamError           502/504  UPSTREAM_UNAVAILABLE, UPSTREAM_TIMEOUT
+    ├── UpstreamError           502/503/504  UPSTREAM_UNAVAILABLE, UPSTREAM_BUSY, UPSTREAM_TIMEOUT
     ├── Unavailable             503  LOG_UNAVAILABLE, STORE_UNAVAILABLE, SESSION_CONTENDED, ...
     └── InternalError           500  UNCLASSIFIED_ERROR (a bug, never a client or store fault)
 """
@@ -93,6 +93,7 @@ class Code(StrEnum):
     # the upstream, the proxy's own storage, contention
     UPSTREAM_UNAVAILABLE = auto()
     UPSTREAM_TIMEOUT = auto()
+    UPSTREAM_BUSY = auto()
     LOG_UNAVAILABLE = auto()
     STORE_UNAVAILABLE = auto()
     ATTACHMENT_WRITE_FAILED = auto()
@@ -158,6 +159,8 @@ CODES: Final[dict[str, Entry]] = {
     NOT_FOUND: Entry(422, also=(409, 404)), CORRUPT: Entry(422, also=(409,)), READ_FAILED: Entry(503, also=(409,)),
     # the upstream, the proxy's own storage, contention
     Code.UPSTREAM_UNAVAILABLE: Entry(502), Code.UPSTREAM_TIMEOUT: Entry(504),
+    # every connection to the upstream's origin stayed in use: the proxy's own capacity, not the upstream's
+    Code.UPSTREAM_BUSY: Entry(503),
     Code.LOG_UNAVAILABLE: Entry(503, "the session log is unavailable; retry"),
     Code.STORE_UNAVAILABLE: Entry(503, "the attachment store is unavailable; retry"),
     Code.ATTACHMENT_WRITE_FAILED: Entry(503, "the attachment store could not write; retry"),

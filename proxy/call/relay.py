@@ -24,7 +24,7 @@ from yarl import URL
 from ...policy.errors import Code, UpstreamError
 from ..observe.logger import get_logger
 from ..inbound.context import Timing
-from ..upstream.transport import Answer, ClientError, Transport
+from ..upstream.transport import Answer, ClientError, PoolTimeout, Transport
 
 #: RFC 9110 §7.6.1 hop-by-hop fields, plus the ones aiohttp recomputes for each leg.
 HOP_BY_HOP = frozenset({
@@ -168,6 +168,9 @@ def client_error(exc: BaseException) -> UpstreamError | None:
     """The one translation of a transport's errors (connect, timeout, refused, bad URL, broken
     answer; every transport raises only ``transport``'s) into the proxy's; None for anything that
     is not one."""
+    if isinstance(exc, PoolTimeout):  # the upstream never saw the call: this proxy's capacity, retry later
+        return UpstreamError(f"no connection to the upstream was free: {exc}", code=Code.UPSTREAM_BUSY,
+                             status=503, retryable=True)
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamError("upstream timed out before responding", code=Code.UPSTREAM_TIMEOUT)
     if isinstance(exc, ClientError):
