@@ -123,7 +123,8 @@ class _Projecting:
         path = recorded_path(call.raw_path, call.request.rel_url.raw_query_string, services.guard)
         info = CallInfo(inbound.session_id, request_id, ctx.started, ctx.route, call.fmt, call.upstream.name,
                         call.request.method, path, self.sent_headers)
-        return built, services.recording.start(info, inbound.raw, built.described, built.projection)
+        recorder: Recorder = services.recording.start(info, inbound.raw, built.described, built.projection)
+        return built, recorder
 
     async def again(self) -> tuple[bytes, Recorder | None]:
         built, recorder = await self.built(2)

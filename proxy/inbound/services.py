@@ -1,9 +1,9 @@
 """Everything a handler needs, typed, behind one AppKey: config, store, log, upstreams, guard (proxy layer).
 
 No module globals: handlers reach these through ``request.app[SERVICES]``. The edge builds it,
-with the call's record writer (``call.record.Recording``, named here for its type only); the
-edge, the file APIs, the console and the call read it; the layers below get what they need as
-arguments.
+with the call's record writer (``call.record.Recording``, seen here as the ``RecordWriter``
+protocol); the edge, the file APIs, the console and the call read it; the layers below get what
+they need as arguments.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -30,9 +30,25 @@ from ..stores.variants import Variants
 from ..upstream.identity import Identities
 from ..upstream.target import Upstream
 
-if TYPE_CHECKING:  # types only: tracing is imported only when configured; the record writer is the call's
-    from ..call.record import Recording
+if TYPE_CHECKING:  # imported only when tracing is configured
     from ..observe.tracing import Tracing
+
+
+class RecordWriter(Protocol):
+    """What the app's services need of the record writer of proxied calls (``call.record.Recording``,
+    which the edge makes: it is the call's): whether it records, starting a call's record, and
+    waiting for what is queued. Named here as a protocol, so nothing below the call knows it."""
+
+    @property
+    def on(self) -> bool: ...
+
+    def start(self, call: Any, raw: bytes, described: Any, projection: Any) -> Any: ...
+
+    async def drain(self) -> None: ...
+
+    async def settle(self, session_id: str, timeout: float) -> bool: ...
+
+    async def close(self) -> None: ...
 
 
 #: The console's own application (``app.admin_site`` serves it), kept on the proxy's.
@@ -54,7 +70,7 @@ class Services:
     guard: Guard
     metrics: Metrics
     #: The record writer of proxied calls (the edge makes it: it is the call's).
-    recording: Recording
+    recording: RecordWriter
     #: Traces of proxied calls, when ``[telemetry] otlp_endpoint`` is set.
     tracing: Tracing | None = None
     variants: Variants = field(init=False)
