@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import select
+import socket
 import ssl
 import sys
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Final
 
+from aiohappyeyeballs import start_connection
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
@@ -682,9 +684,16 @@ class Client:
             self._ssl = ssl.create_default_context()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                await self.loop.create_connection(lambda: conn, host, port, ssl=self._ssl if tls else None,
-                                                  server_hostname=host if tls else None,
-                                                  happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY)
+                # resolved here and raced by aiohappyeyeballs (aiohttp's own), on any loop: uvloop's
+                # create_connection has no happy_eyeballs_delay
+                infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                sock = await start_connection(infos, happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY, loop=self.loop)
+                try:
+                    await self.loop.create_connection(lambda: conn, sock=sock, ssl=self._ssl if tls else None,
+                                                      server_hostname=host if tls else None)
+                except BaseException:
+                    sock.close()
+                    raise
         except BaseException as exc:
             self._release_place(origin)
             if isinstance(exc, TimeoutError):

@@ -230,3 +230,24 @@ async def test_a_black_holed_first_address_still_connects_by_the_next(serve: Mak
     finally:
         for sock in (*fillers, hole):
             sock.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_both_transports_connect_on_uvloop_the_default_loop(kind: Kind) -> None:
+    """``[server] event_loop = "auto"`` is uvloop, whose ``create_connection`` takes fewer keywords
+    than asyncio's (no ``happy_eyeballs_delay``): a call through each transport on it, as served."""
+    import uvloop
+
+    from tests.proxy.upstream.test_client import RawServer
+
+    async def main() -> bytes:
+        server = await RawServer(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")).start()
+        transport = open_transport(kind, 2.0, 2.0)
+        try:
+            answer = await transport.send("GET", server.url / "u", headers=CIMultiDict())
+            return await answer.read()
+        finally:
+            await transport.aclose()
+            await server.stop()
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(main()) == b"ok"
