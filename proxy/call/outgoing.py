@@ -45,7 +45,23 @@ def is_credential(name: str, value: str = "") -> bool:
 def recordable_headers(headers: MultiMapping[str]) -> tuple[tuple[str, str], ...]:
     """The headers a call went upstream with, in order, minus every one that ``is_credential``:
     what its record keeps, so replay sends the same (and the configured key again)."""
-    return tuple((str(name), str(value)) for name, value in headers.items() if not is_credential(name, value))
+    kept = []
+    for name, value in headers.items():
+        pair = (str(name), str(value))
+        if pair in _RECORDABLE:
+            kept.append(pair)
+        elif not is_credential(*pair):
+            kept.append(pair)
+            if len(_RECORDABLE) >= RECORDABLE_KEPT:
+                _RECORDABLE.clear()
+            _RECORDABLE.add(pair)
+    return tuple(kept)
+
+
+#: Headers found to be no credential, remembered (a client sends the same few again and again, and
+#: the two patterns cost ~3 µs a header); a credential is never kept here, only looked at again.
+_RECORDABLE: set[tuple[str, str]] = set()
+RECORDABLE_KEPT: Final = 4096
 
 
 class Withheld(Protocol):
