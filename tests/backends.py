@@ -55,16 +55,28 @@ def backend_on_both(request: pytest.FixtureRequest) -> str:
 
 def free_port(grpc_offset: bool = False) -> int:
     """A free loopback port; with ``grpc_offset`` also port + 10000 is free (weed's gRPC ports)."""
+    return _free_port(10000 if grpc_offset else 0)
+
+
+def free_port_pair() -> int:
+    """A free loopback port whose next one is free too: ``serve`` without ``--admin-listen`` puts its
+    console on port + 1, which a port of the ephemeral range may have lent to any connection (of
+    another test worker's, say); then serve's first line is LISTEN_FAILED instead of ``listening``."""
+    return _free_port(1)
+
+
+def _free_port(offset: int) -> int:
+    """A free loopback port; with an ``offset``, port + offset is free too."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port: int = s.getsockname()[1]
-        if not grpc_offset:
+        if not offset:
             return port
-        if port + 10000 < 65536:
+        if port + offset < 65536:
             with socket.socket() as s:
                 try:
-                    s.bind(("127.0.0.1", port + 10000))
+                    s.bind(("127.0.0.1", port + offset))
                 except OSError:
                     continue
             return port

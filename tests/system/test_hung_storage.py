@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from projectionist.proxy.inbound.services import SERVICES
-from tests.backends import free_port
+from tests.backends import free_port_pair
 from tests.conftest import Harness
 from tests.imaging import make_image
 from tests.paths import ROOT
@@ -295,7 +295,7 @@ async def test_an_s3_endpoint_that_never_answers_never_spreads(
 
 
 async def test_sigterm_ends_the_process_within_its_grace_even_with_hung_reads(tmp_path: Path) -> None:
-    port, data = free_port(), tmp_path / "data"
+    port, data = free_port_pair(), tmp_path / "data"  # and its console on port + 1
     config = tmp_path / "c.toml"
     config.write_text('[server]\nshutdown_grace = 2.0\n[store]\nread_timeout = 600.0\n')
     proc = await asyncio.create_subprocess_exec(

@@ -16,7 +16,7 @@ import pytest
 
 from projectionist.proxy.ops.serve import is_loopback, open_proxy_refusal
 from projectionist.proxy.config import load_config
-from tests.backends import free_port
+from tests.backends import free_port, free_port_pair
 from tests.commands import cli
 from tests.paths import ROOT
 
@@ -89,7 +89,7 @@ async def test_a_config_mistake_names_its_file_line_key_and_the_right_spelling(t
 
 async def test_a_port_in_use_is_one_line_and_nothing_claims_to_listen(tmp_path: Path) -> None:
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        taken.bind(("127.0.0.1", free_port_pair()))  # the console's port + 1 free: the port is what fails
         taken.listen()
         port = taken.getsockname()[1]
         rc, _, err = await cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "d"))
@@ -115,7 +115,7 @@ async def test_a_malformed_admin_listen_names_the_flag(tmp_path: Path) -> None:
 
 
 async def test_the_listening_line_names_the_consoles_own_address_port_plus_one() -> None:
-    port = free_port()
+    port = free_port_pair()
     line = await serve_briefly(port=port)
     assert line["port"] == port and line["admin"] == f"127.0.0.1:{port + 1}"
 
@@ -185,8 +185,9 @@ async def test_an_api_key_env_that_is_not_set_is_one_line(tmp_path: Path) -> Non
 
 
 async def serve_briefly(*args: str, env: dict[str, str] | None = None, port: int | None = None) -> dict[str, object]:
-    """Start ``serve`` on ``port`` (a free one), return its ``listening`` line, stop it with SIGTERM."""
-    port = port if port is not None else free_port()
+    """Start ``serve`` on ``port`` (a free one, and so is the next, for its console unless ``args``
+    put it elsewhere), return its ``listening`` line, stop it with SIGTERM."""
+    port = port if port is not None else free_port_pair()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--port", str(port), *args, cwd=ROOT, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)

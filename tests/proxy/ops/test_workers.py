@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from projectionist.proxy.ops.workers import RestartBudget
-from tests.backends import free_port, pg_dsn
+from tests.backends import free_port, free_port_pair, pg_dsn
 from tests.commands import cli
 from tests.conftest import drop_schema
 from tests.fakes import FakeUpstream
@@ -251,7 +251,7 @@ async def test_the_flag_overrides_the_config_file(supervise: Any, tmp_path: Path
 
 async def test_start_up_errors_with_workers_stay_one_line(tmp_path: Path) -> None:
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        taken.bind(("127.0.0.1", free_port_pair()))  # the console's port + 1 free: the port is what fails
         taken.listen()
         port = taken.getsockname()[1]
         rc, _, err = await cli("serve", "--workers", "2", "--port", str(port), "--data-dir", str(tmp_path / "d"))

@@ -44,11 +44,26 @@ async def until(condition: object, what: str, seconds: float = 5.0) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def own_dsn(name: str) -> str:
+    """The test server's DSN with ``application_name`` set to ``name`` (asyncpg sends the DSN's
+    other query parameters as server settings)."""
+    dsn = pg_dsn()
+    return f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}"
+
+
+def schema_of(log: CachedLog) -> str:
+    """The schema of a replica's log (its channel names it), which is its connections' ``application_name``."""
+    assert isinstance(log.inner, PostgresLog)
+    return log.inner.channel.removeprefix("projectionist_state:")
+
+
 @pytest.fixture
 async def replicas() -> AsyncIterator[tuple[CachedLog, CachedLog]]:
-    """Two replicas' logs on one schema of their own, both listening."""
+    """Two replicas' logs on one schema of their own, both listening; their connections carry the
+    schema as their ``application_name``, so a test can find them among every other run's."""
     schema = f"w_{uuid.uuid4().hex[:12]}"
-    a, b = PostgresLog(pg_dsn(), schema=schema), PostgresLog(pg_dsn(), schema=schema)
+    dsn = own_dsn(schema)
+    a, b = PostgresLog(dsn, schema=schema), PostgresLog(dsn, schema=schema)
     for log in (a, b):
         log.ping_every = 0.2
         await log.start()
@@ -99,10 +114,12 @@ async def test_a_lost_listener_vouches_for_nothing_until_it_listens_again(
     await a.read_state("s", 0)
     assert a.fresh("s") is not None
     conn = await asyncpg.connect(pg_dsn())
-    try:  # what a failover or a network cut does to the listening connection
+    try:  # what a failover or a network cut does to the listening connection: this test's own only
+        # (tests run in parallel, and other runs may share the server: their listeners stay up)
         killed = await conn.fetchval("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                                     " WHERE pid <> pg_backend_pid() AND (query LIKE 'LISTEN%'"
-                                     " OR query LIKE '%projectionist watch%')")
+                                     " WHERE pid <> pg_backend_pid() AND application_name = $1"
+                                     " AND (query LIKE 'LISTEN%' OR query LIKE '%projectionist watch%')",
+                                     schema_of(a))
     finally:
         await conn.close()
     assert killed >= 1
