@@ -1,6 +1,7 @@
 """What goes upstream: the target URL and the end-to-end headers, with auth substituted (proxy layer).
 
-The URL is the upstream's configured base plus the validated client path (``upstream.urls``). The
+The URL is the upstream's configured base plus the validated client path (``upstream.urls``);
+the query goes as the client wrote it, pair by pair, minus what ``filter_query`` refuses. The
 client's own credentials are forwarded unless the upstream has a configured key; then the
 format's auth headers and query parameters (Gemini's ``?key=``) are replaced by it. What the
 ``Withheld`` says is the proxy's own (client tokens, the admin token, its session and token
@@ -10,7 +11,9 @@ headers) is never forwarded, in whatever header or query parameter it came.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Final, Protocol
+from urllib.parse import unquote_plus
 
 from multidict import CIMultiDict, MultiMapping
 from yarl import URL
@@ -18,7 +21,6 @@ from yarl import URL
 from ...adapters.base import WireFormat
 from .relay import forward_headers
 from ..upstream.target import Upstream
-from ..upstream.urls import filter_query
 
 #: Query parameters that carry a credential (any case); removed from every recorded path.
 CREDENTIAL_QUERY: Final = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})
@@ -34,6 +36,19 @@ _CREDENTIAL_NAME: Final = re.compile(r"auth|token|secret|passw|credential|cookie
 #: A value shaped like a credential whatever its name: an auth scheme's prefix, an OpenAI- or
 #: Anthropic-style secret key, a Google API key.
 _CREDENTIAL_VALUE: Final = re.compile(r"^\s*(?:bearer|basic|token|digest)\s|\bsk-[A-Za-z0-9_-]{8,}|\bAIza[0-9A-Za-z_-]{20,}", re.I)
+
+
+def filter_query(raw: str, keep: Callable[[str, str], bool]) -> str:
+    """``raw`` query string minus the pairs ``keep(name, value)`` refuses; kept pairs stay byte
+    for byte as the client wrote them."""
+    if not raw:
+        return raw
+    kept = []
+    for pair in raw.split("&"):
+        name, _, value = pair.partition("=")
+        if keep(unquote_plus(name), unquote_plus(value)):
+            kept.append(pair)
+    return "&".join(kept)
 
 
 def is_credential(name: str, value: str = "") -> bool:

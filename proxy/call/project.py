@@ -20,7 +20,7 @@ from multidict import CIMultiDict
 from ...adapters.base import WireFormat
 from ...policy.model import ImageRef, Placeholder
 from ...policy.projection import Projection, ProjectionContext, project
-from ..inbound.inflight import Carrying
+from .inflight import Carrying
 from .prepare import Built, build
 from .call import Call
 from .outgoing import outgoing_headers, readable_codings, recordable_headers, recorded_path

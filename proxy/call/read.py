@@ -29,6 +29,8 @@ async def read(call: Call) -> Inbound:
     raw = await read_body(call.request)
     found, parsed = _session(call, raw)
     ctx = call.ctx
+    if found is not None:
+        found = sessions.checked(found)
     session_id = scoped_session(ctx.tenant, found.id) if found is not None else None
     ctx.fields.update(adapter=call.fmt.NAME, session=session_id)
     if found is not None and found.source not in ("header", "path"):

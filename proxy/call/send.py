@@ -3,19 +3,21 @@ upstream's transport (``relay``), the answer comes back chunk by chunk, and what
 reaches its recorder (the fourth stage, ``record``), the log line and the metrics.
 
 ``send`` sends a prepared (projected) call: while it is in flight, its images count as carried
-(``inbound.inflight``), for attributing a concurrent refusal. ``relay_body`` sends any body: a
+(``inflight``), for attributing a concurrent refusal. ``relay_body`` sends any body: a
 projected one, one already read (the Files API), or the request's own stream as it arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from ...adapters.responses import tokens
 from ...policy.errors import ProjectionistError
+from .inflight import Carrying
 from .call import Call
 from .outgoing import outgoing_headers, target_url
 from .project import MODEL_MAX, Prepared
@@ -28,10 +30,12 @@ from .resend import Resend
 async def send(call: Call, inbound: Inbound, prepared: Prepared) -> web.StreamResponse:
     built, recorder, screen = prepared.built, prepared.recorder, prepared.screen
     meter = Meter() if recorder is None else None
-    if inbound.session_id is None or not built.images:
-        return await relay_body(call, built.body, prepared.headers, recorder=recorder, screen=screen, meter=meter)
-    with call.services.inflight.carrying(inbound.session_id, call.fmt.FORMAT, prepared.carried, call.timing) as carrying:
-        prepared.in_flight.append(carrying)
+    carried: contextlib.AbstractContextManager[Carrying | None] = contextlib.nullcontext()
+    if inbound.session_id is not None and built.images:
+        carried = call.services.inflight.carrying(inbound.session_id, call.fmt.FORMAT, prepared.carried, call.timing)
+    with carried as carrying:
+        if carrying is not None:
+            prepared.in_flight.append(carrying)
         return await relay_body(call, built.body, prepared.headers, recorder=recorder, screen=screen, meter=meter)
 
 

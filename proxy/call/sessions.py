@@ -64,19 +64,22 @@ class Found(NamedTuple):
 
 
 def named(headers: MultiMapping[str], header: str, aliases: tuple[str, ...], in_path: str | None) -> Found | None:
-    """Rules 1 and 2: the session the client named on purpose."""
+    """Rules 1 and 2: the session the client named on purpose (a header's value not yet
+    ``checked``: a header that disagrees with the path is a conflict, whatever it holds)."""
     value = headers.get(header)
-    if value is not None:
-        session = check_session_id(value)
-        if in_path is not None and session != in_path:
-            raise InvalidRequest(f"the {header} header and the /s/{{session}}/ path name different sessions",
-                                 code=Code.SESSION_CONFLICT)
-        return Found(session, "header")
-    if in_path is not None:
-        return Found(in_path, "path")
+    if value is None:
+        return Found(in_path, "path") if in_path is not None else _alias(headers, aliases)
+    if in_path is not None and value != in_path:
+        raise InvalidRequest(f"the {header} header and the /s/{{session}}/ path name different sessions",
+                             code=Code.SESSION_CONFLICT)
+    return Found(value, "header")  # checked (``checked``) where the session is scoped
+
+
+def _alias(headers: MultiMapping[str], aliases: tuple[str, ...]) -> Found | None:
+    """Rule 2: the first configured alias header the request carries, not empty."""
     for alias in aliases:
         value = headers.get(alias)
-        if value is not None and value:
+        if value:
             return Found(_scoped("", value, headers), "alias")
     return None
 
@@ -152,4 +155,12 @@ def session_of(headers: MultiMapping[str], names: tuple[str, ...], in_path: str 
     """The session the client named on purpose (``named``): its header (``names[0]``, which must
     agree with a path that names one), the path, or a configured alias."""
     found = named(headers, names[0], names[1:], in_path)
-    return found.id if found is not None else None
+    return checked(found).id if found is not None else None
+
+
+def checked(found: Found) -> Found:
+    """``found``, whose id is a valid session id (a header's value is checked: 400
+    ``INVALID_SESSION_ID``; every other source makes valid ids)."""
+    if found.source == "header":
+        check_session_id(found.id)
+    return found

@@ -26,6 +26,7 @@ from .middleware import context_middleware, note_started
 from ..inbound.context import context, error_response
 from .readiness import READINESS, Readiness, readyz
 from .routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session, format_spoken
+from ..call.inflight import Acceptances, InFlight
 from ..call.record import Recording
 from ..inbound.services import ADMIN_APP, SERVICES, Services
 from ..console.ui import add_ui_routes
@@ -179,6 +180,8 @@ def create_app(
         metrics=counters,
         recording=Recording(cached_log, store, record.mode, record.max_response_bytes, counters, record.queue_size,
                             batch_wait=record.batch_wait, hold=record.hold),
+        acceptances=Acceptances(),
+        inflight=InFlight(),
         tracing=open_tracing(config.telemetry),
     )
     app = web.Application(client_max_size=server.client_max_size,

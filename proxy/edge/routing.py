@@ -20,14 +20,16 @@ Every route here needs a client token when client tokens are configured, its raw
 A path the proxy owns, in any spelling (``/ADMIN``, ``//admin``, ``/admin;x``, ``/v1%2Fattachments``,
 ``/%73/x``), is answered here and never forwarded. A POST to a projecting path of the upstream's format goes
 through the policy (generation and the token-counting endpoints that take the same body); the
-Files API is handled in ``http.files`` (Gemini's in ``http.gemini_files``); everything else passes through unchanged.
+Files API is handled in ``files.sdk`` (Gemini's in ``files.gemini``); everything else passes through unchanged.
+``dispatch`` builds the one ``Call`` (which checks the path and names its adapter) and hands it to
+its route: the projected pipeline, or one of ``ROUTES``.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 from urllib.parse import unquote
 
@@ -35,17 +37,18 @@ from aiohttp import web
 from multidict import MultiDict, MultiDictProxy, MultiMapping
 from yarl import URL
 
-from ...adapters.registry import SPEAKS, projecting
+from ...adapters.registry import SPEAKS
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import check_session_id
-from ..files import gemini as gemini_files
-from ..files import sdk as files
-from ..inbound.context import context
 from ..call.call import Call
 from ..call.pipeline import relay_projected, relay_unchanged
 from ..call.sessions import PATH_SESSION, session_of
+from ..config import NAME_RE
+from ..files import gemini as gemini_files
+from ..files import sdk as files
+from ..inbound.context import context
 from ..inbound.services import SERVICES
-from ..upstream.urls import check_name, check_path
+from ..upstream.urls import check_path
 
 _GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")
 #: Busy un-prefixed paths, registered as plain routes so aiohttp resolves them without a pattern scan.
@@ -91,7 +94,8 @@ async def dispatch_default(request: web.Request) -> web.StreamResponse:
 
 
 async def dispatch_named(request: web.Request) -> web.StreamResponse:
-    return await dispatch(request, *_named(request.rel_url.raw_path), guard_owned=True)
+    name, tail = _named(request.rel_url.raw_path)
+    return await dispatch(request, name, tail, guard_owned=True)
 
 
 def _named(raw_path: str) -> tuple[str, str]:
@@ -150,7 +154,36 @@ def _require_client(request: web.Request) -> None:
         raise
 
 
+#: What answers a call that is not projected, by the kind of route it takes (``_route``).
+Route = Callable[[Call], Awaitable[web.StreamResponse]]
+ROUTES: Final[Mapping[str, Route]] = {
+    "passthrough": relay_unchanged,
+    "files": files.handle,
+    "gemini_files": gemini_files.handle,
+}
+
+
+def check_name(raw: str) -> str:
+    """An upstream name as it appears in ``/u/{name}/``: letters, digits, ``_.-``, literally."""
+    if NAME_RE.fullmatch(raw) is None:
+        raise InvalidRequest("upstream name must be 1-64 of [A-Za-z0-9_.-], not percent-encoded",
+                             code=Code.INVALID_UPSTREAM_NAME)
+    return raw
+
+
+def _route(upstream_format: str, method: str, path: str) -> str | None:
+    """The proxy's own file APIs' route for a path of ``upstream_format``, if it is one of theirs."""
+    if files.handles(upstream_format, method, path):
+        return "files"
+    if gemini_files.handles(upstream_format, method, path):
+        return "gemini_files"
+    return None
+
+
 async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owned: bool = False) -> web.StreamResponse:
+    """``request`` to the upstream ``name`` at ``raw_path``: the client is known, the upstream
+    exists, the path is not the proxy's own, the method is one that goes upstream; then the call
+    is built (its path checked) and handed to its route (``ROUTES``)."""
     services = request.app[SERVICES]
     ctx = context(request)
     # until the client is known, errors take the shape the request itself speaks: a stranger
@@ -170,21 +203,14 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
     if "websocket" in request.headers.get("Upgrade", "").lower():  # not relayed (yet): never as a plain call
         raise InvalidRequest("this proxy relays HTTP requests only; send the call without Upgrade",
                              code=Code.UPGRADE_NOT_SUPPORTED)
-    check_path(raw_path)
-    path = unquote(raw_path) if "%" in raw_path else raw_path
-    adapter = projecting(upstream.format, request.method, path)
-    fmt = ctx.fmt = adapter if adapter is not None else SPEAKS[upstream.format]
-    handler: Callable[[], Awaitable[web.StreamResponse]]
-    if adapter is not None:
-        ctx.route, handler = fmt.NAME, lambda: relay_projected(Call.of(request, fmt, upstream, raw_path))
-    elif files.handles(upstream.format, request.method, path):
-        ctx.route, handler = "files", lambda: files.handle(request, fmt, upstream, raw_path, path)
-    elif gemini_files.handles(upstream.format, request.method, path):
-        ctx.route, handler = "files", lambda: gemini_files.handle(request, fmt, upstream, raw_path, path)
-    else:
-        ctx.route, handler = "passthrough", lambda: relay_unchanged(Call.of(request, fmt, upstream, raw_path))
+    own = _route(upstream.format, request.method, unquote(raw_path) if "%" in raw_path else raw_path)
+    call = Call.of(request, upstream, raw_path)
+    kind = own or "passthrough"
+    ctx.route = call.fmt.NAME if call.projected else "files" if own is not None else kind
     if services.tracing is not None:  # the middleware ends the span, with the answer's status
         ctx.trace = services.tracing.call(request.headers, method=request.method, path=request.rel_url.raw_path,
                                           route=ctx.route, upstream=upstream.name, upstream_format=upstream.format,
                                           request_id=ctx.request_id)
-    return await handler()
+    if call.projected:
+        return await relay_projected(call)
+    return await ROUTES[kind](call)  # the file APIs and pass-through: each its own walk

@@ -33,7 +33,6 @@ import msgspec
 from aiohttp import web
 
 from ...adapters import gemini
-from ...adapters.base import WireFormat
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import ID_PREFIX, check_id
 from ..inbound.bodies import read_body
@@ -43,7 +42,6 @@ from ..call.pipeline import relay_unchanged
 from ..inbound.services import SERVICES
 from .attachments import clean_name
 from ..stores.base import AttachmentMeta
-from ..upstream.target import Upstream
 from ..inbound.params import natural
 
 START_PATH: Final = re.compile(r"/upload/v1(?:beta|alpha)?/files")
@@ -87,14 +85,15 @@ def _declared(request: web.Request) -> tuple[str, int] | None:
     return media_type, declared
 
 
-async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str, path: str) -> web.StreamResponse:
+async def handle(call: Call) -> web.StreamResponse:
+    request = call.request
     if request.method == "POST":
         declared = _declared(request)
         if declared is None or (request.content_length or 0) > START_MAX:
-            context(request).fields.update(files="forwarded")
-            return await relay_unchanged(Call.of(request, fmt, upstream, raw_path))
+            call.ctx.fields.update(files="forwarded")
+            return await relay_unchanged(call)
         return await _start(request, *declared)
-    match = FILE_PATH.fullmatch(path)
+    match = FILE_PATH.fullmatch(call.path)
     assert match is not None
     attachment_id = check_id(ID_PREFIX + match["hex"])
     services = request.app[SERVICES]

@@ -36,7 +36,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from ...adapters import anthropic_messages, openai_chat
-from ...adapters.base import FilesFormat, WireFormat
+from ...adapters.base import FilesFormat
 from ...policy.errors import Code, ImageRejected, InvalidRequest, NotFound, UpstreamError
 from ...policy.model import ID_PREFIX, check_id
 from ..stores.admission import IMAGE_TOO_LARGE, header_info
@@ -49,7 +49,6 @@ from ..inbound.services import SERVICES
 from ..stores.base import LIST_MAX, AttachmentMeta
 from ..call.outgoing import outgoing_headers, target_url
 from ..call.relay import answer_headers, upstream_errors
-from ..upstream.target import Upstream
 from .attachments import clean_name, serve_image
 from ..inbound.params import natural
 
@@ -98,16 +97,17 @@ def _json(payload: Any, status: int = 200) -> web.Response:
     return web.Response(body=msgspec.json.encode(payload), status=status, content_type="application/json")
 
 
-async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str, path: str) -> web.StreamResponse:
-    match = FILES_PATH.fullmatch(path)
+async def handle(call: Call) -> web.StreamResponse:
+    request, upstream = call.request, call.upstream
+    match = FILES_PATH.fullmatch(call.path)
     assert match is not None
     file_id = match["id"]
     if file_id is None and request.method == "GET":
-        return await _list(request, fmt, upstream, raw_path)
+        return await _list(call)
     if file_id is None:
-        return await _upload(request, fmt, upstream, raw_path)
+        return await _upload(call)
     if not file_id.startswith(ID_PREFIX):
-        return await relay_unchanged(Call.of(request, fmt, upstream, raw_path))
+        return await relay_unchanged(call)
     check_id(file_id)
     context(request).fields.update(attachment=file_id[:15])
     if request.method == "DELETE":  # removes history for every session that uses it: admin only
@@ -124,12 +124,12 @@ async def handle(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_
     return _json(file_object(upstream.format, meta))
 
 
-async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
-    app = request.app[SERVICES]
+async def _upload(call: Call) -> web.StreamResponse:
+    request, upstream, app = call.request, call.upstream, call.services
     limit = min(app.config.store.limits.max_bytes + MULTIPART_SLACK, app.config.server.client_max_size)
     length = request.content_length
     if not request.content_type.startswith("multipart/") or length is None or length > limit:
-        return await relay_unchanged(Call.of(request, fmt, upstream, raw_path))
+        return await relay_unchanged(call)
     raw = await request.read()  # forwarded as it came, if it is not an image to admit
     encoding = encoding_of(request)
     form = await asyncio.to_thread(inflate, raw, encoding, app.config.server.client_max_size) if encoding else raw
@@ -137,7 +137,7 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
     wanted = upstream.format == "anthropic" or fields.get("purpose") == "vision"
     if not wanted or upload is None or not _is_image(upload[0]):
         context(request).fields.update(files="forwarded")
-        return await relay_body(Call.of(request, fmt, upstream, raw_path), raw)
+        return await relay_body(call, raw)
     data, declared, filename = upload
     filename = clean_name(filename)
     tenant = context(request).tenant
@@ -149,16 +149,17 @@ async def _upload(request: web.Request, fmt: WireFormat, upstream: Upstream, raw
     return _json(file_object(upstream.format, meta))
 
 
-async def _list(request: web.Request, fmt: WireFormat, upstream: Upstream, raw_path: str) -> web.StreamResponse:
+async def _list(call: Call) -> web.StreamResponse:
     """The upstream's files, then the admitted images (the rule in the module docstring)."""
+    request = call.request
     query = request.query
     if query.get("purpose", "vision") not in ("", "vision"):
-        return await relay_unchanged(Call.of(request, fmt, upstream, raw_path))
+        return await relay_unchanged(call)
     limit = _limit(query.get("limit"))
     after = query.get("after") or None
     theirs: list[Any] = []
     if after is None or not after.startswith(ID_PREFIX):
-        answer = await _upstream_list(request, fmt, upstream, raw_path)
+        answer = await _upstream_list(call)
         if isinstance(answer, web.Response):
             return answer
         theirs, more = answer
@@ -189,15 +190,14 @@ def _page(data: list[Any], has_more: bool) -> dict[str, Any]:
             "last_id": ids[-1] if ids else None, "has_more": has_more}
 
 
-async def _upstream_list(request: web.Request, fmt: WireFormat, upstream: Upstream,
-                         raw_path: str) -> tuple[list[Any], bool] | web.Response:
+async def _upstream_list(call: Call) -> tuple[list[Any], bool] | web.Response:
     """The upstream's page (its files, whether it has more), or its answer to pass through as it
     came when that is an error or not a list. No Files API there: an empty last page."""
-    services = request.app[SERVICES]
-    context(request).fields["upstream"] = upstream.name
+    request, services, fmt, upstream = call.request, call.services, call.fmt, call.upstream
+    call.ctx.fields["upstream"] = upstream.name
     headers = outgoing_headers(request.headers, fmt, upstream, services.guard)
     headers["Accept-Encoding"] = "identity"  # the page is read here, and the upstream session never decodes
-    url = target_url(raw_path, request.rel_url.raw_query_string, fmt, upstream, services.guard)
+    url = target_url(call.raw_path, request.rel_url.raw_query_string, fmt, upstream, services.guard)
     cap = services.config.server.client_max_size
     with upstream_errors():
         answer = await upstream.session.send("GET", url, headers=headers)

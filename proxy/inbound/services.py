@@ -1,29 +1,31 @@
 """Everything a handler needs, typed, behind one AppKey: config, store, log, upstreams, guard (proxy layer).
 
 No module globals: handlers reach these through ``request.app[SERVICES]``. The edge builds it,
-with the call's record writer (``call.record.Recording``, seen here as the ``RecordWriter``
-protocol); the edge, the file APIs, the console and the call read it; the layers below get what
+with what is the call's own: its record writer (``call.record.Recording``, seen here as the
+``RecordWriter`` protocol) and what calls know of each other (``call.inflight``); the edge, the file APIs, the console and the call read it; the layers below get what
 they need as arguments.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from ...policy.model import HttpRefs
+from ...policy.ports import SessionLog
 from ...policy.probe import Prober
 from ..config import Config
 from .auth import Guard
+from .context import Timing
 from ..observe.metrics import Metrics
 from ..sessionlog.cached import CachedLog
 from ..stores.base import Store
 from ..stores.cache import CachedStore
-from .inflight import Acceptances, InFlight
 from .resumable import Uploads
 from ..stores.tenancy import Visible
 from ..stores.variants import Variants
@@ -51,6 +53,21 @@ class RecordWriter(Protocol):
     async def close(self) -> None: ...
 
 
+class CallsAccepted(Protocol):
+    """What each upstream format accepted in each session (``call.inflight.Acceptances``)."""
+
+    async def of(self, log: SessionLog, session_id: str, upstream_format: str) -> set[str]: ...
+
+
+class CallsInFlight(Protocol):
+    """The images of this process's calls in flight (``call.inflight.InFlight``)."""
+
+    def carrying(self, session_id: str, upstream_format: str, ids: Iterable[str],
+                 timing: Timing) -> AbstractContextManager[Any]: ...
+
+    def accepting(self, session_id: str, upstream_format: str) -> set[str]: ...
+
+
 #: The console's own application (``app.admin_site`` serves it), kept on the proxy's.
 ADMIN_APP = web.AppKey("projectionist.admin_app", web.Application)
 
@@ -71,11 +88,13 @@ class Services:
     metrics: Metrics
     #: The record writer of proxied calls (the edge makes it: it is the call's).
     recording: RecordWriter
+    #: What each upstream format accepted in each session, and the images of the calls in flight
+    #: by session and format (for attributing a refusal; the edge makes them: they are the call's).
+    acceptances: CallsAccepted
+    inflight: CallsInFlight
     #: Traces of proxied calls, when ``[telemetry] otlp_endpoint`` is set.
     tracing: Tracing | None = None
     variants: Variants = field(init=False)
-    #: What each upstream format accepted in each session (for attributing a refusal).
-    acceptances: Acceptances = field(init=False)
     #: Gemini resumable uploads opened on this process (their bytes are in the store: any process finishes them).
     uploads: Uploads = field(init=False)
 
@@ -88,9 +107,6 @@ class Services:
         policy = self.config.policy
         self.variants = Variants(self.store, self.reader, threads=policy.variant_threads,
                                  timeout=policy.variant_timeout, queue_timeout=self.config.store.lanes.queue_timeout)
-        self.acceptances = Acceptances()
-        #: The images of the calls in flight, by session and format (for attributing a refusal).
-        self.inflight = InFlight()
         #: The identity of the images clients inline themselves, kept for the bytes that come back.
         self.identities = Identities(policy.inline_cache_bytes)
         self.uploads = Uploads()

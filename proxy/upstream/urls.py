@@ -14,14 +14,13 @@ from __future__ import annotations
 import functools
 
 import re
-from collections.abc import Callable
 from typing import Final
-from urllib.parse import unquote_plus, unquote_to_bytes
+from urllib.parse import unquote_to_bytes
 
 from yarl import URL
 
 from ...policy.errors import Code, InvalidRequest
-from ..config import NAME_RE, base_url
+from ..config import base_url
 
 _SEPARATORS: Final = re.compile(r"[/\\]")
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
@@ -63,27 +62,6 @@ def check_path(raw: str) -> str:
             return raw
         current = decoded
     raise _bad_path("too many layers of percent-encoding")
-
-
-def check_name(raw: str) -> str:
-    """An upstream name as it appears in ``/u/{name}/``: letters, digits, ``_.-``, literally."""
-    if NAME_RE.fullmatch(raw) is None:
-        raise InvalidRequest("upstream name must be 1-64 of [A-Za-z0-9_.-], not percent-encoded",
-                             code=Code.INVALID_UPSTREAM_NAME)
-    return raw
-
-
-def filter_query(raw: str, keep: Callable[[str, str], bool]) -> str:
-    """``raw`` query string minus the pairs ``keep(name, value)`` refuses; kept pairs stay byte
-    for byte as the client wrote them."""
-    if not raw:
-        return raw
-    kept = []
-    for pair in raw.split("&"):
-        name, _, value = pair.partition("=")
-        if keep(unquote_plus(name), unquote_plus(value)):
-            kept.append(pair)
-    return "&".join(kept)
 
 
 class Base:

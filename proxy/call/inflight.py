@@ -1,6 +1,7 @@
 """What the calls of this process know of each other: each session's acceptances and the images
-of calls in flight (proxy layer, inbound sublayer). ``call.resend`` reads them to decide which
-image an upstream refused; the app's ``Services`` holds one of each."""
+of calls in flight (proxy layer, call sublayer). ``send`` marks what a call carries while it is
+in flight, ``resend`` reads both to decide which image an upstream refused; the edge makes one of
+each for the app's ``Services``, which names them by protocol."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from ...adapters.registry import ADAPTERS
 from ...policy import rejection as attribution
 from ...policy.ports import SessionLog
-from .context import Timing
+from ..inbound.context import Timing
 
 
 def _format_of(adapter: str) -> str | None:
