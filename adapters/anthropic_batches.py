@@ -14,7 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from . import anthropic_messages
-from .base import Carried, Json, Site
+from .base import Carried, Json, Linked, Site
 from ..policy.model import NO_HTTP, HttpRefs
 from ..policy.profile import Rejection
 
@@ -23,6 +23,7 @@ FORMAT: Final = "anthropic"
 AUTH_HEADERS: Final = anthropic_messages.AUTH_HEADERS
 AUTH_QUERY: Final = anthropic_messages.AUTH_QUERY
 INLINE_MARKERS: Final = anthropic_messages.INLINE_MARKERS
+URL_MARKERS: Final = anthropic_messages.URL_MARKERS
 render = anthropic_messages.render
 error_body = anthropic_messages.error_body
 upstream_auth = anthropic_messages.upstream_auth
@@ -68,6 +69,16 @@ def find_inline(body: Json) -> list[Carried]:
     for request in requests if isinstance(requests, list) else ():
         if isinstance(request, dict):
             found += anthropic_messages.find_inline(request.get("params"))
+    return found
+
+
+def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
+    """The images the provider fetches by URL in every request of the batch (``anthropic_messages``)."""
+    requests = body.get("requests") if isinstance(body, dict) else None
+    found: list[Linked] = []
+    for request in requests if isinstance(requests, list) else ():
+        if isinstance(request, dict):
+            found += anthropic_messages.find_urls(request.get("params"), http)
     return found
 
 

@@ -5,8 +5,10 @@ HTTP reference) or ``source: {type: "file", file_id: "sha256:..."}``, and in ``d
 with such a file source, in message content and nested in ``tool_result.content``. A resolved image
 becomes a ``base64`` source (a ``document`` block becomes an ``image`` block: attachments are
 images, and only an image block carries one); a placeholder becomes a ``text`` block
-(``cache_control`` kept, so prompt-cache breakpoints stay where the client put them).
-``PROFILE`` is what the API accepts in images; ``rejection`` reads its answers refusing one.
+(``cache_control`` kept, so prompt-cache breakpoints stay where the client put them). An ``image``
+block with an ``http(s)`` ``url`` source is an image the provider fetches itself (``find_urls``).
+``PROFILE`` is what the API accepts in images; ``rejection`` reads its answers refusing one, or
+failing to download one.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
-from .base import (SCAN_CHARS, Carried, Inline, Inliner, Json, Known, PlainInline, Site,
-                                         content_lists, error_object, known_pattern, part_pointer, patch)
+from .base import (SCAN_CHARS, Carried, FetchAnswers, Inline, Inliner, Json, Known, KnownFetch, Linked,
+                   PlainInline, Site, content_lists, error_object, known_pattern, part_pointer, patch)
 from .responses import member
+from ..policy.linked import is_web_url
 from ..policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
 from ..policy.profile import Profile, Rejection
 
@@ -29,6 +32,8 @@ AUTH_HEADERS: Final = ("x-api-key", "authorization")
 AUTH_QUERY: Final[tuple[str, ...]] = ()
 #: What opens the base64 of an image the client inlined, in the raw body (the proxy's cheap scan).
 INLINE_MARKERS: Final = (b'"data":',)
+#: What every image block the provider fetches by URL spells in the raw body (``"type": "url"``).
+URL_MARKERS: Final = (b'"url"',)
 PATHS: Final = re.compile(r"(?:/v1)?/messages(?:/count_tokens)?")
 VOLATILE: Final = frozenset({"id", "request_id"})
 
@@ -78,6 +83,17 @@ REJECTIONS: Final[tuple[Known, ...]] = (
     (r"image\.source\.base64\.media_type: Input should be 'image/", "https://github.com/anthropics/claude-code/issues/400"),
 )
 _REJECTED: Final = known_pattern(REJECTIONS)
+#: The Messages API's answers when it could not download an image block's ``url`` source (HTTP
+#: 400 ``invalid_request_error``, opening with the block's path: ``messages.0.content.1.image.
+#: source.url: ...``), and what each says of the URL.
+UNFETCHED: Final[tuple[KnownFetch, ...]] = (
+    # Seen quoted in public test suites (``messages.0.content.1.image.source.url: Unable to
+    # download the file. Please verify the URL and try again.``) the search index holds without
+    # an address; no public report to link yet.
+    (r"Unable to download the file", "not_found", "(public test suites, no address)"),
+    (r"This URL is disallowed by the website's robots\.txt", "not_found", "https://github.com/vercel/ai/issues/6279"),
+)
+_UNFETCHED: Final = FetchAnswers(UNFETCHED)
 #: The path a message opens with: one possessive run, so reading it is linear whatever its length.
 _PATH: Final = re.compile(r"([^\s:]++): ")
 #: How much of a leading path the patterns read: its last steps (``image.source.base64.data``).
@@ -139,6 +155,19 @@ def find_inline(body: Json) -> list[Carried]:
         if block.get("type") == "image" and isinstance(source, dict) and source.get("type") == "base64" \
                 and isinstance(data := source.get("data"), str):
             found.append(Carried(blocks, index, source, "data", data, data))
+    return found
+
+
+def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
+    """Every image the provider fetches itself: an ``image`` block whose source is a ``url`` that
+    is ``http(s)`` and no reference under ``http``'s bases, tool results included, in document
+    order (a ``document`` block's URL is a PDF's, not an image's)."""
+    found: list[Linked] = []
+    for blocks, index, block in _image_blocks(body):
+        source = block.get("source")
+        if block.get("type") == "image" and isinstance(source, dict) and source.get("type") == "url" \
+                and isinstance(url := source.get("url"), str) and is_web_url(url) and http.rest(url) is None:
+            found.append(Linked(blocks, index, url))
     return found
 
 
@@ -212,8 +241,9 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
 
 
 def rejection(status: int, doc: Json) -> Rejection | None:
-    """The error answer ``doc`` read as an image refusal: the API's message, and the pointer of
-    the image block it names (``/messages/11/content/8``), if any."""
+    """The error answer ``doc`` read as an image refusal: the API's message, the pointer of the
+    image block it names (``/messages/11/content/8``), if any, and whether it refused the image
+    or its download."""
     error = error_object(doc)
     message = doc if isinstance(doc, str) else error.get("message") if error is not None else None
     if status != 400 or not isinstance(message, str):
@@ -222,9 +252,11 @@ def rejection(status: int, doc: Json) -> Rejection | None:
     # The patterns read SCAN_CHARS from the path's tail, so an absurd path cannot push the cause
     # out of what they read (the path itself is judged by ``part_pointer``).
     start = max(0, path.end(1) - _PATH_TAIL) if path else 0
-    if not _REJECTED.search(message, start, start + SCAN_CHARS):
+    fetch = _UNFETCHED.failure(message, start, start + SCAN_CHARS)
+    if fetch is None and not _REJECTED.search(message, start, start + SCAN_CHARS):
         return None
-    return Rejection(message, part_pointer(path.group(1), _ROOTS, _KEYS, _TAGS) if path else None)
+    site = part_pointer(path.group(1), _ROOTS, _KEYS, _TAGS) if path else None
+    return Rejection(message, site, fetch or "rejected")
 
 
 def upstream_auth(api_key: str) -> dict[str, str]:

@@ -2,7 +2,8 @@
 image rejections (adapters layer).
 
 A ``Site`` points at one image part inside a decoded body (the list that holds it and its index),
-so rendering replaces exactly that slot and every other field survives unchanged.
+so rendering replaces exactly that slot and every other field survives unchanged. A ``Carried`` is
+an image the client inlined itself, a ``Linked`` one the provider fetches by URL.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from ..policy.linked import Unfetched
 from ..policy.model import HttpRefs, ImageRef, Outcome, Resolved, StoredImage
 from ..policy.profile import Profile, Rejection
 
@@ -86,6 +88,22 @@ class Carried:
         return Site(self.parent, self.index, ref, self.host)
 
 
+@dataclass(frozen=True, slots=True)
+class Linked:
+    """An image the provider fetches itself: ``parent[index]`` is its part (where a placeholder
+    goes, as for a ``Site``), ``url`` the ``http(s)`` URL the part names. Its identity
+    (``policy.linked.url_id``) is the proxy's to compute."""
+
+    parent: Any
+    index: int | str
+    url: str
+    host: Host | None = None
+
+    def site(self, ref: ImageRef) -> Site:
+        """This part as a ``Site`` carrying ``ref`` (its identity), for ``render``."""
+        return Site(self.parent, self.index, ref, self.host)
+
+
 #: What opens the base64 of a ``data:`` URL, after its media type.
 _DATA_URL: Final = re.compile(r"data:([\w.+-]+/[\w.+-]+)?(?:;[\w-]+=[^;,]*)*;base64,", re.ASCII)
 
@@ -114,12 +132,15 @@ class WireFormat(Protocol):
     @property
     def INLINE_MARKERS(self) -> tuple[bytes, ...]: ...
     @property
+    def URL_MARKERS(self) -> tuple[bytes, ...]: ...
+    @property
     def VOLATILE(self) -> frozenset[str]: ...
     @property
     def PROFILE(self) -> Profile: ...
 
     def find_refs(self, body: Json, http: HttpRefs = ...) -> list[Site]: ...
     def find_inline(self, body: Json) -> list[Carried]: ...
+    def find_urls(self, body: Json, http: HttpRefs = ...) -> list[Linked]: ...
     def session_hint(self, body: Json) -> tuple[str, str] | None: ...
     def opening(self, body: Json) -> Json: ...
     def render(self, sites: list[Site], outcomes: tuple[Outcome, ...], inline: Inliner = ...) -> None: ...
@@ -215,6 +236,30 @@ SCAN_CHARS: Final = 4096
 def known_pattern(known: Sequence[Known]) -> re.Pattern[str]:
     """One case-insensitive pattern that finds any of ``known`` in a message."""
     return re.compile("|".join(f"(?:{pattern})" for pattern, _ in known), re.IGNORECASE)
+
+
+#: One "could not fetch the image" answer a provider is known to give for an image it fetches by
+#: URL: a regular expression searched in its error message, what it says of the URL, and the
+#: public report or page where that answer was seen.
+KnownFetch = tuple[str, Unfetched, str]
+
+
+class FetchAnswers:
+    """A provider's known "could not fetch" answers (``KnownFetch``), searched as one
+    case-insensitive pattern: ``failure`` names what the first one found says."""
+
+    def __init__(self, known: Sequence[KnownFetch]) -> None:
+        self._pattern = re.compile("|".join(f"(?P<k{i}>{pattern})" for i, (pattern, _, _) in enumerate(known)),
+                                   re.IGNORECASE)
+        self._failures = tuple(failure for _, failure, _ in known)
+
+    def failure(self, message: str, start: int = 0, end: int = SCAN_CHARS) -> Unfetched | None:
+        """What the answer in ``message[start:end]`` says of the URL, or None: no known answer."""
+        found = self._pattern.search(message, start, end)
+        if found is None:
+            return None
+        index = next(int(name[1:]) for name, value in found.groupdict().items() if value is not None)
+        return self._failures[index]
 
 
 def error_object(doc: Json) -> dict[str, Any] | None:

@@ -5,8 +5,10 @@ spellings) of ``contents[].parts``, and in ``function_response.parts``. A resolv
 ``inline_data`` in the spelling the part used. A placeholder becomes a ``text`` part (the part's
 other fields, such as ``thoughtSignature``, kept); inside a function response, whose parts may only
 carry data, it becomes a text part right after that function response in the enclosing content. Errors use Google's ``{error: {code, status}}`` shape
-with the stable code as an ``ErrorInfo.reason``. ``PROFILE`` is what the API accepts in images;
-``rejection`` reads its answers refusing one. ``file_object`` is an admitted attachment as the Files
+with the stable code as an ``ErrorInfo.reason``. A ``file_uri`` that is an ``http(s)`` image URL
+outside Google (not the Files API's, not YouTube's) is an image the provider fetches itself
+(``find_urls``). ``PROFILE`` is what the API accepts in images; ``rejection`` reads its answers
+refusing one, or failing to fetch one. ``file_object`` is an admitted attachment as the Files
 API's ``File`` resource.
 """
 
@@ -16,11 +18,12 @@ import re
 import time
 from collections.abc import Iterator
 from typing import Any, Final
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
-from .base import (SCAN_CHARS, Carried, Host, Inline, Inliner, Json, Known, PlainInline, Site,
-                                         error_object, inliner, insert_after, known_pattern, part_pointer)
+from .base import (SCAN_CHARS, Carried, FetchAnswers, Host, Inline, Inliner, Json, Known, KnownFetch, Linked,
+                   PlainInline, Site, error_object, inliner, insert_after, known_pattern, part_pointer)
 from .responses import member
+from ..policy.linked import is_web_url, url_name
 from ..policy.model import ID_PREFIX, NO_HTTP, URL_SCHEME, HttpRefs, Outcome, Resolved, parse_url_ref
 from ..policy.profile import Profile, Rejection
 
@@ -30,6 +33,8 @@ AUTH_HEADERS: Final = ("x-goog-api-key",)
 AUTH_QUERY: Final = ("key",)
 #: What opens the base64 of an image the client inlined, in the raw body (the proxy's cheap scan).
 INLINE_MARKERS: Final = (b'"data":',)
+#: What every part the provider fetches by URL spells in the raw body (either spelling).
+URL_MARKERS: Final = (b"file_uri", b"fileUri")
 PATHS: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)")
 VOLATILE: Final = frozenset({"responseId", "createTime"})
 #: The ``File`` name of an admitted attachment: this prefix and the id's hex digest.
@@ -68,6 +73,19 @@ REJECTIONS: Final[tuple[Known, ...]] = (
      "https://github.com/danny-avila/LibreChat/issues/6593"),
 )
 _REJECTED: Final = known_pattern(REJECTIONS)
+#: The Gemini API's answers when it could not fetch a ``file_uri`` it fetches itself (HTTP 400
+#: ``INVALID_ARGUMENT``), and what each says of the URL. Neither names the part; the second
+#: names the URL.
+UNFETCHED: Final[tuple[KnownFetch, ...]] = (
+    # intermittent for presigned S3 URLs that stay valid: "a retry succeeds"
+    (r"Cannot fetch content from the provided URL", "read_failed", "https://github.com/googleapis/js-genai/issues/1385"),
+    (r"Invalid or unsupported file uri: https?://", "not_found", "https://github.com/BoundaryML/baml/issues/1548"),
+)
+_UNFETCHED: Final = FetchAnswers(UNFETCHED)
+#: Hosts whose ``https`` URIs are Google's own (the Files API's files, YouTube videos): passed
+#: through untouched, as provider file ids are.
+GOOGLE_HOSTS: Final = frozenset({"generativelanguage.googleapis.com", "youtube.com", "www.youtube.com",
+                                 "m.youtube.com", "youtu.be"})
 _PATH: Final = re.compile(r"Invalid value at '([^']+)'")
 _ROOTS: Final = frozenset({"contents"})
 _KEYS: Final = frozenset({"parts"})
@@ -107,6 +125,30 @@ def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
     responses included."""
     return [Site(parts, index, ref, host) for parts, index, part, host in _parts(body)
             if (uri := _uri(part)) is not None and (ref := parse_url_ref(uri, http)) is not None]
+
+
+def _fetched_image(part: dict[str, Any], uri: str, http: HttpRefs) -> bool:
+    """A file URI the provider fetches itself that names an image: ``http(s)``, no reference,
+    not Google's own, and an ``image/`` type (or, with no type given, an image file's name)."""
+    if not is_web_url(uri) or http.rest(uri) is not None:
+        return False
+    try:
+        host = urlsplit(uri).hostname
+    except ValueError:
+        return False
+    if host in GOOGLE_HOSTS:
+        return False
+    data = _either(part, "file_data", "fileData")
+    mime = _either(data, "mime_type", "mimeType") if isinstance(data, dict) else None
+    return mime.lower().startswith("image/") if isinstance(mime, str) else url_name(uri) is not None
+
+
+def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
+    """Every image the provider fetches itself: a ``file_data`` part whose ``file_uri`` is an
+    ``http(s)`` image URL outside Google (``_fetched_image``), function responses included, in
+    document order."""
+    return [Linked(parts, index, uri, host) for parts, index, part, host in _parts(body)
+            if (uri := _uri(part)) is not None and _fetched_image(part, uri, http)]
 
 
 def find_inline(body: Json) -> list[Carried]:
@@ -202,14 +244,19 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
 
 
 def rejection(status: int, doc: Json) -> Rejection | None:
-    """The error answer ``doc`` read as an image refusal: Google's message, and the pointer of the
-    part it names (``contents[2].parts[0].inline_data.data`` is ``/contents/2/parts/0``), if any."""
+    """The error answer ``doc`` read as an image refusal: Google's message, the pointer of the
+    part it names (``contents[2].parts[0].inline_data.data`` is ``/contents/2/parts/0``), if any,
+    and whether it refused the image or its fetch."""
     error = error_object(doc)
     message = doc if isinstance(doc, str) else error.get("message") if error is not None else None
-    if status != 400 or not isinstance(message, str) or not _REJECTED.search(head := message[:SCAN_CHARS]):
+    if status != 400 or not isinstance(message, str):
+        return None
+    head = message[:SCAN_CHARS]
+    fetch = _UNFETCHED.failure(head)
+    if fetch is None and not _REJECTED.search(head):
         return None
     path = _PATH.search(head)
-    return Rejection(message, part_pointer(path.group(1), _ROOTS, _KEYS) if path else None)
+    return Rejection(message, part_pointer(path.group(1), _ROOTS, _KEYS) if path else None, fetch or "rejected")
 
 
 def upstream_auth(api_key: str) -> dict[str, str]:

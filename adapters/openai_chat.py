@@ -4,8 +4,9 @@ References sit in ``image_url.url`` of ``image_url`` parts, in any message's con
 including ``tool`` messages, and in ``file.file_id`` of ``file`` parts (``sha256:<hex>``). A
 resolved image becomes a ``data:`` URL (``detail`` and other keys kept; a ``file`` part becomes an
 ``image_url`` part, the one shape that carries an image); a placeholder becomes a ``text`` part.
-``PROFILE`` and ``rejection`` (what the API accepts in images, and its answers refusing one) serve
-the Responses adapter too.
+An ``image_url`` part whose URL is ``http(s)`` is an image the provider fetches itself
+(``find_urls``). ``PROFILE`` and ``rejection`` (what the API accepts in images, and its answers
+refusing one or failing to download one) serve the Responses adapter too.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import re
 from collections.abc import Iterator
 from typing import Any, Final
 
-from .base import (SCAN_CHARS, Carried, Inline, Inliner, Json, Known, PlainInline, Site,
-                                         content_lists, data_url_base64, error_object, known_pattern,
-                                         opening_messages, part_pointer, patch)
+from .base import (SCAN_CHARS, Carried, FetchAnswers, Inline, Inliner, Json, Known, KnownFetch, Linked,
+                   PlainInline, Site, content_lists, data_url_base64, error_object, known_pattern,
+                   opening_messages, part_pointer, patch)
 from .responses import member
+from ..policy.linked import Unfetched, is_web_url
 from ..policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
 from ..policy.profile import Profile, Rejection
 
@@ -27,6 +29,8 @@ AUTH_HEADERS: Final = ("authorization",)
 AUTH_QUERY: Final[tuple[str, ...]] = ()
 #: What opens the base64 of an image the client inlined, in the raw body (the proxy's cheap scan).
 INLINE_MARKERS: Final = (b";base64,",)
+#: What every image part the provider fetches by URL spells in the raw body (the cheap pre-check).
+URL_MARKERS: Final = (b'"image_url"',)
 #: The paths that take this format's body (projected).
 PATHS: Final = re.compile(r"(?:/v1)?/chat/completions")
 #: Response members that differ on every call by design.
@@ -67,6 +71,26 @@ REJECTIONS: Final[tuple[Known, ...]] = (
 #: ``error.code`` values that name an image refusal whatever the message says, and where seen.
 REJECTION_CODES: Final = {"invalid_image_format": "https://github.com/STranslate/STranslate/issues/277"}
 _REJECTED: Final = known_pattern(REJECTIONS)
+#: OpenAI's answers when it could not download an image it fetches by URL (HTTP 400), and what
+#: each says of the URL. The message names the URL (``Error while downloading https://...``);
+#: ``error.code`` is ``invalid_image_url`` (Chat) or ``invalid_value`` with ``param: "url"``
+#: (Responses). "Error while downloading" does not say why (a 404, an expired signature's 403,
+#: an answer that is no image): it comes again for the same URL, so the URL is gone.
+UNFETCHED: Final[tuple[KnownFetch, ...]] = (
+    (r"^Timeout while downloading\b", "read_failed", "https://github.com/vercel/ai/issues/8857"),
+    (r"^Error while downloading\b", "not_found", "https://github.com/openai/openai-python/pull/2790"),
+    (r"^Failed to download image from\b", "not_found",
+     "https://github.com/rashadwest/Sportstechwest/blob/HEAD/workflows/BallCODE-Book/FIX-IMAGE-URL-EXPRESSION.md"),
+    # Azure OpenAI's wording
+    (r"^The provided image url is not accessible", "not_found", "https://portkey.ai/collection/url-access-error-10057"),
+    # DashScope's OpenAI-compatible API: an expired or unreachable URL in the history
+    (r"Failed to download multimodal content", "not_found", "https://github.com/agentscope-ai/agentscope-java/issues/2700"),
+)
+#: ``error.code`` values that say the download failed whatever the message says, and where seen.
+UNFETCHED_CODES: Final[dict[str, tuple[Unfetched, str]]] = {
+    "invalid_image_url": ("not_found", "https://github.com/BerriAI/litellm/issues/8709"),
+}
+_UNFETCHED: Final = FetchAnswers(UNFETCHED)
 _ROOTS: Final = frozenset({"messages", "input"})
 _KEYS: Final = frozenset({"content", "output"})
 
@@ -115,6 +139,18 @@ def find_inline(body: Json) -> list[Carried]:
     return found
 
 
+def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
+    """Every image the provider fetches itself: an ``image_url`` part whose URL is ``http(s)``
+    and no reference under ``http``'s bases, in document order."""
+    found: list[Linked] = []
+    for content, index, part in _image_parts(body):
+        slot = part.get("image_url")
+        url = slot.get("url") if isinstance(slot, dict) else slot
+        if isinstance(url, str) and is_web_url(url) and http.rest(url) is None:
+            found.append(Linked(content, index, url))
+    return found
+
+
 def session_hint(body: Json) -> tuple[str, str] | None:
     """The session a Chat body names: none of its fields is one (``user`` names a person)."""
     return None
@@ -156,18 +192,22 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
 
 
 def rejection(status: int, doc: Json) -> Rejection | None:
-    """The error answer ``doc`` read as an image refusal: the API's message, and the pointer of
-    the image part its ``param`` names (``messages[1].content[0].image_url`` is
-    ``/messages/1/content/0``), if any."""
+    """The error answer ``doc`` read as an image refusal: the API's message, the pointer of the
+    image part its ``param`` names (``messages[1].content[0].image_url`` is
+    ``/messages/1/content/0``), if any, and whether it refused the image or its download."""
     error = error_object(doc)
     message = doc if isinstance(doc, str) else error.get("message") if error is not None else None
     if status != 400 or not isinstance(message, str):
         return None
     code = error.get("code") if error is not None else None
-    if not (isinstance(code, str) and code in REJECTION_CODES) and not _REJECTED.search(message[:SCAN_CHARS]):
+    code = code if isinstance(code, str) else None
+    by_code = UNFETCHED_CODES.get(code) if code is not None else None
+    fetch = _UNFETCHED.failure(message) or (by_code[0] if by_code is not None else None)
+    if fetch is None and code not in REJECTION_CODES and not _REJECTED.search(message[:SCAN_CHARS]):
         return None
     param = error.get("param") if error is not None else None
-    return Rejection(message, part_pointer(param, _ROOTS, _KEYS) if isinstance(param, str) else None)
+    site = part_pointer(param, _ROOTS, _KEYS) if isinstance(param, str) else None
+    return Rejection(message, site, fetch or "rejected")
 
 
 def upstream_auth(api_key: str) -> dict[str, str]:

@@ -7,7 +7,8 @@ content, in ``function_call_output`` and ``custom_tool_call_output`` output list
 resolved image becomes a ``data:`` URL (``detail`` kept; an ``input_file`` becomes an
 ``input_image``, the shape that carries an image, with ``detail: "auto"``). A placeholder becomes
 ``input_text``; a screenshot slot cannot hold text, so there it becomes a blank 1x1 image and the
-text follows the item as a user message.
+text follows the item as a user message. An ``input_image`` (or screenshot) whose ``image_url`` is
+``http(s)`` is an image the provider fetches itself (``find_urls``).
 Errors, auth, image limits and image refusals are OpenAI's, shared with the Chat Completions adapter.
 """
 
@@ -18,9 +19,10 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from . import openai_chat
-from .base import (Carried, Host, Inliner, Json, PlainInline, Site, data_url_base64, inliner,
-                                         insert_after, opening_messages)
+from .base import (Carried, Host, Inliner, Json, Linked, PlainInline, Site, data_url_base64, inliner,
+                   insert_after, opening_messages)
 from .responses import member
+from ..policy.linked import is_web_url
 from ..policy.model import (ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, Resolved, parse_file_id,
                                         parse_url_ref)
 
@@ -29,6 +31,7 @@ FORMAT: Final = "openai"
 AUTH_HEADERS: Final = openai_chat.AUTH_HEADERS
 AUTH_QUERY: Final[tuple[str, ...]] = ()
 INLINE_MARKERS: Final = openai_chat.INLINE_MARKERS
+URL_MARKERS: Final = (b'"input_image"', b'"computer_screenshot"')
 error_body = openai_chat.error_body
 upstream_auth = openai_chat.upstream_auth
 rejection = openai_chat.rejection
@@ -116,6 +119,17 @@ def find_inline(body: Json) -> list[Carried]:
         url = part.get("image_url") if _is(part, kind) else None
         if isinstance(url, str) and (data := data_url_base64(url)) is not None:
             found.append(Carried(parent, index, part, "image_url", url, data, host))
+    return found
+
+
+def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
+    """Every image the provider fetches itself: an ``input_image`` (or computer screenshot) whose
+    ``image_url`` is ``http(s)`` and no reference under ``http``'s bases, in document order."""
+    found: list[Linked] = []
+    for parent, index, part, kind, host in _slots(body):
+        url = part.get("image_url") if _is(part, kind) else None
+        if isinstance(url, str) and is_web_url(url) and http.rest(url) is None:
+            found.append(Linked(parent, index, url, host))
     return found
 
 

@@ -275,3 +275,17 @@ def held_inline(ids: Sequence[str], state: SessionState, upstream_format: str) -
         rejected = state.rejected.get((upstream_format, aid))
         outcomes.append(None if rejected is None else Placeholder("rejected", placeholder(ImageRef(aid), rejected)))
     return tuple(outcomes)
+
+
+def held_urls(refs: Sequence[ImageRef], state: SessionState, upstream_format: str) -> tuple[Placeholder | None, ...]:
+    """What each image the provider fetches by URL becomes (``refs``: its ``linked.url_id`` and
+    display name): the placeholder of the quarantine that holds for it (a fetch that failed, for
+    every upstream; a rejection, on upstreams of ``upstream_format``), or None: sent as the client
+    sent it. Like every outcome, a pure function of the state and the refs."""
+    if not state.quarantined and not state.rejected:
+        return tuple(None for _ in refs)
+    outcomes: list[Placeholder | None] = []
+    for ref in refs:
+        held = state.standing(ref.id, upstream_format)
+        outcomes.append(None if held is None else Placeholder(held.failure, placeholder(ref, held)))
+    return tuple(outcomes)

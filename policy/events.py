@@ -26,12 +26,17 @@ REJECTED: Final = "attachment/rejected"
 
 
 class Quarantine(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
-    """An image the store could not give: it holds for every upstream."""
+    """An image the store could not give: it holds for every upstream. With ``url``, an image the
+    provider fetches by URL that a provider could not fetch (``not_found`` or ``read_failed``, as
+    its answer said): its id is the URL's (``policy.linked.url_id``), no store holds it and no
+    probe reads it; ``suspects`` is how many URL images that answer was put down to."""
 
     attachment_id: str
     failure: StoreFailure
     retryable: bool
     name: str | None = None
+    url: bool = False
+    suspects: int = 0
 
 
 class Rejected(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):

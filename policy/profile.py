@@ -3,8 +3,9 @@
 A ``Profile`` is pure data: each adapter declares its provider's (``PROFILE``), with the
 documentation it comes from. ``breaks`` says whether a stored image fits a profile as it is; the
 projection sends a variant that fits when it does not. A ``Rejection`` is an adapter's reading of
-an upstream error that refused an image (``rejection(status, doc)``); the policy decides which
-reference it was.
+an upstream error that refused an image (``rejection(status, doc)``): its content (``rejected``),
+or a URL the provider could not fetch (``not_found``, ``read_failed``); the policy decides which
+image it was.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Final, Literal
 
 import msgspec
+
+from .linked import Unfetched
 
 #: Why an image does not fit a profile as it is.
 Misfit = Literal["type", "bytes", "side", "pixels"]
@@ -51,10 +54,13 @@ class Profile(msgspec.Struct, frozen=True):
 class Rejection(msgspec.Struct, frozen=True):
     """An upstream answer that refused an image: the provider's own message, and the JSON pointer
     of the refused image part in the upstream body when the error names one (``site``, e.g.
-    ``/messages/11/content/8``), else None ("some image of this request")."""
+    ``/messages/11/content/8``), else None ("some image of this request"). ``failure`` says what
+    was refused: the image's content (``rejected``), or, for an image the provider fetches by URL,
+    the fetch (``not_found``: gone, expired, denied; ``read_failed``: a timeout, a transient fault)."""
 
     message: str
     site: str | None = None
+    failure: Literal["rejected"] | Unfetched = "rejected"
 
 
 #: An open profile: anything goes (an upstream whose limits are unknown).

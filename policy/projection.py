@@ -239,16 +239,17 @@ async def _vary_all(vary: Varier | None, step: Vary) -> list[tuple[Variant, Stor
 
 
 async def reject(
-    rejected: Sequence[Rejected],
+    rejected: Sequence[Quarantine | Rejected],
     *,
     log: SessionLog,
     session_id: str,
     lock: Lock | None = None,
     state: SessionState | None = None,
 ) -> tuple[SessionState, tuple[Quarantine | Rejected, ...]]:
-    """Record images an upstream refused (``attachment/rejected``, each for its format), durably
-    and once: concurrent requests and replicas that saw the same refusal append one transition.
-    Returns the state after it and the quarantines this call appended."""
+    """Record images an upstream refused (``attachment/rejected``, each for its format) or could
+    not fetch by URL (``attachment/quarantine`` with ``url``), durably and once: concurrent
+    requests and replicas that saw the same refusal append one transition. Returns the state
+    after it and the quarantines this call appended."""
     return await record(log, session_id, state or EMPTY, rejected, lock or contextlib.nullcontext())
 
 

@@ -9,6 +9,12 @@ module decides which references to quarantine for that upstream's format:
   accepted in this session: the log's records say which images earlier successful calls
   carried. An image accepted before is never quarantined for a rejection;
 - with several suspects, all are quarantined, each saying how many there were.
+
+A "could not fetch" answer about an image the provider fetches by URL (``Rejection.failure`` is
+``not_found`` or ``read_failed``) is attributed among the call's URL images instead
+(``unreachable``): the one at the named site, else the URL the message quotes, else each of them.
+Having been fetched before clears no URL (presigned links expire), and it is recorded as an
+``attachment/quarantine`` (``url``) that holds for every upstream: the URL is gone for all.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
-from .events import Event, Rejected, RequestEvent, ResponseEvent, ResponseRecorded
+from .events import Event, Quarantine, Rejected, RequestEvent, ResponseEvent, ResponseRecorded
 from .profile import Rejection
 
 
@@ -100,3 +106,31 @@ def quarantines(rejection: Rejection, ids: Sequence[str], upstream_format: str,
     """The ``attachment/rejected`` events that record ``rejection`` of ``ids`` by ``upstream_format``."""
     digest = message_digest(rejection.message)
     return tuple(Rejected(aid, upstream_format, len(ids), digest, names.get(aid)) for aid in ids)
+
+
+def unreachable(rejection: Rejection, linked: Sequence[tuple[str, str, str]]) -> tuple[str, ...]:
+    """The ids of the URL images a "could not fetch" answer is about, in document order, each once.
+
+    ``linked`` is every image of the refused call that went upstream as a URL for the provider to
+    fetch: (JSON pointer of its part in the upstream body, its id, its URL). A named site is exact:
+    the URL images there (none there: the answer is about no URL image of this call). Else the
+    URLs the message quotes, where one quoted URL that merely begins another (``.../a.png`` and
+    ``.../a.png?sig=...``) is the longer one. Else, when it quotes none of them, every one is a
+    suspect."""
+    if rejection.site is not None:
+        return tuple(dict.fromkeys(aid for path, aid, _ in linked if _within(path, rejection.site)))
+    message = rejection.message
+    quoted = {url for _, _, url in linked if url in message}
+    quoted = {url for url in quoted if not any(other != url and other.startswith(url) for other in quoted)}
+    named = [aid for _, aid, url in linked if url in quoted] if quoted else [aid for _, aid, _ in linked]
+    return tuple(dict.fromkeys(named))
+
+
+def unfetched(rejection: Rejection, ids: Sequence[str], names: Mapping[str, str | None]) -> tuple[Quarantine, ...]:
+    """The ``attachment/quarantine`` events (``url``) that record ``rejection``, a "could not
+    fetch" answer, for the URL images ``ids``: its failure, retryable when it was ``read_failed``."""
+    if rejection.failure == "rejected":
+        raise ValueError("a refusal of an image's content is recorded by ``quarantines``")
+    failure = rejection.failure
+    return tuple(Quarantine(aid, failure, retryable=failure == "read_failed", name=names.get(aid), url=True,
+                            suspects=len(ids)) for aid in ids)
