@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import image_costs, load, long_session, opcount, report, scenarios
+from bench import image_costs, load, long_session, opcount, report, scenarios, ws
 from bench.report import Cell, Results, Run
 from bench.scenarios import CHAT, ScenarioBroken
 from bench.targets import (
@@ -40,6 +40,7 @@ from bench.targets import (
     cpu_ticks,
     find_litellm,
     find_portkey,
+    free_port,
     memory_mb,
     process_tree,
     start_bare,
@@ -178,6 +179,59 @@ class Bench:
             self.ops()
         if "long" in only:
             self.long(upstream)
+        if "ws" in only:
+            self.ws()
+
+    def ws(self) -> None:
+        """The Responses WebSocket: turn after turn on one socket each, direct to the fake
+        WebSocket upstream, through the bare aiohttp relay and through projectionist on its
+        defaults; a 1 KB text turn (c=1 and c=16), and a turn carrying one image the client
+        inlined (as Codex sends a screenshot), c=16."""
+        port = free_port()
+        loop_env = {"UVLOOP": "1" if self.procs.loop == "uvloop" else "0"}
+        upstream = self.procs.start("ws-upstream", [sys.executable, "-m", "bench.ws", "upstream"],
+                                    {"PORT": str(port), **loop_env}, port)
+        port = free_port()
+        bare = self.procs.start("ws-bare", [sys.executable, "-m", "bench.ws", "relay"],
+                                {"PORT": str(port), "UPSTREAM": upstream.base, **loop_env}, port)
+        proxy = start_projectionist(self.procs, upstream, "projectionist-ws", self.token)
+        servers = {"direct": upstream, "bare": bare, "projectionist": proxy}
+        text = ws.turn_message(scenarios.responses_body())
+        image = ws.turn_message(scenarios.responses_body(images=scenarios.make_images(1)))
+        self.results.extras.setdefault("body_bytes", {}).update(ws_text=len(text), ws_image=len(image))
+        try:
+            for label, message, levels in (("ws", text, (1, 16)), ("ws-image", image, (16,))):
+                for concurrency in levels:
+                    self.measure_ws(label, message, servers, concurrency)
+        finally:
+            for proc in (proxy, bare, upstream):
+                self.procs.stop(proc)
+
+    def measure_ws(self, scenario: str, message: str, servers: dict[str, Proc], concurrency: int) -> None:
+        cells = []
+        for name, proc in servers.items():
+            url = proc.base.replace("http://", "ws://", 1) + ws.PATH
+            probe = ws.run(url, message, {}, 1, 0.5)
+            if probe.errors or not probe.requests:
+                raise ScenarioBroken(f"{scenario}: {name} did not answer a turn over the WebSocket")
+            ws.run(url, message, {}, concurrency, WARMUP_S)
+            cell = Cell(scenario, name, concurrency)
+            cells.append((name, proc, url, cell))
+            self.results.cells.append(cell)
+        for index in range(self.runs):
+            for name, proc, url, cell in cells:
+                before = cpu_ticks([proc.pid])
+                result = ws.run(url, message, {}, concurrency, self.duration)
+                cpu_ms = (cpu_ticks([proc.pid]) - before) * 1000 / CLK_TCK
+                memory = memory_mb(proc.pid)
+                run = Run(result.requests, result.errors, result.rps, result.p50_ms, result.p99_ms,
+                          cpu_ms / result.requests if result.requests else None, memory.get("VmRSS"),
+                          memory.get("VmHWM"))
+                cell.runs.append(run)
+                cpu = f"{run.cpu_ms_per_req:.3f}" if run.cpu_ms_per_req is not None else "n/a"
+                print(f"  {scenario:<11} {name:<18} c={concurrency:<3} run {index + 1}/{self.runs}: "
+                      f"{run.rps:>9,.0f} turn/s p50 {run.p50_ms:7.2f} ms  p99 {run.p99_ms:7.2f} ms  "
+                      f"CPU {cpu} ms/turn errors {run.errors}", flush=True)
 
     def long(self, upstream: Proc) -> None:
         """P5: the first request of a 100,000-event session on a freshly started process, against
@@ -410,7 +464,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-SCENARIOS = ("text1k", "sse", "images", "quarantined", "rss", "ops", "long")
+SCENARIOS = ("text1k", "sse", "images", "quarantined", "rss", "ops", "long", "ws")
 #: Seconds the rss scenario waits after its load before reading what the process kept.
 SETTLE_S = 6.0
 

@@ -149,6 +149,17 @@ def ratios(results: Results) -> list[Ratio]:
                       "≥", 0.90))
     out.append(_check("P7 images inlined by the client, CPU/request projectionist/bare",
                       _ratio(fig("images", "projectionist-inline", 16, "cpu_ms_per_req"), bare_cpu), "≤", 1.25))
+    direct, proj, bare = (fig("ws", t, 1, "p50_ms") for t in ("direct", "projectionist", "bare"))
+    added = proj - direct if proj is not None and direct is not None else None
+    added_bare = bare - direct if bare is not None and direct is not None else None
+    out.append(_check("P8 ws c=1 added p50 per turn over direct: projectionist/bare relay",
+                      _ratio(added, added_bare), "≤", 1.1,
+                      f"projectionist adds {added:.3f} ms, bare {added_bare:.3f} ms"
+                      if added is not None and added_bare is not None else ""))
+    for scenario, what in (("ws", "1 KB text"), ("ws-image", "one inlined image")):
+        out.append(_check(f"P8 ws c=16 turns/s ({what}): projectionist/bare relay",
+                          _ratio(fig(scenario, "projectionist", 16, "rps"), fig(scenario, "bare", 16, "rps")),
+                          "≥", 1 / 1.1))
     long = extras.get("long_session", {})
     out.append(_check("P5 first request of a 100,000-event session, cold process / fresh-session p50",
                       long.get("ratio"), "≤", 2.0, long.get("note", "")))

@@ -17,6 +17,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -86,6 +87,21 @@ def refs_body(ids: list[str]) -> bytes:
 
 def inline_body(images: list[bytes]) -> bytes:
     return _image_chat(["data:image/png;base64," + base64.b64encode(data).decode() for data in images])
+
+
+def responses_body(images: Sequence[bytes] = (), size: int = 1024) -> bytes:
+    """A ``POST /v1/responses`` body of about ``size`` bytes of text, with ``images`` inlined as
+    ``input_image`` data URLs (as Codex attaches a screenshot)."""
+    text: list[str] = []
+    parts: list[dict[str, Any]] = [{"type": "input_text", "text": ""}]
+    parts += [{"type": "input_image", "image_url": "data:image/png;base64," + base64.b64encode(data).decode()}
+              for data in images]
+    body: dict[str, Any] = {"model": MODEL, "instructions": "You are a concise assistant.",
+                            "input": [{"role": "user", "content": parts}]}
+    while len(_encode(body)) - sum(len(p.get("image_url", "")) for p in parts) < size:
+        text.append(("the", "proxy", "relays", "this", "turn")[len(text) % 5])
+        parts[0]["text"] = " ".join(text)
+    return _encode(body)
 
 
 def quarantined_ids(count: int = N_IMAGES) -> list[str]:
