@@ -138,6 +138,14 @@ def client_records(paths: Sequence[str], client: Sequence[tuple[Carried, str]],
                  for path, (_, aid), outcome in zip(paths, client, held))
 
 
+def link_records(paths: Sequence[str], sites: Sequence[Site], held: Sequence[Placeholder | None]) -> tuple[RefRecord, ...]:
+    """What became of each image the provider fetches by URL that a quarantine holds for:
+    ``placeholder`` (its failure), under the URL's identity. One sent as it came is not recorded:
+    its URL is in the body as the client sent it, and the log keeps no URL."""
+    return tuple(RefRecord(path, site.ref.id, "placeholder", outcome.failure)
+                 for path, site, outcome in zip(paths, sites, held) if outcome is not None)
+
+
 def shape(body: Json) -> tuple[tuple[str, str], ...]:
     """Short digests of each top-level member, and of each item of a top-level list."""
     if not isinstance(body, dict):

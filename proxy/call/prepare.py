@@ -1,6 +1,7 @@
 """The upstream body of a projecting call: parse, find references, run the policy, render (proxy layer).
 
-A body with no reference is sent as the original bytes. Otherwise it is decoded once, only the
+A body with no reference (and no image whose placeholder a quarantine asks for: one the client
+inlined, one the provider fetches by URL) is sent as the original bytes. Otherwise it is decoded once, only the
 image slots are patched, and it is encoded once; the record's view of the call (``describe``)
 comes from the same tree. Every decision (reads, quarantines,
 placeholders, errors) is made here, before the upstream call, so before the first response byte.
@@ -15,9 +16,10 @@ from typing import Any, Final, NamedTuple, NoReturn
 
 import msgspec
 
-from ...adapters.base import Carried, Site, WireFormat
-from ...policy.decide import held_inline
+from ...adapters.base import Carried, Linked, Site, WireFormat
+from ...policy.decide import held_inline, held_urls
 from ...policy.errors import AttachmentError, Code, InvalidRequest, PayloadTooLarge
+from ...policy.linked import url_id, url_name
 from ...policy.model import NO_HTTP, HttpRefs, ImageRef, Placeholder, Resolved, StoredImage
 from ...policy.projection import Projection
 from ..stores.cache import inline as inline_of
@@ -25,6 +27,7 @@ from .describe import (
     UPSTREAM,
     Described,
     client_records,
+    link_records,
     of_decoded,
     of_raw,
     of_unchanged,
@@ -68,13 +71,17 @@ class Built(NamedTuple):
     payload: Callable[[str], Any] | None = None
     #: Image parts the proxy filled with a blank image of its own (a screenshot's placeholder).
     blanks: int = 0
+    #: The URL strings of the images the provider fetches that went upstream as URLs, by object
+    #: id: (the string, the URL's identity) (see ``linked``).
+    urls: dict[int, tuple[str, str]] | None = None
 
     @property
     def images(self) -> bool:
-        """Whether the upstream body carries an image with an identity (one the proxy inlined, or
-        one the client inlined itself): what a refusal can be attributed to."""
-        return bool(self.client) or (self.projection is not None
-                                     and any(isinstance(o, Resolved) for o in self.projection.outcomes))
+        """Whether the upstream body carries an image with an identity (one the proxy inlined, one
+        the client inlined itself, one the provider fetches by URL): what a refusal can be
+        attributed to."""
+        return bool(self.client) or bool(self.urls) or (
+            self.projection is not None and any(isinstance(o, Resolved) for o in self.projection.outcomes))
 
 
 class _Tracked:
@@ -117,8 +124,23 @@ def carried(built: Built) -> list[tuple[str, str]]:
     image, never on the way out."""
     if built.tree is None or not built.inlined:
         return []
-    found: list[tuple[str, str]] = []
-    stack: list[tuple[Any, str]] = [(built.tree, "")]
+    return [(path, aid) for path, _, aid in _values(built.tree, built.inlined)]
+
+
+def linked(built: Built) -> list[tuple[str, str, str]]:
+    """Every image of ``built``'s upstream body that went as a URL for the provider to fetch:
+    (JSON pointer of its URL string, the URL's identity, the URL), in document order. Walks the
+    tree, as ``carried``: only for an answer that could not fetch one."""
+    if built.tree is None or not built.urls:
+        return []
+    return [(path, aid, url) for path, url, aid in _values(built.tree, built.urls)]
+
+
+def _values(tree: Any, wanted: dict[int, tuple[Any, str]]) -> list[tuple[str, Any, str]]:
+    """The leaves of ``tree`` that ``wanted`` holds (by object id: the value itself, and its id):
+    (JSON pointer, the value, its id), in document order."""
+    found: list[tuple[str, Any, str]] = []
+    stack: list[tuple[Any, str]] = [(tree, "")]
     while stack:
         node, path = stack.pop()
         if isinstance(node, dict):
@@ -126,9 +148,9 @@ def carried(built: Built) -> list[tuple[str, str]]:
         elif isinstance(node, list):
             items = enumerate(node)
         else:
-            hit = built.inlined.get(id(node))
+            hit = wanted.get(id(node))
             if hit is not None and hit[0] is node:
-                found.append((path, hit[1]))
+                found.append((path, node, hit[1]))
             continue
         children = [(value, f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}") for key, value in items]
         stack += reversed(children)
@@ -140,6 +162,19 @@ def may_hold_inline(raw: bytes) -> bool:
     URL, or a ``base64`` source; Gemini's ``inline_data`` is base64 by definition). A client
     that escapes those words in ``\\u`` form gets no identity for its images: they go as they came."""
     return b"base64" in raw or b"nline" in raw
+
+
+def may_hold_urls(fmt: WireFormat, raw: bytes) -> bool:
+    """Cheap pre-check on raw bytes: an image the provider fetches by URL sits in a part that
+    spells one of the format's ``URL_MARKERS``, and its URL spells ``http`` (one that escapes
+    either in ``\\u`` form goes as it came)."""
+    return (b"http" in raw or b"HTTP" in raw) and any(marker in raw for marker in fmt.URL_MARKERS)
+
+
+def fetched(fmt: WireFormat, tree: Any, http: HttpRefs = NO_HTTP) -> list[Linked]:
+    """The images of ``tree`` the provider fetches by URL (``find_urls``), at most
+    ``MAX_CLIENT_IMAGES`` of them (the rest go as they came)."""
+    return fmt.find_urls(tree, http)[:MAX_CLIENT_IMAGES]
 
 
 def may_hold_refs(raw: bytes) -> bool:
@@ -164,7 +199,8 @@ def decode_json(raw: bytes) -> Any:
 
 async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool = False, shape_unchanged: bool = True,
                 max_references: int | None = None, max_projected_bytes: int | None = None,
-                http: HttpRefs = NO_HTTP, identities: Identities | None = None, read: Read | None = None) -> Built:
+                http: HttpRefs = NO_HTTP, identities: Identities | None = None, read: Read | None = None,
+                url_images: bool = False) -> Built:
     """The upstream body for ``raw``: the original bytes when nothing is to change, else projected.
 
     ``http`` names the http(s) URLs that are references too (this proxy's public URLs; every
@@ -173,7 +209,10 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     one a rejection holds for on this upstream's format becomes its placeholder, the others go
     as they came. Such a body is first scanned (``read_images``: its structure without its
     base64; ``read``: by the caller already, for its session); it is decoded whole only when
-    something in it is to change, and a body without images at most once. With
+    something in it is to change, and a body without images at most once. With ``url_images``,
+    the images the provider fetches by URL (``fetched``) get the identity of their URL
+    (``policy.linked.url_id``): each one a quarantine holds for becomes its placeholder, the
+    others go as they came. With
     ``describe`` the record's view (digest, reference paths and outcomes, the client's images,
     shape, and the public URLs when an HTTP reference was among them) comes from the same tree.
     A body sent unchanged gets a shape only with ``shape_unchanged`` (replay); the request path
@@ -188,14 +227,15 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
         scanned, tree, client = read_images(fmt, raw, identities)
     else:
         scanned = None
-        if read is None and not may_hold_refs(raw):
+        if read is None and not may_hold_refs(raw) and not (url_images and may_hold_urls(fmt, raw)):
             return Built(raw, None, (of_raw(raw) if shape_unchanged else of_unchanged(raw)) if describe else None)
         if read is None and max_references is not None and raw.count(b"sha256:") > max_references \
                 and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
             _too_many(max_references)
         tree = read[1] if read is not None else decode_json(raw)
     sites = _refs(fmt, tree, http)
-    if not sites and not client:
+    links = fetched(fmt, tree, http) if url_images else []
+    if not sites and not client and not links:
         return Built(raw, None, (of_decoded(raw, tree) if shape_unchanged else of_unchanged(raw))
                      if describe else None, tree)
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
@@ -209,24 +249,32 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
             raise PayloadTooLarge(f"the images this request references would inline {inlined} bytes of base64, "
                                   f"over max_projected_bytes ({max_projected_bytes})", code=Code.PROJECTED_TOO_LARGE)
     held = held_inline([aid for _, aid in client], projection.state, fmt.FORMAT)
+    link_refs = [ImageRef(url_id(link.url), url_name(link.url)) for link in links]
+    held_links = held_urls(link_refs, projection.state, fmt.FORMAT)
     sent = tuple(aid for (_, aid), outcome in zip(client, held) if outcome is None)
     # the inbound digest, without hashing the base64 the client sends again every turn
     inbound = digest_of(raw, scanned, client) if describe else None
     payload = _payload_of(raw, scanned if scanned is not None and scanned.complete else None, client)
-    if not sites and len(sent) == len(client):  # nothing to change: the client's own bytes go
+    if not sites and len(sent) == len(client) and all(h is None for h in held_links):  # nothing to change: as they came
         records = client_records(site_paths(tree, [f.site(ImageRef(a)) for f, a in client]) if describe else [],
                                  client, held)
         described = (of_decoded(raw, tree, records, inbound) if shape_unchanged else
                      of_unchanged(raw, records, inbound)) if describe else None
         kept_values: dict[int, tuple[Any, str]] = {id(found.value): (found.value, aid) for found, aid in client}
-        return Built(raw, projection, described, tree, kept_values, sent, payload=payload)
+        return Built(raw, projection, described, tree, kept_values, sent, payload=payload,
+                     urls=_urls(links, link_refs, held_links))
     if scanned is not None and scanned.complete:  # to change: the whole body, with its base64
         tree = decode_json(raw)
         client = identified(fmt, tree, identities.of) if identities is not None else []
         sites = fmt.find_refs(tree, http)
+        links = fetched(fmt, tree, http) if url_images else []
+        link_refs = [ImageRef(url_id(link.url), url_name(link.url)) for link in links]
     client_sites = [found.site(ImageRef(aid)) for found, aid in client]
-    paths = site_paths(tree, [*sites, *client_sites]) if describe else []  # before rendering moves anything
-    records = ref_records(sites, paths, projection.outcomes) + client_records(paths[len(sites):], client, held)
+    link_sites = [link.site(ref) for link, ref in zip(links, link_refs)]
+    # before rendering moves anything
+    paths = site_paths(tree, [*sites, *client_sites, *link_sites]) if describe else []
+    records = (ref_records(sites, paths, projection.outcomes) + client_records(paths[len(sites):], client, held)
+               + link_records(paths[len(sites) + len(client_sites):], link_sites, held_links))
     # replay must find the same references: the record keeps the public URLs that made some of them
     via_http = describe and bool(sites) and bool(http.bases) and len(fmt.find_refs(tree)) != len(sites)
     seen: dict[int, tuple[Any, str]] = {}
@@ -236,15 +284,22 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
             seen[id(kept)] = (kept, aid)
     # a variant stands for its original: rejections and records speak of the reference's id
     origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
-    changed = [*sites, *(site for site, outcome in zip(client_sites, held) if outcome is not None)]
-    outcomes = (*projection.outcomes, *(outcome for outcome in held if outcome is not None))
+    changed = [*sites, *(site for site, outcome in zip(client_sites, held) if outcome is not None),
+               *(site for site, outcome in zip(link_sites, held_links) if outcome is not None)]
+    outcomes = (*projection.outcomes, *(outcome for outcome in held if outcome is not None),
+                *(outcome for outcome in held_links if outcome is not None))
     before = fmt.count_images(tree, http)
     fmt.render(changed, outcomes, lambda image: _Tracked(inline_of(image), origin.get(id(image), image.id), seen))
     # a placeholder takes its image part away, unless the slot must hold an image (a blank one)
     blanks = fmt.count_images(tree, http) - before + sum(isinstance(o, Placeholder) for o in outcomes)
     described = of_tree(tree, records, http.bases if via_http else (), inbound) if describe else None
     return Built(UPSTREAM.encode(tree), projection, described, tree, seen, sent, len(client) - len(sent), payload,
-                 blanks)
+                 blanks, _urls(links, link_refs, held_links))
+
+
+def _urls(links: list[Linked], refs: list[ImageRef], held: tuple[Placeholder | None, ...]) -> dict[int, tuple[str, str]]:
+    """The URL strings of the images sent as URLs (``Built.urls``)."""
+    return {id(link.url): (link.url, ref.id) for link, ref, outcome in zip(links, refs, held) if outcome is None}
 
 
 def _refs(fmt: WireFormat, tree: Any, http: HttpRefs) -> list[Site]:

@@ -17,6 +17,13 @@ calls of this process still in flight whose upstream already answered with a suc
 queued records and for one batch window of the other replicas' (``2 × [record] batch_wait``), so
 calls that finished before the refusal count. The bytes of a refused image the client inlined
 are admitted into the store (best effort), so an operator can look at them and recover them.
+
+An answer that says the provider could not fetch an image it fetches by URL (``Rejection.failure``
+``not_found`` or ``read_failed``) is about one of the call's URL images (``prepare.linked``), and
+about its URL, not its bytes: the policy picks which (``policy.rejection.unreachable``), and an
+``attachment/quarantine`` (``url``) records it for every upstream, at once, with no waiting for
+records (that a URL was fetched before clears nothing: presigned links expire). The call is then
+built again and sent once more, as for a rejection. No URL is ever logged, nor fetched here.
 """
 
 from __future__ import annotations
@@ -30,13 +37,14 @@ from ...adapters.responses import documents
 from ...policy import rejection as attribution
 from ...policy.decide import names_of
 from ...policy.errors import ProjectionistError
+from ...policy.linked import url_name
 from ...policy.model import ImageRef
 from ...policy.profile import Rejection
 from ...policy.projection import reject
 from ..inbound.bodies import inflate
 from ..observe.logger import get_logger
 from ..upstream.identity import decoded_bytes
-from .prepare import Built, carried, foreign
+from .prepare import Built, carried, foreign, linked
 from .record import Recorder
 from .relay import SCREEN_MAX, Observer
 
@@ -98,6 +106,8 @@ class Resend:
         found = self._read(status, content_type, encoding, body)
         if found is None:
             return None
+        if found.failure != "rejected":
+            return await self._unfetched(found, status, content_type, body)
         if found.site is None and foreign(self.fmt, self.built):
             # images without an identity (URLs the provider fetches, provider files, bytes that are
             # not base64): an unnamed refusal may be about one of those
@@ -128,6 +138,36 @@ class Resend:
         services.metrics.quarantines["rejected"] += len(new)
         self.fields.update(rejection="resent", suspects=len(ids), rejected=len(new))
         self._admit({q.attachment_id for q in new})
+        await self._close_first(status, content_type, body)
+        again, self.recorder = await self.rebuild()
+        return again
+
+    async def _unfetched(self, found: Rejection, status: int, content_type: str, body: bytes) -> bytes | None:
+        """An answer that could not fetch one of the call's URL images: record it for the URLs it
+        is about (``attachment/quarantine``, ``url``) and build the call again, or, with none to
+        put it down to or when recording fails, let the provider's answer go back."""
+        services = self.services
+        urls = linked(self.built)
+        ids = attribution.unreachable(found, urls)
+        if not ids:
+            services.metrics.unfetched["unattributed"] += 1
+            self.fields.update(unfetched="unattributed")
+            return None
+        names = {aid: url_name(url) for _, aid, url in urls}
+        try:
+            _, new = await reject(attribution.unfetched(found, ids, names), log=services.log,
+                                  session_id=self.session_id, lock=services.log.lock(self.session_id),
+                                  state=services.log.state(self.session_id))
+        except asyncio.CancelledError:
+            raise
+        except ProjectionistError as error:
+            services.metrics.unfetched["failed"] += 1
+            self.fields.update(unfetched="failed")
+            get_logger().warning("unfetched_not_recorded", code=error.code, session=self.session_id)
+            return None
+        services.metrics.unfetched["resent"] += 1
+        services.metrics.quarantines.update(q.failure for q in new)
+        self.fields.update(unfetched="resent", url_suspects=len(ids), unfetched_recorded=len(new))
         await self._close_first(status, content_type, body)
         again, self.recorder = await self.rebuild()
         return again

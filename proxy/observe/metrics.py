@@ -102,6 +102,8 @@ class Metrics:
         self.records_queued = 0
         #: Image refusals by an upstream, by what became of them (see ``http.resend``).
         self.rejections: Counter[str] = Counter()
+        #: Answers that could not fetch an image by its URL, by what became of them (``call.resend``).
+        self.unfetched: Counter[str] = Counter()
         self.variants_pinned = 0
         self.errors_after_start = 0
         self.projection = Histogram()
@@ -185,6 +187,10 @@ class Metrics:
                   "resent (quarantined and sent once more), unattributed (no suspect: the error went back), "
                   "failed (could not be recorded: the error went back)", "outcome",
                   Counter({"resent": 0, "unattributed": 0, "failed": 0, **self.rejections}))
+        yield _by("projectionist_unfetched_images", "Upstream answers that could not fetch an image by its URL, by "
+                  "outcome: resent (the URL quarantined and the call sent once more), unattributed (no URL image "
+                  "of the call to put it down to: the error went back), failed (could not be recorded: the error "
+                  "went back)", "outcome", Counter({"resent": 0, "unattributed": 0, "failed": 0, **self.unfetched}))
         yield CounterMetricFamily("projectionist_variants_pinned",
                                   "Variants this replica pinned in a session log (an image sent as one that fits "
                                   "its upstream's profile)", value=self.variants_pinned)
