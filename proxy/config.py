@@ -187,6 +187,9 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     inline_images: bool = True
     #: The base64 of client-inlined images kept to find their identity again without hashing.
     inline_cache_bytes: Size = 64 * MiB
+    #: Give the images the provider fetches by URL (``https://``) the identity of their URL, so an
+    #: answer that could not fetch one is recorded and later requests get its placeholder instead.
+    url_images: bool = True
 
 
 class LoggingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -150,7 +150,7 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     try:
         # the HTTP references the call had are the ones under the public URLs it recorded
         built = await build(fmt, inbound, run, describe=True, http=HttpRefs(record.public_urls),
-                            identities=identities)
+                            identities=identities, url_images=True)
     except AttachmentError as error:
         path = next((r.path for r in record.refs if r.attachment_id == error.attachment_id), "")
         return msgspec.structs.replace(base, first_difference=path,
