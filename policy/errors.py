@@ -66,6 +66,7 @@ class Code(StrEnum):
     INVALID_UPLOAD = auto()
     SESSION_CONFLICT = auto()
     UPGRADE_NOT_SUPPORTED = auto()
+    INVALID_MESSAGE = auto()
     CLIENT_UNAUTHORIZED = auto()
     ADMIN_UNAUTHORIZED = auto()
     ADMIN_REQUIRED = auto()
@@ -94,6 +95,7 @@ class Code(StrEnum):
     UPSTREAM_UNAVAILABLE = auto()
     UPSTREAM_TIMEOUT = auto()
     UPSTREAM_BUSY = auto()
+    UPGRADE_REFUSED = auto()
     LOG_UNAVAILABLE = auto()
     STORE_UNAVAILABLE = auto()
     ATTACHMENT_WRITE_FAILED = auto()
@@ -145,6 +147,8 @@ CODES: Final[dict[str, Entry]] = {
     Code.INVALID_FORK_SEQ: Entry(400), Code.INBOUND_MISMATCH: Entry(400), Code.UNKNOWN_ADAPTER: Entry(400),
     Code.TOO_MANY_REFERENCES: Entry(400), Code.INVALID_UPLOAD: Entry(400), Code.SESSION_CONFLICT: Entry(400),
     Code.UPGRADE_NOT_SUPPORTED: Entry(400),
+    # a WebSocket message that is not a JSON object in a text frame (an error event, never an HTTP answer)
+    Code.INVALID_MESSAGE: Entry(400),
     Code.CLIENT_UNAUTHORIZED: Entry(401), Code.ADMIN_UNAUTHORIZED: Entry(401), Code.ADMIN_REQUIRED: Entry(403),
     Code.CSRF_REJECTED: Entry(403),
     Code.UNKNOWN_UPSTREAM: Entry(404), Code.FILE_NOT_FOUND: Entry(404), Code.ROUTE_NOT_FOUND: Entry(404),
@@ -161,6 +165,9 @@ CODES: Final[dict[str, Entry]] = {
     Code.UPSTREAM_UNAVAILABLE: Entry(502), Code.UPSTREAM_TIMEOUT: Entry(504),
     # every connection to the upstream's origin stayed in use: the proxy's own capacity, not the upstream's
     Code.UPSTREAM_BUSY: Entry(503),
+    # the upstream answered a WebSocket upgrade with no 101: its own status when a client acts on it
+    # (credentials, no such route, no WebSocket there, rate limit), else 502
+    Code.UPGRADE_REFUSED: Entry(502, also=(401, 403, 404, 426, 429)),
     Code.LOG_UNAVAILABLE: Entry(503, "the session log is unavailable; retry"),
     Code.STORE_UNAVAILABLE: Entry(503, "the attachment store is unavailable; retry"),
     Code.ATTACHMENT_WRITE_FAILED: Entry(503, "the attachment store could not write; retry"),

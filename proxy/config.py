@@ -86,6 +86,16 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: Seconds a client may leave one chunk of a streamed answer unread; past it its connection
     #: is closed (a cut stream), so a client that stops reading never holds an upstream connection.
     write_timeout: Seconds = 60.0
+    #: The largest WebSocket message relayed, either way, in bytes (images travel inlined as
+    #: base64): a bigger one closes the socket (1009).
+    websocket_max_message: Size = 64 * MiB
+    #: Seconds a relayed WebSocket may pass no message either way while no response is in flight
+    #: (one in flight has its upstream's read_timeout), and seconds it may stay open at all.
+    websocket_idle_timeout: Seconds = 600.0
+    websocket_timeout: Seconds = 3600.0
+    #: Seconds between pings on both legs of a relayed WebSocket; a leg whose pong does not come
+    #: within half of it is closed.
+    websocket_heartbeat: Seconds = 30.0
     #: Where clients reach this proxy (``http(s)://host[:port][/path]``); '' is the listen address.
     public_url: str = ""
 

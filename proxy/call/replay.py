@@ -41,6 +41,7 @@ from ..upstream.identity import Identities
 from ...adapters.redact import shorten
 from ..stores.base import Store
 from .relay import HOP_BY_HOP, upstream_errors
+from .websocket_calls import ROUTE as WEBSOCKET, exchange
 from ..upstream.target import open_transport
 from ..upstream.transport import Transport
 from ..upstream.urls import Base
@@ -177,7 +178,9 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
     It goes through ``transport`` (the running app's: the very one live calls use), or one
     opened as the upstream's configuration says and closed after; with the headers the live call
     went with (its record's, credentials left out), then the key, then ``headers``. So the
-    method, path, headers and body on the wire are the live call's, credentials aside."""
+    method, path, headers and body on the wire are the live call's, credentials aside. A call
+    made on a WebSocket (route ``websocket``) goes on a WebSocket of its own, its handshake with
+    those headers: its events come back as its record keeps them (``data:`` lines)."""
     if rebuilt.body is None:
         raise Conflict(f"nothing to send: {rebuilt.reason}", code=Code.REPLAY_NOT_REBUILT)
     record = rebuilt.request
@@ -201,9 +204,12 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
             outgoing[name] = value
     for name, value in check_headers(headers or {}).items():
         outgoing[name] = value
+    settings = upstream or UpstreamConfig(format="openai", url=upstream_url or configured)  # its defaults
+    if record.route == WEBSOCKET:  # its message went on a WebSocket: it goes on one again
+        return await exchange(url, outgoing, rebuilt.body, connect_timeout=settings.connect_timeout,
+                              read_timeout=settings.read_timeout, max_message=config.server.websocket_max_message)
     opened = None
     if transport is None:
-        settings = upstream or UpstreamConfig(format="openai", url=upstream_url or configured)  # its defaults
         transport = opened = open_transport(settings.transport, settings.connect_timeout, settings.read_timeout, 1)
     try:
         with upstream_errors():

@@ -1,0 +1,295 @@
+"""The WebSocket relay: a client's socket on a route its provider serves over WebSocket, relayed
+frame by frame to the configured upstream (proxy layer, call sublayer).
+
+Two routes have one, on OpenAI-format upstreams: the Responses WebSocket mode (``/v1/responses``),
+where each ``response.create`` is a projected call (``websocket_calls``), and Realtime
+(``/v1/realtime``), relayed unchanged. The trust rules are HTTP's: the edge checked the client's
+token at the upgrade; the upstream leg goes to the configured base plus the checked path, with
+the headers ``outgoing_headers`` makes (the configured key instead of the client's, none of the
+proxy's own) and the subprotocols the client offered minus any credential they carry
+(Realtime's ``openai-insecure-api-key.*`` when the upstream has a key, anything holding a proxy
+token). The upstream leg is opened first: a refusal of the upgrade (``UPGRADE_REFUSED``), a
+connection that fails or a 101 that never comes (``UPSTREAM_TIMEOUT``) is an HTTP error in the
+route's format, before the client's 101.
+
+Then two pumps, one each way, each reading one frame, sending it and awaiting the send before it
+reads the next, so neither side is ever buffered beyond one message and aiohttp's own queue: a
+slow reader holds its writer back through TCP. A message is at most ``[server]
+websocket_max_message`` bytes (a bigger one closes its leg with 1009, and the relay closes the
+other); a client that leaves one frame unread for ``write_timeout`` is closed. The socket is
+closed when no message passes for ``websocket_idle_timeout`` (``read_timeout`` while a response
+is in flight) and after ``websocket_timeout`` in all. When the upstream goes away during a
+response, the client gets an ``error`` event for it, then a close (1014, bad gateway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import unquote
+
+from aiohttp import WSCloseCode, WSMsgType, web
+from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
+
+from ...adapters import openai_responses
+from ...policy.errors import Code, InvalidRequest, ProjectionistError, UpstreamError
+from ..observe.logger import get_logger
+from ..upstream.target import Upstream
+from ..upstream.transport import ClientError
+from ..upstream.websocket import Refused, UpstreamSocket, connect
+from .call import Call
+from .outgoing import Withheld, outgoing_headers, target_url
+from .relay import client_error
+from .websocket_calls import ROUTE, Calls
+
+#: The routes with a WebSocket, by upstream format: the kind of socket each one is.
+SOCKETS: Final = {"openai": ((re.compile(r"(?:/v1)?/responses"), "responses"),
+                             (re.compile(r"(?:/v1)?/realtime"), "realtime"))}
+#: Upstream statuses a refused upgrade passes on (a client acts on them); any other is a 502.
+PASSED_ON: Final = frozenset({401, 403, 404, 426, 429})
+#: The subprotocol prefix Realtime's browser clients carry their API key in.
+KEY_PROTOCOL: Final = "openai-insecure-api-key."
+#: Close codes a relay may not send as they came (reserved: no status, abnormal closure, TLS).
+_UNSENDABLE: Final = frozenset({1005, 1006, 1015})
+
+
+def serves(upstream_format: str, path: str) -> str | None:
+    """The kind of WebSocket a path of ``upstream_format`` has (``responses``, ``realtime``), if any."""
+    for pattern, kind in SOCKETS.get(upstream_format, ()):
+        if pattern.fullmatch(path):
+            return kind
+    return None
+
+
+def handshake_headers(incoming: MultiMapping[str], call: Call) -> CIMultiDict[str]:
+    """The upstream handshake's headers: ``outgoing_headers``, minus the client's handshake (its
+    key, version, extensions, subprotocols: the upstream leg has its own)."""
+    headers = outgoing_headers(incoming, call.fmt, call.upstream, call.services.guard)
+    for name in [n for n in headers if n.lower().startswith("sec-websocket-")]:
+        headers.popall(name, None)
+    return headers
+
+
+def offered(incoming: MultiMapping[str], upstream: Upstream, withheld: Withheld) -> list[str]:
+    """The subprotocols the client offered, minus every one that carries a credential the upstream
+    must not get: one holding a proxy token, and a key the configured one replaces."""
+    found = [p.strip() for value in incoming.getall("Sec-WebSocket-Protocol", ()) for p in value.split(",")]
+    return [p for p in found if p and not withheld.holds_own(p)
+            and not (upstream.api_key and p.lower().startswith(KEY_PROTOCOL))]
+
+
+def _message_headers(incoming: MultiMapping[str]) -> CIMultiDictProxy[str]:
+    """The upgrade's headers as each call of the socket carries them: no handshake, no body framing."""
+    return CIMultiDictProxy(CIMultiDict((k, v) for k, v in incoming.items()
+                                        if not k.lower().startswith("sec-websocket-")
+                                        and k.lower() not in ("content-encoding", "content-length")))
+
+
+async def relay(call: Call) -> web.StreamResponse:
+    """Relay ``call``'s socket (an upgrade on a route ``serves`` names) until either side ends it."""
+    request, services, upstream = call.request, call.services, call.upstream
+    kind = serves(upstream.format, unquote(call.raw_path))
+    if kind is None:
+        raise InvalidRequest("this route has no WebSocket; send the call without Upgrade",
+                             code=Code.UPGRADE_NOT_SUPPORTED)
+    call.ctx.route = ROUTE
+    if kind == "responses":
+        call.fmt = openai_responses
+    if not web.WebSocketResponse().can_prepare(request).ok:
+        raise InvalidRequest("not a valid WebSocket handshake (RFC 6455 §4.2.1)", code=Code.INVALID_REQUEST)
+    server = services.config.server
+    url = target_url(call.raw_path, request.rel_url.raw_query_string, call.fmt, upstream, services.guard)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            leg = await stack.enter_async_context(connect(
+                url, handshake_headers(request.headers, call), offered(request.headers, upstream, services.guard),
+                connect_timeout=upstream.connect_timeout, handshake_timeout=upstream.read_timeout,
+                max_message=server.websocket_max_message, heartbeat=server.websocket_heartbeat))
+        except Refused as refused:
+            status = refused.status if refused.status in PASSED_ON else 502
+            raise UpstreamError(str(refused), code=Code.UPGRADE_REFUSED, status=status) from None
+        except (ClientError, TimeoutError) as exc:
+            raise (client_error(exc) or UpstreamError("upstream unreachable")) from None
+        client = web.WebSocketResponse(
+            protocols=(leg.protocol,) if leg.protocol else (), autoping=True, heartbeat=server.websocket_heartbeat,
+            max_msg_size=server.websocket_max_message, compress=False, decode_text=False)
+        await client.prepare(request)
+        await Socket(call, client, leg, kind == "responses").run()
+        return client
+    raise AssertionError("unreachable")  # an AsyncExitStack never swallows what its block raised
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """How a socket ended: the close each leg gets (None: it is closed already), why (for the log
+    line), and the error an open call is told of."""
+
+    why: str
+    to_client: int | None = WSCloseCode.OK
+    to_upstream: int | None = WSCloseCode.OK
+    reason: bytes = b""
+    error: ProjectionistError | None = None
+
+
+def _passed(code: object) -> int:
+    """A close code as it may be sent on (a reserved one stands as a plain close)."""
+    return code if isinstance(code, int) and 1000 <= code <= 4999 and code not in _UNSENDABLE else WSCloseCode.OK
+
+
+def _broken_off() -> UpstreamError:
+    """What a call in flight is told when its upstream leg ends before its response does."""
+    return UpstreamError("the upstream closed the WebSocket before the response completed")
+
+
+def _gone(why: str) -> _End:
+    """The upstream leg broke (no close of its own, or a frame the relay could not take)."""
+    return _End(why, to_client=WSCloseCode.BAD_GATEWAY, to_upstream=None, reason=b"upstream connection lost",
+                error=_broken_off())
+
+
+class Socket:
+    """One relayed socket: its two pumps and its watchdog (see the module's docstring)."""
+
+    def __init__(self, call: Call, client: web.WebSocketResponse, leg: UpstreamSocket, projecting: bool) -> None:
+        self.call, self.client, self.leg = call, client, leg
+        server = call.services.config.server
+        self.idle, self.total, self.write_timeout = (server.websocket_idle_timeout, server.websocket_timeout,
+                                                     server.write_timeout)
+        self.read_timeout = call.upstream.read_timeout
+        loop = asyncio.get_running_loop()
+        self.opened = self.last = loop.time()
+        self.counts = {"in": 0, "out": 0}
+        self.calls = Calls(call, _message_headers(call.request.headers), self.to_upstream, self.to_client) \
+            if projecting else None
+
+    async def to_upstream(self, data: bytes, opcode: WSMsgType = WSMsgType.TEXT) -> None:
+        await self.leg.send_frame(data, opcode)
+
+    async def to_client(self, data: bytes, opcode: WSMsgType = WSMsgType.TEXT) -> None:
+        async with asyncio.timeout(self.write_timeout):
+            await self.client.send_frame(data, opcode)
+
+    async def run(self) -> None:
+        pumps = [asyncio.ensure_future(p) for p in (self._inward(), self._outward(), self._watch())]
+        end = _End("cancelled", to_client=WSCloseCode.GOING_AWAY, to_upstream=WSCloseCode.GOING_AWAY)
+        try:
+            done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            end = self._ended(done.pop())
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            if end.why == "cancelled" and self.client.closed:  # it left as it closed (handler_cancellation)
+                end = _End("client closed", to_client=None, to_upstream=_passed(self.client.close_code))
+            await self._close(end)
+
+    def _ended(self, pump: asyncio.Future[_End]) -> _End:
+        try:
+            return pump.result()
+        except Exception:  # a bug: both legs close (1011), the app goes on
+            get_logger().exception("websocket_relay_failed", request_id=self.call.ctx.request_id)
+            return _End("internal error", to_client=WSCloseCode.INTERNAL_ERROR,
+                        to_upstream=WSCloseCode.GOING_AWAY, error=UpstreamError("the relay failed; see the proxy log"))
+
+    async def _close(self, end: _End) -> None:
+        """Tell the open calls, close each leg still open, note how it went in the socket's line."""
+        self.call.ctx.fields.update(closed=end.why, messages_in=self.counts["in"], messages_out=self.counts["out"])
+        if self.calls is not None:
+            await self.calls.close(end.error, left=end.to_client is None or end.why == "cancelled")
+        if end.to_upstream is not None and not self.leg.closed:
+            with contextlib.suppress(Exception):  # a leg that cannot take its close is dropped with its session
+                await self.leg.close(code=end.to_upstream, message=end.reason)
+        if end.to_client is not None and not self.client.closed:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.write_timeout):
+                    await self.client.close(code=end.to_client, message=end.reason)
+
+    def _touch(self, direction: str) -> None:
+        self.last = asyncio.get_running_loop().time()
+        self.counts[direction] += 1
+
+    async def _inward(self) -> _End:
+        """Client to upstream, one message at a time."""
+        client, calls = self.client, self.calls
+        while True:
+            msg = await client.receive()
+            if msg.type is WSMsgType.TEXT or msg.type is WSMsgType.BINARY:
+                self._touch("in")
+                data: bytes = msg.data if isinstance(msg.data, bytes) else msg.data.encode()
+                try:
+                    if calls is None:
+                        await self.to_upstream(data, msg.type)
+                    elif msg.type is WSMsgType.TEXT:
+                        await calls.from_client(data)
+                    else:
+                        await calls.refuse(InvalidRequest("a binary frame where a JSON message is expected",
+                                                          code=Code.INVALID_MESSAGE), None)
+                except ConnectionError:
+                    return _gone("upstream gone")
+                except TimeoutError:
+                    return _End("client stalled", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
+            elif msg.type is WSMsgType.CLOSE:  # aiohttp answered it already
+                return _End("client closed", to_client=None, to_upstream=_passed(msg.data),
+                            reason=(msg.extra or "").encode()[:123])
+            elif msg.type is WSMsgType.ERROR:  # a frame over the limit (1009) or a protocol error: closed by aiohttp
+                code = client.close_code or WSCloseCode.PROTOCOL_ERROR
+                why = "client message too large" if code == WSCloseCode.MESSAGE_TOO_BIG else "client protocol error"
+                return _End(why, to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
+            else:  # CLOSING, CLOSED: the client's connection is gone
+                return _End("client gone", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
+
+    async def _outward(self) -> _End:
+        """Upstream to client, one message at a time (each call's events seen by its call first)."""
+        leg, calls = self.leg, self.calls
+        while True:
+            msg = await leg.receive()
+            try:
+                if msg.type is WSMsgType.TEXT:
+                    self._touch("out")
+                    if calls is not None and calls.open:
+                        await calls.from_upstream(msg.data)
+                    else:
+                        await self.to_client(msg.data)
+                    continue
+                if msg.type is WSMsgType.BINARY:
+                    self._touch("out")
+                    await self.to_client(msg.data, WSMsgType.BINARY)
+                    continue
+            except ConnectionError:
+                return _End("client gone", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
+            except TimeoutError:
+                get_logger().warning("client_write_timeout", request_id=self.call.ctx.request_id)
+                return _End("client stalled", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
+            if msg.type is WSMsgType.CLOSE:
+                open_calls = calls is not None and calls.open
+                return _End("upstream closed", to_client=_passed(msg.data) if not open_calls else WSCloseCode.BAD_GATEWAY,
+                            to_upstream=None, reason=(msg.extra or "").encode()[:123],
+                            error=_broken_off() if open_calls else None)
+            if msg.type is WSMsgType.ERROR:
+                return _gone("upstream message too large" if leg.close_code == WSCloseCode.MESSAGE_TOO_BIG
+                             else "upstream protocol error")
+            return _gone("upstream gone")
+
+    async def _watch(self) -> _End:
+        """The idle and total timeouts."""
+        loop = asyncio.get_running_loop()
+        while True:
+            busy = self.calls is not None and self.calls.open
+            idle_at = self.last + (self.read_timeout if busy else self.idle)
+            total_at = self.opened + self.total
+            now = loop.time()
+            if now >= total_at:
+                return _End("time limit", reason=b"socket time limit",
+                            error=UpstreamError("the socket reached its time limit", code=Code.UPSTREAM_TIMEOUT))
+            if now >= idle_at:
+                if busy:
+                    return _End("upstream silent", to_client=WSCloseCode.BAD_GATEWAY, reason=b"upstream timed out",
+                                error=UpstreamError("upstream timed out before responding", code=Code.UPSTREAM_TIMEOUT))
+                return _End("idle", reason=b"idle timeout")
+            await asyncio.sleep(min(idle_at, total_at) - now)
+
+
+__all__ = ["ROUTE", "Socket", "relay", "serves"]

@@ -1,0 +1,332 @@
+"""The calls of a Responses WebSocket, each ``response.create`` a projected call (proxy layer, call
+sublayer).
+
+A ``response.create`` carries the same fields as the body of ``POST /v1/responses``, so it goes
+through the same stages as that body: ``read`` (its session, from the upgrade's headers, its path
+prefix or the message itself), ``prepare`` (the policy's projection, the upstream message, its
+recorder and its re-send screen). The upstream's events for it are watched like an SSE answer:
+recorded as ``data:`` lines (so ``documents``, usage and replay's diff read them as they read a
+stream), and an ``error`` event that comes before any other event of the call goes to its screen
+first: when it refuses an image, the refusal is recorded and the message built again and sent
+once more on the same socket, and the client never sees that error. Each call has a context, a
+request id, a log line and, with a session, a record of its own (route ``websocket``, which
+``replay --send`` sends over a WebSocket again).
+
+Calls are told apart by their ``stream_id`` (the WebSocket lane; none is one lane). A new
+``response.create`` on a lane whose call is still open supersedes it (recorded as a call its client
+left, ``CLIENT_DISCONNECTED``); a lane's events then count toward the new call, which is never
+screened once an event it did not produce could have reached the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import msgspec
+from aiohttp import WSMsgType
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from ...adapters import openai_responses
+from ...policy.errors import Code, InternalError, InvalidRequest, ProjectionistError, UpstreamError
+from ..inbound.context import CONTEXT, Context, Timing
+from ..observe.logger import get_logger, request_line, request_lines
+from ..upstream.websocket import connect
+from .call import Call
+from .project import Prepared, prepare
+from .read import Inbound, read
+from .record import Meter, Recorder
+from .relay import upstream_errors
+from .send import _reported as reported
+
+#: The route of a relayed socket and of each call on it (a record with it was sent over a WebSocket).
+ROUTE: Final = "websocket"
+#: The events that end a response.
+TERMINAL: Final = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+#: The content type a WebSocket call's events are recorded under, one ``data:`` line each.
+EVENTS: Final = "text/event-stream"
+#: The status of an ``error`` event that names none: a refused request, as OpenAI's are.
+ERROR_STATUS: Final = 400
+
+Send = Callable[[bytes], Awaitable[None]]
+
+
+class _Head(msgspec.Struct):
+    """What the relay reads of a message: its type, its lane and, for an error, its status."""
+
+    type: Any = None
+    stream_id: Any = None
+    status: Any = None
+
+
+_head: Final = msgspec.json.Decoder(_Head)
+_encoder: Final = msgspec.json.Encoder()
+
+
+def head(data: bytes) -> _Head | None:
+    """``data``'s head, or None when it is no JSON object."""
+    try:
+        return _head.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def _lane(found: _Head) -> str | None:
+    return found.stream_id if isinstance(found.stream_id, str) else None
+
+
+def error_event(code: str, message: str, status: int, stream_id: str | None = None) -> bytes:
+    """An ``error`` event as the Responses WebSocket sends one (the SDK's ``ResponseWsError``)."""
+    event: dict[str, Any] = {"type": "error", "status": status,
+                             "error": openai_responses.error_body(code, message, status)["error"]}
+    if stream_id is not None:
+        event["stream_id"] = stream_id
+    return _encoder.encode(event)
+
+
+def as_line(data: bytes) -> bytes:
+    """One event as the ``data:`` line it is recorded as (a JSON line break is whitespace)."""
+    if b"\n" in data or b"\r" in data:
+        data = data.replace(b"\r", b" ").replace(b"\n", b" ")
+    return b"data: " + data + b"\n\n"
+
+
+class Turn:
+    """One ``response.create``: its call, what was prepared for it, and how it is going."""
+
+    def __init__(self, call: Call, inbound: Inbound, prepared: Prepared, socket_id: str) -> None:
+        self.call, self.inbound, self.prepared, self.socket_id = call, inbound, prepared, socket_id
+        self.recorder: Recorder | None = prepared.recorder
+        self.meter = Meter() if self.recorder is None else None
+        self.screen = prepared.screen
+        self.events = 0
+        self.sent = time.perf_counter()
+        self.carrying = contextlib.ExitStack()
+        self.ended = False
+
+    @property
+    def watched(self) -> Meter:
+        watched = self.recorder or self.meter
+        assert watched is not None
+        return watched
+
+    def start(self) -> None:
+        """Its message is about to go upstream: its images count as carried while it is open."""
+        call, inbound = self.call, self.inbound
+        if inbound.session_id is not None and self.prepared.built.images:
+            carrying = self.carrying.enter_context(call.services.inflight.carrying(
+                inbound.session_id, call.fmt.FORMAT, self.prepared.carried, call.timing))
+            self.prepared.in_flight.append(carrying)
+        self.watched.begin(EVENTS)
+
+    def screened(self, found: _Head) -> bool:
+        """Whether this event goes to the screen: an ``error`` before any other event, once."""
+        return found.type == "error" and self.events == 0 and self.screen is not None and not self.screen.used
+
+    async def rescreen(self, data: bytes, status: int) -> bytes | None:
+        """The screen's answer to a refusal: the message built again (and this call now the
+        re-sent one's), or None to let the error through."""
+        assert self.screen is not None
+        again = await self.screen(status, "application/json", data)
+        if again is not None:
+            self.recorder = self.screen.recorder
+            self.meter = Meter() if self.recorder is None else None
+            self.sent = time.perf_counter()
+            self.watched.begin(EVENTS)
+        return again
+
+    async def event(self, data: bytes, found: _Head) -> bool:
+        """One event of this call, before it goes to the client; True when it ends the call."""
+        timing = self.call.timing
+        if self.events == 0:
+            timing.headers_s = time.perf_counter() - self.sent
+            timing.status = status_of(found) if found.type == "error" else 200
+            self.call.services.metrics.upstream_answered(self.call.upstream.name, timing.headers_s)
+        self.events += 1
+        watched = self.watched
+        watched.chunk(as_line(data))
+        if found.type not in TERMINAL:
+            return False
+        with contextlib.suppress(Exception):  # an observer never fails the relay (as ``relay._complete``)
+            await watched.body_complete(timing.status or 200)
+        return True
+
+    async def end(self, *, error: str | None = None, left: bool = False) -> None:
+        """The call is over: complete (its terminal event relayed), broken off with ``error``, or
+        because the client ``left``. Its record, usage, counters and log line."""
+        if self.ended:
+            return
+        self.ended = True
+        call, ctx, timing = self.call, self.call.ctx, self.call.timing
+        self.carrying.close()
+        timing.upstream_s = time.perf_counter() - self.sent
+        status = timing.status if error is None or self.events else None
+        ctx.fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
+        if self.events:
+            reported(call, self.watched)
+        if self.recorder is not None:
+            if left:
+                self.recorder.cancelled()
+            elif status is None:
+                await self.recorder.failed(error or Code.UPSTREAM_UNAVAILABLE)
+            else:
+                await self.recorder.finished(status)  # a call broken off after its first event: INCOMPLETE
+        if error is not None:
+            ctx.fields["error_code"] = error
+        answered(call, self.socket_id, status if not left else "cancelled")
+
+
+def status_of(found: _Head) -> int:
+    """An ``error`` event's status (its own, when it is an error status)."""
+    status = found.status
+    return status if isinstance(status, int) and 400 <= status <= 599 else ERROR_STATUS
+
+
+def answered(call: Call, socket_id: str, status: int | str | None) -> None:
+    """A call's count and log line (the socket's own line is the upgrade's, at its end)."""
+    ctx = call.ctx
+    call.services.metrics.answered(ROUTE, status if status is not None else "failed", call.upstream.name)
+    if request_lines():
+        request_line({"method": "WS", "path": call.raw_path, "route": ROUTE, "request_id": ctx.request_id,
+                      "socket": socket_id, "status": status,
+                      "duration_ms": round((time.perf_counter() - ctx.started) * 1000, 3), **ctx.fields})
+
+
+class Calls:
+    """The projected calls of one Responses WebSocket, by lane (see the module's docstring).
+    ``to_upstream`` and ``to_client`` send one frame each way and return once it is sent."""
+
+    def __init__(self, socket: Call, headers: CIMultiDictProxy[str], to_upstream: Send, to_client: Send) -> None:
+        self.socket = socket
+        #: The upgrade's headers without the handshake's own: what each call's request carries.
+        self.headers = headers
+        self.to_upstream = to_upstream
+        self.to_client = to_client
+        self.lanes: dict[str | None, Turn] = {}
+
+    @property
+    def open(self) -> bool:
+        return bool(self.lanes)
+
+    async def from_client(self, data: bytes) -> None:
+        """A text message from the client: a ``response.create`` becomes a call; another message
+        goes as it came; one that is no JSON object is answered with an error event."""
+        found = head(data)
+        if found is None:
+            code = Code.INVALID_JSON if _not_json(data) else Code.INVALID_MESSAGE
+            await self.refuse(InvalidRequest("a message must be one JSON object in a text frame", code=code), None)
+            return
+        if found.type != "response.create":
+            await self.to_upstream(data)
+            return
+        lane = _lane(found)
+        call = self._call(data)
+        try:
+            inbound = await read(call)
+            prepared = await prepare(call, inbound)
+        except ProjectionistError as error:
+            await self.refuse(error, lane, call)
+            return
+        except Exception:  # a bug: this call fails in the protocol's own shape, the socket goes on
+            get_logger().exception("unhandled_error", request_id=call.ctx.request_id, route=ROUTE)
+            await self.refuse(InternalError("internal error; see the proxy log"), lane, call)
+            return
+        superseded = self.lanes.pop(lane, None)
+        if superseded is not None:  # the client moved on: as if it had left that call
+            await superseded.end(left=True)
+        turn = self.lanes[lane] = Turn(call, inbound, prepared, self.socket.ctx.request_id)
+        turn.start()
+        await self.to_upstream(prepared.built.body)
+
+    async def from_upstream(self, data: bytes) -> None:
+        """A text event from the upstream: to the client, after the call it belongs to saw it
+        (a refusal its screen takes never reaches the client)."""
+        found = head(data)
+        turn = self.lanes.get(_lane(found)) if found is not None else None
+        if turn is None or found is None:
+            await self.to_client(data)
+            return
+        if turn.screened(found):
+            again = await turn.rescreen(data, status_of(found))
+            if again is not None:
+                await self.to_upstream(again)
+                return
+        ended = await turn.event(data, found)
+        if ended:
+            self.lanes.pop(_lane(found), None)
+        await self.to_client(data)
+        if ended:
+            await turn.end()
+
+    async def refuse(self, error: ProjectionistError, lane: str | None, call: Call | None = None) -> None:
+        """An error event for a message the proxy answers itself (its call, if it became one)."""
+        if call is not None:
+            call.ctx.fields["error_code"] = error.code
+            answered(call, self.socket.ctx.request_id, error.status)
+        if error.public_message != error.message:
+            get_logger().warning("error_detail", code=error.code, detail=error.message,
+                                 request_id=call.ctx.request_id if call is not None else self.socket.ctx.request_id)
+        await self.to_client(error_event(error.code, error.public_message, error.status, lane))
+
+    async def close(self, error: ProjectionistError | None, *, left: bool = False) -> None:
+        """The socket is ending: each open call gets ``error`` as an event (when the client is
+        still there) and ends with it."""
+        turns, self.lanes = list(self.lanes.items()), {}
+        for lane, turn in turns:
+            if error is not None and not left:
+                with contextlib.suppress(ConnectionError, TimeoutError):
+                    await self.to_client(error_event(error.code, error.public_message, error.status, lane))
+            await turn.end(error=error.code if error is not None else Code.UPSTREAM_UNAVAILABLE, left=left)
+
+    def _call(self, data: bytes) -> Call:
+        """A message's own call: a context and request id of its own, and a request whose body is
+        the message (the upgrade's, cloned, so ``read`` reads it as it reads a body)."""
+        socket = self.socket
+        ctx = Context(ROUTE)
+        ctx.tenant, ctx.fmt = socket.ctx.tenant, openai_responses
+        ctx.fields["upstream"] = socket.upstream.name
+        request = socket.request.clone(headers=self.headers)
+        request._read_bytes = data  # noqa: SLF001 (aiohttp's cache of a read body: the message is this call's)
+        request[CONTEXT] = ctx
+        return dataclasses.replace(socket, request=request, ctx=ctx, fmt=openai_responses, projected=True,
+                                   timing=Timing(ctx.started))
+
+
+def _not_json(data: bytes) -> bool:
+    try:
+        msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return True
+    return False
+
+
+async def exchange(url: URL, headers: CIMultiDict[str], message: bytes, *, connect_timeout: float,
+                   read_timeout: float, max_message: int) -> tuple[int, str, bytes]:
+    """Send one recorded call's message on a WebSocket of its own (replay): its status (200, or
+    the ``error`` event's), content type and events, as the call's record keeps them. The
+    upstream may be silent for ``read_timeout`` between two events."""
+    with upstream_errors():
+        async with connect(url, headers, (), connect_timeout=connect_timeout, handshake_timeout=read_timeout,
+                           max_message=max_message) as leg:
+            try:
+                await leg.send_frame(message, WSMsgType.TEXT)
+            except ConnectionError:
+                raise UpstreamError("the upstream closed the WebSocket before the message was sent") from None
+            lines: list[bytes] = []
+            status: int | None = None
+            while True:
+                async with asyncio.timeout(read_timeout):
+                    msg = await leg.receive()
+                if msg.type is not WSMsgType.TEXT:
+                    raise UpstreamError("the upstream closed the WebSocket before the response completed")
+                found = head(msg.data) or _Head()
+                lines.append(as_line(msg.data))
+                if status is None:
+                    status = status_of(found) if found.type == "error" else 200
+                if found.type in TERMINAL:
+                    return status, EVENTS, b"".join(lines)

@@ -1,0 +1,1 @@
+"""The WebSocket relay (``proxy/call/websocket.py``): against a real aiohttp WebSocket fake upstream."""
