@@ -9,8 +9,9 @@ the headers ``outgoing_headers`` makes (the configured key instead of the client
 proxy's own) and the subprotocols the client offered minus any credential they carry
 (Realtime's ``openai-insecure-api-key.*`` when the upstream has a key, anything holding a proxy
 token). The upstream leg is opened first: a refusal of the upgrade (``UPGRADE_REFUSED``), a
-connection that fails or a 101 that never comes (``UPSTREAM_TIMEOUT``) is an HTTP error in the
-route's format, before the client's 101.
+connection that fails, or a 101 that does not come within the upstream's ``connect_timeout``
+(``UPSTREAM_TIMEOUT``: the handshake is part of connecting) is an HTTP error in the route's
+format, before the client's 101.
 
 Then two pumps, one each way, each reading one frame, sending it and awaiting the send before it
 reads the next, so neither side is ever buffered beyond one message and aiohttp's own queue: a
@@ -106,7 +107,7 @@ async def relay(call: Call) -> web.StreamResponse:
         try:
             leg = await stack.enter_async_context(connect(
                 url, handshake_headers(request.headers, call), offered(request.headers, upstream, services.guard),
-                connect_timeout=upstream.connect_timeout, handshake_timeout=upstream.read_timeout,
+                connect_timeout=upstream.connect_timeout, handshake_timeout=upstream.connect_timeout,
                 max_message=server.websocket_max_message, heartbeat=server.websocket_heartbeat))
         except Refused as refused:
             status = refused.status if refused.status in PASSED_ON else 502
@@ -159,9 +160,12 @@ class Socket:
         self.idle, self.total, self.write_timeout = (server.websocket_idle_timeout, server.websocket_timeout,
                                                      server.write_timeout)
         self.read_timeout = call.upstream.read_timeout
-        loop = asyncio.get_running_loop()
-        self.opened = self.last = loop.time()
-        self.counts = {"in": 0, "out": 0}
+        self._time = asyncio.get_running_loop().time
+        self.opened = self.last = self._time()
+        #: Since when sends to the client have been under way (None: none is), for the watchdog.
+        self.writing: float | None = None
+        self._sending = 0
+        self.messages_in = self.messages_out = 0
         self.calls = Calls(call, _message_headers(call.request.headers), self.to_upstream, self.to_client) \
             if projecting else None
 
@@ -169,8 +173,17 @@ class Socket:
         await self.leg.send_frame(data, opcode)
 
     async def to_client(self, data: bytes, opcode: WSMsgType = WSMsgType.TEXT) -> None:
-        async with asyncio.timeout(self.write_timeout):
+        # no timer per frame (a fifth of the relay's own time): the watchdog sees a send that hangs,
+        # from when the sends under way began (both pumps may send to the client)
+        if not self._sending:
+            self.writing = self._time()
+        self._sending += 1
+        try:
             await self.client.send_frame(data, opcode)
+        finally:
+            self._sending -= 1
+            if not self._sending:
+                self.writing = None
 
     async def run(self) -> None:
         pumps = [asyncio.ensure_future(p) for p in (self._inward(), self._outward(), self._watch())]
@@ -196,7 +209,7 @@ class Socket:
 
     async def _close(self, end: _End) -> None:
         """Tell the open calls, close each leg still open, note how it went in the socket's line."""
-        self.call.ctx.fields.update(closed=end.why, messages_in=self.counts["in"], messages_out=self.counts["out"])
+        self.call.ctx.fields.update(closed=end.why, messages_in=self.messages_in, messages_out=self.messages_out)
         if self.calls is not None:
             await self.calls.close(end.error, left=end.to_client is None or end.why == "cancelled")
         if end.to_upstream is not None and not self.leg.closed:
@@ -207,17 +220,14 @@ class Socket:
                 async with asyncio.timeout(self.write_timeout):
                     await self.client.close(code=end.to_client, message=end.reason)
 
-    def _touch(self, direction: str) -> None:
-        self.last = asyncio.get_running_loop().time()
-        self.counts[direction] += 1
-
     async def _inward(self) -> _End:
         """Client to upstream, one message at a time."""
         client, calls = self.client, self.calls
         while True:
             msg = await client.receive()
             if msg.type is WSMsgType.TEXT or msg.type is WSMsgType.BINARY:
-                self._touch("in")
+                self.last = self._time()
+                self.messages_in += 1
                 data: bytes = msg.data if isinstance(msg.data, bytes) else msg.data.encode()
                 try:
                     if calls is None:
@@ -229,8 +239,6 @@ class Socket:
                                                           code=Code.INVALID_MESSAGE), None)
                 except ConnectionError:
                     return _gone("upstream gone")
-                except TimeoutError:
-                    return _End("client stalled", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
             elif msg.type is WSMsgType.CLOSE:  # aiohttp answered it already
                 return _End("client closed", to_client=None, to_upstream=_passed(msg.data),
                             reason=(msg.extra or "").encode()[:123])
@@ -248,21 +256,20 @@ class Socket:
             msg = await leg.receive()
             try:
                 if msg.type is WSMsgType.TEXT:
-                    self._touch("out")
+                    self.last = self._time()
+                    self.messages_out += 1
                     if calls is not None and calls.open:
                         await calls.from_upstream(msg.data)
                     else:
                         await self.to_client(msg.data)
                     continue
                 if msg.type is WSMsgType.BINARY:
-                    self._touch("out")
+                    self.last = self._time()
+                    self.messages_out += 1
                     await self.to_client(msg.data, WSMsgType.BINARY)
                     continue
             except ConnectionError:
                 return _End("client gone", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
-            except TimeoutError:
-                get_logger().warning("client_write_timeout", request_id=self.call.ctx.request_id)
-                return _End("client stalled", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
             if msg.type is WSMsgType.CLOSE:
                 open_calls = calls is not None and calls.open
                 return _End("upstream closed", to_client=_passed(msg.data) if not open_calls else WSCloseCode.BAD_GATEWAY,
@@ -274,13 +281,17 @@ class Socket:
             return _gone("upstream gone")
 
     async def _watch(self) -> _End:
-        """The idle and total timeouts."""
-        loop = asyncio.get_running_loop()
+        """The idle and total timeouts, and a client that takes no frame for ``write_timeout``
+        (seen within twice that: the watchdog looks at least once every ``write_timeout``)."""
         while True:
             busy = self.calls is not None and self.calls.open
             idle_at = self.last + (self.read_timeout if busy else self.idle)
             total_at = self.opened + self.total
-            now = loop.time()
+            now = self._time()
+            writing = self.writing
+            if writing is not None and now - writing >= self.write_timeout:
+                get_logger().warning("client_write_timeout", request_id=self.call.ctx.request_id)
+                return _End("client stalled", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
             if now >= total_at:
                 return _End("time limit", reason=b"socket time limit",
                             error=UpstreamError("the socket reached its time limit", code=Code.UPSTREAM_TIMEOUT))
@@ -289,7 +300,8 @@ class Socket:
                     return _End("upstream silent", to_client=WSCloseCode.BAD_GATEWAY, reason=b"upstream timed out",
                                 error=UpstreamError("upstream timed out before responding", code=Code.UPSTREAM_TIMEOUT))
                 return _End("idle", reason=b"idle timeout")
-            await asyncio.sleep(min(idle_at, total_at) - now)
+            write_at = (writing if writing is not None else now) + self.write_timeout
+            await asyncio.sleep(min(idle_at, total_at, write_at) - now)
 
 
 __all__ = ["ROUTE", "Socket", "relay", "serves"]

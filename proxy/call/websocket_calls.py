@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
-from aiohttp import WSMsgType
+from aiohttp import WSMsgType, web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
@@ -76,6 +76,24 @@ def head(data: bytes) -> _Head | None:
         return None
 
 
+#: How a ``response.create`` opens, as the SDK and Codex write it (compact JSON, ``type`` first):
+#: such a message is a call without its megabytes being parsed here (``read`` and ``prepare``
+#: decode what they must; one that is no JSON after all is the projection's ``INVALID_JSON``, or,
+#: when nothing in it is to change, the upstream's to say, as for an HTTP body).
+_CREATE: Final = b'{"type":"response.create",'
+
+
+def lane_of(data: bytes, *trees: Any) -> str | None:
+    """A ``response.create``'s lane: from the first of ``trees`` (what the stages decoded of it)
+    that is an object, else from the message itself."""
+    for tree in trees:
+        if isinstance(tree, dict):
+            value = tree.get("stream_id")
+            return value if isinstance(value, str) else None
+    found = head(data)
+    return _lane(found) if found is not None else None
+
+
 def _lane(found: _Head) -> str | None:
     return found.stream_id if isinstance(found.stream_id, str) else None
 
@@ -103,6 +121,9 @@ class Turn:
         self.call, self.inbound, self.prepared, self.socket_id = call, inbound, prepared, socket_id
         self.recorder: Recorder | None = prepared.recorder
         self.meter = Meter() if self.recorder is None else None
+        #: Whether every event is kept (``full`` recording); else only the ones that end the call
+        #: are watched, which carry what the call reports (its usage).
+        self.every = self.recorder is not None and self.recorder.full
         self.screen = prepared.screen
         self.events = 0
         self.sent = time.perf_counter()
@@ -124,9 +145,9 @@ class Turn:
             self.prepared.in_flight.append(carrying)
         self.watched.begin(EVENTS)
 
-    def screened(self, found: _Head) -> bool:
-        """Whether this event goes to the screen: an ``error`` before any other event, once."""
-        return found.type == "error" and self.events == 0 and self.screen is not None and not self.screen.used
+    def screened(self) -> bool:
+        """Whether an ``error`` event goes to the screen: before any other event, once."""
+        return self.events == 0 and self.screen is not None and not self.screen.used
 
     async def rescreen(self, data: bytes, status: int) -> bytes | None:
         """The screen's answer to a refusal: the message built again (and this call now the
@@ -136,25 +157,29 @@ class Turn:
         if again is not None:
             self.recorder = self.screen.recorder
             self.meter = Meter() if self.recorder is None else None
+            self.every = self.recorder is not None and self.recorder.full
             self.sent = time.perf_counter()
             self.watched.begin(EVENTS)
         return again
 
-    async def event(self, data: bytes, found: _Head) -> bool:
-        """One event of this call, before it goes to the client; True when it ends the call."""
-        timing = self.call.timing
+    def event(self, data: bytes, found: _Head) -> bool:
+        """One event of this call, before it goes to the client; True when it ends the call
+        (then ``complete`` before the client has it)."""
         if self.events == 0:
+            timing = self.call.timing
             timing.headers_s = time.perf_counter() - self.sent
             timing.status = status_of(found) if found.type == "error" else 200
             self.call.services.metrics.upstream_answered(self.call.upstream.name, timing.headers_s)
         self.events += 1
-        watched = self.watched
-        watched.chunk(as_line(data))
-        if found.type not in TERMINAL:
-            return False
+        ends = found.type in TERMINAL
+        if ends or self.every:
+            self.watched.chunk(as_line(data))
+        return ends
+
+    async def complete(self) -> None:
+        """The call's last event arrived: its body is complete (the client still lacks it)."""
         with contextlib.suppress(Exception):  # an observer never fails the relay (as ``relay._complete``)
-            await watched.body_complete(timing.status or 200)
-        return True
+            await self.watched.body_complete(self.call.timing.status or 200)
 
     async def end(self, *, error: str | None = None, left: bool = False) -> None:
         """The call is over: complete (its terminal event relayed), broken off with ``error``, or
@@ -208,6 +233,8 @@ class Calls:
         self.to_upstream = to_upstream
         self.to_client = to_client
         self.lanes: dict[str | None, Turn] = {}
+        #: The upgrade's request, cloned once: each message in turn is its body (``_call``).
+        self._request: web.Request | None = None
 
     @property
     def open(self) -> bool:
@@ -216,26 +243,34 @@ class Calls:
     async def from_client(self, data: bytes) -> None:
         """A text message from the client: a ``response.create`` becomes a call; another message
         goes as it came; one that is no JSON object is answered with an error event."""
+        if data.startswith(_CREATE):
+            await self._create(data, None)
+            return
         found = head(data)
         if found is None:
             code = Code.INVALID_JSON if _not_json(data) else Code.INVALID_MESSAGE
             await self.refuse(InvalidRequest("a message must be one JSON object in a text frame", code=code), None)
-            return
-        if found.type != "response.create":
+        elif found.type == "response.create":
+            await self._create(data, _lane(found))
+        else:
             await self.to_upstream(data)
-            return
-        lane = _lane(found)
+
+    async def _create(self, data: bytes, lane: str | None) -> None:
+        """A ``response.create`` (``lane``: its lane when it was parsed already): read, prepared,
+        sent. What the proxy refuses of it is an error event on its lane."""
         call = self._call(data)
         try:
             inbound = await read(call)
             prepared = await prepare(call, inbound)
         except ProjectionistError as error:
-            await self.refuse(error, lane, call)
+            await self.refuse(error, lane or lane_of(data), call)
             return
         except Exception:  # a bug: this call fails in the protocol's own shape, the socket goes on
             get_logger().exception("unhandled_error", request_id=call.ctx.request_id, route=ROUTE)
-            await self.refuse(InternalError("internal error; see the proxy log"), lane, call)
+            await self.refuse(InternalError("internal error; see the proxy log"), lane or lane_of(data), call)
             return
+        if lane is None:
+            lane = lane_of(data, prepared.built.tree, inbound.read[1] if inbound.read is not None else None)
         superseded = self.lanes.pop(lane, None)
         if superseded is not None:  # the client moved on: as if it had left that call
             await superseded.end(left=True)
@@ -251,17 +286,18 @@ class Calls:
         if turn is None or found is None:
             await self.to_client(data)
             return
-        if turn.screened(found):
+        if found.type == "error" and turn.screened():
             again = await turn.rescreen(data, status_of(found))
             if again is not None:
                 await self.to_upstream(again)
                 return
-        ended = await turn.event(data, found)
-        if ended:
-            self.lanes.pop(_lane(found), None)
+        if not turn.event(data, found):
+            await self.to_client(data)
+            return
+        self.lanes.pop(_lane(found), None)
+        await turn.complete()
         await self.to_client(data)
-        if ended:
-            await turn.end()
+        await turn.end()
 
     async def refuse(self, error: ProjectionistError, lane: str | None, call: Call | None = None) -> None:
         """An error event for a message the proxy answers itself (its call, if it became one)."""
@@ -285,12 +321,16 @@ class Calls:
 
     def _call(self, data: bytes) -> Call:
         """A message's own call: a context and request id of its own, and a request whose body is
-        the message (the upgrade's, cloned, so ``read`` reads it as it reads a body)."""
+        the message (the upgrade's, cloned, so ``read`` reads it as it reads a body). One clone
+        serves every message: each is read before the next one is, and nothing reads a call's
+        body after that (a re-send builds again from ``Inbound.raw``)."""
         socket = self.socket
         ctx = Context(ROUTE)
         ctx.tenant, ctx.fmt = socket.ctx.tenant, openai_responses
         ctx.fields["upstream"] = socket.upstream.name
-        request = socket.request.clone(headers=self.headers)
+        if self._request is None:
+            self._request = socket.request.clone(headers=self.headers)
+        request = self._request
         request._read_bytes = data  # noqa: SLF001 (aiohttp's cache of a read body: the message is this call's)
         request[CONTEXT] = ctx
         return dataclasses.replace(socket, request=request, ctx=ctx, fmt=openai_responses, projected=True,

@@ -5,8 +5,8 @@ A WebSocket is never pooled nor reused, so each client socket's upstream connect
 aiohttp ``ClientSession`` of its own, opened and closed with it: the HTTP transports' pools
 (``client``, ``aiohttp_transport``) hold nothing it could share, and neither speaks WebSocket. The
 session adds no User-Agent, keeps no cookies and follows no redirect; the connection (with TLS)
-must be made within the upstream's ``connect_timeout`` and the 101 must come within its
-``read_timeout``. After the handshake, silence is the relay's to bound. aiohttp's errors become
+must be made within ``connect_timeout`` and the 101 must come within ``handshake_timeout``. After
+the handshake, silence is the relay's to bound. aiohttp's errors become
 the transport's (``transport``) at this boundary; a handshake answered with anything but 101 is
 ``Refused``, with the upstream's status.
 """

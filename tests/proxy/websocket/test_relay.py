@@ -96,6 +96,23 @@ async def test_a_refused_inline_image_is_sent_again_with_its_placeholder(make_ws
     assert kinds.count("attachment/rejected") == 1
 
 
+async def test_each_lane_is_a_call_of_its_own(make_ws: MakeWs, fake: FakeSocket) -> None:
+    import json
+
+    harness = await make_ws()
+    image = make_image(color=9)
+    fake.refused.add(ref_id(image))
+    async with harness.client.ws_connect("/v1/responses", headers=SESSION) as ws:
+        await ws.send_str(msgspec.json.encode(create(inline(image), stream_id="a")).decode())  # compact: SDK style
+        await ws.send_str(json.dumps(create(stream_id="b")))  # spaced: parsed to find its type
+        got = [*await events(ws), *await events(ws)]
+    assert sorted(e.get("stream_id") for e in got if e["type"] == "response.completed") == ["a", "b"]
+    assert all(e["type"] != "error" for e in got) and fake.refusals == 1
+    on_a = [b["input"][0]["content"][1]["type"] for b in fake.bodies() if b["stream_id"] == "a"]
+    assert on_a == ["input_image", "input_text"]  # refused, then re-sent with its placeholder
+    assert [b["stream_id"] for b in fake.bodies()].count("b") == 1
+
+
 async def test_an_unreadable_reference_is_quarantined_and_the_model_called_once(make_ws: MakeWs,
                                                                                  fake: FakeSocket) -> None:
     harness = await make_ws()
@@ -184,7 +201,7 @@ async def test_the_upstream_never_answering_the_upgrade_is_a_504(make_ws: MakeWs
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        harness = await make_ws(openai={"url": f"http://127.0.0.1:{port}", "read_timeout": 0.3})
+        harness = await make_ws(openai={"url": f"http://127.0.0.1:{port}", "connect_timeout": 0.3})
         resp = await harness.client.get("/v1/responses", headers={
             "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
             "Sec-WebSocket-Key": base64.b64encode(b"k" * 16).decode()})
