@@ -281,8 +281,9 @@ class Socket:
             return _gone("upstream gone")
 
     async def _watch(self) -> _End:
-        """The idle and total timeouts, and a client that takes no frame for ``write_timeout``
-        (seen within twice that: the watchdog looks at least once every ``write_timeout``)."""
+        """The idle and total timeouts, and a client that takes no frame for ``write_timeout``.
+        It looks at least once every ``write_timeout`` (a send that hangs, or a call that opened
+        while it slept, is seen within that) and by the earlier of the two silences."""
         while True:
             busy = self.calls is not None and self.calls.open
             idle_at = self.last + (self.read_timeout if busy else self.idle)
@@ -300,8 +301,9 @@ class Socket:
                     return _End("upstream silent", to_client=WSCloseCode.BAD_GATEWAY, reason=b"upstream timed out",
                                 error=UpstreamError("upstream timed out before responding", code=Code.UPSTREAM_TIMEOUT))
                 return _End("idle", reason=b"idle timeout")
-            write_at = (writing if writing is not None else now) + self.write_timeout
-            await asyncio.sleep(min(idle_at, total_at, write_at) - now)
+            wake = min(idle_at, total_at, (writing if writing is not None else now) + self.write_timeout)
+            quiet_at = self.last + min(self.idle, self.read_timeout)
+            await asyncio.sleep((min(wake, quiet_at) if quiet_at > now else wake) - now)
 
 
 __all__ = ["ROUTE", "Socket", "relay", "serves"]

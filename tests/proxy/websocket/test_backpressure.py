@@ -51,6 +51,7 @@ class Flood:
         self.sent = 0
         self.done = asyncio.Event()
         self.release = asyncio.Event()
+        self.cut = asyncio.Event()
         self.received: list[bytes] = []
 
     def app(self) -> web.Application:
@@ -65,11 +66,16 @@ class Flood:
     async def send(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
-        for n in range(FRAMES):
-            await ws.send_bytes(frame(n))
-            self.sent += 1
+        try:
+            for n in range(FRAMES):
+                await ws.send_bytes(frame(n))
+                self.sent += 1
+        except ConnectionError:
+            self.cut.set()  # the proxy closed this leg
         self.done.set()
         await ws.receive()
+        if ws.close_code is not None:
+            self.cut.set()
         return ws
 
     async def sink(self, request: web.Request) -> web.StreamResponse:
@@ -103,6 +109,17 @@ async def test_a_client_that_stops_reading_holds_the_upstream_back(make_ws: Make
             msg = await ws.receive(timeout=30)
             assert msg.type is WSMsgType.BINARY and msg.data == frame(n)
     assert upstream.done.is_set()
+
+
+async def test_a_client_that_takes_nothing_for_write_timeout_is_cut_off(make_ws: MakeWs,
+                                                                        flood: tuple[Flood, str]) -> None:
+    upstream, url = flood
+    harness = await make_ws(openai={"url": url}, **{"server.write_timeout": 0.5})
+    async with harness.client.ws_connect("/v1/realtime", max_msg_size=2 * MiB) as ws:
+        await asyncio.wait_for(upstream.cut.wait(), 30)  # the proxy gave up on the client and the upstream
+        while (msg := await ws.receive(timeout=30)).type is WSMsgType.BINARY:
+            pass  # what the client had taken in before it was cut off
+        assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.ERROR)
 
 
 def steer(n: int) -> str:

@@ -12,7 +12,6 @@ import msgspec
 from aiohttp import WSMsgType, web
 from aiohttp.client_ws import ClientWebSocketResponse
 
-from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import Harness
 from tests.imaging import make_image, ref_id
 from tests.proxy.websocket.fake import FakeSocket
@@ -49,7 +48,7 @@ async def test_a_response_create_goes_through_and_its_events_come_back(make_ws: 
     harness = await make_ws()
     message = msgspec.json.encode(create())
     async with harness.client.ws_connect("/v1/responses") as ws:
-        await ws.send_bytes(message) if False else await ws.send_str(message.decode())
+        await ws.send_str(message.decode())
         got = await events(ws)
     assert [e["type"] for e in got][0] == "response.created" and got[-1]["type"] == "response.completed"
     assert len(got) == 8 + fake.chunks
@@ -286,6 +285,40 @@ async def test_an_idle_socket_is_closed(make_ws: MakeWs, fake: FakeSocket) -> No
     await fake.closed.wait()
 
 
-async def test_the_proxys_services_know_the_socket(make_ws: MakeWs) -> None:
-    harness = await make_ws()
-    assert harness.app[SERVICES].config.server.websocket_max_message == 64 * 1024 * 1024
+async def silent(ws: web.WebSocketResponse, data: bytes) -> bool:
+    """An upstream that takes the message and never answers it."""
+    await ws.send_str('{"type":"response.created"}')
+    return True
+
+
+async def test_an_upstream_silent_during_a_response_ends_it_after_read_timeout(make_ws: MakeWs,
+                                                                              fake: FakeSocket) -> None:
+    harness = await make_ws(openai={"read_timeout": 0.3})
+    fake.script = silent
+    async with harness.client.ws_connect("/v1/responses") as ws:
+        await ws.send_str(msgspec.json.encode(create()).decode())
+        got = await events(ws)
+        closing = await ws.receive(timeout=10)
+    assert [e["type"] for e in got] == ["response.created", "error"]
+    assert got[-1]["status"] == 504 and got[-1]["error"]["code"] == "UPSTREAM_TIMEOUT"
+    assert closing.type is WSMsgType.CLOSE and closing.data == 1014
+    await fake.closed.wait()
+
+
+async def test_a_socket_ends_at_its_time_limit(make_ws: MakeWs, fake: FakeSocket) -> None:
+    harness = await make_ws(**{"server.websocket_timeout": 0.5})
+    fake.script = silent
+    async with harness.client.ws_connect("/v1/responses") as ws:
+        await ws.send_str(msgspec.json.encode(create()).decode())
+        got = await events(ws)
+        closing = await ws.receive(timeout=10)
+    assert got[-1]["error"]["code"] == "UPSTREAM_TIMEOUT"
+    assert closing.type is WSMsgType.CLOSE and closing.data == 1000 and closing.extra == "socket time limit"
+
+
+def test_the_defaults_bound_a_socket() -> None:
+    from projectionist.proxy.config import ServerConfig
+
+    server = ServerConfig()
+    assert (server.websocket_max_message, server.websocket_idle_timeout, server.websocket_timeout,
+            server.websocket_heartbeat) == (64 * 1024 * 1024, 600.0, 3600.0, 30.0)
