@@ -78,7 +78,8 @@ _REJECTED: Final = known_pattern(REJECTIONS)
 #: names the URL.
 UNFETCHED: Final[tuple[KnownFetch, ...]] = (
     # intermittent for presigned S3 URLs that stay valid: "a retry succeeds"
-    (r"Cannot fetch content from the provided URL", "read_failed", "https://github.com/googleapis/js-genai/issues/1385"),
+    (r"Cannot fetch content from the provided URL", "read_failed",
+     "https://github.com/googleapis/js-genai/issues/1385"),
     (r"Invalid or unsupported file uri: https?://", "not_found", "https://github.com/BoundaryML/baml/issues/1548"),
 )
 _UNFETCHED: Final = FetchAnswers(UNFETCHED)

@@ -84,7 +84,8 @@ UNFETCHED: Final[tuple[KnownFetch, ...]] = (
     # Azure OpenAI's wording
     (r"^The provided image url is not accessible", "not_found", "https://portkey.ai/collection/url-access-error-10057"),
     # DashScope's OpenAI-compatible API: an expired or unreachable URL in the history
-    (r"Failed to download multimodal content", "not_found", "https://github.com/agentscope-ai/agentscope-java/issues/2700"),
+    (r"Failed to download multimodal content", "not_found",
+     "https://github.com/agentscope-ai/agentscope-java/issues/2700"),
 )
 #: ``error.code`` values that say the download failed whatever the message says, and where seen.
 UNFETCHED_CODES: Final[dict[str, tuple[Unfetched, str]]] = {

@@ -297,7 +297,8 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
                  blanks, _urls(links, link_refs, held_links))
 
 
-def _urls(links: list[Linked], refs: list[ImageRef], held: tuple[Placeholder | None, ...]) -> dict[int, tuple[str, str]]:
+def _urls(links: list[Linked], refs: list[ImageRef], held: tuple[Placeholder | None, ...]
+          ) -> dict[int, tuple[str, str]]:
     """The URL strings of the images sent as URLs (``Built.urls``)."""
     return {id(link.url): (link.url, ref.id) for link, ref, outcome in zip(links, refs, held) if outcome is None}
 

@@ -16,7 +16,9 @@ calls of this process still in flight whose upstream already answered with a suc
 (``InFlight``). Records are written in batches: attribution first waits for this session's
 queued records and for one batch window of the other replicas' (``2 × [record] batch_wait``), so
 calls that finished before the refusal count. The bytes of a refused image the client inlined
-are admitted into the store (best effort), so an operator can look at them and recover them.
+are admitted into the store (best effort), so an operator can look at them and recover them. A
+refusal that names the part of an image the provider fetched by URL ("...image.source.url: image
+exceeds 5 MB maximum") is exact too: that URL is rejected for this format, by its URL's identity.
 
 An answer that says the provider could not fetch an image it fetches by URL (``Rejection.failure``
 ``not_found`` or ``read_failed``) is about one of the call's URL images (``prepare.linked``), and
@@ -120,11 +122,16 @@ class Resend:
             accepted = await services.acceptances.of(services.log, self.session_id, self.fmt.FORMAT)
             accepted = accepted | services.inflight.accepting(self.session_id, self.fmt.FORMAT)
             images = carried(self.built)
+            names = names_of(self.refs)
+            if found.site is not None:  # a named part is exact: a URL image's content is refused there too
+                urls = linked(self.built)
+                images += [(path, aid) for path, aid, _ in urls]
+                names.update((aid, url_name(url)) for _, aid, url in urls)
             ids = attribution.suspects(found, images, accepted)
             if not ids:
                 self._unattributed()
                 return None
-            wanted = attribution.quarantines(found, ids, self.fmt.FORMAT, names_of(self.refs))
+            wanted = attribution.quarantines(found, ids, self.fmt.FORMAT, names)
             _, new = await reject(wanted, log=services.log, session_id=self.session_id,
                                   lock=services.log.lock(self.session_id), state=services.log.state(self.session_id))
         except asyncio.CancelledError:

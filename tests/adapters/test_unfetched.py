@@ -52,7 +52,8 @@ UNFETCHED: list[tuple[WireFormat, Any, str | None, str, str]] = [
                      "invalid_parameter_error"), None, "not_found",
      "https://github.com/agentscope-ai/agentscope-java/issues/2700"),
     (O, openai_error("Invalid image URL.", "invalid_image_url", "messages[2].content[1].image_url"),
-     "/messages/2/content/1", "not_found", "synthetic message, the code alone: https://github.com/BerriAI/litellm/issues/8709"),
+     "/messages/2/content/1", "not_found",
+     "synthetic message, the code alone: https://github.com/BerriAI/litellm/issues/8709"),
     (A, anthropic_error("messages.0.content.1.image.source.url: Unable to download the file. Please verify the URL "
                         "and try again."), "/messages/0/content/1", "not_found", "(public test suites, no address)"),
     (A, anthropic_error("messages.4.content.0.tool_result.content.2.image.source.url: This URL is disallowed by the "

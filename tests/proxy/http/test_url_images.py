@@ -262,6 +262,43 @@ async def test_a_resigned_url_is_another_url_tried_anew(proxy: Harness, upstream
     assert urls_in(upstream.last.body) == [fresh]
 
 
+async def test_a_urls_quarantine_cannot_be_recovered_there_is_nothing_to_verify(
+        proxy: Harness, upstream: FakeUpstream) -> None:
+    Refusing(upstream, {GONE}, openai_download)
+    assert (await post(proxy, "/v1/chat/completions", chat(GONE), "rec")).status == 200
+    view = await (await proxy.client.get("/admin/sessions/rec/quarantine", headers=ADMIN)).json()
+    [held] = view["quarantined"]
+    assert (held["attachment_id"], held["failure"], held["url"]) == (url_id(GONE), "not_found", True)
+    before = await proxy.events("rec")
+    resp = await proxy.client.post(f"/admin/sessions/rec/attachments/{url_id(GONE)}/recover", headers=ADMIN)
+    assert resp.status == 409 and (await resp.json())["error"]["code"] == "ATTACHMENT_NOT_FOUND"
+    assert await proxy.events("rec") == before  # nothing appended: the placeholder stays
+    assert proxy.store.reads[url_id(GONE)] == 1  # the recovery's own read, the only one ever made
+
+
+def dimensions_refusal(url: str, path: tuple[Any, ...]) -> web.Response:
+    """A refusal of what the provider fetched (anthropics/claude-code#4778's answer, at a URL's block)."""
+    block = ".".join(str(step) for step in path[:path.index("source")])
+    return web.json_response({"type": "error", "error": {"type": "invalid_request_error", "message":
+                              f"{block}.image.source.url: At least one of the image dimensions exceed max allowed "
+                              "size: 8000 pixels"}}, status=400)
+
+
+async def test_a_named_refusal_of_a_url_images_content_rejects_that_url_for_its_format(
+        proxy: Harness, upstream: FakeUpstream) -> None:
+    refusing = Refusing(upstream, {GONE}, dimensions_refusal)
+    for _ in range(2):
+        assert (await post(proxy, "/v1/messages", messages(GOOD, GONE), "dim")).status == 200
+        assert urls_in(upstream.last.body) == [GOOD]
+        assert placeholders(upstream.last.body) == [placeholder(GONE, "rejected")]
+    assert refusing.refusals == 1
+    [rejected] = [e["data"] for e in await proxy.events("dim") if e["type"] == "attachment/rejected"]
+    assert (rejected["attachment_id"], rejected["format"], rejected["name"]) == (url_id(GONE), "anthropic", "cat.png")
+    refusing.dead.clear()  # another format's upstream takes it: the rejection is Anthropic's alone
+    assert (await post(proxy, "/v1/chat/completions", chat(GONE), "dim")).status == 200
+    assert urls_in(upstream.last.body) == [GONE]
+
+
 # --- answers that are not about a URL ---------------------------------------------------------
 
 def content_refusal(url: str, path: tuple[Any, ...]) -> web.Response:
