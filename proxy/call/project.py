@@ -113,6 +113,7 @@ class _Projecting:
         built = await build(call.fmt, inbound.raw, self.run, describe=self.recording, shape_unchanged=False,
                             max_references=policy.max_references, max_projected_bytes=policy.max_projected_bytes,
                             http=services.http_refs, identities=self.identities,
+                            url_images=services.config.policy.url_images and bool(inbound.session_id),
                             read=inbound.read if attempt == 1 else None)
         if built.projection is not None:
             account(call, built, time.perf_counter() - self.started)

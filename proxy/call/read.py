@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ...policy.model import scoped_session
 from ..inbound.bodies import read_body
-from .prepare import Read, decode_json, may_hold_inline, may_hold_refs, read_images
+from .prepare import Read, decode_json, fetched, may_hold_inline, may_hold_refs, may_hold_urls, read_images
 from . import sessions
 from .call import Call
 
@@ -52,13 +52,14 @@ def _session(call: Call, raw: bytes) -> tuple[sessions.Found | None, Read | None
     read: Read
     if services.config.policy.inline_images and may_hold_inline(raw):
         read = read_images(fmt, raw, services.identities)
-    elif may_hold_refs(raw):
+    elif may_hold_refs(raw) or (services.config.policy.url_images and may_hold_urls(fmt, raw)):
         read = (None, decode_json(raw), [])
     else:
         return None, None
     _, tree, client = read
     found = sessions.from_body(fmt, tree, request.headers)
-    if found is None and client:  # images of its own: a session derived from its opening
+    if found is None and (client or services.config.policy.url_images and fetched(fmt, tree, services.http_refs)):
+        # images of its own, or URLs the provider fetches: a session derived from its opening
         found = sessions.derived(fmt, request.headers, tree, {id(c.value): aid for c, aid in client})
     # references alone keep the sessionless policy
     return found, read

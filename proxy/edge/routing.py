@@ -40,6 +40,7 @@ from yarl import URL
 from ...adapters.registry import SPEAKS
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import check_session_id
+from ..call import websocket
 from ..call.call import Call
 from ..call.pipeline import relay_projected, relay_unchanged
 from ..call.sessions import PATH_SESSION, session_of
@@ -154,13 +155,16 @@ def _require_client(request: web.Request) -> None:
         raise
 
 
-#: What answers a call that is not projected, by the kind of route it takes (``_route``).
+#: What answers a call that is not projected, by the kind of route it takes (``_route``): each
+#: its own walk from here.
 Route = Callable[[Call], Awaitable[web.StreamResponse]]
 ROUTES: Final[Mapping[str, Route]] = {
     "passthrough": relay_unchanged,
     "files": files.handle,
     "gemini_files": gemini_files.handle,
+    "websocket": websocket.relay,
 }
+_FILES: Final = frozenset({"files", "gemini_files"})
 
 
 def check_name(raw: str) -> str:
@@ -171,13 +175,20 @@ def check_name(raw: str) -> str:
     return raw
 
 
-def _route(upstream_format: str, method: str, path: str) -> str | None:
-    """The proxy's own file APIs' route for a path of ``upstream_format``, if it is one of theirs."""
-    if files.handles(upstream_format, method, path):
-        return "files"
-    if gemini_files.handles(upstream_format, method, path):
-        return "gemini_files"
-    return None
+def _route(upstream_format: str, method: str, path: str, upgrade: bool) -> str | None:
+    """The route of a path of ``upstream_format`` that is not a plain call: one of the proxy's own
+    file APIs, or a WebSocket (an upgrade on a route that has none is the client's error: never
+    a plain call)."""
+    if not upgrade:
+        if files.handles(upstream_format, method, path):
+            return "files"
+        if gemini_files.handles(upstream_format, method, path):
+            return "gemini_files"
+        return None
+    if websocket.serves(upstream_format, path) is None:
+        raise InvalidRequest("this route has no WebSocket; send the call without Upgrade",
+                             code=Code.UPGRADE_NOT_SUPPORTED)
+    return "websocket"
 
 
 async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owned: bool = False) -> web.StreamResponse:
@@ -200,17 +211,15 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
         raise NotFound("no such route", code=Code.ROUTE_NOT_FOUND)
     if request.method not in METHODS:
         raise ProjectionistError(f"{request.method} is not forwarded", code=Code.METHOD_NOT_ALLOWED, status=405)
-    if "websocket" in request.headers.get("Upgrade", "").lower():  # not relayed (yet): never as a plain call
-        raise InvalidRequest("this proxy relays HTTP requests only; send the call without Upgrade",
-                             code=Code.UPGRADE_NOT_SUPPORTED)
-    own = _route(upstream.format, request.method, unquote(raw_path) if "%" in raw_path else raw_path)
+    upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
+    own = _route(upstream.format, request.method, unquote(raw_path) if "%" in raw_path else raw_path, upgrade)
     call = Call.of(request, upstream, raw_path)
     kind = own or "passthrough"
-    ctx.route = call.fmt.NAME if call.projected else "files" if own is not None else kind
+    ctx.route = call.fmt.NAME if call.projected else "files" if own in _FILES else kind
     if services.tracing is not None:  # the middleware ends the span, with the answer's status
         ctx.trace = services.tracing.call(request.headers, method=request.method, path=request.rel_url.raw_path,
                                           route=ctx.route, upstream=upstream.name, upstream_format=upstream.format,
                                           request_id=ctx.request_id)
-    if call.projected:
+    if call.projected and own is None:
         return await relay_projected(call)
     return await ROUTES[kind](call)  # the file APIs and pass-through: each its own walk
