@@ -1,9 +1,10 @@
 """The Responses WebSocket row: a fake upstream, the bare relay it is held against, and the load.
 
 ``python -m bench.ws upstream`` serves ``/v1/responses`` as a WebSocket: each ``response.create``
-text frame is answered with ``response.created``, ``N_DELTAS`` ``response.output_text.delta``
-events and ``response.completed`` (with usage), one frame each, as the Responses WebSocket mode
-streams a turn. ``python -m bench.ws relay`` is the floor: a bare aiohttp WebSocket relay that
+text frame is answered with ``response.created``, the message's ``response.output_item.added``,
+``N_DELTAS`` ``response.output_text.delta`` events, ``response.output_item.done`` and
+``response.completed`` (with usage), one frame each, as the Responses WebSocket mode streams a
+turn (enough for the Codex CLI to finish one: ``bench/codex_turns.py``). ``python -m bench.ws relay`` is the floor: a bare aiohttp WebSocket relay that
 opens one upstream socket per client socket and pumps text frames both ways, nothing else.
 ``run`` drives ``concurrency`` sockets, each sending one turn after another for ``duration``
 seconds; a turn's latency runs from its ``response.create`` to its ``response.completed``.
@@ -31,18 +32,21 @@ _encode = msgspec.json.encode
 
 
 def _events(turn: int) -> list[str]:
+    deltas = [f"tok{i} " for i in range(N_DELTAS)]
+    text = "".join(deltas)
     response = {"id": f"resp_bench_{turn}", "object": "response", "status": "in_progress", "model": "fake-model",
                 "output": []}
-    events: list[dict[str, Any]] = [{"type": "response.created", "sequence_number": 0, "response": response}]
-    events += [{"type": "response.output_text.delta", "sequence_number": i + 1, "item_id": "msg_bench",
-                "output_index": 0, "content_index": 0, "delta": f"tok{i} "} for i in range(N_DELTAS)]
-    done = {**response, "status": "completed",
-            "output": [{"type": "message", "id": "msg_bench", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": "Hello from the bench upstream.",
-                                     "annotations": []}]}],
-            "usage": {"input_tokens": 10, "output_tokens": N_DELTAS, "total_tokens": 10 + N_DELTAS}}
-    events.append({"type": "response.completed", "sequence_number": N_DELTAS + 1, "response": done})
-    return [_encode(event).decode() for event in events]
+    item = {"type": "message", "id": "msg_bench", "role": "assistant", "status": "in_progress", "content": []}
+    done_item = {**item, "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": response},
+                                    {"type": "response.output_item.added", "output_index": 0, "item": item}]
+    events += [{"type": "response.output_text.delta", "item_id": "msg_bench", "output_index": 0,
+                "content_index": 0, "delta": delta} for delta in deltas]
+    events.append({"type": "response.output_item.done", "output_index": 0, "item": done_item})
+    events.append({"type": "response.completed", "response": {
+        **response, "status": "completed", "output": [done_item],
+        "usage": {"input_tokens": 10, "output_tokens": N_DELTAS, "total_tokens": 10 + N_DELTAS}}})
+    return [_encode({**event, "sequence_number": seq}).decode() for seq, event in enumerate(events)]
 
 
 EVENTS = _events(0)
