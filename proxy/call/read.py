@@ -26,7 +26,12 @@ class Inbound:
 
 
 async def read(call: Call) -> Inbound:
-    raw = await read_body(call.request)
+    return inbound_of(call, await read_body(call.request))
+
+
+def inbound_of(call: Call, raw: bytes) -> Inbound:
+    """What the read finds of ``raw``, the call's body as it came (a request's, decoded; a
+    WebSocket message's)."""
     found, parsed = _session(call, raw)
     ctx = call.ctx
     if found is not None:

@@ -78,13 +78,13 @@ async def relay_body(
     recorder = screen.recorder if screen is not None else recorder
     watched = recorder or meter
     if watched is not None:
-        _reported(call, watched)
+        report_usage(call, watched)
     if recorder is not None:
         await recorder.finished(response.status)
     return response
 
 
-def _reported(call: Call, meter: Meter) -> None:
+def report_usage(call: Call, meter: Meter) -> None:
     """The usage and model an answer reported: to the log line, the token counters (by the
     model the answer names, else the one the request named) and the span."""
     ctx = call.ctx

@@ -39,10 +39,10 @@ from ..observe.logger import get_logger, request_line, request_lines
 from ..upstream.websocket import connect
 from .call import Call
 from .project import Prepared, prepare
-from .read import Inbound, read
+from .read import Inbound, inbound_of
 from .record import Meter, Recorder
 from .relay import upstream_errors
-from .send import _reported as reported
+from .send import report_usage
 
 #: The route of a relayed socket and of each call on it (a record with it was sent over a WebSocket).
 ROUTE: Final = "websocket"
@@ -193,7 +193,7 @@ class Turn:
         status = timing.status if error is None or self.events else None
         ctx.fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
         if self.events:
-            reported(call, self.watched)
+            report_usage(call, self.watched)
         if self.recorder is not None:
             if left:
                 self.recorder.cancelled()
@@ -258,9 +258,9 @@ class Calls:
     async def _create(self, data: bytes, lane: str | None) -> None:
         """A ``response.create`` (``lane``: its lane when it was parsed already): read, prepared,
         sent. What the proxy refuses of it is an error event on its lane."""
-        call = self._call(data)
+        call = self._call()
         try:
-            inbound = await read(call)
+            inbound = inbound_of(call, data)
             prepared = await prepare(call, inbound)
         except ProjectionistError as error:
             await self.refuse(error, lane or lane_of(data), call)
@@ -319,11 +319,11 @@ class Calls:
                     await self.to_client(error_event(error.code, error.public_message, error.status, lane))
             await turn.end(error=error.code if error is not None else Code.UPSTREAM_UNAVAILABLE, left=left)
 
-    def _call(self, data: bytes) -> Call:
-        """A message's own call: a context and request id of its own, and a request whose body is
-        the message (the upgrade's, cloned, so ``read`` reads it as it reads a body). One clone
-        serves every message: each is read before the next one is, and nothing reads a call's
-        body after that (a re-send builds again from ``Inbound.raw``)."""
+    def _call(self) -> Call:
+        """A message's own call: a context and request id of its own, on the upgrade's request
+        (cloned once, without the handshake's headers; each message's context is set on it in
+        turn: a message is read before the next one is, and its stages read its context from
+        the call). The message itself is the call's body (``read.inbound_of``)."""
         socket = self.socket
         ctx = Context(ROUTE)
         ctx.tenant, ctx.fmt = socket.ctx.tenant, openai_responses
@@ -331,7 +331,6 @@ class Calls:
         if self._request is None:
             self._request = socket.request.clone(headers=self.headers)
         request = self._request
-        request._read_bytes = data  # noqa: SLF001 (aiohttp's cache of a read body: the message is this call's)
         request[CONTEXT] = ctx
         return dataclasses.replace(socket, request=request, ctx=ctx, fmt=openai_responses, projected=True,
                                    timing=Timing(ctx.started))
