@@ -8,7 +8,9 @@ session adds no User-Agent, keeps no cookies and follows no redirect; the connec
 must be made within ``connect_timeout`` and the 101 must come within ``handshake_timeout``. After
 the handshake, silence is the relay's to bound. aiohttp's errors become
 the transport's (``transport``) at this boundary; a handshake answered with anything but 101 is
-``Refused``, with the upstream's status.
+``Refused``, with the upstream's status (a redirect too: aiohttp's ``ws_connect`` has no
+``allow_redirects``, and following one would hand another host the client's headers and open a
+socket to a base nobody configured).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from .transport import ClientError, ResponseError
 CLOSE_TIMEOUT: Final = 5.0
 #: The upstream leg's socket: text frames arrive as bytes (relayed, never decoded to str).
 UpstreamSocket = aiohttp.ClientWebSocketResponse[Literal[False]]
+#: The statuses aiohttp would follow.
+REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 
 
 class Refused(ClientError):
@@ -36,6 +40,15 @@ class Refused(ClientError):
     def __init__(self, status: int) -> None:
         super().__init__(f"the upstream answered the WebSocket upgrade with HTTP {status}")
         self.status = status
+
+
+async def _no_redirect(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+    """A session middleware: a redirect is the answer, refused, never a request to its Location."""
+    response = await handler(request)
+    if response.status in REDIRECTS:
+        response.close()
+        raise Refused(response.status)
+    return response
 
 
 @asynccontextmanager
@@ -47,7 +60,7 @@ async def connect(url: URL, headers: CIMultiDict[str], protocols: Sequence[str],
     ``max_message`` bytes close it (1009). Closed, with its session, when the block ends."""
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=1, enable_cleanup_closed=False), cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=("User-Agent",),
+        skip_auto_headers=("User-Agent",), middlewares=(_no_redirect,),
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout,
                                       sock_read=handshake_timeout))
     try:

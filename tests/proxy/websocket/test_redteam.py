@@ -1,0 +1,186 @@
+"""Red team of the WebSocket relay: a hostile upstream, a hostile or buggy client, and what must
+never leave the proxy (credentials to a host that is not the configured upstream)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp import WSMsgType, web
+from structlog.testing import capture_logs
+
+from projectionist.policy.linked import url_id
+from projectionist.proxy.inbound.services import SERVICES
+from tests.conftest import Harness
+from tests.imaging import make_image
+from tests.proxy.websocket.fake import FakeSocket
+from tests.proxy.websocket.test_relay import create, events, reference
+
+MakeWs = Callable[..., Awaitable[Harness]]
+HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+             "Sec-WebSocket-Key": base64.b64encode(b"k" * 16).decode()}
+
+
+async def test_an_upstream_redirecting_the_upgrade_elsewhere_is_refused_not_followed(
+        make_ws: MakeWs, fake: FakeSocket, aiohttp_server: Any) -> None:
+    """The upstream leg follows no redirect (as the HTTP transports): a 307 to another host would
+    hand that host the client's headers (its organization, its session, Codex's account id) and
+    make the proxy open a socket to a base nobody configured."""
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(fake.url + "/v1/responses")
+
+    app = web.Application()
+    app.router.add_get("/v1/responses", redirect)
+    hostile = await aiohttp_server(app)
+    harness = await make_ws(openai={"url": str(hostile.make_url("")).rstrip("/"), "api_key": "sk-server-held"})
+    resp = await harness.client.get("/v1/responses", headers={
+        **HANDSHAKE, "OpenAI-Organization": "org-secret", "ChatGPT-Account-Id": "acct-secret"})
+    assert resp.status == 502 and (await resp.json())["error"]["code"] == "UPGRADE_REFUSED"
+    assert fake.handshakes == []  # the host it pointed at never heard from the proxy
+
+
+SIGNATURE = "f00dfacecafe1234"
+GONE = f"https://bucket.s3.amazonaws.com/u/7/cat.png?X-Amz-Expires=300&X-Amz-Signature={SIGNATURE}"
+
+
+def url_image(url: str) -> dict[str, Any]:
+    return {"type": "input_image", "image_url": url, "detail": "auto"}
+
+
+async def test_a_url_the_provider_cannot_fetch_is_rescued_on_the_socket(make_ws: MakeWs, fake: FakeSocket) -> None:
+    harness = await make_ws(**{"record.mode": "metadata"})
+
+    async def download_fails(ws: web.WebSocketResponse, data: bytes) -> bool:
+        if GONE.encode() not in data:
+            return False
+        await ws.send_str(msgspec.json.encode({"type": "error", "status": 400, "error": {
+            "type": "invalid_request_error", "code": "invalid_image_url", "param": None,
+            "message": f"Error while downloading {GONE}."}}).decode())
+        return True
+
+    fake.script = download_fails
+    with capture_logs() as lines:
+        async with harness.client.ws_connect("/v1/responses", headers={"X-Session-Id": "ws-url"}) as ws:
+            for _ in range(2):
+                await ws.send_str(msgspec.json.encode(create(url_image(GONE))).decode())
+                got = await events(ws)
+                assert [e["type"] for e in got if e["type"] == "error"] == []
+    assert len(fake.messages) == 3  # refused, re-sent; the second turn's placeholder from the start
+    assert GONE.encode() not in fake.messages[1] and GONE.encode() not in fake.messages[2]
+    await harness.app[SERVICES].recording.drain()
+    logged = msgspec.json.encode(await harness.events("ws-url")).decode()
+    assert url_id(GONE) in logged
+    for text in (logged, repr(lines)):
+        assert SIGNATURE not in text and "bucket.s3" not in text
+
+
+async def test_the_records_and_log_lines_of_a_socket_hold_no_credential(
+        make_ws: MakeWs, fake: FakeSocket, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROJECTIONIST_CLIENT_TOKENS", "ct-alpha-secret")
+    harness = await make_ws(openai={"api_key": "sk-server-held"}, **{"record.mode": "full"})
+    offered = ("openai-insecure-api-key.sk-client-in-protocol",)
+    resp = await harness.client.post("/v1/attachments", data=make_image(color=77), headers={
+        "Authorization": "Bearer ct-alpha-secret", "Content-Type": "image/png"})
+    attachment = (await resp.json())["id"]
+    with capture_logs() as lines:
+        async with harness.client.ws_connect("/v1/responses?k=ct-alpha-secret", protocols=offered, headers={
+                "X-Projectionist-Token": "ct-alpha-secret", "Authorization": "Bearer sk-client-own",
+                "X-Session-Id": "creds"}) as ws:
+            await ws.send_str(msgspec.json.encode(create(reference(attachment))).decode())
+            assert (await events(ws))[-1]["type"] == "response.completed"
+    await harness.app[SERVICES].recording.drain()
+    [session] = {line["session"] for line in lines if line.get("method") == "WS"}
+    logged = msgspec.json.encode(await harness.events(session)).decode()
+    assert "request/recorded" in logged
+    for text in (logged, repr(lines), repr(fake.handshakes)):
+        for secret in ("ct-alpha-secret", "sk-client-own", "sk-client-in-protocol"):
+            assert secret not in text, (secret, text[:2000])
+    assert "sk-server-held" not in logged + repr(lines)
+
+
+async def test_a_ping_flood_from_a_client_that_reads_no_pong_stays_bounded(make_ws: MakeWs, fake: FakeSocket) -> None:
+    """aiohttp answers each ping: a client that sends pings and reads nothing must not make the
+    proxy keep a growing heap of pongs (or tasks) for it."""
+    harness = await make_ws(**{"server.write_timeout": 1.0})
+    async with harness.client.ws_connect("/v1/responses", autoping=False) as ws:
+        before = len(asyncio.all_tasks())
+        for _ in range(20000):
+            await ws.ping(b"p" * 125)
+        await asyncio.sleep(0.5)
+        assert len(asyncio.all_tasks()) - before < 50
+
+
+async def test_a_deeply_nested_message_is_an_error_event_not_an_internal_error(make_ws: MakeWs,
+                                                                              fake: FakeSocket) -> None:
+    harness = await make_ws()
+    nested = "[" * 5000 + "]" * 5000
+    async with harness.client.ws_connect("/v1/responses", headers={"X-Session-Id": "deep"}) as ws:
+        for text in ('{"type":"response.create","input":' + nested + ',"x":"sha256:"}',
+                     '{"input":' + nested + ',"type":"response.create"}',
+                     '{"type":"response.create","model":"m","input":[{"role":"user","content":['
+                     '{"type":"input_image","image_url":"https://x/a.png"},' + nested + ']}]}'):
+            await ws.send_str(text)
+            msg = await ws.receive(timeout=10)
+            assert msg.type is WSMsgType.TEXT, msg
+            event = msgspec.json.decode(msg.data)
+            assert event["type"] == "error" and event["error"]["code"] != "INTERNAL_ERROR", event
+        # the socket goes on
+        await ws.send_str(msgspec.json.encode(create()).decode())
+        assert (await events(ws))[-1]["type"] == "response.completed"
+
+
+async def test_an_upstream_non_json_and_binary_frames_reach_the_client_unchanged(make_ws: MakeWs,
+                                                                                 fake: FakeSocket) -> None:
+    harness = await make_ws()
+
+    async def odd(ws: web.WebSocketResponse, data: bytes) -> bool:
+        await ws.send_str("not json {")
+        await ws.send_bytes(b"\x00\xff")
+        await ws.send_str('{"type":"response.completed"}')
+        return True
+
+    fake.script = odd
+    async with harness.client.ws_connect("/v1/responses") as ws:
+        await ws.send_str(msgspec.json.encode(create()).decode())
+        got = [await ws.receive(timeout=10) for _ in range(3)]
+    assert [(m.type, m.data) for m in got] == [(WSMsgType.TEXT, "not json {"), (WSMsgType.BINARY, b"\x00\xff"),
+                                               (WSMsgType.TEXT, '{"type":"response.completed"}')]
+
+
+@pytest.mark.parametrize("code", [1000, 1001, 1011, 3000, 4999])
+async def test_an_upstream_close_code_reaches_the_client(make_ws: MakeWs, fake: FakeSocket, code: int) -> None:
+    harness = await make_ws()
+
+    async def close(ws: web.WebSocketResponse, data: bytes) -> bool:
+        await ws.close(code=code, message="é" * 61)  # 122 bytes of UTF-8
+        return True
+
+    fake.script = close
+    async with harness.client.ws_connect("/v1/responses") as ws:
+        await ws.send_str('{"type":"session.update"}')  # no call open: the close as it came
+        msg = await ws.receive(timeout=10)
+    assert msg.type is WSMsgType.CLOSE and msg.data == code and msg.extra == "é" * 61
+
+
+async def test_many_refused_upgrades_leave_no_client_session_open(make_ws: MakeWs, aiohttp_server: Any) -> None:
+    import gc
+    import warnings
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=401)
+
+    app = web.Application()
+    app.router.add_get("/v1/responses", refuse)
+    server = await aiohttp_server(app)
+    harness = await make_ws(openai={"url": str(server.make_url("")).rstrip("/")})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(50):
+            resp = await harness.client.get("/v1/responses", headers=HANDSHAKE)
+            assert resp.status == 401
+        gc.collect()
+    assert not [w for w in caught if "Unclosed" in str(w.message)]
