@@ -17,7 +17,8 @@ Then two pumps, one each way, each reading one frame, sending it and awaiting th
 reads the next, so neither side is ever buffered beyond one message and aiohttp's own queue: a
 slow reader holds its writer back through TCP. A message is at most ``[server]
 websocket_max_message`` bytes (a bigger one closes its leg with 1009, and the relay closes the
-other); a client that leaves one frame unread for ``write_timeout`` is closed. The socket is
+other); a client that leaves one frame unread for ``write_timeout`` is closed, and the error
+events a socket that ends owes its open calls get ``write_timeout`` in all. The socket is
 closed when no message passes for ``websocket_idle_timeout`` (``read_timeout`` while a response
 is in flight) and after ``websocket_timeout`` in all. When the upstream goes away during a
 response, the client gets an ``error`` event for it, then a close (1014, bad gateway).
@@ -164,6 +165,8 @@ class Socket:
         self.opened = self.last = self._time()
         #: Since when sends to the client have been under way (None: none is), for the watchdog.
         self.writing: float | None = None
+        #: When the socket's last frames to the client must be sent by (None: it is not ending).
+        self.closing_by: float | None = None
         self._sending = 0
         self.messages_in = self.messages_out = 0
         self.calls = Calls(call, _message_headers(call.request.headers), self.to_upstream, self.to_client) \
@@ -173,6 +176,10 @@ class Socket:
         await self.leg.send_frame(data, opcode)
 
     async def to_client(self, data: bytes, opcode: WSMsgType = WSMsgType.TEXT) -> None:
+        if self.closing_by is not None:  # the socket is ending: its last events (one per open call)
+            async with asyncio.timeout_at(self.closing_by):  # get write_timeout in all, however many
+                await self.client.send_frame(data, opcode)
+            return
         # no timer per frame (a fifth of the relay's own time): the watchdog sees a send that hangs,
         # from when the sends under way began (both pumps may send to the client)
         if not self._sending:
@@ -210,6 +217,7 @@ class Socket:
     async def _close(self, end: _End) -> None:
         """Tell the open calls, close each leg still open, note how it went in the socket's line."""
         self.call.ctx.fields.update(closed=end.why, messages_in=self.messages_in, messages_out=self.messages_out)
+        self.closing_by = self._time() + self.write_timeout  # a client that reads none of them cannot hold it open
         if self.calls is not None:
             await self.calls.close(end.error, left=end.to_client is None or end.why == "cancelled")
         if end.to_upstream is not None and not self.leg.closed:

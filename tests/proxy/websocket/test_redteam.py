@@ -184,3 +184,21 @@ async def test_many_refused_upgrades_leave_no_client_session_open(make_ws: MakeW
             assert resp.status == 401
         gc.collect()
     assert not [w for w in caught if "Unclosed" in str(w.message)]
+
+
+async def test_a_socket_ends_even_when_its_client_reads_none_of_its_last_error_events(
+        make_ws: MakeWs, fake: FakeSocket) -> None:
+    """Many lanes open, an upstream that answers none of them and a client that reads nothing: when
+    the upstream's silence ends the socket, each open call's error event may not wait for ever on
+    a client that takes nothing (the socket, its upstream leg and its session would never close)."""
+    harness = await make_ws(openai={"read_timeout": 0.5}, **{"server.write_timeout": 0.5})
+
+    async def silent(ws: web.WebSocketResponse, data: bytes) -> bool:
+        return True
+
+    fake.script = silent
+    lane = "l" * 10_000
+    async with harness.client.ws_connect("/v1/responses") as ws:
+        for n in range(2000):
+            await ws.send_str(msgspec.json.encode(create(stream_id=f"{lane}{n}")).decode())
+        await asyncio.wait_for(fake.closed.wait(), 30)  # the relay gave up and closed the upstream leg
