@@ -114,14 +114,14 @@ def unreachable(rejection: Rejection, linked: Sequence[tuple[str, str, str]]) ->
     ``linked`` is every image of the refused call that went upstream as a URL for the provider to
     fetch: (JSON pointer of its part in the upstream body, its id, its URL). A named site is exact:
     the URL images there (none there: the answer is about no URL image of this call). Else the
-    URLs the message quotes, where one quoted URL that merely begins another (``.../a.png`` and
-    ``.../a.png?sig=...``) is the longer one. Else, when it quotes none of them, every one is a
-    suspect."""
+    URLs the message quotes, where one quoted URL that is merely part of another (``.../a.png`` in
+    ``.../a.png?sig=...``, or in an image proxy's ``...?url=.../a.png``) is the longer one. Else,
+    when it quotes none of them, every one is a suspect."""
     if rejection.site is not None:
         return tuple(dict.fromkeys(aid for path, aid, _ in linked if _within(path, rejection.site)))
     message = rejection.message
     quoted = {url for _, _, url in linked if url in message}
-    quoted = {url for url in quoted if not any(other != url and other.startswith(url) for other in quoted)}
+    quoted = {url for url in quoted if not any(other != url and url in other for other in quoted)}
     named = [aid for _, aid, url in linked if url in quoted] if quoted else [aid for _, aid, _ in linked]
     return tuple(dict.fromkeys(named))
 
