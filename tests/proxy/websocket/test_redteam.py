@@ -16,9 +16,9 @@ from structlog.testing import capture_logs
 from projectionist.policy.linked import url_id
 from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import Harness
-from tests.imaging import make_image
+from tests.imaging import make_image, ref_id
 from tests.proxy.websocket.fake import FakeSocket
-from tests.proxy.websocket.test_relay import create, events, reference
+from tests.proxy.websocket.test_relay import create, events, inline, reference
 
 MakeWs = Callable[..., Awaitable[Harness]]
 HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
@@ -202,3 +202,26 @@ async def test_a_socket_ends_even_when_its_client_reads_none_of_its_last_error_e
         for n in range(2000):
             await ws.send_str(msgspec.json.encode(create(stream_id=f"{lane}{n}")).decode())
         await asyncio.wait_for(fake.closed.wait(), 30)  # the relay gave up and closed the upstream leg
+
+
+@pytest.mark.parametrize("how", ["tenants", "keys"])
+async def test_a_refusal_on_one_tenants_socket_never_changes_anothers_session(
+        make_ws: MakeWs, fake: FakeSocket, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """The session a message names itself (Codex's prompt_cache_key) is scoped as a header's is:
+    a stranger naming the same key changes nothing of the first one's session."""
+    if how == "tenants":
+        monkeypatch.setenv("PROJECTIONIST_TENANT_TOKENS", "alice:tok-alice bob:tok-bob")
+        first, second = {"Authorization": "Bearer tok-alice"}, {"Authorization": "Bearer tok-bob"}
+    else:
+        first, second = {"Authorization": "Bearer sk-alice-own"}, {"Authorization": "Bearer sk-bob-own"}
+    harness = await make_ws()
+    image = make_image(color=61)
+    fake.refused.add(ref_id(image))
+    for headers in (first, second):
+        async with harness.client.ws_connect("/v1/responses", headers=headers) as ws:
+            await ws.send_str(msgspec.json.encode(create(inline(image), prompt_cache_key="shared-key")).decode())
+            assert (await events(ws))[-1]["type"] == "response.completed"
+    # each was refused once, then re-sent with its placeholder: the second was never given the first's
+    assert fake.refusals == 2
+    kinds = [msgspec.json.decode(m)["input"][0]["content"][1]["type"] for m in fake.messages]
+    assert kinds == ["input_image", "input_text", "input_image", "input_text"]
