@@ -67,6 +67,7 @@ class Code(StrEnum):
     SESSION_CONFLICT = auto()
     UPGRADE_NOT_SUPPORTED = auto()
     INVALID_MESSAGE = auto()
+    TOO_MANY_IN_FLIGHT = auto()
     CLIENT_UNAUTHORIZED = auto()
     ADMIN_UNAUTHORIZED = auto()
     ADMIN_REQUIRED = auto()
@@ -148,7 +149,7 @@ CODES: Final[dict[str, Entry]] = {
     Code.TOO_MANY_REFERENCES: Entry(400), Code.INVALID_UPLOAD: Entry(400), Code.SESSION_CONFLICT: Entry(400),
     Code.UPGRADE_NOT_SUPPORTED: Entry(400),
     # a WebSocket message that is not a JSON object in a text frame (an error event, never an HTTP answer)
-    Code.INVALID_MESSAGE: Entry(400),
+    Code.INVALID_MESSAGE: Entry(400), Code.TOO_MANY_IN_FLIGHT: Entry(429),
     Code.CLIENT_UNAUTHORIZED: Entry(401), Code.ADMIN_UNAUTHORIZED: Entry(401), Code.ADMIN_REQUIRED: Entry(403),
     Code.CSRF_REJECTED: Entry(403),
     Code.UNKNOWN_UPSTREAM: Entry(404), Code.FILE_NOT_FOUND: Entry(404), Code.ROUTE_NOT_FOUND: Entry(404),

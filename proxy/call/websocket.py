@@ -227,6 +227,8 @@ class Socket:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self.write_timeout):
                     await self.client.close(code=end.to_client, message=end.reason)
+        if not self.client.closed and (transport := self.call.request.transport) is not None:
+            transport.abort()  # a client that takes no close (stalled, or none is due) loses the connection
 
     async def _inward(self) -> _End:
         """Client to upstream, one message at a time."""

@@ -48,8 +48,14 @@ from .send import report_usage
 ROUTE: Final = "websocket"
 #: The events that end a response.
 TERMINAL: Final = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+#: How an event opens as OpenAI writes them, and the types of those that are read (``Calls._passing``).
+_TYPED: Final = b'{"type":"'
+_NOT_PASSING: Final = frozenset(t.encode() for t in TERMINAL)
 #: The content type a WebSocket call's events are recorded under, one ``data:`` line each.
 EVENTS: Final = "text/event-stream"
+#: The calls one socket may have open at once (one per lane: Codex and the SDK use one); a
+#: ``response.create`` past them is an error event (each open call keeps its message for a re-send).
+MAX_OPEN: Final = 32
 #: The status of an ``error`` event that names none: a refused request, as OpenAI's are.
 ERROR_STATUS: Final = 400
 
@@ -271,6 +277,10 @@ class Calls:
             return
         if lane is None:
             lane = lane_of(data, prepared.built.tree, inbound.read[1] if inbound.read is not None else None)
+        if lane not in self.lanes and len(self.lanes) >= MAX_OPEN:  # each open call holds its message
+            await self.refuse(ProjectionistError(f"{MAX_OPEN} responses are in flight on this socket already",
+                                                 code=Code.TOO_MANY_IN_FLIGHT), lane, call)
+            return
         superseded = self.lanes.pop(lane, None)
         if superseded is not None:  # the client moved on: as if it had left that call
             await superseded.end(left=True)
@@ -280,7 +290,12 @@ class Calls:
 
     async def from_upstream(self, data: bytes) -> None:
         """A text event from the upstream: to the client, after the call it belongs to saw it
-        (a refusal its screen takes never reaches the client)."""
+        (a refusal its screen takes never reaches the client). An event in the middle of the
+        one call open on the socket's only lane goes on without being parsed (``passing``)."""
+        if (turn := self._passing(data)) is not None:
+            turn.events += 1
+            await self.to_client(data)
+            return
         found = head(data)
         turn = self.lanes.get(_lane(found)) if found is not None else None
         if turn is None or found is None:
@@ -298,6 +313,19 @@ class Calls:
         await turn.complete()
         await self.to_client(data)
         await turn.end()
+
+    def _passing(self, data: bytes) -> Turn | None:
+        """The call an event belongs to when it is one that needs no reading: the only lane is
+        the one without a ``stream_id``, its call has had its first event and keeps only the
+        ones that end it, and the event, written as OpenAI writes events (``{"type":"...`` first),
+        is of a type that neither ends a call nor is an error, and names no lane."""
+        turn = self.lanes.get(None) if len(self.lanes) == 1 else None
+        if turn is None or not turn.events or turn.every or not data.startswith(_TYPED):
+            return None
+        end = data.find(b'"', len(_TYPED))
+        if end < 0 or data[len(_TYPED):end] in _NOT_PASSING or b'"stream_id"' in data:
+            return None
+        return turn
 
     async def refuse(self, error: ProjectionistError, lane: str | None, call: Call | None = None) -> None:
         """An error event for a message the proxy answers itself (its call, if it became one)."""

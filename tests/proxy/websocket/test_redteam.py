@@ -4,6 +4,7 @@ never leave the proxy (credentials to a host that is not the configured upstream
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -199,8 +200,9 @@ async def test_a_socket_ends_even_when_its_client_reads_none_of_its_last_error_e
     fake.script = silent
     lane = "l" * 10_000
     async with harness.client.ws_connect("/v1/responses") as ws:
-        for n in range(2000):
-            await ws.send_str(msgspec.json.encode(create(stream_id=f"{lane}{n}")).decode())
+        with contextlib.suppress(ConnectionError):  # past 32 open calls each one is an error event it never
+            for n in range(2000):                   # reads: the relay cuts off a client that takes nothing
+                await ws.send_str(msgspec.json.encode(create(stream_id=f"{lane}{n}")).decode())
         await asyncio.wait_for(fake.closed.wait(), 30)  # the relay gave up and closed the upstream leg
 
 
