@@ -21,26 +21,11 @@ from pathlib import Path
 
 from bench.scenarios import make_images
 from bench.targets import Processes, free_port, start_projectionist
-from tests.agents import CODEX_VERSION, codex, quiet_env
-
-CONFIG = '''model = "gpt-5"
-openai_base_url = "{url}/v1"
-approval_policy = "never"
-sandbox_mode = "read-only"
-check_for_update_on_startup = false
-
-[analytics]
-enabled = false
-
-[feedback]
-enabled = false
-'''
-
+from tests.agents import CODEX_VERSION, codex, codex_builtin_config, quiet_env
 
 def one_turn(executable: Path, url: str, work: Path, image: bool) -> float:
     home = Path(tempfile.mkdtemp(prefix="codex-bench-", dir=work))
-    (home / ".codex").mkdir()
-    (home / ".codex" / "config.toml").write_text(CONFIG.format(url=url))
+    codex_builtin_config(home / ".codex", f"{url}/v1")
     argv = [str(executable), "exec", "--skip-git-repo-check", "Say hello.", *(["-i", "shot.png"] if image else [])]
     env = {**quiet_env(home), "HOME": str(home), "CODEX_HOME": str(home / ".codex"), "CODEX_API_KEY": "sk-bench"}
     started = time.perf_counter()

@@ -114,24 +114,8 @@ def quiet_env(home: Path) -> dict[str, str]:
             **CLAUDE_QUIET, **CODEX_QUIET}
 
 
-def codex_config(codex_home: Path, base_url: str, *, model: str = "gpt-5", env_key: str = "PROJ_API_KEY") -> Path:
-    """A ``CODEX_HOME`` whose ``config.toml`` names one custom provider, the base URL given
-    (``http://127.0.0.1:PORT/v1``), speaking the Responses API, and switches off everything else
-    that would leave the machine."""
-    codex_home.mkdir(parents=True, exist_ok=True)
-    config = codex_home / "config.toml"
-    config.write_text(f'''model = "{model}"
-model_provider = "scripted"
-approval_policy = "never"
-sandbox_mode = "read-only"
-check_for_update_on_startup = false
-
-[model_providers.scripted]
-name = "scripted"
-base_url = "{base_url}"
-env_key = "{env_key}"
-wire_api = "responses"
-
+#: What every ``config.toml`` written here switches off: anything that would leave the machine.
+_CODEX_QUIET_TOML: Final = """
 [analytics]
 enabled = false
 
@@ -141,7 +125,38 @@ enabled = false
 [otel]
 exporter = "none"
 log_user_prompt = false
-''')
+"""
+_CODEX_HEAD: Final = """model = "{model}"
+approval_policy = "never"
+sandbox_mode = "read-only"
+check_for_update_on_startup = false
+"""
+
+
+def codex_config(codex_home: Path, base_url: str, *, model: str = "gpt-5", env_key: str = "PROJ_API_KEY") -> Path:
+    """A ``CODEX_HOME`` whose ``config.toml`` names one custom provider, the base URL given
+    (``http://127.0.0.1:PORT/v1``), speaking the Responses API, and switches off everything else
+    that would leave the machine."""
+    codex_home.mkdir(parents=True, exist_ok=True)
+    config = codex_home / "config.toml"
+    config.write_text(_CODEX_HEAD.format(model=model) + f'''model_provider = "scripted"
+
+[model_providers.scripted]
+name = "scripted"
+base_url = "{base_url}"
+env_key = "{env_key}"
+wire_api = "responses"
+''' + _CODEX_QUIET_TOML)
+    return config
+
+
+def codex_builtin_config(codex_home: Path, base_url: str, *, model: str = "gpt-5") -> Path:
+    """A ``CODEX_HOME`` whose ``config.toml`` keeps Codex's built-in OpenAI provider and moves only
+    its base URL (``openai_base_url``): Codex then speaks the Responses WebSocket as it does to
+    OpenAI (its key from ``CODEX_API_KEY``); nothing else leaves the machine."""
+    codex_home.mkdir(parents=True, exist_ok=True)
+    config = codex_home / "config.toml"
+    config.write_text(_CODEX_HEAD.format(model=model) + f'openai_base_url = "{base_url}"\n' + _CODEX_QUIET_TOML)
     return config
 
 

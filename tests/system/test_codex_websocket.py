@@ -33,7 +33,7 @@ from aiohttp import WSMsgType, web
 from projectionist.proxy.config import Config
 from projectionist.proxy.edge.app import create_app, open_log, open_store
 from projectionist.proxy.inbound.services import SERVICES
-from tests.agents import CODEX_VERSION, codex, run_agent
+from tests.agents import CODEX_VERSION, codex, codex_builtin_config, run_agent
 from tests.conftest import ADMIN, Harness, routed_client
 from tests.fake_responses import output_message, response_object
 from tests.fakes import CountingStore
@@ -136,31 +136,9 @@ def make_proxy(aiohttp_client: Any, make_config: Callable[..., Config], upstream
     return make
 
 
-def builtin_config(codex_home: Path, base_url: str) -> None:
-    """Codex's built-in OpenAI provider, its base URL moved (``openai_base_url``): no custom
-    provider, so Codex speaks the WebSocket as it does to OpenAI; nothing else leaves loopback."""
-    codex_home.mkdir(parents=True, exist_ok=True)
-    (codex_home / "config.toml").write_text(f'''model = "gpt-5"
-openai_base_url = "{base_url}"
-approval_policy = "never"
-sandbox_mode = "read-only"
-check_for_update_on_startup = false
-
-[analytics]
-enabled = false
-
-[feedback]
-enabled = false
-
-[otel]
-exporter = "none"
-log_user_prompt = false
-''')
-
-
 async def turn(url: str, cwd: Path, home: Path, *, image: bool = True, resume: str | None = None) -> tuple[int, str, str]:
     codex_home = home / ".codex"
-    builtin_config(codex_home, f"{url}/v1")
+    codex_builtin_config(codex_home, f"{url}/v1")
     if resume is not None:
         argv = ["resume", "--skip-git-repo-check", resume, NEXT_PROMPT]
     else:
