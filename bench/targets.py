@@ -60,6 +60,19 @@ def free_port() -> int:
         return port
 
 
+def free_pair() -> int:
+    """A port that is free and whose next one is free too (projectionist's console listens on
+    ``port + 1``)."""
+    while True:
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 def _children() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -234,7 +247,7 @@ def start_projectionist(procs: Processes, upstream: Proc, name: str, admin_token
     home.mkdir(exist_ok=True)
     config = home / "projectionist.toml"
     config.write_text(projectionist_config(upstream, log_level, cache_max_bytes, extra_toml))
-    port = free_port()
+    port = free_pair()
     argv = [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(config), "--port", str(port),
             "--data-dir", str(data_dir or home / "data")]
     if workers != 1:
