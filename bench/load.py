@@ -100,6 +100,11 @@ async def run_python(url: str, body: bytes, headers: dict[str, str], concurrency
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+    return summary(latencies, errors, elapsed)
+
+
+def summary(latencies: list[float], errors: int, elapsed: float) -> LoadResult:
+    """What a run of ``elapsed`` seconds measured: its count, rate and latency percentiles."""
     latencies.sort()
     return LoadResult(len(latencies), errors, len(latencies) / elapsed,
                       percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000)

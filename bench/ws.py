@@ -23,7 +23,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from bench.load import AUTH_KEY, LoadResult, percentile
+from bench.load import AUTH_KEY, LoadResult, summary
 
 PATH = "/v1/responses"
 N_DELTAS = 20
@@ -139,9 +139,7 @@ async def run_turns(url: str, message: str, headers: dict[str, str], concurrency
         started = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    latencies.sort()
-    return LoadResult(len(latencies), errors, len(latencies) / elapsed,
-                      percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000)
+    return summary(latencies, errors, elapsed)
 
 
 def run(url: str, message: str, headers: dict[str, str], concurrency: int, duration: float) -> LoadResult:
