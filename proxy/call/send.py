@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from ...adapters.responses import tokens
 from ...policy.errors import ProjectionistError
-from .inflight import Carrying
 from .call import Call
 from .outgoing import outgoing_headers, target_url
 from .project import MODEL_MAX, Prepared
@@ -30,13 +30,21 @@ from .resend import Resend
 async def send(call: Call, inbound: Inbound, prepared: Prepared) -> web.StreamResponse:
     built, recorder, screen = prepared.built, prepared.recorder, prepared.screen
     meter = Meter() if recorder is None else None
-    carried: contextlib.AbstractContextManager[Carrying | None] = contextlib.nullcontext()
-    if inbound.session_id is not None and built.images:
-        carried = call.services.inflight.carrying(inbound.session_id, call.fmt.FORMAT, prepared.carried, call.timing)
-    with carried as carrying:
-        if carrying is not None:
-            prepared.in_flight.append(carrying)
+    with in_flight(call, inbound, prepared):
         return await relay_body(call, built.body, prepared.headers, recorder=recorder, screen=screen, meter=meter)
+
+
+@contextlib.contextmanager
+def in_flight(call: Call, inbound: Inbound, prepared: Prepared) -> Iterator[None]:
+    """While the block runs, the images of ``prepared``'s body count as carried by this call
+    (``inflight``; a call of no session, or with no image, carries none)."""
+    if inbound.session_id is None or not prepared.built.images:
+        yield
+        return
+    with call.services.inflight.carrying(inbound.session_id, call.fmt.FORMAT, prepared.carried,
+                                         call.timing) as carrying:
+        prepared.in_flight.append(carrying)
+        yield
 
 
 async def relay_body(

@@ -34,7 +34,7 @@ from yarl import URL
 
 from ...adapters import openai_responses
 from ...policy.errors import Code, InternalError, InvalidRequest, ProjectionistError, UpstreamError
-from ..inbound.context import CONTEXT, Context, Timing
+from ..inbound.context import Context, Timing
 from ..observe.logger import get_logger, request_line, request_lines
 from ..upstream.websocket import connect
 from .call import Call
@@ -42,7 +42,7 @@ from .project import Prepared, prepare
 from .read import Inbound, inbound_of
 from .record import Meter, Recorder
 from .relay import upstream_errors
-from .send import report_usage
+from .send import in_flight, report_usage
 
 #: The route of a relayed socket and of each call on it (a record with it was sent over a WebSocket).
 ROUTE: Final = "websocket"
@@ -144,11 +144,7 @@ class Turn:
 
     def start(self) -> None:
         """Its message is about to go upstream: its images count as carried while it is open."""
-        call, inbound = self.call, self.inbound
-        if inbound.session_id is not None and self.prepared.built.images:
-            carrying = self.carrying.enter_context(call.services.inflight.carrying(
-                inbound.session_id, call.fmt.FORMAT, self.prepared.carried, call.timing))
-            self.prepared.in_flight.append(carrying)
+        self.carrying.enter_context(in_flight(self.call, self.inbound, self.prepared))
         self.watched.begin(EVENTS)
 
     def screened(self) -> bool:
@@ -348,19 +344,16 @@ class Calls:
             await turn.end(error=error.code if error is not None else Code.UPSTREAM_UNAVAILABLE, left=left)
 
     def _call(self) -> Call:
-        """A message's own call: a context and request id of its own, on the upgrade's request
-        (cloned once, without the handshake's headers; each message's context is set on it in
-        turn: a message is read before the next one is, and its stages read its context from
-        the call). The message itself is the call's body (``read.inbound_of``)."""
+        """A message's own call: a context and request id of its own (its stages read it from the
+        call), on the upgrade's request cloned once without the handshake's headers. The message
+        itself is the call's body (``read.inbound_of``)."""
         socket = self.socket
         ctx = Context(ROUTE)
         ctx.tenant, ctx.fmt = socket.ctx.tenant, openai_responses
         ctx.fields["upstream"] = socket.upstream.name
         if self._request is None:
             self._request = socket.request.clone(headers=self.headers)
-        request = self._request
-        request[CONTEXT] = ctx
-        return dataclasses.replace(socket, request=request, ctx=ctx, fmt=openai_responses, projected=True,
+        return dataclasses.replace(socket, request=self._request, ctx=ctx, fmt=openai_responses, projected=True,
                                    timing=Timing(ctx.started))
 
 
