@@ -55,8 +55,10 @@ def carried_ids(built: Built) -> frozenset[str]:
     return frozenset(aid for _, aid in (built.inlined or {}).values())
 
 
-async def prepare(call: Call, inbound: Inbound) -> Prepared:
-    projecting = _Projecting(call, inbound)
+async def prepare(call: Call, inbound: Inbound, *, headers: CIMultiDict[str] | None = None) -> Prepared:
+    """``call`` prepared to go upstream. ``headers``: its ``outgoing_headers`` when the caller has
+    them already (a WebSocket's messages all go with the upgrade's), copied before they change."""
+    projecting = _Projecting(call, inbound, headers)
     built, recorder = await projecting.built(1)
     ctx = call.ctx
     model = requested_model(call.fmt, call.raw_path, built.tree)
@@ -74,14 +76,15 @@ async def prepare(call: Call, inbound: Inbound) -> Prepared:
 class _Projecting:
     """One call's projection, run once and, for a re-send, once more (``again``)."""
 
-    def __init__(self, call: Call, inbound: Inbound) -> None:
+    def __init__(self, call: Call, inbound: Inbound, headers: CIMultiDict[str] | None = None) -> None:
         self.call, self.inbound = call, inbound
         services, session_id = call.services, inbound.session_id
         tenant = call.ctx.tenant
         self.store = services.reader if tenant is None else services.visible.reader(tenant)
         self.recording = bool(session_id) and services.recording.on
         self.identities = services.identities if services.config.policy.inline_images and session_id else None
-        self.headers = outgoing_headers(call.request.headers, call.fmt, call.upstream, services.guard)
+        self.headers = headers.copy() if headers is not None else \
+            outgoing_headers(call.request.headers, call.fmt, call.upstream, services.guard)
         self.headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
         readable_codings(self.headers)
         self.sent_headers = recordable_headers(self.headers) if self.recording else ()

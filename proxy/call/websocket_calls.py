@@ -38,6 +38,7 @@ from ..inbound.context import Context, Timing
 from ..observe.logger import get_logger, request_line, request_lines
 from ..upstream.websocket import connect
 from .call import Call
+from .outgoing import outgoing_headers
 from .project import Prepared, prepare
 from .read import Inbound, inbound_of
 from .record import Meter, Recorder
@@ -237,6 +238,8 @@ class Calls:
         self.lanes: dict[str | None, Turn] = {}
         #: The upgrade's request, cloned once: each message in turn is its body (``_call``).
         self._request: web.Request | None = None
+        #: What each message's call sends upstream as its headers (the same for every message).
+        self._outgoing = outgoing_headers(headers, openai_responses, socket.upstream, socket.services.guard)
 
     @property
     def open(self) -> bool:
@@ -263,7 +266,7 @@ class Calls:
         call = self._call()
         try:
             inbound = inbound_of(call, data)
-            prepared = await prepare(call, inbound)
+            prepared = await prepare(call, inbound, headers=self._outgoing)
         except ProjectionistError as error:
             await self.refuse(error, lane or lane_of(data), call)
             return
