@@ -8,8 +8,9 @@ once, and these rules:
 - a call waits at most ``queue_timeout`` for room; if none frees up it raises its lane's
   ``busy`` error (``STORE_BUSY`` for the store, 503): it never started, so it is no fact about
   the object it was for;
-- a call that started gets its ``timeout``, counted from the moment its thread picked it up
-  (never from when it was queued), then the caller gets ``TimeoutError``;
+- a call that has its place gets its ``timeout``, counted from then (never from when it was
+  queued: a place always has a thread free, so the call starts at once), then the caller gets
+  ``TimeoutError``;
 - a timed-out or abandoned call keeps its thread, still blocked in the OS. Such stuck threads are
   counted (``stuck``); up to ``stuck_max`` of them give their place back and a new thread takes
   it, so what hangs costs only itself: k hung objects hold k threads, and the lane's ``size``
@@ -49,7 +50,8 @@ class _Job(Generic[_T]):
     def __init__(self, fn: Callable[[], _T], loop: asyncio.AbstractEventLoop, key: str | None = None) -> None:
         self.fn = fn
         self.loop = loop
-        self.started: asyncio.Future[None] = loop.create_future()
+        #: Set by the thread as it picks the call up (no wake-up of the loop for it).
+        self.started = False
         self.done: asyncio.Future[_T] = loop.create_future()
         self.abandoned = False
         self.freed = False  # stuck, and its place given back (a new thread took it)
@@ -90,31 +92,33 @@ class Lane:
             raise RuntimeError(f"lane {self.name!r} is closed")
         if key is not None and key in self._stuck_keys:
             raise TimeoutError(f"the {self.name} lane's earlier call for this object is still stuck")
-        try:
-            await asyncio.wait_for(self._room.acquire(), self.queue_timeout)
-        except TimeoutError:
-            self.busy += 1
-            raise self._busy(f"the {self.name} lane is full ({self.size} calls in it, {self.stuck} stuck)") from None
+        if self._room.locked():  # (a free place is taken at once, without a task to wait in)
+            try:
+                await asyncio.wait_for(self._room.acquire(), self.queue_timeout)
+            except TimeoutError:
+                self.busy += 1
+                raise self._busy(f"the {self.name} lane is full ({self.size} calls in it, {self.stuck} stuck)") from None
+        else:
+            await self._room.acquire()
         loop = asyncio.get_running_loop()
         job: _Job[_T] = _Job(fn, loop, key)
         self.start()
-        self._jobs.put(job)
+        self._jobs.put(job)  # a thread is free for every place: it starts now
         slow: asyncio.TimerHandle | None = None
         try:
-            await asyncio.shield(job.started)  # immediate: there is a thread for every place
             if self.slow_after is not None:
                 slow = loop.call_later(self.slow_after, self._slow, job)
             limit = self.timeout if timeout is None else timeout
             if limit is None:
-                return await asyncio.shield(job.done)
-            async with asyncio.timeout_at(loop.time() + limit):  # counted from the start of the I/O
-                return await asyncio.shield(job.done)
+                return await job.done
+            async with asyncio.timeout_at(loop.time() + limit):
+                return await job.done  # (cancelled with its caller: ``_finish`` then sets nothing)
         except BaseException:
-            if not job.done.done():  # timed out or cancelled: the thread keeps its place until it returns
+            if not job.done.done() or job.done.cancelled():  # timed out or cancelled: the thread keeps its place
                 job.abandoned = True
                 if not job.slow:  # a slow call is counted already
                     self.stuck += 1
-                if job.started.done():  # blocked in the OS, not merely queued
+                if job.started:  # blocked in the OS, not merely queued
                     self._stuck(job)
             raise
         finally:
@@ -143,7 +147,7 @@ class Lane:
             if job.abandoned:  # its caller left before it started: nothing to do
                 _tell(job.loop, self._finish, job, None, None)
                 continue
-            _tell(job.loop, _set, job.started)
+            job.started = True
             try:
                 result: Any = job.fn()
             except BaseException as exc:  # delivered to the caller, whatever it is
@@ -169,7 +173,7 @@ class Lane:
     def _finish(self, job: _Job[Any], result: Any, error: BaseException | None) -> None:
         if job.abandoned or job.slow:
             self.stuck -= 1
-            if job.key is not None and job.started.done() and job.key in self._stuck_keys:
+            if job.key is not None and job.started and job.key in self._stuck_keys:
                 self._stuck_keys[job.key] -= 1
                 if not self._stuck_keys[job.key]:
                     del self._stuck_keys[job.key]
@@ -178,7 +182,7 @@ class Lane:
                 job.done.set_exception(error)
             else:
                 job.done.set_result(result)
-        elif error is not None:
+        elif error is not None and not job.done.cancelled():
             job.done.exception()  # retrieved: nobody is waiting for it any more
         if job.freed:  # its place was given back when it got stuck; one thread too many now
             self._jobs.put(None)
@@ -203,11 +207,6 @@ def _tell(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args:
         loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:
         pass
-
-
-def _set(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class AsyncLane:

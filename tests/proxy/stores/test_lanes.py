@@ -170,3 +170,35 @@ async def test_hung_reads_take_nothing_from_stamp_checks_and_writes(tmp_path: Pa
             await reader
         assert failed.value.code == "ATTACHMENT_CORRUPT"
     await store.close()
+
+
+async def test_a_cancelled_caller_of_a_running_call_frees_its_place_when_the_call_returns() -> None:
+    """The caller awaits the call's own future (no shield): cancelling the caller cancels that
+    future, and the call's late result or error is dropped, with its place counted stuck until then."""
+    lane = Lane("reads", 1, timeout=None, queue_timeout=5.0, stuck_max=0)
+    blocked = Blocker()
+    caller = asyncio.create_task(lane.run(blocked))
+    await blocked.wait_entered()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert lane.stuck == 1 and lane.in_use == 1  # stuck_max 0: it keeps its place while it hangs
+    blocked.release.set()
+    for _ in range(100):
+        if lane.stuck == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert lane.stuck == 0 and lane.in_use == 0
+
+    def fails() -> str:
+        blocked.entered.release()
+        raise OSError("late failure")
+
+    blocked.release.clear()
+    failing = asyncio.create_task(lane.run(fails))
+    await asyncio.sleep(0)  # it may have finished already: either way its error goes nowhere
+    failing.cancel()
+    with contextlib.suppress(asyncio.CancelledError, OSError):
+        await failing
+    assert await lane.run(lambda: "free") == "free"
+    lane.close()
