@@ -147,6 +147,8 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kind: Literal["sqlite", "postgres"] = "sqlite"
     path: str = ""
     busy_timeout: Seconds = 30.0
+    #: SQLite only: seconds between polls of the state changes (0: none; each request reads its state).
+    watch_interval: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.025
     postgres: PostgresConfig = PostgresConfig()
 
 

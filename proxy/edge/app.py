@@ -88,7 +88,7 @@ def open_log(config: Config, environ: Mapping[str, str] = os.environ) -> Log:
             raise InvalidRequest("log.kind = 'postgres' needs log.postgres.dsn or PROJECTIONIST_PG_DSN",
                                  code=Code.INVALID_CONFIG)
         return PostgresLog(dsn, schema=pg.schema, min_size=pg.min_size, max_size=pg.max_size, timeout=pg.timeout)
-    return SqliteLog(config.log_path, busy_timeout=config.log.busy_timeout)
+    return SqliteLog(config.log_path, busy_timeout=config.log.busy_timeout, watch_interval=config.log.watch_interval)
 
 
 def open_tracing(telemetry: TelemetryConfig) -> Tracing | None:

@@ -5,6 +5,12 @@ transactions on a WAL database with ``synchronous=FULL``: several processes may 
 nothing is acknowledged before it is durable. Every sqlite3 call runs on one dedicated worker thread.
 Each job sent to a lane thread (one transaction, or one read) is one round trip, counted in ``ops``.
 sqlite3's and the OS's exceptions are one table (``SQLITE_ERRORS``), applied once in ``_run``.
+
+Every state event (anything but a record or a checkpoint) also leaves a row in ``state_changes``,
+written by a trigger in the same transaction, so every writer of the file leaves one, forks
+included. The log polls that table (``watch``, a ``sessionlog.watch.PolledWatch``) every
+``watch_interval`` seconds while requests ask for it: a request whose session's fold is cached
+and unchanged since then needs no read of the log at all, as with PostgreSQL's notices.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from ...policy.errors import AppendConflict, Code, Conflict, InvalidRequest, Una
 from ...policy.ports import StateRead
 from ..faults import FAILED, OS_FAULTS, Table, describe, map_exceptions
 from ..lanes import Lane
+from ..observe.logger import get_logger
 from ..observe.metrics import OpCounter
 from .base import (
     GroupCommit,
@@ -32,6 +39,7 @@ from .base import (
     decode_states,
     utc_now,
 )
+from .watch import PolledWatch
 from ...policy.events import (
     CHECKPOINT,
     FORKED,
@@ -46,7 +54,7 @@ from ...policy.events import (
     event_type,
 )
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS events (
@@ -99,6 +107,22 @@ _READ_STATE: Final = (
     f" AND type = '{CHECKPOINT}' AND seq > ?2 AND seq <= ?3 ORDER BY seq DESC LIMIT 1), ?2 + 1))"
     " ORDER BY seq"
 )
+#: Schema version 3: a row per state event, in commit order (``BEGIN IMMEDIATE`` orders the
+#: writers, and an id is the table's largest plus one), kept for the latest ``KEEP_CHANGES``.
+KEEP_CHANGES: Final = 100_000
+_CHANGES_TABLE: Final = "CREATE TABLE IF NOT EXISTS state_changes (id INTEGER PRIMARY KEY, session TEXT NOT NULL)"
+_CHANGES_TRIGGER: Final = (
+    "CREATE TRIGGER IF NOT EXISTS events_state_changes AFTER INSERT ON events WHEN NEW.type NOT IN ("
+    + ", ".join(f"'{t}'" for t in sorted(PASSIVE_TYPES)) + ") BEGIN"
+    " INSERT INTO state_changes (session) VALUES (NEW.session);"
+    f" DELETE FROM state_changes WHERE id <= last_insert_rowid() - {KEEP_CHANGES}; END"
+)
+#: The changes after an id, oldest first, a bounded number per poll.
+_CHANGES: Final = "SELECT id, session FROM state_changes WHERE id > ? ORDER BY id LIMIT 10000"
+_LAST_CHANGE: Final = "SELECT coalesce(max(id), 0) FROM state_changes"
+#: How often the watch polls while asked (seconds), and how old its latest poll may be for it to
+#: vouch: another process's state change reaches this one's decisions within that.
+WATCH_INTERVAL: Final = 0.025
 _EXISTS: Final = "SELECT 1 FROM events WHERE session = ? LIMIT 1"
 _SESSIONS: Final = "SELECT DISTINCT session FROM events"
 #: Every session's count, last seq and latest time in one scan of the primary key, the most
@@ -144,6 +168,7 @@ class SqliteLog:
         *,
         busy_timeout: float = 30.0,
         clock: Callable[[], str] | None = None,
+        watch_interval: float = WATCH_INTERVAL,
     ) -> None:
         self._path = Path(path)
         self._busy_timeout = busy_timeout
@@ -158,6 +183,10 @@ class SqliteLog:
         self._closed = False
         #: Group commit of records (appends "at the end"): each batch one transaction.
         self._records = GroupCommit(self._write_records)
+        #: The state changes polled (``watch_interval`` 0: none, every request reads its state).
+        self.watch_interval = watch_interval
+        self.watch = PolledWatch(time.monotonic, max_age=4 * watch_interval) if watch_interval > 0 else None
+        self._poller: asyncio.Task[None] | None = None
 
     @property
     def path(self) -> Path:
@@ -222,6 +251,30 @@ class SqliteLog:
         await self._run(lambda conn: None, op="open")
         await asyncio.gather(*(self._run(partial(self._read_state_job, "", 0), self._reads, op="open")
                                for _ in range(self._reads.size)))
+        if self.watch is not None and self._poller is None:
+            last = await self._run(lambda conn: int(conn.execute(_LAST_CHANGE).fetchone()[0]), self._reads, op="watch")
+            self._poller = asyncio.get_running_loop().create_task(self._poll(last))
+
+    async def _poll(self, last: int) -> None:
+        """Read the state changes after ``last`` every ``watch_interval`` while the watch is asked
+        for (``PolledWatch``); a poll that fails makes it vouch for nothing until one succeeds."""
+        watch = self.watch
+        assert watch is not None
+        while not self._closed:
+            if watch.idle:
+                watch.demand.clear()
+                await watch.demand.wait()
+            began = watch.clock()
+            try:
+                rows = await self._run(partial(self._changes_job, last), self._reads, op="watch")
+            except (Unavailable, TimeoutError) as exc:
+                if watch.healthy:
+                    get_logger().warning("session_log_watch_lost", error=type(exc).__name__)
+                watch.lost()
+            else:
+                watch.polled(began, [session for _, session in rows], gap=bool(rows) and rows[0][0] != last + 1)
+                last = rows[-1][0] if rows else last
+            await asyncio.sleep(self.watch_interval)
 
     async def close(self) -> None:
         """Let queued jobs finish, close the connections and stop the lanes. Idempotent."""
@@ -229,6 +282,9 @@ class SqliteLog:
             return
         await self._records.close()
         self._closed = True
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
         for lane in (self._writes, self._reads):
             for _ in range(lane.size):  # each thread closes its own connection (a hung one is left)
                 with contextlib.suppress(Exception):
@@ -312,9 +368,11 @@ class SqliteLog:
     @staticmethod
     def _migrate_tx(conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version in (0, 1):  # 0: a new file; 1 -> 2: the state index (the rows stay as they are)
+        if version in (0, 1, 2):  # 0: a new file; 1 -> 2: the state index; 2 -> 3: the state changes
             conn.execute(_SCHEMA)
             conn.execute(_STATE_INDEX)
+            conn.execute(_CHANGES_TABLE)
+            conn.execute(_CHANGES_TRIGGER)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         elif version != SCHEMA_VERSION:
             raise Unavailable(
@@ -374,6 +432,10 @@ class SqliteLog:
         last = SqliteLog._last_seq(conn, session_id)
         rows = conn.execute(_READ_STATE, (session_id, after_seq, last)).fetchall()
         return StateRead(decode_states(session_id, after_seq, rows), last)
+
+    @staticmethod
+    def _changes_job(after: int, conn: sqlite3.Connection) -> list[tuple[int, str]]:
+        return [(int(i), str(session)) for i, session in conn.execute(_CHANGES, (after,)).fetchall()]
 
     @staticmethod
     def _sessions_job(conn: sqlite3.Connection) -> list[str]:

@@ -13,11 +13,19 @@ notice this bounded memory forgot all send the next request back to the log. Wha
 another replica's state change reaches this replica's decisions when its notice arrives
 (milliseconds), not before; a request decided in between records the log seq it decided on, so
 replay folds the same prefix, and a quarantine it appends still meets the conditional append.
+
+A backend that cannot push (SQLite) is polled instead (``PolledWatch``): each poll reads the state
+changes logged since the last one, in the order they were committed. It vouches only while its
+latest poll began less than ``max_age`` ago, so another process's state change reaches this
+one's decisions within that (``max_age``), and a poller that is idle, slow or failing sends every
+request back to the log. Nobody asking for a while lets the poller sleep (``demand``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import NamedTuple
 
 
@@ -66,3 +74,48 @@ class StateWatch:
         """Listening (again): earlier marks stay void, as notices may have been missed meanwhile."""
         self.generation += 1
         self.healthy = True
+
+
+class PolledWatch(StateWatch):
+    """A ``StateWatch`` fed by polls (see the module's docstring); ``clock`` is monotonic seconds.
+    The poller calls ``polled`` after each poll that read the changes, ``lost`` after one that
+    failed, and waits on ``demand`` when ``idle``."""
+
+    def __init__(self, clock: Callable[[], float], max_age: float, idle_after: float = 1.0,
+                 capacity: int = 100_000) -> None:
+        super().__init__(capacity)
+        self.clock = clock
+        self.max_age = max_age
+        self.idle_after = idle_after
+        self.polled_at = float("-inf")  # when the latest poll that read the changes began
+        self.asked_at = float("-inf")
+        self.demand = asyncio.Event()
+
+    def current(self) -> bool:
+        """Whether the polls are recent enough to vouch now (asking counts as demand)."""
+        now = self.asked_at = self.clock()
+        if now - self.polled_at <= self.max_age:
+            return True
+        self.demand.set()
+        return False
+
+    def mark(self) -> Mark | None:
+        return super().mark() if self.current() else None
+
+    def unchanged(self, session_id: str, mark: Mark | None) -> bool:
+        return self.current() and super().unchanged(session_id, mark)
+
+    @property
+    def idle(self) -> bool:
+        """Nobody asked for ``idle_after``: the poller may wait for ``demand``."""
+        return self.clock() - self.asked_at > self.idle_after
+
+    def polled(self, began: float, sessions: list[str], *, gap: bool = False) -> None:
+        """A poll that began at ``began`` read the changes since the previous one: a state change
+        of each of ``sessions``. With ``gap`` some changes were lost (pruned before they were
+        read): no earlier mark vouches for anything."""
+        if gap or not self.healthy:
+            self.renewed()
+        for session_id in sessions:
+            self.notified(session_id)
+        self.polled_at = began

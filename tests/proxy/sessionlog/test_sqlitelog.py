@@ -61,7 +61,7 @@ async def test_schema_created_idempotently(db: Path) -> None:
     await second.close()
     assert db.parent.is_dir()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         index = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events_state'").fetchone()[0]
@@ -83,8 +83,9 @@ async def test_a_version_1_file_gets_the_state_index_and_keeps_its_rows(db: Path
     assert (await second.read_state("s")).events == written
     await second.close()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
         assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events_state'").fetchone() == (1,)
+        assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events_state_changes'").fetchone() == (1,)
 
 
 async def test_newer_schema_version_is_refused(db: Path) -> None:
@@ -328,12 +329,18 @@ async def test_a_batch_of_records_is_a_few_statements_not_one_per_row(tmp_path: 
     statements: list[str] = []
     original = log._connection
 
-    def traced() -> sqlite3.Connection:
-        conn = original()
-        conn.set_trace_callback(statements.append)
-        return conn
+    class Counted:  # the statements the log steps (a trace callback also sees each trigger run)
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self.conn = conn
 
-    log._connection = traced  # type: ignore[method-assign]
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            statements.append(sql)
+            return self.conn.execute(sql, *args)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.conn, name)
+
+    log._connection = lambda: Counted(original())  # type: ignore[method-assign, assignment, return-value]
     records = [ResponseRecorded(request_id=f"r{i}", request_seq=0, status=200, latency_ms=1.0) for i in range(300)]
     events = await log.append("s", None, records, durable=False)
     inserts = [s for s in statements if s.lstrip().upper().startswith("INSERT")]
