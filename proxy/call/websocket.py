@@ -22,6 +22,12 @@ events a socket that ends owes its open calls get ``write_timeout`` in all. The 
 closed when no message passes for ``websocket_idle_timeout`` (``read_timeout`` while a response
 is in flight) and after ``websocket_timeout`` in all. When the upstream goes away during a
 response, the client gets an ``error`` event for it, then a close (1014, bad gateway).
+
+The frames a response streams arrive in bursts (a dozen events in one TCP read), and each one the
+relay sends is a write of its own: on Linux the client's socket is corked while a burst is
+written and uncorked once the event loop comes round (``Cork``), so a burst leaves in as few
+segments as fit instead of one per frame (in the bench, a fifth less of the relay's CPU per
+streamed turn). Nothing waits for it: the frames go out in the same turn of the loop.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import socket
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote
@@ -136,6 +143,43 @@ class _End:
     error: ProjectionistError | None = None
 
 
+#: Linux's option that holds partial segments back until it is taken off (elsewhere: none).
+TCP_CORK: Final[int | None] = getattr(socket, "TCP_CORK", None)
+
+
+class Cork:
+    """A connection's socket corked while the frames of one turn of the event loop are written,
+    uncorked when the loop comes round (see the module's docstring). A socket that refuses the
+    option (closed, not TCP) is simply written to as it is."""
+
+    def __init__(self, transport: asyncio.BaseTransport | None) -> None:
+        sock = transport.get_extra_info("socket") if transport is not None and TCP_CORK is not None else None
+        self._sock: socket.socket | None = sock if sock is not None and sock.type == socket.SOCK_STREAM \
+            and sock.family in (socket.AF_INET, socket.AF_INET6) else None
+        self._held = False
+
+    def hold(self) -> None:
+        """Cork until the loop comes round (once per turn of it)."""
+        if self._held or self._sock is None:
+            return
+        if self._set(1):
+            self._held = True
+            asyncio.get_running_loop().call_soon(self._release)
+
+    def _release(self) -> None:
+        self._held = False
+        self._set(0)
+
+    def _set(self, value: int) -> bool:
+        assert self._sock is not None and TCP_CORK is not None
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, TCP_CORK, value)
+        except OSError:  # gone, or not a socket that corks: uncorked writes from now on
+            self._sock = None
+            return False
+        return True
+
+
 def _passed(code: object) -> int:
     """A close code as it may be sent on (a reserved one stands as a plain close)."""
     return code if isinstance(code, int) and 1000 <= code <= 4999 and code not in _UNSENDABLE else WSCloseCode.OK
@@ -169,6 +213,7 @@ class Socket:
         self.closing_by: float | None = None
         self._sending = 0
         self.messages_in = self.messages_out = 0
+        self._cork = Cork(call.request.transport)
         self.calls = Calls(call, _message_headers(call.request.headers), self.to_upstream, self.to_client) \
             if projecting else None
 
@@ -180,6 +225,7 @@ class Socket:
             async with asyncio.timeout_at(self.closing_by):  # get write_timeout in all, however many
                 await self.client.send_frame(data, opcode)
             return
+        self._cork.hold()
         # no timer per frame (a fifth of the relay's own time): the watchdog sees a send that hangs,
         # from when the sends under way began (both pumps may send to the client)
         if not self._sending:
