@@ -314,10 +314,13 @@ class Socket:
                 if msg.type is WSMsgType.TEXT:
                     self.last = self._time()
                     self.messages_out += 1
-                    if calls is not None and calls.open:
-                        await calls.from_upstream(msg.data)
-                    else:
+                    if calls is None or not calls.open:
                         await self.to_client(msg.data)
+                    elif (turn := calls.passing(msg.data)) is not None:  # the middle of a call: as it came
+                        turn.events += 1
+                        await self.to_client(msg.data)
+                    else:
+                        await calls.from_upstream(msg.data)
                     continue
                 if msg.type is WSMsgType.BINARY:
                     self.last = self._time()

@@ -49,7 +49,7 @@ from .send import in_flight, report_usage
 ROUTE: Final = "websocket"
 #: The events that end a response.
 TERMINAL: Final = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
-#: How an event opens as OpenAI writes them, and the types of those that are read (``Calls._passing``).
+#: How an event opens as OpenAI writes them, and the types of those that are read (``Calls.passing``).
 _TYPED: Final = b'{"type":"'
 _NOT_PASSING: Final = frozenset(t.encode() for t in TERMINAL)
 #: The content type a WebSocket call's events are recorded under, one ``data:`` line each.
@@ -290,8 +290,9 @@ class Calls:
     async def from_upstream(self, data: bytes) -> None:
         """A text event from the upstream: to the client, after the call it belongs to saw it
         (a refusal its screen takes never reaches the client). An event in the middle of the
-        one call open on the socket's only lane goes on without being parsed (``passing``)."""
-        if (turn := self._passing(data)) is not None:
+        one call open on the socket's only lane goes on without being parsed (``passing``: the socket
+        asks it first, without this coroutine)."""
+        if (turn := self.passing(data)) is not None:
             turn.events += 1
             await self.to_client(data)
             return
@@ -313,7 +314,7 @@ class Calls:
         await self.to_client(data)
         await turn.end()
 
-    def _passing(self, data: bytes) -> Turn | None:
+    def passing(self, data: bytes) -> Turn | None:
         """The call an event belongs to when it is one that needs no reading: the only lane is
         the one without a ``stream_id``, its call has had its first event and keeps only the
         ones that end it, and the event, written as OpenAI writes events (``{"type":"...`` first),
