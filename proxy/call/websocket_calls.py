@@ -136,6 +136,8 @@ class Turn:
         self.sent = time.perf_counter()
         self.carrying = contextlib.ExitStack()
         self.ended = False
+        #: When its last event went to the client (its end may come a little later: ``Calls._ending``).
+        self.finished: float | None = None
 
     @property
     def watched(self) -> Meter:
@@ -192,7 +194,8 @@ class Turn:
         self.ended = True
         call, ctx, timing = self.call, self.call.ctx, self.call.timing
         self.carrying.close()
-        timing.upstream_s = time.perf_counter() - self.sent
+        now = self.finished if self.finished is not None else time.perf_counter()
+        timing.upstream_s = now - self.sent
         status = timing.status if error is None or self.events else None
         ctx.fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
         if self.events:
@@ -206,7 +209,7 @@ class Turn:
                 await self.recorder.finished(status)  # a call broken off after its first event: INCOMPLETE
         if error is not None:
             ctx.fields["error_code"] = error
-        answered(call, self.socket_id, status if not left else "cancelled")
+        answered(call, self.socket_id, status if not left else "cancelled", now)
 
 
 def status_of(found: _Head) -> int:
@@ -215,14 +218,15 @@ def status_of(found: _Head) -> int:
     return status if isinstance(status, int) and 400 <= status <= 599 else ERROR_STATUS
 
 
-def answered(call: Call, socket_id: str, status: int | str | None) -> None:
-    """A call's count and log line (the socket's own line is the upgrade's, at its end)."""
+def answered(call: Call, socket_id: str, status: int | str | None, at: float | None = None) -> None:
+    """A call's count and log line (the socket's own line is the upgrade's, at its end), for a call
+    that ended ``at`` (a ``perf_counter`` reading; now unless given)."""
     ctx = call.ctx
     call.services.metrics.answered(ROUTE, status if status is not None else "failed", call.upstream.name)
     if request_lines():
         request_line({"method": "WS", "path": call.raw_path, "route": ROUTE, "request_id": ctx.request_id,
                       "socket": socket_id, "status": status,
-                      "duration_ms": round((time.perf_counter() - ctx.started) * 1000, 3), **ctx.fields})
+                      "duration_ms": round(((at or time.perf_counter()) - ctx.started) * 1000, 3), **ctx.fields})
 
 
 class Calls:
@@ -236,6 +240,7 @@ class Calls:
         self.to_upstream = to_upstream
         self.to_client = to_client
         self.lanes: dict[str | None, Turn] = {}
+        self._ends: set[asyncio.Task[None]] = set()
         #: The upgrade's request, cloned once: each message in turn is its body (``_call``).
         self._request: web.Request | None = None
         #: What each message's call sends upstream as its headers (the same for every message).
@@ -287,6 +292,13 @@ class Calls:
         turn.start()
         await self.to_upstream(prepared.built.body)
 
+    @staticmethod
+    async def _end(turn: Turn) -> None:
+        try:
+            await turn.end()
+        except Exception:  # a bug in an observer: logged, the socket goes on (as ``Turn.complete``)
+            get_logger().exception("websocket_call_end_failed", request_id=turn.call.ctx.request_id)
+
     async def from_upstream(self, data: bytes) -> None:
         """A text event from the upstream: to the client, after the call it belongs to saw it
         (a refusal its screen takes never reaches the client). An event in the middle of the
@@ -312,7 +324,16 @@ class Calls:
         self.lanes.pop(_lane(found), None)
         await turn.complete()
         await self.to_client(data)
-        await turn.end()
+        self._ending(turn)
+
+    def _ending(self, turn: Turn) -> None:
+        """End a completed call once the pumps have gone on (its record, usage and log line need
+        not hold up the next message: the client has its last event), tracked so that the socket's
+        ``close`` waits for it."""
+        turn.finished = time.perf_counter()
+        task = asyncio.get_running_loop().create_task(self._end(turn))
+        self._ends.add(task)
+        task.add_done_callback(self._ends.discard)
 
     def passing(self, data: bytes) -> Turn | None:
         """The call an event belongs to when it is one that needs no reading: the only lane is
@@ -341,6 +362,8 @@ class Calls:
         """The socket is ending: each open call gets ``error`` as an event (when the client is
         still there) and ends with it."""
         turns, self.lanes = list(self.lanes.items()), {}
+        if self._ends:  # the calls that completed: ended (their records written) before the socket is
+            await asyncio.gather(*self._ends, return_exceptions=True)
         for lane, turn in turns:
             if error is not None and not left:
                 with contextlib.suppress(ConnectionError, TimeoutError):
