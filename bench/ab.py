@@ -5,7 +5,9 @@ it into ``OLD/projectionist`` and check out the revision). Both serve on their d
 of one fake upstream; ``--rounds`` rounds of ``--seconds`` of 1 KB text at c=16 alternate which
 goes first, and each process's CPU time is read from ``/proc`` per round. The figure is the
 ratio of the medians of CPU per request, new ÷ old: it tells a change in the proxy's own cost
-apart from a busy machine, which the ratios to the bare proxy cannot do on their own.
+apart from a busy machine, which the ratios to the bare proxy cannot do on their own. With
+``--ws text`` or ``--ws image`` the same for the Responses WebSocket (``bench.ws``): turns at
+c=16 on one socket each, a 1 KB text turn or one with an inlined image, CPU per turn and turns/s.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import load, scenarios
-from bench.targets import CLK_TCK, Peers, Processes, cpu_ticks, free_pair, start_upstream
+from bench import load, scenarios, ws
+from bench.targets import CLK_TCK, Peers, Processes, cpu_ticks, free_pair, free_port, start_upstream
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,12 +32,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--session", action="store_true", help="send X-Session-Id (the text path with a session)")
+    parser.add_argument("--ws", choices=("text", "image"), help="Responses WebSocket turns instead of HTTP")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-ab-"))
     procs = Processes(work)
     servers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
     try:
-        upstream = start_upstream(procs, Peers(None))
+        if args.ws:
+            port = free_port()
+            upstream = procs.start("ws-upstream", [sys.executable, "-m", "bench.ws", "upstream"], {"PORT": str(port)},
+                                   port)
+        else:
+            upstream = start_upstream(procs, Peers(None))
         for name, root in (("old", args.old), ("new", args.new)):
             port, home = free_pair(), work / name
             home.mkdir()
@@ -49,21 +57,33 @@ def main(argv: list[str] | None = None) -> int:
         body = work / "text.json"
         body.write_bytes(scenarios.text_body())
         headers = {"X-Session-Id": "bench-ab"} if args.session else {}
+        message = ws.turn_message(scenarios.responses_body(images=scenarios.make_images(1) if args.ws == "image"
+                                                            else ()))
+
+        def run(port: int, seconds: float) -> load.LoadResult:
+            if args.ws:
+                return ws.run(f"ws://127.0.0.1:{port}{ws.PATH}", message, headers, 16, seconds)
+            return load.run("python", f"http://127.0.0.1:{port}/v1/chat/completions", body, headers, 16, seconds)
+
         cpu: dict[str, list[float]] = {name: [] for name in servers}
+        rates: dict[str, list[float]] = {name: [] for name in servers}
         for port, _ in servers.values():
-            load.run("python", f"http://127.0.0.1:{port}/v1/chat/completions", body, headers, 16, 1.0)
+            run(port, 1.0)
         for index in range(args.rounds):
             order = list(servers.items()) if index % 2 == 0 else list(servers.items())[::-1]
             for name, (port, process) in order:
                 before = cpu_ticks([process.pid])
-                result = load.run("python", f"http://127.0.0.1:{port}/v1/chat/completions", body, headers, 16,
-                                  args.seconds)
+                result = run(port, args.seconds)
                 if result.errors or not result.requests:
                     raise SystemExit(f"bench.ab: {name} answered {result.errors} errors")
                 cpu[name].append((cpu_ticks([process.pid]) - before) * 1e6 / CLK_TCK / result.requests)
+                rates[name].append(result.rps)
+        unit = "turn" if args.ws else "request"
         for name, values in cpu.items():
-            print(f"{name}: CPU {statistics.median(values):.1f} µs/request (median), rounds {[round(v) for v in values]}")
-        print(f"new/old CPU per request: {statistics.median(cpu['new']) / statistics.median(cpu['old']):.3f}")
+            print(f"{name}: CPU {statistics.median(values):.1f} µs/{unit} (median), rounds {[round(v) for v in values]}"
+                  f", {statistics.median(rates[name]):,.0f} {unit}s/s")
+        print(f"new/old CPU per {unit}: {statistics.median(cpu['new']) / statistics.median(cpu['old']):.3f}, "
+              f"{unit}s/s: {statistics.median(rates['new']) / statistics.median(rates['old']):.3f}")
     finally:
         for _, process in servers.values():
             process.terminate()
