@@ -271,6 +271,9 @@ class SqliteLog:
                 if watch.healthy:
                     get_logger().warning("session_log_watch_lost", error=type(exc).__name__)
                 watch.lost()
+            except Exception:  # a bug: logged; the watch vouches for nothing until a poll succeeds
+                get_logger().exception("session_log_watch_failed")
+                watch.lost()
             else:
                 watch.polled(began, [session for _, session in rows], gap=bool(rows) and rows[0][0] != last + 1)
                 last = rows[-1][0] if rows else last
