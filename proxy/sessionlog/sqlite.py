@@ -117,8 +117,9 @@ _CHANGES_TRIGGER: Final = (
     " INSERT INTO state_changes (session) VALUES (NEW.session);"
     f" DELETE FROM state_changes WHERE id <= last_insert_rowid() - {KEEP_CHANGES}; END"
 )
-#: The changes after an id, oldest first, a bounded number per poll.
-_CHANGES: Final = "SELECT id, session FROM state_changes WHERE id > ? ORDER BY id LIMIT 10000"
+#: The changes after an id, oldest first, a bounded number per read (a poll reads until it has all).
+CHANGES_PER_READ: Final = 10_000
+_CHANGES: Final = f"SELECT id, session FROM state_changes WHERE id > ? ORDER BY id LIMIT {CHANGES_PER_READ}"
 _LAST_CHANGE: Final = "SELECT coalesce(max(id), 0) FROM state_changes"
 #: How often the watch polls while asked (seconds), and how old its latest poll may be for it to
 #: vouch: another process's state change reaches this one's decisions within that.
@@ -260,24 +261,41 @@ class SqliteLog:
         for (``PolledWatch``); a poll that fails makes it vouch for nothing until one succeeds."""
         watch = self.watch
         assert watch is not None
+        failing = False
         while not self._closed:
             if watch.idle:
                 watch.demand.clear()
                 await watch.demand.wait()
             began = watch.clock()
             try:
-                rows = await self._run(partial(self._changes_job, last), self._reads, op="watch")
+                last = await self._poll_once(watch, began, last)
             except (Unavailable, TimeoutError) as exc:
-                if watch.healthy:
+                if not failing:  # once per failing spell, not every interval
                     get_logger().warning("session_log_watch_lost", error=type(exc).__name__)
+                failing = True
                 watch.lost()
             except Exception:  # a bug: logged; the watch vouches for nothing until a poll succeeds
-                get_logger().exception("session_log_watch_failed")
+                if not failing:
+                    get_logger().exception("session_log_watch_failed")
+                failing = True
                 watch.lost()
             else:
-                watch.polled(began, [session for _, session in rows], gap=bool(rows) and rows[0][0] != last + 1)
-                last = rows[-1][0] if rows else last
+                failing = False
             await asyncio.sleep(self.watch_interval)
+
+    async def _poll_once(self, watch: PolledWatch, began: float, last: int) -> int:
+        """One poll begun at ``began``: every change after ``last``, read in bounded chunks, and
+        only then the watch told it is current (a chunk alone would vouch for changes still
+        unread). A table whose newest id is below ``last`` (the file restored from a copy) or
+        whose next row is not ``last + 1`` (pruned) is a gap: no earlier mark stands."""
+        while True:
+            rows, top = await self._run(partial(self._changes_job, last), self._reads, op="watch")
+            gap = top < last or bool(rows) and rows[0][0] != last + 1
+            complete = len(rows) < CHANGES_PER_READ
+            watch.polled(began, [session for _, session in rows], gap=gap, complete=complete)
+            last = rows[-1][0] if rows else min(last, top)
+            if complete:
+                return last
 
     async def close(self) -> None:
         """Let queued jobs finish, close the connections and stop the lanes. Idempotent."""
@@ -437,8 +455,15 @@ class SqliteLog:
         return StateRead(decode_states(session_id, after_seq, rows), last)
 
     @staticmethod
-    def _changes_job(after: int, conn: sqlite3.Connection) -> list[tuple[int, str]]:
-        return [(int(i), str(session)) for i, session in conn.execute(_CHANGES, (after,)).fetchall()]
+    def _changes_job(after: int, conn: sqlite3.Connection) -> tuple[list[tuple[int, str]], int]:
+        """The changes after ``after`` and the newest id, in one read transaction (one snapshot)."""
+        conn.execute("BEGIN")
+        try:
+            rows = [(int(i), str(session)) for i, session in conn.execute(_CHANGES, (after,)).fetchall()]
+            top = int(conn.execute(_LAST_CHANGE).fetchone()[0])
+        finally:
+            conn.execute("COMMIT")
+        return rows, top
 
     @staticmethod
     def _sessions_job(conn: sqlite3.Connection) -> list[str]:

@@ -110,12 +110,14 @@ class PolledWatch(StateWatch):
         """Nobody asked for ``idle_after``: the poller may wait for ``demand``."""
         return self.clock() - self.asked_at > self.idle_after
 
-    def polled(self, began: float, sessions: list[str], *, gap: bool = False) -> None:
-        """A poll that began at ``began`` read the changes since the previous one: a state change
-        of each of ``sessions``. With ``gap`` some changes were lost (pruned before they were
-        read): no earlier mark vouches for anything."""
+    def polled(self, began: float, sessions: list[str], *, gap: bool = False, complete: bool = True) -> None:
+        """A poll that began at ``began`` read changes since the previous one: a state change of
+        each of ``sessions``; ``complete``: all of them (a poll read in chunks is current only
+        once its last chunk is read). With ``gap`` some changes were lost (pruned before they
+        were read, or the log restored from a copy): no earlier mark vouches for anything."""
         if gap or not self.healthy:
             self.renewed()
         for session_id in sessions:
             self.notified(session_id)
-        self.polled_at = began
+        if complete:
+            self.polled_at = began
