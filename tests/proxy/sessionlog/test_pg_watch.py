@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from projectionist.policy.events import Quarantine, RequestRecorded
 from projectionist.policy.errors import AttachmentError
 from projectionist.policy.model import ImageRef
 from projectionist.policy.projection import ProjectionContext, project
@@ -22,27 +21,7 @@ from projectionist.proxy.sessionlog.postgres import PostgresLog
 from projectionist.proxy.sessionlog.watch import StateWatch
 from tests.backends import pg_dsn
 from tests.conftest import drop_schema
-
-ID = "sha256:" + "ab" * 32
-
-
-def quarantine(attachment_id: str = ID) -> Quarantine:
-    return Quarantine(attachment_id=attachment_id, failure="not_found", retryable=False)
-
-
-def record(request_id: str) -> RequestRecorded:
-    return RequestRecorded(request_id=request_id, route="openai_chat", adapter="openai_chat", upstream="openai",
-                           method="POST", path="/v1/chat/completions", log_seq=0, inbound_digest="sha256:0",
-                           projected_digest="sha256:0", refs=(), shape=())
-
-
-async def until(condition: object, what: str, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if callable(condition) and condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
+from tests.proxy.sessionlog.watching import ID, quarantine, record, until
 
 def own_dsn(name: str) -> str:
     """The test server's DSN with ``application_name`` set to ``name`` (asyncpg sends the DSN's

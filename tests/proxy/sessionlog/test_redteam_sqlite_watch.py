@@ -27,41 +27,18 @@ from projectionist.policy.events import QUARANTINE, Quarantine, encode_event, en
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.sqlite import _SCHEMA, _STATE_INDEX, SqliteLog
 from projectionist.proxy.sessionlog.watch import PolledWatch
+from tests.proxy.sessionlog.watching import ID, quarantine, until, watch_of, vouched as vouched_every
 
-ID = "sha256:" + "ab" * 32
 INTERVAL = 0.02
 MAX_AGE = 4 * INTERVAL
 
 
-def quarantine(attachment_id: str = ID) -> Quarantine:
-    return Quarantine(attachment_id=attachment_id, failure="not_found", retryable=False)
+async def vouched(log: CachedLog, session_id: str) -> None:
+    await vouched_every(log, session_id, INTERVAL)
 
 
 def many(n: int, offset: int = 0) -> list[Quarantine]:
     return [quarantine(f"sha256:{offset + i:064x}") for i in range(n)]
-
-
-async def until(condition: object, what: str, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if callable(condition) and condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-async def vouched(log: CachedLog, session_id: str) -> None:
-    for _ in range(200):
-        await log.read_state(session_id, 0)
-        if log.fresh(session_id) is not None:
-            return
-        await asyncio.sleep(INTERVAL)
-    raise AssertionError("the watch never vouched")
-
-
-def watch_of(log: CachedLog) -> PolledWatch:
-    inner = log.inner
-    assert isinstance(inner, SqliteLog) and isinstance(inner.watch, PolledWatch)
-    return inner.watch
 
 
 def spy_polls(watch: PolledWatch, probe: object) -> list[object]:

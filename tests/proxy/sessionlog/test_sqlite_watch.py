@@ -18,44 +18,18 @@ from pathlib import Path
 import pytest
 
 from projectionist.policy.errors import AttachmentError
-from projectionist.policy.events import Quarantine, RequestRecorded
 from projectionist.policy.model import ImageRef
 from projectionist.policy.projection import ProjectionContext, project
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
 from projectionist.proxy.sessionlog.watch import PolledWatch
+from tests.proxy.sessionlog.watching import ID, quarantine, record, until, vouched as vouched_every, watch_of
 
-ID = "sha256:" + "ab" * 32
 INTERVAL = 0.02
 
 
-def quarantine(attachment_id: str = ID) -> Quarantine:
-    return Quarantine(attachment_id=attachment_id, failure="not_found", retryable=False)
-
-
-def record(request_id: str) -> RequestRecorded:
-    return RequestRecorded(request_id=request_id, route="openai_chat", adapter="openai_chat", upstream="openai",
-                           method="POST", path="/v1/chat/completions", log_seq=0, inbound_digest="sha256:0",
-                           projected_digest="sha256:0", refs=(), shape=())
-
-
-async def until(condition: object, what: str, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if callable(condition) and condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def vouched(log: CachedLog, session_id: str) -> None:
-    """Read ``session_id``'s state until the watch vouches for the fold (its first ask wakes the
-    poller: a read before any recent poll is not vouched)."""
-    for _ in range(200):
-        await log.read_state(session_id, 0)
-        if log.fresh(session_id) is not None:
-            return
-        await asyncio.sleep(INTERVAL)
-    raise AssertionError("the watch never vouched")
+    await vouched_every(log, session_id, INTERVAL)
 
 
 @pytest.fixture
@@ -143,16 +117,15 @@ async def test_a_poll_that_hangs_vouches_for_nothing_until_one_completes(
 async def test_changes_pruned_before_they_were_read_void_every_mark(
         logs: tuple[CachedLog, CachedLog, Path]) -> None:
     a, b, path = logs
-    inner = a.inner
-    assert isinstance(inner, SqliteLog) and inner.watch is not None
+    watch = watch_of(a)
     await vouched(a, "s")
-    generation = inner.watch.generation
-    inner.watch.notified = lambda session_id: None  # type: ignore[method-assign]  # what names no session
+    generation = watch.generation
+    watch.notified = lambda session_id: None  # type: ignore[method-assign]  # what names no session
     await b.append("other", None, [quarantine()])
     await b.append("other", 1, [quarantine("sha256:" + "cd" * 32)])
     with sqlite3.connect(path) as conn:  # as if they had been pruned before this log read them
         conn.execute("DELETE FROM state_changes WHERE id = (SELECT min(id) FROM state_changes)")
-    await until(lambda: inner.watch is not None and inner.watch.generation > generation, "the gap", seconds=1.0)
+    await until(lambda: watch.generation > generation, "the gap", seconds=1.0)
     assert a.fresh("s") is None  # a gap voids every mark, whatever session it was
 
 
@@ -169,10 +142,8 @@ async def test_the_trigger_keeps_a_row_per_state_event_only(logs: tuple[CachedLo
 async def test_a_decision_made_between_two_polls_still_records_one_transition(
         logs: tuple[CachedLog, CachedLog, Path]) -> None:
     a, b, _ = logs
-    inner = a.inner
-    assert isinstance(inner, SqliteLog) and inner.watch is not None
     await vouched(a, "race")
-    inner.watch.notified = lambda session_id: None  # type: ignore[method-assign]  # the poll has not seen it yet
+    watch_of(a).notified = lambda session_id: None  # type: ignore[method-assign]  # the poll has not seen it yet
     await b.append("race", 0, [quarantine()])  # B quarantined it first
 
     class Missing:
