@@ -13,15 +13,12 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from projectionist.policy.errors import AttachmentError
-from projectionist.policy.model import ImageRef
-from projectionist.policy.projection import ProjectionContext, project
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.postgres import PostgresLog
 from projectionist.proxy.sessionlog.watch import StateWatch
 from tests.backends import pg_dsn
 from tests.conftest import drop_schema
-from tests.proxy.sessionlog.watching import ID, quarantine, record, until
+from tests.proxy.sessionlog.watching import a_stale_decision_records_one_transition, ID, quarantine, record, until
 
 def own_dsn(name: str) -> str:
     """The test server's DSN with ``application_name`` set to ``name`` (asyncpg sends the DSN's
@@ -116,21 +113,7 @@ async def test_a_decision_made_before_the_notice_arrives_still_records_one_trans
     assert a.watch is not None
     await a.read_state("race", 0)
     a.watch.notified = lambda session_id: None  # type: ignore[method-assign]  # the notice is in flight
-    await b.append("race", 0, [quarantine()])  # B quarantined it first
-
-    class Missing:
-        async def read_image(self, attachment_id: str) -> object:
-            raise AttachmentError("ATTACHMENT_NOT_FOUND", "gone", attachment_id=attachment_id)
-
-    stale = a.fresh("race")
-    assert stale is not None and not stale.quarantined  # A decides on a fold without B's quarantine
-    projection = await project([ImageRef(ID)], ProjectionContext(store=Missing(), log=a,  # type: ignore[arg-type]
-                                                                 session_id="race", lock=a.lock("race"),
-                                                                 state=stale, fresh=True))
-    assert projection.recorded == ()  # its own quarantine met the conditional append and gave way
-    assert ID in projection.state.quarantined
-    events = await b.read("race", 0)
-    assert [type(e).__name__ for e in events] == ["QuarantineEvent"]  # one transition
+    await a_stale_decision_records_one_transition(a, b, "race")  # B quarantined it first
 
 
 def test_the_watch_forgets_old_sessions_conservatively() -> None:

@@ -17,13 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from projectionist.policy.errors import AttachmentError
-from projectionist.policy.model import ImageRef
-from projectionist.policy.projection import ProjectionContext, project
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
 from projectionist.proxy.sessionlog.watch import PolledWatch
-from tests.proxy.sessionlog.watching import ID, quarantine, record, until, vouched as vouched_every, watch_of
+from tests.proxy.sessionlog.watching import a_stale_decision_records_one_transition, ID, quarantine, record, until, vouched as vouched_every, watch_of
 
 INTERVAL = 0.02
 
@@ -144,21 +141,7 @@ async def test_a_decision_made_between_two_polls_still_records_one_transition(
     a, b, _ = logs
     await vouched(a, "race")
     watch_of(a).notified = lambda session_id: None  # type: ignore[method-assign]  # the poll has not seen it yet
-    await b.append("race", 0, [quarantine()])  # B quarantined it first
-
-    class Missing:
-        async def read_image(self, attachment_id: str) -> object:
-            raise AttachmentError("ATTACHMENT_NOT_FOUND", "gone", attachment_id=attachment_id)
-
-    stale = a.fresh("race")
-    assert stale is not None and not stale.quarantined  # A decides on a fold without B's quarantine
-    projection = await project([ImageRef(ID)], ProjectionContext(store=Missing(), log=a,  # type: ignore[arg-type]
-                                                                 session_id="race", lock=a.lock("race"),
-                                                                 state=stale, fresh=True))
-    assert projection.recorded == ()  # its own quarantine met the conditional append and gave way
-    assert ID in projection.state.quarantined
-    events = await b.read("race", 0)
-    assert [type(e).__name__ for e in events] == ["QuarantineEvent"]  # one transition
+    await a_stale_decision_records_one_transition(a, b, "race")  # B quarantined it first
 
 
 async def test_an_idle_watch_polls_nothing_and_wakes_when_asked(tmp_path: Path) -> None:

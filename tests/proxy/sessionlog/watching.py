@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from projectionist.policy.errors import AttachmentError
 from projectionist.policy.events import Quarantine, RequestRecorded
+from projectionist.policy.model import ImageRef
+from projectionist.policy.projection import ProjectionContext, project
 from projectionist.proxy.sessionlog.cached import CachedLog
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
 from projectionist.proxy.sessionlog.watch import PolledWatch
@@ -47,3 +50,24 @@ def watch_of(log: CachedLog) -> PolledWatch:
     inner = log.inner
     assert isinstance(inner, SqliteLog) and isinstance(inner.watch, PolledWatch)
     return inner.watch
+
+
+async def a_stale_decision_records_one_transition(a: CachedLog, b: CachedLog, session_id: str) -> None:
+    """``b`` quarantines ``ID`` in ``session_id`` while ``a``'s watch has not seen it (the caller
+    holds its notices back): ``a`` decides on its stale fold, and its own quarantine meets the
+    conditional append and gives way. One transition in the log."""
+    await b.append(session_id, 0, [quarantine()])
+
+    class Missing:
+        async def read_image(self, attachment_id: str) -> object:
+            raise AttachmentError("ATTACHMENT_NOT_FOUND", "gone", attachment_id=attachment_id)
+
+    stale = a.fresh(session_id)
+    assert stale is not None and not stale.quarantined  # A decides on a fold without B's quarantine
+    projection = await project([ImageRef(ID)], ProjectionContext(store=Missing(), log=a,  # type: ignore[arg-type]
+                                                                 session_id=session_id, lock=a.lock(session_id),
+                                                                 state=stale, fresh=True))
+    assert projection.recorded == ()  # its own quarantine met the conditional append and gave way
+    assert ID in projection.state.quarantined
+    events = await b.read(session_id, 0)
+    assert [type(e).__name__ for e in events] == ["QuarantineEvent"]  # one transition
