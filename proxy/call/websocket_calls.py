@@ -302,12 +302,8 @@ class Calls:
     async def from_upstream(self, data: bytes) -> None:
         """A text event from the upstream: to the client, after the call it belongs to saw it
         (a refusal its screen takes never reaches the client). An event in the middle of the
-        one call open on the socket's only lane goes on without being parsed (``passing``: the socket
-        asks it first, without this coroutine)."""
-        if (turn := self.passing(data)) is not None:
-            turn.events += 1
-            await self.to_client(data)
-            return
+        one call open on the socket's only lane is one the socket passes on itself, unparsed
+        (``passing``), without this coroutine; any other comes here."""
         found = head(data)
         turn = self.lanes.get(_lane(found)) if found is not None else None
         if turn is None or found is None:

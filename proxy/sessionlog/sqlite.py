@@ -269,14 +269,12 @@ class SqliteLog:
             began = watch.clock()
             try:
                 last = await self._poll_once(watch, began, last)
-            except (Unavailable, TimeoutError) as exc:
-                if not failing:  # once per failing spell, not every interval
-                    get_logger().warning("session_log_watch_lost", error=type(exc).__name__)
-                failing = True
-                watch.lost()
-            except Exception:  # a bug: logged; the watch vouches for nothing until a poll succeeds
-                if not failing:
-                    get_logger().exception("session_log_watch_failed")
+            except Exception as exc:  # the watch vouches for nothing until a poll succeeds
+                if not failing:  # logged once per failing spell, not every interval; a bug with its trace
+                    if isinstance(exc, (Unavailable, TimeoutError)):
+                        get_logger().warning("session_log_watch_lost", error=type(exc).__name__)
+                    else:
+                        get_logger().exception("session_log_watch_failed")
                 failing = True
                 watch.lost()
             else:
