@@ -30,15 +30,31 @@ async def send(port: int, data: bytes) -> bytes:
     return answer
 
 
+async def serve(tmp_path: object) -> tuple[asyncio.subprocess.Process, int, dict[str, object]]:
+    """``serve`` on free ports, with its first stderr line. A port another test worker took between
+    ``free_port`` and the bind (serve's one-line ``LISTEN_FAILED``) is a race of the test's own,
+    not what it checks: that start is tried again on other ports."""
+    for _ in range(5):
+        port, admin = free_port(), free_port()
+        if port == admin:
+            continue
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--port", str(port),
+            "--admin-listen", f"127.0.0.1:{admin}", "--data-dir", str(tmp_path), cwd=ROOT,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        assert proc.stderr is not None
+        line = await asyncio.wait_for(proc.stderr.readline(), 30)
+        if b"LISTEN_FAILED" in line and not line.startswith(b"{"):
+            await proc.wait()
+            continue
+        return proc, port, msgspec.json.decode(line)  # any other first line must be JSON
+    raise AssertionError("no free ports for serve after 5 tries")
+
+
 async def test_every_request_leaves_one_json_request_line_even_unparsed(tmp_path: object) -> None:
-    port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--port", str(port),
-        "--admin-listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path), cwd=ROOT,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    proc, port, first = await serve(tmp_path)
     assert proc.stderr is not None
     try:
-        first = msgspec.json.decode(await asyncio.wait_for(proc.stderr.readline(), 30))
         assert first["event"] == "listening"
         answers = [await send(port, data) for data in RAW]
         assert all(a.split(b" ")[1].startswith(b"4") for a in answers), answers
