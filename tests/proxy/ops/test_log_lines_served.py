@@ -43,11 +43,17 @@ async def serve(tmp_path: object) -> tuple[asyncio.subprocess.Process, int, dict
             "--admin-listen", f"127.0.0.1:{admin}", "--data-dir", str(tmp_path), cwd=ROOT,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         assert proc.stderr is not None
-        line = await asyncio.wait_for(proc.stderr.readline(), 30)
-        if b"LISTEN_FAILED" in line and not line.startswith(b"{"):
-            await proc.wait()
-            continue
-        return proc, port, msgspec.json.decode(line)  # any other first line must be JSON
+        try:
+            line = await asyncio.wait_for(proc.stderr.readline(), 30)
+            if b"LISTEN_FAILED" in line and not line.startswith(b"{"):
+                await asyncio.wait_for(proc.wait(), 30)
+                continue
+            return proc, port, msgspec.json.decode(line)  # any other first line must be JSON
+        except BaseException:  # a silent or non-JSON start is the test's failure; the process goes
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
     raise AssertionError("no free ports for serve after 5 tries")
 
 
