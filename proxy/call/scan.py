@@ -32,6 +32,7 @@ _NONCE: Final = os.urandom(8).hex()
 _MARK: Final = f"\\u0000{_NONCE}:".encode()
 _MARK_TEXT: Final = f"\x00{_NONCE}:"
 _WHITESPACE: Final = b" \t\r\n"
+_BACKSLASH: Final = ord("\\")
 
 
 class Run(NamedTuple):
@@ -67,8 +68,11 @@ MAX_RUNS: Final = 2000
 
 def runs(raw: bytes, markers: Sequence[bytes]) -> list[tuple[int, int]] | None:
     """Every base64 run after one of ``markers`` (for a key marker such as ``"data":``, after the
-    whitespace and the opening quote), in byte order; runs shorter than ``MIN_CHARS`` or holding a
-    backslash are left in place. None past ``MAX_RUNS`` of them."""
+    whitespace and the opening quote), in byte order; runs shorter than ``MIN_CHARS`` or whose
+    closing quote may be escaped (a backslash before it) are left in place. A run is not searched
+    for a backslash within it (a pass over megabytes): cut out whole, one is still a JSON string
+    in the small document, and it is no base64, so it gives no identity (the scan is then not
+    ``complete``, and the caller decodes the whole body). None past ``MAX_RUNS`` of them."""
     found: list[tuple[int, int]] = []
     for marker in markers:
         key = marker.endswith(b":")
@@ -87,7 +91,7 @@ def runs(raw: bytes, markers: Sequence[bytes]) -> list[tuple[int, int]] | None:
             end = raw.find(b'"', start)
             if end < 0:
                 break
-            if end - start >= MIN_CHARS and raw.find(b"\\", start, end) < 0:
+            if end - start >= MIN_CHARS and raw[end - 1] != _BACKSLASH:
                 found.append((start, end))
             at = raw.find(marker, end + 1)
     found.sort()

@@ -75,6 +75,12 @@ def _passthrough_bodies() -> dict[str, tuple[str, bytes]]:
     esc = x.replace("/", "\\/").encode()
     raw = encoded(chat(image_part("data:image/png;base64," + x))).replace(x.encode(), esc)
     bodies["chat-escaped-slashes"] = (CHAT, raw)
+    # a text whose ;base64, run ends at an escaped quote (left in place), and one whose run holds an
+    # escape and ends at its string's own quote (cut out whole: no base64, so the body is decoded whole)
+    bodies["chat-text-run-to-an-escaped-quote"] = (CHAT, encoded(chat(
+        image_part("data:image/png;base64," + x), text='see ;base64,' + "A" * 40 + '" and "' + "B" * 40)))
+    bodies["chat-text-run-with-an-escape"] = (CHAT, encoded(chat(
+        image_part("data:image/png;base64," + y), text="see ;base64," + "A" * 40 + "\n" + "B" * 40)))
     # an Anthropic "data" key that is not an image's, before the image
     body = anthropic_body(anthropic_block(png(3)))
     body["metadata"] = {"data": x}
