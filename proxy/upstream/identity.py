@@ -4,9 +4,12 @@ That is the id a reference to those bytes would have, so the policy treats the i
 a reference: a refusal of it is attributed and recorded, and the placeholder stands in for it on
 every later request that still carries it. Agents re-send their whole history every turn, so the
 same base64 comes back again and again: ``Identities`` keeps the answer for the strings it saw
-last (at most ``max_bytes`` of them), found by a seeded 128-bit xxh3 of the string and confirmed
-by comparing the whole string, so a hit is exact and costs a few microseconds instead of a
-base64 decode and a sha256 of the bytes.
+last (at most ``max_bytes`` of them), found by a seeded 128-bit xxh3 of the string's two ends and
+its size and confirmed by comparing the whole string, so a hit is exact and costs one pass over
+the string (the comparison) instead of a base64 decode and a sha256 of the bytes. The key reads
+only ``SAMPLE`` characters at each end: a hash of the whole string would be a second pass, and
+the comparison makes the hit in any case. Two strings of one size that share both ends share a
+slot: each turn that alternates them is a miss (a decode, as without the cache), never a wrong id.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import xxhash
 MAX_BYTES: Final = 64 * 1024 * 1024
 #: Fewer base64 characters than this hold no image worth naming (a 1x1 PNG is 68 bytes).
 MIN_CHARS: Final = 16
+#: The base64 characters at each end of a string that its key is hashed from.
+SAMPLE: Final = 256
 #: What one kept entry costs beside its base64 (key, tuple, id string, the ordered dict's node):
 #: counted against ``max_bytes``, so many tiny strings cannot outgrow the bound.
 ENTRY_BYTES: Final = 512
@@ -55,7 +60,7 @@ class Identities:
         if size < MIN_CHARS:
             return None
         run = memoryview(raw)[start:end]
-        key = xxhash.xxh3_128_intdigest(run, self._seed) ^ size
+        key = self._key(raw, start, end)
         kept = self._kept.get(key)
         if kept is not None and len(kept[0]) == size and raw.startswith(kept[0], start):
             self.hits += 1
@@ -78,6 +83,13 @@ class Identities:
                 _, (old, _) = self._kept.popitem(last=False)
                 self.size -= len(old) + ENTRY_BYTES
         return attachment_id
+
+    def _key(self, raw: bytes, start: int, end: int) -> int:
+        """The slot of ``raw[start:end]``: its size and both ends (at most ``SAMPLE`` each)."""
+        size = end - start
+        if size <= 2 * SAMPLE:
+            return xxhash.xxh3_128_intdigest(memoryview(raw)[start:end], self._seed) ^ size
+        return xxhash.xxh3_128_intdigest(raw[start:start + SAMPLE] + raw[end - SAMPLE:end], self._seed) ^ size
 
 
 def decoded_bytes(data: str | bytes | memoryview) -> bytes | None:
