@@ -115,6 +115,8 @@ async def project(refs: Sequence[ImageRef], context: ProjectionContext) -> Proje
         return Projection((), context.state or EMPTY)
     if context.session_id is not None and context.log is None:
         raise ValueError("a session needs a log")
+    if not refs:  # nothing to read, lift or record: the state alone (``decide`` would be done at once)
+        return Projection((), await _state(context))
     ask = Ask(refs, context.recording, context.sessionless, context.upstream_format, context.profile, context.images)
     return await _carry_out(ask, context, await _begin(refs, context))
 
@@ -122,13 +124,18 @@ async def project(refs: Sequence[ImageRef], context: ProjectionContext) -> Proje
 async def _begin(refs: Sequence[ImageRef], context: ProjectionContext) -> Progress:
     """The progress a projection starts from: the session's state, refreshed from the log unless
     the caller vouched for it, and the probes due for its references."""
-    state = context.state
-    if context.log and context.session_id and not (context.fresh and state is not None):
-        state = await refresh(context.log, context.session_id, state or EMPTY)
-    state = state or EMPTY
+    state = await _state(context)
     prober = context.prober
     due = prober.due(state, names_of(refs)) if prober is not None and context.recording else frozenset()
     return Progress(state, due=due)
+
+
+async def _state(context: ProjectionContext) -> SessionState:
+    """The session's state, refreshed from the log unless the caller vouched for its cached one."""
+    state = context.state
+    if context.log and context.session_id and not (context.fresh and state is not None):
+        state = await refresh(context.log, context.session_id, state or EMPTY)
+    return state or EMPTY
 
 
 async def _carry_out(ask: Ask, context: ProjectionContext, progress: Progress) -> Projection:

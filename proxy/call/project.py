@@ -101,7 +101,7 @@ class _Projecting:
         return await project(refs, ProjectionContext(
             store=self.store, log=services.log, session_id=session_id, upstream_format=self.call.fmt.FORMAT,
             profile=self.call.fmt.PROFILE, vary=services.variants, images=images,
-            lock=services.log.lock(session_id) if session_id else None,
+            lock=services.log.lock(session_id) if session_id and refs else None,  # none recorded without refs
             sessionless=services.config.server.sessionless,
             state=fresh or (services.log.state(session_id) if session_id else None),
             fresh=fresh is not None,

@@ -5,6 +5,7 @@ the replicated backends), placeholder text, reference parsing and the fold."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from hypothesis import given, strategies as st
@@ -13,6 +14,7 @@ from projectionist.policy.errors import INVALID_REF, AttachmentError
 from projectionist.policy.events import Quarantine, QuarantineEvent, Recovered, envelope
 from projectionist.policy.fold import EMPTY, fold, placeholder
 from projectionist.policy.model import ImageRef, parse_file_id, parse_url_ref
+from projectionist.policy.projection import ProjectionContext, project
 from tests.fakes import CountingStore
 from tests.memory import MemoryLog, MemoryStore
 from tests.policy_table import MISSING, Env
@@ -94,3 +96,28 @@ def test_fold_in_chunks_equals_fold_in_one_go(spec: list[tuple[str, int, str]], 
 def test_fold_rejects_a_gap() -> None:
     with pytest.raises(ValueError):
         fold([envelope(2, "t", Quarantine(MISSING, "corrupt", False))], EMPTY)
+
+
+class _NoLock:
+    """A lock that fails the test when taken: a projection with no reference records nothing."""
+
+    def __call__(self) -> Any:
+        raise AssertionError("a projection with no reference took the session's lock")
+
+
+async def test_a_projection_with_no_reference_gives_the_log_s_state_and_reads_nothing(env: Env) -> None:
+    """The state decides what the images a client inlined itself become (``decide.held_inline``):
+    it is refreshed from the log unless vouched for, and nothing is read, locked or recorded."""
+    aid = "sha256:" + "ab" * 32
+    await env.log.append("s-none", None, [Quarantine(aid, "not_found", False)])
+    stale = EMPTY
+    found = await project([], ProjectionContext(store=env.store, log=env.log, session_id="s-none", state=stale,
+                                                lock=_NoLock()))  # type: ignore[arg-type]
+    assert found.outcomes == () and found.reads == 0 and found.recorded == ()
+    assert found.state.standing(aid, "openai") is not None, "the cached state was not refreshed from the log"
+    vouched = await project([], ProjectionContext(store=env.store, log=env.log, session_id="s-none", state=stale,
+                                                  fresh=True, lock=_NoLock()))  # type: ignore[arg-type]
+    assert vouched.state is stale, "a state the caller vouched for was read again"
+    alone = await project([], ProjectionContext(store=env.store, log=None, session_id=None))
+    assert alone.state is EMPTY
+    assert env.store.reads == {} and len(await env.log.read("s-none")) == 1
