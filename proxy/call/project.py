@@ -55,10 +55,28 @@ def carried_ids(built: Built) -> frozenset[str]:
     return frozenset(aid for _, aid in (built.inlined or {}).values())
 
 
-async def prepare(call: Call, inbound: Inbound, *, headers: CIMultiDict[str] | None = None) -> Prepared:
-    """``call`` prepared to go upstream. ``headers``: its ``outgoing_headers`` when the caller has
-    them already (a WebSocket's messages all go with the upgrade's), copied before they change."""
-    projecting = _Projecting(call, inbound, headers)
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """The headers a call goes upstream with (``outgoing_headers``, for a body sent decoded, with
+    codings the proxy reads) and, when asked for, what its record keeps of them."""
+
+    headers: CIMultiDict[str]
+    recorded: tuple[tuple[str, str], ...] = ()
+
+
+def outgoing(call: Call, *, recorded: bool) -> Outgoing:
+    """``call``'s ``Outgoing``, its record's part only when ``recorded``."""
+    headers = outgoing_headers(call.request.headers, call.fmt, call.upstream, call.services.guard)
+    headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
+    readable_codings(headers)
+    return Outgoing(headers, recordable_headers(headers) if recorded else ())
+
+
+async def prepare(call: Call, inbound: Inbound, *, sending: Outgoing | None = None) -> Prepared:
+    """``call`` prepared to go upstream. ``sending``: its ``outgoing`` with the record's part,
+    when the caller made it already (a WebSocket's messages all go with the upgrade's, which
+    nothing changes: the socket's upstream leg sent them once)."""
+    projecting = _Projecting(call, inbound, sending)
     built, recorder = await projecting.built(1)
     ctx = call.ctx
     model = requested_model(call.fmt, call.raw_path, built.tree)
@@ -76,18 +94,16 @@ async def prepare(call: Call, inbound: Inbound, *, headers: CIMultiDict[str] | N
 class _Projecting:
     """One call's projection, run once and, for a re-send, once more (``again``)."""
 
-    def __init__(self, call: Call, inbound: Inbound, headers: CIMultiDict[str] | None = None) -> None:
+    def __init__(self, call: Call, inbound: Inbound, sending: Outgoing | None = None) -> None:
         self.call, self.inbound = call, inbound
         services, session_id = call.services, inbound.session_id
         tenant = call.ctx.tenant
         self.store = services.reader if tenant is None else services.visible.reader(tenant)
         self.recording = bool(session_id) and services.recording.on
         self.identities = services.identities if services.config.policy.inline_images and session_id else None
-        self.headers = headers.copy() if headers is not None else \
-            outgoing_headers(call.request.headers, call.fmt, call.upstream, services.guard)
-        self.headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
-        readable_codings(self.headers)
-        self.sent_headers = recordable_headers(self.headers) if self.recording else ()
+        sending = sending or outgoing(call, recorded=self.recording)
+        self.headers = sending.headers
+        self.sent_headers = sending.recorded if self.recording else ()
         self.started = time.perf_counter()
         self.refs: list[ImageRef] = []
         #: The calls in flight that carry this call's body (``send`` adds them; a re-send updates them).

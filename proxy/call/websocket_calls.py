@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -38,8 +37,7 @@ from ..inbound.context import Context, Timing
 from ..observe.logger import get_logger, request_line, request_lines
 from ..upstream.websocket import connect
 from .call import Call
-from .outgoing import outgoing_headers
-from .project import Prepared, prepare
+from .project import Outgoing, Prepared, outgoing, prepare
 from .read import Inbound, inbound_of
 from .record import Meter, Recorder
 from .relay import upstream_errors
@@ -243,8 +241,8 @@ class Calls:
         self._ends: set[asyncio.Task[None]] = set()
         #: The upgrade's request, cloned once: each message in turn is its body (``_call``).
         self._request: web.Request | None = None
-        #: What each message's call sends upstream as its headers (the same for every message).
-        self._outgoing = outgoing_headers(headers, openai_responses, socket.upstream, socket.services.guard)
+        #: What each message's call goes with and records of its headers (the same for every message).
+        self._sending: Outgoing | None = None
 
     @property
     def open(self) -> bool:
@@ -271,7 +269,9 @@ class Calls:
         call = self._call()
         try:
             inbound = inbound_of(call, data)
-            prepared = await prepare(call, inbound, headers=self._outgoing)
+            if self._sending is None:
+                self._sending = outgoing(call, recorded=True)
+            prepared = await prepare(call, inbound, sending=self._sending)
         except ProjectionistError as error:
             await self.refuse(error, lane or lane_of(data), call)
             return
@@ -376,8 +376,8 @@ class Calls:
         ctx.fields["upstream"] = socket.upstream.name
         if self._request is None:
             self._request = socket.request.clone(headers=self.headers)
-        return dataclasses.replace(socket, request=self._request, ctx=ctx, fmt=openai_responses, projected=True,
-                                   timing=Timing(ctx.started))
+        return Call(self._request, socket.services, ctx, openai_responses, socket.upstream, socket.raw_path,
+                    socket.path, True, Timing(ctx.started))
 
 
 def _not_json(data: bytes) -> bool:
