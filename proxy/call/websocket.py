@@ -27,7 +27,9 @@ The frames a response streams arrive in bursts (a dozen events in one TCP read),
 relay sends is a write of its own: on Linux the client's socket is corked while a burst is
 written and uncorked once the event loop comes round (``Cork``), so a burst leaves in as few
 segments as fit instead of one per frame (in the bench, a fifth less of the relay's CPU per
-streamed turn). Nothing waits for it: the frames go out in the same turn of the loop.
+streamed turn). Nothing waits for it: the frames go out in the same turn of the loop, and a call's
+first and last events, which its client waits for, go out at once (uncorked when sent: with
+sixteen busy sockets, the loop coming round took long enough to cost a tenth of the turns).
 """
 
 from __future__ import annotations
@@ -149,14 +151,16 @@ TCP_CORK: Final[int | None] = getattr(socket, "TCP_CORK", None)
 
 class Cork:
     """A connection's socket corked while the frames of one turn of the event loop are written,
-    uncorked when the loop comes round (see the module's docstring). A socket that refuses the
-    option (closed, not TCP) is simply written to as it is."""
+    uncorked when the loop comes round, or at once by ``flush`` (see the module's docstring). A
+    socket that refuses the option (closed, not TCP) is simply written to as it is."""
 
     def __init__(self, transport: asyncio.BaseTransport | None) -> None:
         sock = transport.get_extra_info("socket") if transport is not None and TCP_CORK is not None else None
         self._sock: socket.socket | None = sock if sock is not None and sock.type == socket.SOCK_STREAM \
             and sock.family in (socket.AF_INET, socket.AF_INET6) else None
         self._held = False
+        #: Whether a release is scheduled for when the loop comes round.
+        self._due = False
 
     def hold(self) -> None:
         """Cork until the loop comes round (once per turn of it)."""
@@ -164,11 +168,21 @@ class Cork:
             return
         if self._set(1):
             self._held = True
-            asyncio.get_running_loop().call_soon(self._release)
+            if not self._due:
+                self._due = True
+                asyncio.get_running_loop().call_soon(self._release)
+
+    def flush(self) -> None:
+        """Uncork now: what was written goes out without waiting for the loop to come round."""
+        if self._held:
+            self._held = False
+            self._set(0)
 
     def _release(self) -> None:
-        self._held = False
-        self._set(0)
+        self._due = False
+        if self._held:
+            self._held = False
+            self._set(0)
 
     def _set(self, value: int) -> bool:
         assert self._sock is not None and TCP_CORK is not None
@@ -319,8 +333,9 @@ class Socket:
                     elif (turn := calls.passing(msg.data)) is not None:  # the middle of a call: as it came
                         turn.events += 1
                         await self.to_client(msg.data)
-                    else:
+                    else:  # a call's first or last event, or one of a lane: its client may be waiting for it
                         await calls.from_upstream(msg.data)
+                        self._cork.flush()
                     continue
                 if msg.type is WSMsgType.BINARY:
                     self.last = self._time()

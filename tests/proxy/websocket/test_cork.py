@@ -59,6 +59,29 @@ async def test_a_burst_is_corked_until_the_loop_comes_round_and_arrives_whole() 
         await server.wait_closed()
 
 
+async def test_a_flush_lets_go_at_once_and_the_turn_s_release_still_comes() -> None:
+    writer, reader, server = await _connection()
+    try:
+        cork = Cork(writer.transport)
+        cork.hold()
+        writer.write(b"created;")
+        cork.flush()  # a call's first event: out without waiting for the loop
+        assert corked(writer) == 0
+        assert await asyncio.wait_for(reader.readexactly(8), 5) == b"created;"
+        cork.hold()  # the burst after it, in the same turn, corks again
+        writer.write(b"delta;")
+        assert corked(writer) == 1
+        await asyncio.sleep(0)
+        assert corked(writer) == 0  # let go by the release scheduled for the turn
+        assert await asyncio.wait_for(reader.readexactly(6), 5) == b"delta;"
+        cork.flush()  # nothing held: no change
+        assert corked(writer) == 0
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_socket_that_cannot_cork_is_written_to_as_it_is() -> None:
     writer, reader, server = await _connection()
     try:
