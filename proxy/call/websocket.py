@@ -23,13 +23,14 @@ closed when no message passes for ``websocket_idle_timeout`` (``read_timeout`` w
 is in flight) and after ``websocket_timeout`` in all. When the upstream goes away during a
 response, the client gets an ``error`` event for it, then a close (1014, bad gateway).
 
-The frames a response streams arrive in bursts (a dozen events in one TCP read), and each one the
-relay sends is a write of its own: on Linux the client's socket is corked while a burst is
-written and uncorked once the event loop comes round (``Cork``), so a burst leaves in as few
-segments as fit instead of one per frame (in the bench, a fifth less of the relay's CPU per
-streamed turn). Nothing waits for it: the frames go out in the same turn of the loop, and a call's
-first and last events, which its client waits for, go out at once (uncorked when sent: with
-sixteen busy sockets, the loop coming round took long enough to cost a tenth of the turns).
+The frames a response streams arrive in bursts (a dozen events in one TCP read), and aiohttp
+writes each frame the relay sends on its own. The client's connection gathers a burst instead
+(``Gather``, between aiohttp's frame writer and the connection): what is written in one turn of
+the event loop goes out in one write when the loop comes round, so a streamed turn costs the relay
+a few system calls, not one per event, and its client a few segments. Nothing waits for it: a
+call's first and last events, which its client waits for, go out at once (``flush``; with sixteen
+busy sockets, the loop coming round took long enough to cost a tenth of the turns), and what is
+gathered never exceeds ``GATHER_BYTES``.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import socket
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 from urllib.parse import unquote
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -145,53 +145,82 @@ class _End:
     error: ProjectionistError | None = None
 
 
-#: Linux's option that holds partial segments back until it is taken off (elsewhere: none).
-TCP_CORK: Final[int | None] = getattr(socket, "TCP_CORK", None)
+#: What ``Gather`` holds back at most before it writes (a bigger frame goes at once, and with it what
+#: was held): beyond it, the connection's own buffer and its back-pressure take over.
+GATHER_BYTES: Final = 64 * 1024
+#: The opcode of a close frame (RFC 6455 §5.5.1), the low bits of a frame's first byte.
+_CLOSE: Final = 0x8
+#: The longest write that can be a whole close frame: its 125-byte payload and a 4-byte header.
+_CLOSE_MAX: Final = 129
 
 
-class Cork:
-    """A connection's socket corked while the frames of one turn of the event loop are written,
-    uncorked when the loop comes round, or at once by ``flush`` (see the module's docstring). A
-    socket that refuses the option (closed, not TCP) is simply written to as it is."""
+class Gather:
+    """The client connection as the socket's frame writer writes to it: while held, what the writer
+    writes is gathered and goes out in one write (``writelines``: one system call) when the event
+    loop comes round, at ``flush``, past ``GATHER_BYTES``, or with a close frame (which must not
+    wait: aiohttp may close the connection right after it). Not held, a write goes as it came.
 
-    def __init__(self, transport: asyncio.BaseTransport | None) -> None:
-        sock = transport.get_extra_info("socket") if transport is not None and TCP_CORK is not None else None
-        self._sock: socket.socket | None = sock if sock is not None and sock.type == socket.SOCK_STREAM \
-            and sock.family in (socket.AF_INET, socket.AF_INET6) else None
+    It stands in for the writer's transport (``install``); everything but ``write`` is the
+    transport's own. An aiohttp whose writer keeps its transport elsewhere gets no ``Gather``: its
+    frames are each written as they come (``install`` says so), which is slower, never wrong."""
+
+    def __init__(self, transport: asyncio.WriteTransport) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
+        self._size = 0
         self._held = False
         #: Whether a release is scheduled for when the loop comes round.
         self._due = False
 
+    @classmethod
+    def install(cls, client: web.WebSocketResponse) -> Gather | None:
+        """A ``Gather`` between ``client``'s frame writer (prepared) and its connection, or None
+        when that writer is not aiohttp's as this module knows it."""
+        writer: Any = getattr(client, "_writer", None)
+        transport: Any = getattr(writer, "transport", None)
+        if not all(callable(getattr(transport, name, None)) for name in ("write", "writelines", "is_closing")):
+            return None  # (uvloop's transports are no ``asyncio.Transport``: what counts is what it has)
+        gather = cls(transport)
+        writer.transport = gather
+        return gather
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
     def hold(self) -> None:
-        """Cork until the loop comes round (once per turn of it)."""
-        if self._held or self._sock is None:
-            return
-        if self._set(1):
+        """Gather what is written until the loop comes round (``flush`` lets go sooner)."""
+        if not self._held:
             self._held = True
             if not self._due:
                 self._due = True
                 asyncio.get_running_loop().call_soon(self._release)
 
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._held:
+            self._transport.write(data)
+            return
+        self._pending.append(bytes(data) if not isinstance(data, bytes) else data)
+        self._size += len(data)
+        if self._size >= GATHER_BYTES or (len(data) <= _CLOSE_MAX and data[0] & 0x0F == _CLOSE):
+            self._write()
+
     def flush(self) -> None:
-        """Uncork now: what was written goes out without waiting for the loop to come round."""
-        if self._held:
-            self._held = False
-            self._set(0)
+        """Write what was gathered now, and stop gathering until the next ``hold``."""
+        self._held = False
+        self._write()
 
     def _release(self) -> None:
         self._due = False
-        if self._held:
-            self._held = False
-            self._set(0)
+        self.flush()
 
-    def _set(self, value: int) -> bool:
-        assert self._sock is not None and TCP_CORK is not None
-        try:
-            self._sock.setsockopt(socket.IPPROTO_TCP, TCP_CORK, value)
-        except OSError:  # gone, or not a socket that corks: uncorked writes from now on
-            self._sock = None
-            return False
-        return True
+    def _write(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending, self._size = self._pending, [], 0
+        if len(pending) == 1:
+            self._transport.write(pending[0])
+        else:
+            self._transport.writelines(pending)
 
 
 def _passed(code: object) -> int:
@@ -227,7 +256,7 @@ class Socket:
         self.closing_by: float | None = None
         self._sending = 0
         self.messages_in = self.messages_out = 0
-        self._cork = Cork(call.request.transport)
+        self._gather = Gather.install(client)
         self.calls = Calls(call, _message_headers(call.request.headers), self.to_upstream, self.to_client) \
             if projecting else None
 
@@ -239,7 +268,8 @@ class Socket:
             async with asyncio.timeout_at(self.closing_by):  # get write_timeout in all, however many
                 await self.client.send_frame(data, opcode)
             return
-        self._cork.hold()
+        if self._gather is not None:
+            self._gather.hold()
         # no timer per frame (a fifth of the relay's own time): the watchdog sees a send that hangs,
         # from when the sends under way began (both pumps may send to the client)
         if not self._sending:
@@ -277,6 +307,8 @@ class Socket:
     async def _close(self, end: _End) -> None:
         """Tell the open calls, close each leg still open, note how it went in the socket's line."""
         self.call.ctx.fields.update(closed=end.why, messages_in=self.messages_in, messages_out=self.messages_out)
+        if self._gather is not None:  # before the close and the last events (those are not gathered)
+            self._gather.flush()
         self.closing_by = self._time() + self.write_timeout  # a client that reads none of them cannot hold it open
         if self.calls is not None:
             await self.calls.close(end.error, left=end.to_client is None or end.why == "cancelled")
@@ -335,7 +367,8 @@ class Socket:
                         await self.to_client(msg.data)
                     else:  # a call's first or last event, or one of a lane: its client may be waiting for it
                         await calls.from_upstream(msg.data)
-                        self._cork.flush()
+                        if self._gather is not None:
+                            self._gather.flush()
                     continue
                 if msg.type is WSMsgType.BINARY:
                     self.last = self._time()
