@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -101,24 +101,43 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def container_paths(root: Json) -> dict[int, str]:
-    """JSON pointer of every list and dict in ``root``, by object id."""
+def container_paths(root: Json, wanted: set[int]) -> dict[int, str]:
+    """JSON pointer of each list and dict in ``root`` whose object id is ``wanted``, by id. The walk
+    ends once it found them all, and spells a path only for those: a body's big members (a
+    coding agent's tool schemas) cost a step each, not a string each."""
     paths: dict[int, str] = {}
-    stack: list[tuple[Json, str]] = [(root, "")]
+    if not wanted:
+        return paths
+    # each container with its trail: (its key, the trail of its parent), the root's is None
+    stack: list[tuple[Json, _Trail]] = [(root, None)]
     while stack:
-        node, path = stack.pop()
+        node, trail = stack.pop()
+        if id(node) in wanted:
+            paths[id(node)] = _spelled(trail)
+            if len(paths) == len(wanted):
+                break
         if isinstance(node, dict):
-            paths[id(node)] = path
-            stack += [(v, f"{path}/{_escape(str(k))}") for k, v in node.items() if isinstance(v, (dict, list))]
+            stack += [(v, (k, trail)) for k, v in node.items() if isinstance(v, (dict, list))]
         elif isinstance(node, list):
-            paths[id(node)] = path
-            stack += [(v, f"{path}/{i}") for i, v in enumerate(node) if isinstance(v, (dict, list))]
+            stack += [(v, (i, trail)) for i, v in enumerate(node) if isinstance(v, (dict, list))]
     return paths
+
+
+#: A container's place: its key in its parent, and its parent's place (None: the root).
+_Trail = tuple[Any, "_Trail"] | None
+
+
+def _spelled(trail: _Trail) -> str:
+    keys: list[str] = []
+    while trail is not None:
+        key, trail = trail
+        keys.append(_escape(str(key)) if isinstance(key, str) else str(key))
+    return "".join("/" + key for key in reversed(keys))
 
 
 def site_paths(root: Json, sites: Sequence[Site]) -> list[str]:
     """The JSON pointer of each site, in the tree as the client sent it (before rendering)."""
-    paths = container_paths(root)
+    paths = container_paths(root, {id(site.parent) for site in sites})
     return [f"{paths.get(id(site.parent), '?')}/{_escape(str(site.index))}" for site in sites]
 
 

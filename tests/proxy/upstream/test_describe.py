@@ -10,8 +10,10 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
+from projectionist.adapters.base import Site
 from projectionist.policy.events import RequestRecorded
-from projectionist.proxy.call.describe import of_raw, of_unchanged, shape
+from projectionist.policy.model import ImageRef
+from projectionist.proxy.call.describe import of_raw, of_unchanged, shape, site_paths
 from projectionist.proxy.call.replay import locate
 
 BODY = {"model": "m", "a/b~": 1, "messages": [{"role": "user", "content": "hi"}, {"role": "x", "content": [1, 2]}]}
@@ -26,6 +28,44 @@ def test_the_shape_of_bytes_is_the_shape_of_their_tree(body: dict[str, object]) 
     for raw in (msgspec.json.encode(body), json.dumps(body, indent=2).encode()):
         assert of_raw(raw).shape == shape(msgspec.json.decode(raw))
         assert of_unchanged(raw) == msgspec.structs.replace(of_raw(raw), shape=())  # the same digest, no shape
+
+
+def _resolve(root: object, pointer: str) -> object:
+    node = root
+    for token in pointer.split("/")[1:]:
+        key = token.replace("~1", "/").replace("~0", "~")
+        node = node[int(key)] if isinstance(node, list) else node[key]  # type: ignore[index]
+    return node
+
+
+def _slots(node: object) -> list[tuple[object, int | str]]:
+    """Every (container, index) pair of a tree: each a place a site may name."""
+    found: list[tuple[object, int | str]] = []
+    if isinstance(node, dict):
+        found += [(node, key) for key in node]
+        for value in node.values():
+            found += _slots(value)
+    elif isinstance(node, list):
+        found += [(node, index) for index in range(len(node))]
+        for value in node:
+            found += _slots(value)
+    return found
+
+
+@given(st.dictionaries(st.text(max_size=4), json_values, max_size=4), st.data())
+def test_a_site_s_path_points_at_its_place_whatever_the_tree(body: dict[str, object], data: st.DataObject) -> None:
+    """The walk stops once it found every site's container, and spells only their paths: each
+    path still resolves to that very place, for any choice and order of sites."""
+    tree = msgspec.json.decode(msgspec.json.encode(body))  # as a body comes: str keys, no shared objects
+    slots = _slots(tree)
+    chosen = data.draw(st.lists(st.sampled_from(slots), max_size=5)) if slots else []
+    sites = [Site(parent, index, ImageRef("sha256:" + "0" * 64)) for parent, index in chosen]
+    for site, path in zip(sites, site_paths(tree, sites), strict=True):
+        parent, _, last = path.rpartition("/")
+        assert _resolve(tree, parent) is site.parent  # containers are objects of their own
+        assert last.replace("~1", "/").replace("~0", "~") == str(site.index)
+    outside = Site([1], 0, ImageRef("sha256:" + "0" * 64))  # a container not in the tree has no path
+    assert site_paths(tree, [outside]) == ["?/0"]
 
 
 def test_a_pretty_printed_body_is_shaped_by_its_tree_and_paths() -> None:
