@@ -187,6 +187,9 @@ class Gather:
     def __getattr__(self, name: str) -> object:
         return getattr(self._transport, name)
 
+    def is_closing(self) -> bool:  # asked before every frame: not through ``__getattr__``
+        return self._transport.is_closing()
+
     def hold(self) -> None:
         """Gather what is written until the loop comes round (``flush`` lets go sooner)."""
         if not self._held:
