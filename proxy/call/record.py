@@ -389,11 +389,11 @@ class Recorder(Meter):
         blobs = blobs if request.raw is None else (request.raw, *blobs)  # full mode: the inbound body first
         return _Pending(call.session_id, call.request_id, data, blobs)
 
-    async def finished(self, status: int) -> None:
+    def finished(self, status: int) -> None:
         """The relay returned; a body that did not come through whole is ``INCOMPLETE``."""
         self._record(status, None if self.complete else "INCOMPLETE")
 
-    async def failed(self, code: str) -> None:
+    def failed(self, code: str) -> None:
         """The call failed before its response started (the error went to the client)."""
         self._record(None, code)
 

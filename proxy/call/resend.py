@@ -218,4 +218,4 @@ class Resend:
         first.begin(content_type)
         first.chunk(body)
         await first.body_complete(status)
-        await first.finished(status)
+        first.finished(status)

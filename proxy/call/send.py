@@ -72,7 +72,7 @@ async def relay_body(
     except ProjectionistError as error:
         recorder = screen.recorder if screen is not None else recorder
         if recorder is not None:
-            await recorder.failed(error.code)
+            recorder.failed(error.code)
         raise
     except asyncio.CancelledError:
         recorder = screen.recorder if screen is not None else recorder
@@ -88,7 +88,7 @@ async def relay_body(
     if watched is not None:
         report_usage(call, watched)
     if recorder is not None:
-        await recorder.finished(response.status)
+        recorder.finished(response.status)
     return response
 
 

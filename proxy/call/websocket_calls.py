@@ -184,7 +184,7 @@ class Turn:
         with contextlib.suppress(Exception):  # an observer never fails the relay (as ``relay._complete``)
             await self.watched.body_complete(self.call.timing.status or 200)
 
-    async def end(self, *, error: str | None = None, left: bool = False) -> None:
+    def end(self, *, error: str | None = None, left: bool = False) -> None:
         """The call is over: complete (its terminal event relayed), broken off with ``error``, or
         because the client ``left``. Its record, usage, counters and log line."""
         if self.ended:
@@ -202,9 +202,9 @@ class Turn:
             if left:
                 self.recorder.cancelled()
             elif status is None:
-                await self.recorder.failed(error or Code.UPSTREAM_UNAVAILABLE)
+                self.recorder.failed(error or Code.UPSTREAM_UNAVAILABLE)
             else:
-                await self.recorder.finished(status)  # a call broken off after its first event: INCOMPLETE
+                self.recorder.finished(status)  # a call broken off after its first event: INCOMPLETE
         if error is not None:
             ctx.fields["error_code"] = error
         answered(call, self.socket_id, status if not left else "cancelled", now)
@@ -238,7 +238,8 @@ class Calls:
         self.to_upstream = to_upstream
         self.to_client = to_client
         self.lanes: dict[str | None, Turn] = {}
-        self._ends: set[asyncio.Task[None]] = set()
+        #: The completed calls whose end is due when the loop comes round (``_ending``).
+        self._ends: dict[Turn, asyncio.Handle] = {}
         #: The upgrade's request, cloned once: each message in turn is its body (``_call``).
         self._request: web.Request | None = None
         #: What each message's call goes with and records of its headers (the same for every message).
@@ -287,15 +288,15 @@ class Calls:
             return
         superseded = self.lanes.pop(lane, None)
         if superseded is not None:  # the client moved on: as if it had left that call
-            await superseded.end(left=True)
+            superseded.end(left=True)
         turn = self.lanes[lane] = Turn(call, inbound, prepared, self.socket.ctx.request_id)
         turn.start()
         await self.to_upstream(prepared.built.body)
 
-    @staticmethod
-    async def _end(turn: Turn) -> None:
+    def _end(self, turn: Turn) -> None:
+        self._ends.pop(turn, None)
         try:
-            await turn.end()
+            turn.end()
         except Exception:  # a bug in an observer: logged, the socket goes on (as ``Turn.complete``)
             get_logger().exception("websocket_call_end_failed", request_id=turn.call.ctx.request_id)
 
@@ -323,13 +324,12 @@ class Calls:
         self._ending(turn)
 
     def _ending(self, turn: Turn) -> None:
-        """End a completed call once the pumps have gone on (its record, usage and log line need
-        not hold up the next message: the client has its last event), tracked so that the socket's
-        ``close`` waits for it."""
+        """End a completed call when the loop comes round (its record, usage and log line need
+        not hold up the next message: the client has its last event); the socket's ``close``
+        ends those still due first. A callback, not a task: a task a turn cost the loop more than
+        the end itself."""
         turn.finished = time.perf_counter()
-        task = asyncio.get_running_loop().create_task(self._end(turn))
-        self._ends.add(task)
-        task.add_done_callback(self._ends.discard)
+        self._ends[turn] = asyncio.get_running_loop().call_soon(self._end, turn)
 
     def passing(self, data: bytes) -> Turn | None:
         """The call an event belongs to when it is one that needs no reading: the only lane is
@@ -358,13 +358,14 @@ class Calls:
         """The socket is ending: each open call gets ``error`` as an event (when the client is
         still there) and ends with it."""
         turns, self.lanes = list(self.lanes.items()), {}
-        if self._ends:  # the calls that completed: ended (their records written) before the socket is
-            await asyncio.gather(*self._ends, return_exceptions=True)
+        for done, handle in list(self._ends.items()):  # the calls that completed: ended before the socket is
+            handle.cancel()
+            self._end(done)
         for lane, turn in turns:
             if error is not None and not left:
                 with contextlib.suppress(ConnectionError, TimeoutError):
                     await self.to_client(error_event(error.code, error.public_message, error.status, lane))
-            await turn.end(error=error.code if error is not None else Code.UPSTREAM_UNAVAILABLE, left=left)
+            turn.end(error=error.code if error is not None else Code.UPSTREAM_UNAVAILABLE, left=left)
 
     def _call(self) -> Call:
         """A message's own call: a context and request id of its own (its stages read it from the
