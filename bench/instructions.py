@@ -1,0 +1,129 @@
+"""``python -m bench.instructions ROOT [ROOT ...]``: instructions per Responses WebSocket turn, counted.
+
+Each ``ROOT`` is a folder that holds a checkout named ``projectionist`` (as for ``bench.ab``); with
+``--bare`` the bare aiohttp relay (``bench.ws relay``) is counted beside them. Each target runs
+under ``valgrind --tool=callgrind`` in front of the fake WebSocket upstream (``bench.ws``), twice:
+once serving ``--turns A`` turns and once ``B`` (4 sockets, the turns shared among them), and the
+figure is the difference of the two totals divided by ``B - A``, so start-up, imports and
+warm-up cancel out.
+
+An instruction count does not move with a busy or throttled machine the way seconds of CPU do (on
+a shared 2-core machine ``bench.ab`` rounds spread by a tenth), so it tells small changes apart.
+It is not time: a Python step retires fewer instructions per cycle than a copy does, so the
+interpreter's share of the time is larger than its share of the count. Timing still shapes a
+little of the count (how many frames one read brings, how records batch), so quote differences of
+a percent or more. Needs valgrind on ``PATH``; a run takes about a minute per target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import aiohttp
+
+from bench import scenarios, ws
+from bench.load import AUTH_KEY
+from bench.targets import Proc, Processes, free_pair, free_port
+
+SOCKETS = 4
+#: How long a target under callgrind may take to start, and to write its counts once stopped.
+START_S, STOP_S = 600.0, 300.0
+
+
+async def _turns(url: str, message: str, turns: int) -> None:
+    """``turns`` turns of ``message``, shared among ``SOCKETS`` sockets, one after another on each."""
+    async with aiohttp.ClientSession() as session:
+        async def one(count: int) -> None:
+            async with session.ws_connect(url, headers={"Authorization": f"Bearer {AUTH_KEY}"},
+                                          max_msg_size=ws.MAX_MESSAGE) as socket:
+                for _ in range(count):
+                    await socket.send_str(message)
+                    while True:
+                        frame = await socket.receive(timeout=120)
+                        if frame.type is not aiohttp.WSMsgType.TEXT:
+                            raise SystemExit(f"bench.instructions: the socket ended ({frame.type.name})")
+                        if '"response.completed"' in frame.data[:64]:
+                            break
+
+        await asyncio.gather(*(one(turns // SOCKETS + (i < turns % SOCKETS)) for i in range(SOCKETS)))
+
+
+def _total(path: Path) -> int:
+    """The instructions a callgrind output file counted in all."""
+    found = re.search(r"^(?:summary|totals):\s*(\d+)", path.read_text(errors="replace"), re.M)
+    if found is None:
+        raise SystemExit(f"bench.instructions: no totals in {path}")
+    return int(found[1])
+
+
+def _counted(procs: Processes, name: str, root: Path | None, upstream: Proc, message: str, turns: int) -> int:
+    """One target under callgrind, serving ``turns`` turns: the instructions it ran in all."""
+    home = procs.workdir / f"{name}-{turns}"
+    home.mkdir()
+    out = home / "callgrind.out"
+    grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no"]
+    if root is None:
+        port = free_port()
+        proc = procs.start(f"{name}-{turns}", [*grind, sys.executable, "-m", "bench.ws", "relay"],
+                           {"PORT": str(port), "UPSTREAM": upstream.base}, port, timeout=START_S)
+    else:
+        port = free_pair()
+        (home / "p.toml").write_text(f'[upstreams.openai]\nformat = "openai"\nurl = "{upstream.base}"\n')
+        argv = [*grind, sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config",
+                str(home / "p.toml"), "--port", str(port), "--data-dir", str(home / "data")]
+        proc = procs.start(f"{name}-{turns}", argv, {"PYTHONPATH": str(root.resolve()),
+                                                     "PROJECTIONIST_ADMIN_TOKEN": "t" * 32},
+                           port, "/healthz", need_200=True, timeout=START_S)
+    try:
+        asyncio.run(_turns(proc.base.replace("http://", "ws://", 1) + ws.PATH, message, turns))
+    finally:
+        procs.stop(proc, grace=STOP_S)  # SIGTERM: the program exits and callgrind writes its counts
+    return _total(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("roots", type=Path, nargs="*")
+    parser.add_argument("--bare", action="store_true", help="count the bare aiohttp relay too")
+    parser.add_argument("--ws", choices=("text", "image"), default="image",
+                        help="a 1 KB text turn or one with an inlined image (the default)")
+    parser.add_argument("--turns", type=int, nargs=2, default=(40, 200), metavar=("A", "B"))
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        parser.error("valgrind is not installed (apt-get install valgrind)")
+    low, high = args.turns
+    if not 0 <= low < high:
+        parser.error("--turns A B needs 0 <= A < B")
+    targets: list[tuple[str, Path | None]] = [(root.name or str(root), root) for root in args.roots]
+    if args.bare:
+        targets.append(("bare", None))
+    if not targets:
+        parser.error("name a ROOT, or --bare")
+    message = ws.turn_message(scenarios.responses_body(images=scenarios.make_images(1) if args.ws == "image" else ()))
+    procs = Processes(Path(tempfile.mkdtemp(prefix="bench-instructions-")))
+    try:
+        port = free_port()
+        upstream = procs.start("ws-upstream", [sys.executable, "-m", "bench.ws", "upstream"], {"PORT": str(port)},
+                               port)
+        counts: dict[str, float] = {}
+        for index, (name, root) in enumerate(targets):
+            label = f"{index}:{name}"
+            totals = [_counted(procs, label.replace(":", "-"), root, upstream, message, turns) for turns in (low, high)]
+            counts[label] = (totals[1] - totals[0]) / (high - low)
+            print(f"{label}: {counts[label]:,.0f} instructions per {args.ws} turn", flush=True)
+        first = next(iter(counts.values()))
+        for label, count in counts.items():
+            print(f"{label} / {next(iter(counts))}: {count / first:.3f}")
+    finally:
+        procs.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
