@@ -220,6 +220,8 @@ class Gather:
         if not self._pending:
             return
         pending, self._pending, self._size = self._pending, [], 0
+        if self._transport.is_closing():  # gone while they were held: nothing can take them (and
+            return  # uvloop raises on a write to a closed transport, where aiohttp's writer would not write)
         if len(pending) == 1:
             self._transport.write(pending[0])
         else:

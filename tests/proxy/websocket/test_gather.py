@@ -164,6 +164,39 @@ async def test_it_installs_on_aiohttp_s_own_writer_and_frames_arrive_whole(aioht
     assert writes == [10]
 
 
+async def _held_then_closed() -> None:
+    counting, reader, server = await _connection()
+    try:
+        gather = Gather(counting)  # type: ignore[arg-type]
+        gather.hold()
+        gather.write(b"\x81\x05held!")
+        counting.transport.close()  # the client's connection goes while the frame is held
+        await asyncio.sleep(0)  # the release finds it closing: the frame is dropped, nothing raises
+        gather.hold()
+        gather.write(b"\x81\x05later")
+        gather.flush()
+        await asyncio.sleep(0.05)  # closed by now (uvloop raises on a write to a closed transport)
+        gather.hold()
+        gather.write(b"\x81\x04last")
+        gather.flush()
+        assert counting.writes == []
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_frames_held_when_the_connection_goes_are_dropped_without_an_error() -> None:
+    await _held_then_closed()
+
+
+def test_frames_held_when_the_connection_goes_are_dropped_without_an_error_on_uvloop() -> None:
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(_held_then_closed())
+    finally:
+        loop.close()
+
+
 def test_a_writer_it_does_not_know_gets_none() -> None:
     class Stranger:
         _writer = None
