@@ -204,7 +204,7 @@ class Gather:
             return
         self._pending.append(bytes(data) if not isinstance(data, bytes) else data)
         self._size += len(data)
-        if self._size >= GATHER_BYTES or (len(data) <= _CLOSE_MAX and data[0] & 0x0F == _CLOSE):
+        if self._size >= GATHER_BYTES or (0 < len(data) <= _CLOSE_MAX and data[0] & 0x0F == _CLOSE):
             self._write()
 
     def flush(self) -> None:
@@ -214,7 +214,11 @@ class Gather:
 
     def _release(self) -> None:
         self._due = False
-        self.flush()
+        try:
+            self.flush()
+        except Exception:  # no pump hears of it here: the connection goes, and the pumps see it gone
+            get_logger().exception("websocket_write_failed")
+            self._transport.abort()
 
     def _write(self) -> None:
         if not self._pending:

@@ -293,10 +293,10 @@ class Calls:
         turn.start()
         await self.to_upstream(prepared.built.body)
 
-    def _end(self, turn: Turn) -> None:
+    def _end(self, turn: Turn, *, left: bool = False) -> None:
         self._ends.pop(turn, None)
         try:
-            turn.end()
+            turn.end(left=left)
         except Exception:  # a bug in an observer: logged, the socket goes on (as ``Turn.complete``)
             get_logger().exception("websocket_call_end_failed", request_id=turn.call.ctx.request_id)
 
@@ -319,8 +319,12 @@ class Calls:
             await self.to_client(data)
             return
         self.lanes.pop(_lane(found), None)
-        await turn.complete()
-        await self.to_client(data)
+        try:
+            await turn.complete()
+            await self.to_client(data)
+        except BaseException:  # its client never had its last event (gone, stalled, cancelled): it left
+            self._end(turn, left=True)
+            raise
         self._ending(turn)
 
     def _ending(self, turn: Turn) -> None:

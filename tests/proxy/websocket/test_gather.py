@@ -32,6 +32,9 @@ class Counting:
     def is_closing(self) -> bool:
         return self.transport.is_closing()
 
+    def abort(self) -> None:
+        self.transport.abort()
+
 
 _KEPT: list[asyncio.StreamWriter] = []  # the client ends' writers: one collected closes its connection
 
@@ -195,6 +198,29 @@ def test_frames_held_when_the_connection_goes_are_dropped_without_an_error_on_uv
         loop.run_until_complete(_held_then_closed())
     finally:
         loop.close()
+
+
+async def test_a_write_that_fails_when_released_closes_the_connection() -> None:
+    """Released when the loop comes round, no pump hears of a failed write: the connection is
+    aborted (the pumps then see it gone) rather than left open with its frames lost. An empty
+    write is held like any other."""
+    counting, reader, server = await _connection()
+    try:
+        gather = Gather(counting)  # type: ignore[arg-type]
+        gather.hold()
+        gather.write(b"")
+        gather.write(b"\x81\x05held!")
+
+        def refuse(pieces: list[bytes]) -> None:
+            raise OSError("no")
+
+        counting.writelines = refuse  # type: ignore[method-assign]
+        await asyncio.sleep(0)
+        assert counting.transport.is_closing()  # aborted
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # nothing arrived, and the connection ended
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def test_a_writer_it_does_not_know_gets_none() -> None:

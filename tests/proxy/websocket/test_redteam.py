@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import base64
+import os
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,6 +20,7 @@ from structlog.testing import capture_logs
 from projectionist.policy.linked import url_id
 from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import Harness
+from tests.fake_responses import stream_events
 from tests.imaging import make_image, ref_id
 from tests.proxy.websocket.fake import FakeSocket
 from tests.proxy.websocket.test_relay import create, events, inline, reference
@@ -204,6 +208,57 @@ async def test_a_socket_ends_even_when_its_client_reads_none_of_its_last_error_e
             for n in range(2000):                   # reads: the relay cuts off a client that takes nothing
                 await ws.send_str(msgspec.json.encode(create(stream_id=f"{lane}{n}")).decode())
         await asyncio.wait_for(fake.closed.wait(), 30)  # the relay gave up and closed the upstream leg
+
+
+async def _reading_nothing(harness: Harness) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw client with a 4 KiB receive buffer that upgrades to the Responses WebSocket, then
+    only writes (so the relay's sends to it stall as soon as its buffers are full)."""
+    server = harness.client.server
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (server.host, server.port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    writer.write(b"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + base64.b64encode(b"k" * 16) + b"\r\n\r\n")
+    assert b" 101 " in await reader.readuntil(b"\r\n\r\n")
+    return reader, writer
+
+
+def _client_frame(payload: bytes) -> bytes:
+    """A masked text frame, as a client sends one (RFC 6455 §5.2)."""
+    mask = os.urandom(4)
+    size = len(payload)
+    head = b"\x81" + (bytes([0x80 | size]) if size < 126 else bytes([0x80 | 126]) + struct.pack("!H", size)
+                      if size < 65536 else bytes([0x80 | 127]) + struct.pack("!Q", size))
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def test_a_call_whose_last_event_never_reaches_a_stalled_client_still_ends_with_its_line(
+        make_ws: MakeWs, fake: FakeSocket) -> None:
+    """The call is off its lane once its last event is being sent; a client that takes none of a
+    32 MiB last event is cut off there, and the call still ends (as its client left), with its
+    log line, rather than with nothing at all."""
+    harness = await make_ws(**{"server.write_timeout": 0.5})
+
+    async def huge_last(ws: web.WebSocketResponse, data: bytes) -> bool:
+        sequence = stream_events(1)
+        for event in sequence[:-1]:
+            await ws.send_str(msgspec.json.encode(event).decode())
+        last = sequence[-1]
+        last["response"]["output"][0]["content"][0]["text"] = "x" * (32 * 1024 * 1024)
+        await ws.send_str(msgspec.json.encode(last).decode())
+        return True
+
+    fake.script = huge_last
+    with capture_logs() as lines:
+        _, writer = await _reading_nothing(harness)
+        writer.write(_client_frame(msgspec.json.encode(create())))
+        await asyncio.wait_for(fake.closed.wait(), 30)  # cut off: it read nothing
+        writer.close()
+        await asyncio.sleep(0.2)
+    assert [line["closed"] for line in lines if line.get("closed")] == ["client stalled"]
+    assert [line["status"] for line in lines if line.get("method") == "WS"] == ["cancelled"]
 
 
 @pytest.mark.parametrize("how", ["tenants", "keys"])
