@@ -6,6 +6,8 @@ uvloop's, and on aiohttp's own writer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import uvloop
@@ -39,7 +41,10 @@ class Counting:
 _KEPT: list[asyncio.StreamWriter] = []  # the client ends' writers: one collected closes its connection
 
 
-async def _connection() -> tuple[Counting, asyncio.StreamReader, asyncio.Server]:
+@contextlib.asynccontextmanager
+async def _gathering() -> AsyncIterator[tuple[Gather, Counting, asyncio.StreamReader]]:
+    """A ``Gather`` over a real connection's counted transport, the connection's other end, and
+    both closed afterwards."""
     accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
 
     async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -50,13 +55,26 @@ async def _connection() -> tuple[Counting, asyncio.StreamReader, asyncio.Server]
     port = server.sockets[0].getsockname()[1]
     reader, client = await asyncio.open_connection("127.0.0.1", port)
     _KEPT.append(client)
-    return Counting((await accepted.get()).transport), reader, server
+    counting = Counting((await accepted.get()).transport)
+    try:
+        yield Gather(counting), counting, reader  # type: ignore[arg-type]
+    finally:
+        counting.transport.close()
+        server.close()
+        await server.wait_closed()
+
+
+def _on_uvloop(test: Callable[[], Awaitable[None]]) -> None:
+    """``test`` on the loop serve runs on (its transports are no ``asyncio.Transport``)."""
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(test())
+    finally:
+        loop.close()
 
 
 async def _burst() -> None:
-    counting, reader, server = await _connection()
-    try:
-        gather = Gather(counting)  # type: ignore[arg-type]
+    async with _gathering() as (gather, counting, reader):
         for index in range(24):  # a response's burst of events, each written on its own
             gather.hold()
             gather.write(b"frame %02d;" % index)
@@ -68,10 +86,6 @@ async def _burst() -> None:
         gather.write(b"alone;")  # not held: written as it came
         assert counting.writes == [24, 1]
         assert await asyncio.wait_for(reader.readexactly(6), 5) == b"alone;"
-    finally:
-        counting.transport.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_burst_goes_out_in_one_write_when_the_loop_comes_round() -> None:
@@ -79,17 +93,11 @@ async def test_a_burst_goes_out_in_one_write_when_the_loop_comes_round() -> None
 
 
 def test_a_burst_goes_out_in_one_write_on_uvloop() -> None:
-    loop = uvloop.new_event_loop()  # the loop serve runs on: its transports are no asyncio.Transport
-    try:
-        loop.run_until_complete(_burst())
-    finally:
-        loop.close()
+    _on_uvloop(_burst)
 
 
 async def test_a_flush_writes_at_once_and_the_next_hold_gathers_again() -> None:
-    counting, reader, server = await _connection()
-    try:
-        gather = Gather(counting)  # type: ignore[arg-type]
+    async with _gathering() as (gather, counting, reader):
         gather.hold()
         gather.write(b"created;")
         gather.flush()  # a call's first event: out without waiting for the loop
@@ -104,16 +112,10 @@ async def test_a_flush_writes_at_once_and_the_next_hold_gathers_again() -> None:
         assert await asyncio.wait_for(reader.readexactly(12), 5) == b"delta;delta;"
         gather.flush()  # nothing held: nothing written
         assert counting.writes == [1, 2]
-    finally:
-        counting.transport.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_close_frame_and_what_is_past_the_bound_are_not_held() -> None:
-    counting, reader, server = await _connection()
-    try:
-        gather = Gather(counting)  # type: ignore[arg-type]
+    async with _gathering() as (gather, counting, reader):
         gather.hold()
         gather.write(b"\x81\x05hello")  # a text frame: held
         gather.write(b"\x88\x02\x03\xe8")  # a close frame (1000): aiohttp may close right after it
@@ -129,10 +131,6 @@ async def test_a_close_frame_and_what_is_past_the_bound_are_not_held() -> None:
         await asyncio.sleep(0)
         assert counting.writes == [2, 2, 1]
         assert await asyncio.wait_for(reader.readexactly(3), 5) == b"\x81\x01!"
-    finally:
-        counting.transport.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_it_installs_on_aiohttp_s_own_writer_and_frames_arrive_whole(aiohttp_client: Any) -> None:
@@ -168,9 +166,7 @@ async def test_it_installs_on_aiohttp_s_own_writer_and_frames_arrive_whole(aioht
 
 
 async def _held_then_closed() -> None:
-    counting, reader, server = await _connection()
-    try:
-        gather = Gather(counting)  # type: ignore[arg-type]
+    async with _gathering() as (gather, counting, reader):
         gather.hold()
         gather.write(b"\x81\x05held!")
         counting.transport.close()  # the client's connection goes while the frame is held
@@ -183,9 +179,6 @@ async def _held_then_closed() -> None:
         gather.write(b"\x81\x04last")
         gather.flush()
         assert counting.writes == []
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def test_frames_held_when_the_connection_goes_are_dropped_without_an_error() -> None:
@@ -193,20 +186,14 @@ async def test_frames_held_when_the_connection_goes_are_dropped_without_an_error
 
 
 def test_frames_held_when_the_connection_goes_are_dropped_without_an_error_on_uvloop() -> None:
-    loop = uvloop.new_event_loop()
-    try:
-        loop.run_until_complete(_held_then_closed())
-    finally:
-        loop.close()
+    _on_uvloop(_held_then_closed)
 
 
 async def test_a_write_that_fails_when_released_closes_the_connection() -> None:
     """Released when the loop comes round, no pump hears of a failed write: the connection is
     aborted (the pumps then see it gone) rather than left open with its frames lost. An empty
     write is held like any other."""
-    counting, reader, server = await _connection()
-    try:
-        gather = Gather(counting)  # type: ignore[arg-type]
+    async with _gathering() as (gather, counting, reader):
         gather.hold()
         gather.write(b"")
         gather.write(b"\x81\x05held!")
@@ -218,9 +205,6 @@ async def test_a_write_that_fails_when_released_closes_the_connection() -> None:
         await asyncio.sleep(0)
         assert counting.transport.is_closing()  # aborted
         assert await asyncio.wait_for(reader.read(), 5) == b""  # nothing arrived, and the connection ended
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 def test_a_writer_it_does_not_know_gets_none() -> None:
