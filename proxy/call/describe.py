@@ -131,7 +131,7 @@ def _spelled(trail: _Trail) -> str:
     keys: list[str] = []
     while trail is not None:
         key, trail = trail
-        keys.append(_escape(str(key)) if isinstance(key, str) else str(key))
+        keys.append(_escape(key) if isinstance(key, str) else str(key))
     return "".join("/" + key for key in reversed(keys))
 
 
