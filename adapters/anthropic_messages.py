@@ -19,8 +19,11 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
-from .base import (SCAN_CHARS, Carried, FetchAnswers, Inline, Inliner, Json, Known, KnownFetch, Linked,
-                   PlainInline, Site, content_lists, error_object, known_pattern, part_pointer, patch)
+import msgspec
+
+from .base import (SCAN_CHARS, Carried, ContextAnswers, FetchAnswers, Inline, Inliner, Json, Known, KnownContext,
+                   KnownFetch, Linked, PlainInline, Site, content_lists, error_object, known_pattern, part_pointer,
+                   patch)
 from .responses import member
 from ..policy.linked import is_web_url
 from ..policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
@@ -83,6 +86,20 @@ REJECTIONS: Final[tuple[Known, ...]] = (
     (r"image\.source\.base64\.media_type: Input should be 'image/", "https://github.com/anthropics/claude-code/issues/400"),
 )
 _REJECTED: Final = known_pattern(REJECTIONS)
+#: The Messages API's answers about the context of the images rather than one image's bytes: its
+#: many-image rule, and the limits (per image, on its side and on its base64) an upstream of this
+#: format states smaller than the API documents (Bedrock and Vertex AI take 5 MB, not 10): learnt
+#: for the upstream and model, and the images fitted to them. The many-image answer names an
+#: image block, but that image was accepted alone: what changed is how many came with it.
+CONTEXT: Final[tuple[KnownContext, ...]] = (
+    (r"exceed max allowed size for many-image requests: (?P<side>\d+) pixels", "many_images",
+     frozenset({400}), "https://github.com/anthropics/claude-code/issues/52220"),
+    (r"image dimensions exceeds? max allowed size: (?P<side>\d+) pixels", "image_side", frozenset({400}),
+     "https://github.com/anthropics/claude-code/issues/4778"),
+    (r"image exceeds \d+ MB maximum: \d+ bytes > (?P<base64>\d+) bytes", "image_bytes", frozenset({400}),
+     "https://github.com/mozilla-ai/clawbolt/issues/936"),
+)
+_CONTEXT: Final = ContextAnswers(CONTEXT)
 #: The Messages API's answers when it could not download an image block's ``url`` source (HTTP
 #: 400 ``invalid_request_error``, opening with the block's path: ``messages.0.content.1.image.
 #: source.url: ...``), and what each says of the URL.
@@ -154,7 +171,9 @@ def find_inline(body: Json) -> list[Carried]:
         source = block.get("source")
         if block.get("type") == "image" and isinstance(source, dict) and source.get("type") == "base64" \
                 and isinstance(data := source.get("data"), str):
-            found.append(Carried(blocks, index, source, "data", data, data))
+            declared = source.get("media_type")
+            found.append(Carried(blocks, index, source, "data", data, data,
+                                 declared=declared if isinstance(declared, str) else None))
     return found
 
 
@@ -252,6 +271,10 @@ def rejection(status: int, doc: Json) -> Rejection | None:
     # The patterns read SCAN_CHARS from the path's tail, so an absurd path cannot push the cause
     # out of what they read (the path itself is judged by ``part_pointer``).
     start = max(0, path.end(1) - _PATH_TAIL) if path else 0
+    context = _CONTEXT.read(status, message, start, start + SCAN_CHARS)
+    if context is not None:
+        site = part_pointer(path.group(1), _ROOTS, _KEYS, _TAGS) if path else None
+        return msgspec.structs.replace(context, site=site)
     fetch = _UNFETCHED.failure(message, start, start + SCAN_CHARS)
     if fetch is None and not _REJECTED.search(message, start, start + SCAN_CHARS):
         return None

@@ -16,7 +16,7 @@ from typing import Any, Final, Protocol
 
 from ..policy.linked import Unfetched
 from ..policy.model import HttpRefs, ImageRef, Outcome, Resolved, StoredImage
-from ..policy.profile import Profile, Rejection
+from ..policy.profile import Context, Profile, Rejection
 
 Json = Any
 
@@ -73,7 +73,8 @@ class Carried:
     """An image the client inlined itself: ``parent[index]`` is its part (where a placeholder
     goes, as for a ``Site``), ``value`` the JSON string in the body that carries its bytes (a
     ``data:`` URL or bare base64; ``holder[key]``), ``data`` their base64. Its identity (the
-    sha256 of the decoded bytes) is the proxy's to compute."""
+    sha256 of the decoded bytes) is the proxy's to compute. ``declared`` is the media type the
+    client labelled it with (None: it said none)."""
 
     parent: Any
     index: int | str
@@ -82,6 +83,7 @@ class Carried:
     value: str
     data: str
     host: Host | None = None
+    declared: str | None = None
 
     def site(self, ref: ImageRef) -> Site:
         """This part as a ``Site`` carrying ``ref`` (its identity), for ``render``."""
@@ -114,6 +116,12 @@ def data_url_base64(url: str) -> str | None:
         return None
     found = _DATA_URL.match(url, 0, 256)
     return url[found.end():] if found is not None else None
+
+
+def data_url_type(url: str) -> str | None:
+    """The media type a ``data:`` URL names (``data:image/png;base64,...``), or None."""
+    found = _DATA_URL.match(url, 0, 256) if url.startswith("data:") else None
+    return found[1] if found is not None else None
 
 
 class WireFormat(Protocol):
@@ -260,6 +268,39 @@ class FetchAnswers:
             return None
         index = next(int(name[1:]) for name, value in found.groupdict().items() if value is not None)
         return self._failures[index]
+
+
+#: One answer a provider is known to give about the context of the images (its many-image rule, a
+#: limit smaller than its documented one, a model that takes no images): a regular expression
+#: searched in its error message (the named group ``side`` gives pixels, ``bytes`` decoded bytes,
+#: ``base64`` bytes of base64 text), the rule, the statuses it comes with, and where it was seen.
+KnownContext = tuple[str, Context, frozenset[int], str]
+
+
+class ContextAnswers:
+    """A provider's known answers about the context of the images (``KnownContext``)."""
+
+    def __init__(self, known: Sequence[KnownContext]) -> None:
+        self._known = tuple((re.compile(pattern, re.IGNORECASE), rule, statuses) for pattern, rule, statuses, _ in known)
+
+    def read(self, status: int, message: str, start: int = 0, end: int = SCAN_CHARS) -> Rejection | None:
+        """The rule the answer in ``message[start:end]`` states (as a ``Rejection`` with its
+        ``context``), or None: no known answer."""
+        for pattern, rule, statuses in self._known:
+            if status not in statuses:
+                continue
+            found = pattern.search(message, start, end)
+            if found is None:
+                continue
+            numbers = {k: int(v) for k, v in found.groupdict().items() if v is not None and _is_index(v)}
+            decoded = numbers.get("bytes", numbers.get("base64", 0) * 3 // 4)
+            return Rejection(message, context=rule, side=numbers.get("side", 0), bytes=decoded)
+        return None
+
+
+#: The statuses a model that takes no images is answered with: 400, 422, and also 404 (OpenRouter:
+#: no endpoint of the model takes them) or 500 (llama.cpp's server, Ollama).
+NO_IMAGES_STATUSES: Final = frozenset({400, 404, 422, 500})
 
 
 def error_object(doc: Json) -> dict[str, Any] | None:

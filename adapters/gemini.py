@@ -160,7 +160,7 @@ def find_inline(body: Json) -> list[Carried]:
         data = _either(part, "inline_data", "inlineData")
         mime = _either(data, "mime_type", "mimeType") if isinstance(data, dict) else None
         if isinstance(mime, str) and mime.lower().startswith("image/") and isinstance(b64 := data.get("data"), str):
-            found.append(Carried(parts, index, data, "data", b64, b64, host))
+            found.append(Carried(parts, index, data, "data", b64, b64, host, mime))
     return found
 
 

@@ -11,13 +11,14 @@ refusing one or failing to download one) serve the Responses adapter too.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any, Final
 
-from .base import (SCAN_CHARS, Carried, FetchAnswers, Inline, Inliner, Json, Known, KnownFetch, Linked,
-                   PlainInline, Site, content_lists, data_url_base64, error_object, known_pattern,
-                   opening_messages, part_pointer, patch)
+from .base import (NO_IMAGES_STATUSES, SCAN_CHARS, Carried, ContextAnswers, FetchAnswers, Inline, Inliner, Json,
+                   Known, KnownContext, KnownFetch, Linked, PlainInline, Site, content_lists, data_url_base64,
+                   data_url_type, error_object, known_pattern, opening_messages, part_pointer, patch)
 from .responses import member
 from ..policy.linked import Unfetched, is_web_url
 from ..policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
@@ -63,11 +64,67 @@ PROFILE: Final = Profile(
 REJECTIONS: Final[tuple[Known, ...]] = (
     (r"^Invalid image\.?$", "https://github.com/ijwfly/chatgpt-tg/issues/14"),
     (r"You uploaded an unsupported image", "https://github.com/CosmosShadow/gptpdf/issues/6"),
+    (r"The image data you provided does not represent a valid image", "https://github.com/openai/openai-dotnet/issues/708"),
     (r"Expected a base64-encoded data URL with an image MIME type", "https://github.com/Alibaba-NLP/OmniSearch/issues/3"),
     (r"Total image size is [\d.]+ ?MB, which exceeds the allowed limit",
      "https://github.com/open-webui/open-webui/issues/26967"),
     (r"patches after processing, exceeding the limit of \d+", "https://github.com/NousResearch/hermes-agent/pull/106186"),
+    # OpenAI-compatible providers users point the proxy at, in their own words:
+    # xAI (a flat ``{"code": "invalid-argument", "error": "..."}``)
+    (r"Invalid (?:PNG|JPEG) image", "https://github.com/NousResearch/hermes-agent/issues/69078"),
+    (r"Base64 string of provided image cannot be decoded", "https://github.com/NousResearch/hermes-agent/pull/69104"),
+    # Moonshot (Kimi)
+    (r"failed to decode image", "https://github.com/MoonshotAI/kimi-cli/issues/1066"),
+    (r"Unsupported image\. Please try another one", "https://github.com/MoonshotAI/kimi-code/pull/2362"),
+    # Alibaba DashScope (Qwen), compatible mode
+    (r"The media format is not supported or incorrect", "https://github.com/alibaba/spring-ai-alibaba/issues/319"),
+    (r"The image length and width do not meet the model restrictions", "https://github.com/QwenLM/qwen-code/issues/2505"),
+    # vLLM (NVIDIA NIM's vision models are served by it): PIL's words, a 400 since vLLM PR 19202
+    (r"cannot identify image file", "https://github.com/vllm-project/vllm/pull/19202"),
+    # Ollama's OpenAI-compatible endpoint
+    (r"invalid image input", "https://github.com/ollama/ollama/blob/main/openai/openai.go"),
+    (r"image: unknown format", "https://github.com/ollama/ollama/issues/11320"),
+    (r"illegal base64 data at input byte", "https://github.com/jakobdylanc/llmcord/issues/29"),
 )
+#: Answers that say the model takes no images at all (learnt for the upstream and model: its images
+#: become placeholders there, and stay images everywhere else), with the statuses each comes with.
+CONTEXT: Final[tuple[KnownContext, ...]] = (
+    (r"image_url is only supported by certain models", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/browser-use/web-ui/issues/274"),
+    (r"does not support image_url content", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/pollinations/pollinations/issues/2588"),
+    # DeepSeek: its JSON body parser, naming the message
+    (r"unknown variant `?image_url`?, expected `?text`?", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/BenedictKing/ccx/issues/95"),
+    # xAI's text-only models
+    (r"The model expects a single `?text`? element per message", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/chatboxai/chatbox/issues/1622"),
+    # DashScope's text-only models
+    (r"Unexpected item type in content", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/openclaw/openclaw/issues/92688"),
+    # vLLM serving a text-only model
+    (r"is not a multimodal model", "no_images", NO_IMAGES_STATUSES, "https://github.com/vllm-project/vllm/issues/23402"),
+    (r"At most 0 image\(s\) may be provided", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/vllm-project/vllm/issues/9739"),
+    # Ollama: its cloud, and a local model without its vision projector
+    (r"this model does not support image input", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/ollama/ollama/issues/17301"),
+    (r"this model is missing data required for image input", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/open-webui/open-webui/issues/13077"),
+    # OpenRouter: no endpoint of the model takes images (a 404)
+    (r"No endpoints found that support image input", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/aaif-goose/goose/issues/5396"),
+    # LM Studio, llama.cpp's server (a 500), Groq's text-only models, Fireworks
+    (r"Model does not support images", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/lmstudio-ai/lmstudio-bug-tracker/issues/908"),
+    (r"image input is not supported by this server", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/ggml-org/llama.cpp/issues/13566"),
+    (r"message\[\d+\]\.content must be a string", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/vercel/ai/issues/2837"),
+    (r"Cannot preprocess image len\(combined_imgs\)", "no_images", NO_IMAGES_STATUSES,
+     "https://github.com/pydantic/pydantic-ai/issues/2424"),
+)
+_CONTEXT: Final = ContextAnswers(CONTEXT)
 #: ``error.code`` values that name an image refusal whatever the message says, and where seen.
 REJECTION_CODES: Final = {"invalid_image_format": "https://github.com/STranslate/STranslate/issues/277"}
 _REJECTED: Final = known_pattern(REJECTIONS)
@@ -136,7 +193,7 @@ def find_inline(body: Json) -> list[Carried]:
         holder, key = (slot, "url") if isinstance(slot, dict) else (part, "image_url")
         url = holder.get(key)
         if isinstance(url, str) and (data := data_url_base64(url)) is not None:
-            found.append(Carried(content, index, holder, key, url, data))
+            found.append(Carried(content, index, holder, key, url, data, declared=data_url_type(url)))
     return found
 
 
@@ -195,10 +252,19 @@ def error_body(code: str, message: str, status: int) -> dict[str, Any]:
 def rejection(status: int, doc: Json) -> Rejection | None:
     """The error answer ``doc`` read as an image refusal: the API's message, the pointer of the
     image part its ``param`` names (``messages[1].content[0].image_url`` is
-    ``/messages/1/content/0``), if any, and whether it refused the image or its download."""
+    ``/messages/1/content/0``), if any, and whether it refused the image, its download, or any
+    image for the model (``context``). A provider's error a router relayed (OpenRouter's
+    ``Provider returned error`` with the provider's own answer in ``metadata.raw``) is read as
+    that answer; xAI's flat ``{"error": "<message>"}`` as its message."""
+    doc = _relayed(doc)
     error = error_object(doc)
-    message = doc if isinstance(doc, str) else error.get("message") if error is not None else None
-    if status != 400 or not isinstance(message, str):
+    message = _message(doc, error)
+    if not isinstance(message, str):
+        return None
+    context = _CONTEXT.read(status, message)
+    if context is not None:
+        return context
+    if status != 400:
         return None
     code = error.get("code") if error is not None else None
     code = code if isinstance(code, str) else None
@@ -209,6 +275,34 @@ def rejection(status: int, doc: Json) -> Rejection | None:
     param = error.get("param") if error is not None else None
     site = part_pointer(param, _ROOTS, _KEYS) if isinstance(param, str) else None
     return Rejection(message, site, fetch or "rejected")
+
+
+def _relayed(doc: Json) -> Json:
+    """The provider's own answer a router relayed (OpenRouter: ``{"error": {"message": "Provider
+    returned error", "metadata": {"raw": "<the provider's answer>"}}}``), decoded when it is JSON,
+    else its text (at most ``SCAN_CHARS``); any other answer as it is."""
+    error = error_object(doc)
+    metadata = error.get("metadata") if error is not None else None
+    raw = metadata.get("raw") if isinstance(metadata, dict) else None
+    if error is None or error.get("message") != "Provider returned error" or not isinstance(raw, str):
+        return doc
+    if len(raw) > SCAN_CHARS or not raw.lstrip().startswith("{"):
+        return raw[:SCAN_CHARS]
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _message(doc: Json, error: dict[str, Any] | None) -> Any:
+    """The message an error answer carries: ``error.message``, a flat ``error`` string (xAI), or
+    a bare string."""
+    if isinstance(doc, str):
+        return doc
+    if error is None:
+        flat = doc.get("error") if isinstance(doc, dict) else None
+        return flat if isinstance(flat, str) else None
+    return error.get("message")
 
 
 def upstream_auth(api_key: str) -> dict[str, str]:

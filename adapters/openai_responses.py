@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from . import openai_chat
-from .base import (Carried, Host, Inliner, Json, Linked, PlainInline, Site, data_url_base64, inliner,
+from .base import (Carried, Host, Inliner, Json, Linked, PlainInline, Site, data_url_base64, data_url_type, inliner,
                    insert_after, opening_messages)
 from .responses import member
 from ..policy.linked import is_web_url
@@ -118,7 +118,7 @@ def find_inline(body: Json) -> list[Carried]:
     for parent, index, part, kind, host in _slots(body):
         url = part.get("image_url") if _is(part, kind) else None
         if isinstance(url, str) and (data := data_url_base64(url)) is not None:
-            found.append(Carried(parent, index, part, "image_url", url, data, host))
+            found.append(Carried(parent, index, part, "image_url", url, data, host, data_url_type(url)))
     return found
 
 

@@ -1,13 +1,20 @@
 """What a projection does next, from what it knows: a pure decision table (policy layer, pure).
 
-``decide`` looks at what the projection is asked (``Ask``: the request's references and the
-facts that hold while it runs) and what it has learnt so far (``Progress``: the folded session
-state and the reads), and names the next step: read these ids, record these quarantines, lift
-these retryable quarantines whose probe verified, make variants of images the upstream's profile
-does not take, pin the variants made, fail the request, or done with every outcome. Each row of
-the table is a small rule (``_RULES``, first match wins); none touches a store or a log, so it is
-tested as a table (``tests/policy/test_decide.py``); ``project`` is the short loop that carries
-the steps out.
+``decide`` looks at what the projection is asked (``Ask``: the request's references, the images
+its client inlined itself, and the facts that hold while it runs) and what it has learnt so far
+(``Progress``: the folded session state and the reads), and names the next step: read these ids,
+record these quarantines, lift these retryable quarantines whose probe verified, make variants of
+images the upstream's profile does not take, pin the variants made, fail the request, or done
+with every outcome. Each row of the table is a small rule (``_RULES``, first match wins); none
+touches a store or a log, so it is tested as a table (``tests/policy/test_decide.py``);
+``project`` is the short loop that carries the steps out.
+
+An image the client inlined is fitted like a reference: its bytes are known (``Inlined.facts``),
+so one that breaks the profile is read from the request itself and varied, one spelled otherwise
+than it is goes respelled, and bytes that are no image get their placeholder and one durable
+quarantine before the upstream is asked. What the upstream taught about the request's context
+(``events.Learnt``) narrows the profile for that upstream and model, or, for a model that takes
+no images, makes every image a placeholder there and nothing is read.
 """
 
 from __future__ import annotations
@@ -20,9 +27,10 @@ import msgspec
 
 from .errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError
 from .events import Quarantine, Rejected, Variant
-from .fold import EMPTY, SessionState, placeholder
-from .model import ImageRef, StoreFailure, Outcome, Placeholder, Resolved, StoredImage
-from .profile import Profile, breaks
+from .fold import EMPTY, SessionState, placeholder, placeholder_text
+from .model import (ImageRef, Inlined, InlineOutcome, StoreFailure, Outcome, Placeholder, Resolved, Respelled,
+                    StoredImage)
+from .profile import Profile, breaks, takes_images, under
 
 Sessionless = Literal["fail", "placeholder"]
 FAILURE: Final[dict[str, StoreFailure]] = {NOT_FOUND: "not_found", CORRUPT: "corrupt", READ_FAILED: "read_failed"}
@@ -74,9 +82,12 @@ class Fail(msgspec.Struct, frozen=True):
 
 
 class Done(msgspec.Struct, frozen=True):
-    """The outcome of every reference, aligned with the request's references."""
+    """The outcome of every reference, aligned with the request's references, and of every image
+    the client inlined, aligned with ``Ask.inline``."""
 
     outcomes: tuple[Outcome, ...]
+    inline: tuple[InlineOutcome, ...] = ()
+    vision: bool = True
 
 
 Step = Read | Record | Lift | Vary | Pin | Fail | Done
@@ -90,7 +101,10 @@ class Ask(msgspec.Struct, frozen=True):
     or projects its placeholder); ``upstream_format`` is the format of the upstream the request
     goes to (its rejections hold); with its ``profile``, an image that does not fit is sent as its
     variant. ``images`` is how many images the request holds in all (its references and any the
-    client inlined itself: what a many-image rule counts); by default its references."""
+    client inlined itself: what a many-image rule counts); by default its references.
+    ``inline`` are the images the client inlined itself, in document order; with ``fit`` they are
+    fitted to the profile (else they go as they came, or as the placeholder a rejection holds).
+    ``upstream`` and ``model`` name what the request goes to: the rules learnt for them apply."""
 
     refs: Sequence[ImageRef]
     recording: bool
@@ -98,6 +112,10 @@ class Ask(msgspec.Struct, frozen=True):
     upstream_format: str | None = None
     profile: Profile | None = None
     images: int | None = None
+    inline: Sequence[Inlined] = ()
+    fit: bool = True
+    upstream: str | None = None
+    model: str | None = None
 
 
 class Progress(msgspec.Struct):
@@ -138,19 +156,25 @@ def decide(ask: Ask, progress: Progress) -> Step:
 
 
 class _View:
-    """What one decision looks at: each referenced id once with its display name, the target of
-    the request's variants, the ids still open (not quarantined here, or due for a probe) and the
-    pin to read for each id."""
+    """What one decision looks at: each referenced id once with its display name, the profile and
+    target of the request's variants (narrowed by what was learnt for its upstream and model),
+    the ids still open (not quarantined here, or due for a probe), the images the client inlined
+    that are to be fitted, and the pin to read for each id."""
 
     def __init__(self, ask: Ask, progress: Progress) -> None:
         self.ask = ask
         self.progress = progress
         self.names = names_of(ask.refs)
         self.count = max(ask.images or 0, len(ask.refs))
-        self.target = ask.profile.target(self.count) if ask.profile is not None else None
+        rules = progress.state.rules(ask.upstream, ask.model) if ask.upstream is not None else ()
+        self.vision = takes_images(rules)
+        self.profile = under(ask.profile, rules) if ask.profile is not None and rules else ask.profile
+        self.target = self.profile.target(self.count) if self.profile is not None else None
         state, due = progress.state, progress.due
-        self.open = [aid for aid in self.names if state.standing(aid, ask.upstream_format) is None or aid in due]
+        self.open = [aid for aid in self.names if state.standing(aid, ask.upstream_format) is None or aid in due] \
+            if self.vision else []
         self.pins = {aid: self._pinned(aid) for aid in self.names}
+        self.pins.update((aid, self._pinned(aid)) for aid in self.misfits)
 
     def _pinned(self, aid: str) -> Variant | None:
         """The variant to read for ``aid``: pinned for this target and not found unreadable."""
@@ -160,6 +184,29 @@ class _View:
                                                                      AttachmentError):
             return None
         return variant
+
+    def form(self, image: Inlined) -> str:
+        """The form ``image`` goes upstream in: canonical when fitted (respelled), else its own."""
+        return "" if self.ask.fit else image.form
+
+    @cached_property
+    def fitted(self) -> dict[str, Inlined]:
+        """The images the client inlined that are fitted here (each id once): fitting is on, the
+        model takes images, and no quarantine holds for them."""
+        ask = self.ask
+        if not ask.inline or not ask.fit or not self.vision:
+            return {}
+        state, fmt = self.progress.state, ask.upstream_format or ""
+        return {image.id: image for image in ask.inline if state.held_inline(image.id, fmt, "") is None}
+
+    @cached_property
+    def misfits(self) -> tuple[str, ...]:
+        """The fitted images whose bytes are an image that does not fit the profile as it is."""
+        profile = self.profile
+        if profile is None:
+            return ()
+        return tuple(aid for aid, image in self.fitted.items() if (facts := image.facts).media_type is not None
+                     and breaks(profile, facts.media_type, facts.bytes, facts.width, facts.height, self.count))
 
     @cached_property
     def failures(self) -> dict[str, AttachmentError]:
@@ -171,13 +218,20 @@ class _View:
 
     @cached_property
     def quarantines(self) -> tuple[Quarantine, ...]:
-        """The quarantine each of ``failures`` asks for, with the first display name given."""
-        return tuple(_quarantine_for(error, aid, self.names[aid]) for aid, error in self.failures.items())
+        """The quarantine each of ``failures`` asks for, with the first display name given, and
+        one for each fitted image whose bytes are no image (not recorded yet)."""
+        found = tuple(_quarantine_for(error, aid, self.names[aid]) for aid, error in self.failures.items())
+        quarantined = self.progress.state.quarantined
+        return found + tuple(Quarantine(aid, "corrupt", retryable=False, inline=True)
+                             for aid, image in self.fitted.items()
+                             if image.facts.media_type is None and aid not in quarantined)
 
 
 def _unread(view: _View) -> Read | None:
-    """Read each open id not read yet, once: its pinned variant instead where one is to be read."""
-    wanted = dict.fromkeys(pin.variant_id if (pin := view.pins[aid]) is not None else aid for aid in view.open)
+    """Read each open id not read yet, once: its pinned variant instead where one is to be read;
+    and each misfit the client inlined (from the request) that has no pin to read."""
+    wanted = dict.fromkeys(pin.variant_id if (pin := view.pins[aid]) is not None else aid
+                           for aid in (*view.open, *view.misfits))
     pending = tuple(i for i in wanted if i not in view.progress.results)
     return Read(pending) if pending else None
 
@@ -200,22 +254,24 @@ def _failed(view: _View) -> Fail | Record | None:
     bad = next((error for error in failures.values() if error.code == INVALID_REF), None)
     if bad is not None:
         return Fail(bad)
-    if not failures:
+    if not view.quarantines:
         return None
     if view.ask.recording:
         return Record(view.quarantines)
-    if view.ask.sessionless == "fail":
+    if failures and view.ask.sessionless == "fail":
         return Fail(next(iter(failures.values())))
     return None
 
 
 def _misfit(view: _View) -> Vary | None:
-    """Vary each verified image that does not fit the profile and has no pin or variant yet."""
-    profile = view.ask.profile
+    """Vary each verified image that does not fit the profile and has no pin or variant yet (the
+    misfits the client inlined were read from the request)."""
+    profile = view.profile
     if profile is None:
         return None
     results, made = view.progress.results, view.progress.made
-    misfits = tuple(found for aid in view.open if view.pins[aid] is None and aid not in made
+    misfits = tuple(found for aid in dict.fromkeys((*view.open, *view.misfits))
+                    if view.pins[aid] is None and aid not in made
                     and isinstance(found := results.get(aid), StoredImage)
                     and breaks(profile, found.media_type, found.bytes, found.width, found.height, view.count))
     return Vary(misfits, profile, view.count) if misfits else None
@@ -223,7 +279,7 @@ def _misfit(view: _View) -> Vary | None:
 
 def _unpinned(view: _View) -> Pin | None:
     """With a session, pin each variant made that the log does not pin for its target yet."""
-    if view.ask.profile is None or not view.ask.recording:
+    if view.profile is None or not view.ask.recording:
         return None
     variants = view.progress.state.variants
     new = tuple(v for aid, v in view.progress.made.items() if v is not None and variants.get((aid, v.target)) != v)
@@ -235,23 +291,50 @@ _RULES: Final[tuple[Callable[[_View], Step | None], ...]] = (_unread, _probed, _
 
 
 def _done(view: _View) -> Done:
-    """Every reference's outcome: a pure function of the state, the reads and what was made."""
+    """Every reference's outcome, and every inlined image's: a pure function of the state, the
+    reads and what was made."""
     unrecorded = {q.attachment_id: q for q in view.quarantines}
-    return Done(tuple(_outcome(view, ref, unrecorded) for ref in view.ask.refs))
+    return Done(tuple(_outcome(view, ref, unrecorded) for ref in view.ask.refs),
+                tuple(_inline_outcome(view, image, unrecorded) for image in view.ask.inline), view.vision)
 
 
 def _outcome(view: _View, ref: ImageRef, unrecorded: Mapping[str, Quarantine]) -> Outcome:
     """One reference's outcome: the placeholder of the quarantine that holds for it (or of its
-    failure, unrecorded without a session), else its image: the variant to send, or the original."""
+    failure, unrecorded without a session), else its image: the variant to send, or the original.
+    A model that takes no images gets the placeholder of each."""
     quarantine = view.progress.state.standing(ref.id, view.ask.upstream_format) or unrecorded.get(ref.id)
     if quarantine is not None:
         return Placeholder(quarantine.failure, placeholder(ref, quarantine))
+    if not view.vision:
+        return Placeholder("unsupported", placeholder_text(ref, "unsupported"))
     variant = view.pins[ref.id]
     if variant is None:
         variant = view.progress.made.get(ref.id)  # made, not pinned: a request without a session
     image = view.progress.results[variant.variant_id if variant is not None else ref.id]
     assert isinstance(image, StoredImage)
     return Resolved(image)
+
+
+def _inline_outcome(view: _View, image: Inlined, unrecorded: Mapping[str, Quarantine]) -> InlineOutcome:
+    """One inlined image's outcome: the placeholder of what holds for its bytes in the form it goes
+    in (a rejection, bytes that are no image), of a model that takes none; else, fitted, its
+    variant where it breaks the profile (as it came when none could be made), respelled where it
+    was spelled otherwise, or as it came."""
+    ref = ImageRef(image.id)
+    held = view.progress.state.held_inline(image.id, view.ask.upstream_format or "", view.form(image)) \
+        or unrecorded.get(image.id)
+    if held is not None:
+        return Placeholder(held.failure, placeholder(ref, held))
+    if not view.vision:
+        return Placeholder("unsupported", placeholder_text(ref, "unsupported"))
+    if image.id not in view.fitted:
+        return None
+    if image.id in view.misfits:
+        variant = view.pins.get(image.id) or view.progress.made.get(image.id)
+        made = view.progress.results.get(variant.variant_id) if variant is not None else None
+        return Resolved(made) if isinstance(made, StoredImage) else None
+    media_type = image.facts.media_type
+    return Respelled(media_type) if image.form and media_type is not None else None
 
 
 def names_of(refs: Sequence[ImageRef]) -> dict[str, str | None]:
@@ -263,29 +346,20 @@ def names_of(refs: Sequence[ImageRef]) -> dict[str, str | None]:
     return names
 
 
-def held_inline(ids: Sequence[str], state: SessionState, upstream_format: str) -> tuple[Placeholder | None, ...]:
-    """What each image the client inlined itself becomes (``ids``: the sha256 of its bytes):
-    the placeholder of the rejection that holds for it on upstreams of ``upstream_format``, or
-    None: sent as the client sent it. Store failures never hold for it: its bytes are in the
-    request, not in the store. Like every outcome, a pure function of the state and the ids."""
-    if not state.rejected:
-        return tuple(None for _ in ids)
-    outcomes: list[Placeholder | None] = []
-    for aid in ids:
-        rejected = state.rejected.get((upstream_format, aid))
-        outcomes.append(None if rejected is None else Placeholder("rejected", placeholder(ImageRef(aid), rejected)))
-    return tuple(outcomes)
-
-
-def held_urls(refs: Sequence[ImageRef], state: SessionState, upstream_format: str) -> tuple[Placeholder | None, ...]:
+def held_urls(refs: Sequence[ImageRef], state: SessionState, upstream_format: str,
+              vision: bool = True) -> tuple[Placeholder | None, ...]:
     """What each image the provider fetches by URL becomes (``refs``: its ``linked.url_id`` and
     display name): the placeholder of the quarantine that holds for it (a fetch that failed, for
-    every upstream; a rejection, on upstreams of ``upstream_format``), or None: sent as the client
-    sent it. Like every outcome, a pure function of the state and the refs."""
-    if not state.quarantined and not state.rejected:
+    every upstream; a rejection, on upstreams of ``upstream_format``), of a model that takes no
+    images (not ``vision``), or None: sent as the client sent it. Like every outcome, a pure
+    function of the state and the refs."""
+    if not state.quarantined and not state.rejected and vision:
         return tuple(None for _ in refs)
     outcomes: list[Placeholder | None] = []
     for ref in refs:
         held = state.standing(ref.id, upstream_format)
-        outcomes.append(None if held is None else Placeholder(held.failure, placeholder(ref, held)))
+        if held is not None:
+            outcomes.append(Placeholder(held.failure, placeholder(ref, held)))
+        else:
+            outcomes.append(None if vision else Placeholder("unsupported", placeholder_text(ref, "unsupported")))
     return tuple(outcomes)

@@ -23,13 +23,17 @@ RESPONSE: Final = "response/recorded"
 CHECKPOINT: Final = "session/checkpoint"
 VARIANT: Final = "attachment/variant"
 REJECTED: Final = "attachment/rejected"
+LEARNT: Final = "upstream/learnt"
 
 
 class Quarantine(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """An image the store could not give: it holds for every upstream. With ``url``, an image the
     provider fetches by URL that a provider could not fetch (``not_found`` or ``read_failed``, as
     its answer said): its id is the URL's (``policy.linked.url_id``), no store holds it and no
-    probe reads it; ``suspects`` is how many URL images that answer was put down to."""
+    probe reads it; ``suspects`` is how many URL images that answer was put down to. With
+    ``inline``, bytes a client inlined that decode as no image (``corrupt``, found before any
+    upstream saw them): they are no image wherever they come from, so it holds for a reference
+    to them too."""
 
     attachment_id: str
     failure: StoreFailure
@@ -37,19 +41,24 @@ class Quarantine(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     name: str | None = None
     url: bool = False
     suspects: int = 0
+    inline: bool = False
 
 
 class Rejected(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     """An image an upstream refused: it holds only for upstreams of that ``format``; ``suspects``
     is how many images the refusal was put down to, ``message_digest`` the sha256 of the
     provider's message. An event type of its own (not a quarantine ``failure``), so a replica
-    of an older version, which cannot know it, skips it rather than finding the log corrupt."""
+    of an older version, which cannot know it, skips it rather than finding the log corrupt.
+    ``form`` is how the refused image was spelled when that was not its canonical form
+    (``labelled image/jpeg``, ``non-canonical base64``): the refusal then holds for that form
+    only, never for the same bytes sent as they are ("": for every form)."""
 
     attachment_id: str
     format: str
     suspects: int
     message_digest: str
     name: str | None = None
+    form: str = ""
 
     @property
     def failure(self) -> Literal["rejected"]:
@@ -88,6 +97,25 @@ class Variant(msgspec.Struct, frozen=True, gc=False):
     recipe: str
 
 
+class Learnt(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """A rule about the requests of one ``upstream`` (its configured name) and ``model`` ("" when
+    the request named none) that a refusal taught: about the context of the images or a limit of
+    that target, never about one image's bytes. ``many_images``: from ``images`` images in one
+    request on, no side over ``side`` pixels; ``image_side``: no side over ``side``;
+    ``image_bytes``: no image over ``bytes`` bytes (decoded); ``no_images``: the model takes no
+    images. Images are fitted to it (or, for ``no_images``, replaced) there only: they stay as
+    they are for every other upstream and model. ``rule`` is a plain string, so a rule a newer
+    version learnt is skipped by an older one, never read as a corrupt log."""
+
+    upstream: str
+    model: str
+    rule: str
+    images: int = 0
+    side: int = 0
+    bytes: int = 0
+    message_digest: str = ""
+
+
 class Forked(msgspec.Struct, frozen=True, gc=False):
     parent: str
     at_seq: int
@@ -113,6 +141,7 @@ class Checkpoint(msgspec.Struct, frozen=True, gc=False):
     quarantined: tuple[Held, ...] = ()
     variants: tuple[Variant, ...] = ()
     rejected: tuple[Rejected, ...] = ()
+    learnt: tuple[Learnt, ...] = ()
 
 
 class RefRecord(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
@@ -214,6 +243,10 @@ class RejectedEvent(_Envelope, frozen=True, tag=REJECTED):
     data: Rejected
 
 
+class LearntEvent(_Envelope, frozen=True, tag=LEARNT):
+    data: Learnt
+
+
 class UnknownEvent(msgspec.Struct, frozen=True, gc=False):
     """An event of a type this version does not know; kept verbatim, ignored by the fold."""
 
@@ -224,9 +257,10 @@ class UnknownEvent(msgspec.Struct, frozen=True, gc=False):
 
 
 KnownEvent = (QuarantineEvent | RecoveredEvent | ForkedEvent | RequestEvent | ResponseEvent | CheckpointEvent
-              | VariantEvent | RejectedEvent)
+              | VariantEvent | RejectedEvent | LearntEvent)
 Event = KnownEvent | UnknownEvent
-EventData = Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded | Checkpoint | Variant | Rejected
+EventData = (Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded | Checkpoint | Variant | Rejected
+             | Learnt)
 
 #: Evidence, not state: these types never change a decision and the fold never needs them, so a
 #: state read (``ports.SessionLog.read_state``) leaves them out.
@@ -244,6 +278,7 @@ _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     Checkpoint: CheckpointEvent,
     Variant: VariantEvent,
     Rejected: RejectedEvent,
+    Learnt: LearntEvent,
 }
 _KNOWN_TYPES: Final = frozenset(envelope.__struct_config__.tag for envelope in _ENVELOPES.values())
 _encoder: Final = msgspec.json.Encoder()

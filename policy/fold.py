@@ -23,6 +23,8 @@ from .events import (
     CheckpointEvent,
     Event,
     Held,
+    Learnt,
+    LearntEvent,
     Quarantine,
     QuarantineEvent,
     RecoveredEvent,
@@ -34,15 +36,16 @@ from .events import (
     VariantEvent,
     type_of,
 )
-from .model import ImageRef, short_id
+from .model import Failure, ImageRef, short_id
 
 
 class SessionState(msgspec.Struct, frozen=True):
     """Folded view of one session's log up to ``last_seq``; ``since`` holds the time of the event
     behind each store quarantine (what a retryable quarantine's probe waits on); ``rejected``
     holds the rejections by (upstream format, attachment id); ``variants`` the pinned variants by
-    (attachment id, target); ``unsaved`` counts the state events folded since the latest
-    checkpoint (or the start), which decides when the next checkpoint is due."""
+    (attachment id, target); ``learnt`` the rules refusals taught about requests, by (upstream,
+    model, rule); ``unsaved`` counts the state events folded since the latest checkpoint (or the
+    start), which decides when the next checkpoint is due."""
 
     last_seq: int = 0
     quarantined: Mapping[str, Quarantine] = MappingProxyType({})
@@ -50,6 +53,7 @@ class SessionState(msgspec.Struct, frozen=True):
     unsaved: int = 0
     rejected: Mapping[tuple[str, str], Rejected] = MappingProxyType({})
     variants: Mapping[tuple[str, str], Variant] = MappingProxyType({})
+    learnt: Mapping[tuple[str, str, str], Learnt] = MappingProxyType({})
 
     def standing(self, attachment_id: str, upstream_format: str | None) -> Quarantine | Rejected | None:
         """The quarantine that holds for this image on an upstream of ``upstream_format``: a
@@ -59,10 +63,30 @@ class SessionState(msgspec.Struct, frozen=True):
             return self.rejected.get((upstream_format, attachment_id))
         return found
 
+    def held_inline(self, attachment_id: str, upstream_format: str, form: str = "") -> Quarantine | Rejected | None:
+        """The quarantine that holds for an image a client inlined in ``form`` ("": canonically)
+        on an upstream of ``upstream_format``: its bytes found no image (``inline``), else that
+        format's rejection of those bytes in any form, or in this one. Store failures never hold
+        for it: its bytes are in the request, not in the store."""
+        found = self.quarantined.get(attachment_id) if self.quarantined else None
+        if found is not None and found.inline:
+            return found
+        rejected = self.rejected.get((upstream_format, attachment_id)) if self.rejected else None
+        if rejected is not None and rejected.form in ("", form):
+            return rejected
+        return None
+
+    def rules(self, upstream: str | None, model: str | None) -> tuple[Learnt, ...]:
+        """The rules learnt for requests to ``upstream`` naming ``model``."""
+        if not self.learnt or upstream is None:
+            return ()
+        model = model or ""
+        return tuple(rule for (u, m, _), rule in self.learnt.items() if u == upstream and m == model)
+
     @property
     def size(self) -> int:
         """How many entries a checkpoint of this state holds."""
-        return len(self.quarantined) + len(self.rejected) + len(self.variants)
+        return len(self.quarantined) + len(self.rejected) + len(self.variants) + len(self.learnt)
 
 
 EMPTY = SessionState()
@@ -91,6 +115,7 @@ class _Folding:
         self.unsaved = state.unsaved
         self.rejected = dict(state.rejected)
         self.variants = dict(state.variants)
+        self.learnt = dict(state.learnt)
 
     def step(self, event: Event) -> None:
         if type(event) in _RECORDS:  # most of a log, and they change nothing
@@ -101,27 +126,37 @@ class _Folding:
         elif isinstance(event, RejectedEvent):
             self.rejected[(event.data.format, event.data.attachment_id)] = event.data
         elif isinstance(event, RecoveredEvent):  # lifts the image's quarantines, rejections too
-            aid = event.data.attachment_id
-            self.quarantined.pop(aid, None)
-            self.since.pop(aid, None)
-            for key in [key for key in self.rejected if key[1] == aid]:
-                del self.rejected[key]
+            self._lift(event.data.attachment_id)
         elif isinstance(event, VariantEvent):
             self.variants[(event.data.attachment_id, event.data.target)] = event.data
+        elif isinstance(event, LearntEvent):
+            rule = event.data
+            self.learnt[(rule.upstream, rule.model, rule.rule)] = rule
         elif isinstance(event, CheckpointEvent):  # the whole state, restated: start again from it
-            self.quarantined = {held.quarantine.attachment_id: held.quarantine for held in event.data.quarantined}
-            self.since = {held.quarantine.attachment_id: held.since for held in event.data.quarantined}
-            self.rejected = {(r.format, r.attachment_id): r for r in event.data.rejected}
-            self.variants = {(v.attachment_id, v.target): v for v in event.data.variants}
-            self.unsaved = 0
+            self._restate(event.data)
             return
         # a state event (a fork, an unknown type); a record of a type not known here counts for nothing
         if type_of(event) not in RECORD_TYPES:
             self.unsaved += 1
 
+    def _lift(self, aid: str) -> None:
+        self.quarantined.pop(aid, None)
+        self.since.pop(aid, None)
+        for key in [key for key in self.rejected if key[1] == aid]:
+            del self.rejected[key]
+
+    def _restate(self, checkpoint: Checkpoint) -> None:
+        self.quarantined = {held.quarantine.attachment_id: held.quarantine for held in checkpoint.quarantined}
+        self.since = {held.quarantine.attachment_id: held.since for held in checkpoint.quarantined}
+        self.rejected = {(r.format, r.attachment_id): r for r in checkpoint.rejected}
+        self.variants = {(v.attachment_id, v.target): v for v in checkpoint.variants}
+        self.learnt = {(r.upstream, r.model, r.rule): r for r in checkpoint.learnt}
+        self.unsaved = 0
+
     def state(self, last_seq: int) -> SessionState:
         return SessionState(last_seq, MappingProxyType(self.quarantined), MappingProxyType(self.since), self.unsaved,
-                            MappingProxyType(self.rejected), MappingProxyType(self.variants))
+                            MappingProxyType(self.rejected), MappingProxyType(self.variants),
+                            MappingProxyType(self.learnt))
 
 
 def fold(events: Iterable[Event], state: SessionState = EMPTY) -> SessionState:
@@ -160,6 +195,15 @@ def fold_states(events: Iterable[Event], last_seq: int, state: SessionState = EM
     return folding.state(max(last_seq, state.last_seq))
 
 
+def assuming(state: SessionState, rejected: Iterable[Rejected]) -> SessionState:
+    """``state`` as if ``rejected`` had been recorded (never written): what a call that tries
+    whether leaving some images out helps is built from."""
+    extra = {(r.format, r.attachment_id): r for r in rejected}
+    if not extra:
+        return state
+    return msgspec.structs.replace(state, rejected=MappingProxyType({**state.rejected, **extra}))
+
+
 def checkpoint_due(state: SessionState, every: int = CHECKPOINT_EVERY) -> bool:
     """Whether ``state`` should be restated in a checkpoint: ``every`` state events since the last
     one, and at least a quarter as many as the checkpoint would hold (``CHECKPOINT_SPREAD``), so
@@ -172,7 +216,8 @@ def checkpoint_of(state: SessionState) -> Checkpoint:
     """The checkpoint that restates ``state`` (each kind in fold order); folding it gives back
     ``state``'s quarantines, since-times, rejections and variants."""
     held = tuple(Held(q, state.since[aid]) for aid, q in state.quarantined.items())
-    return Checkpoint(state.last_seq, held, tuple(state.variants.values()), tuple(state.rejected.values()))
+    return Checkpoint(state.last_seq, held, tuple(state.variants.values()), tuple(state.rejected.values()),
+                      tuple(state.learnt.values()))
 
 
 def placeholder(ref: ImageRef, quarantine: Quarantine | Rejected) -> str:
@@ -182,9 +227,14 @@ def placeholder(ref: ImageRef, quarantine: Quarantine | Rejected) -> str:
     the one recorded with the quarantine; JSON-quoted) and the id prefix ``sha256:`` + 8 hex.
     Example: ``[image unavailable: not_found; "shot.png" (sha256:1a2b3c4d)]``.
     """
-    name = ref.name if ref.name is not None else quarantine.name
+    return placeholder_text(ref, quarantine.failure, quarantine.name)
+
+
+def placeholder_text(ref: ImageRef, failure: Failure, recorded_name: str | None = None) -> str:
+    """``placeholder``'s text for ``failure`` (``unsupported``: a learnt rule, no event of the image's own)."""
+    name = ref.name if ref.name is not None else recorded_name
     short = short_id(ref.id)
     if name:
         quoted = msgspec.json.encode(name).decode()
-        return f"[image unavailable: {quarantine.failure}; {quoted} ({short})]"
-    return f"[image unavailable: {quarantine.failure} ({short})]"
+        return f"[image unavailable: {failure}; {quoted} ({short})]"
+    return f"[image unavailable: {failure} ({short})]"

@@ -18,8 +18,9 @@ from .errors import INVALID_REF, AttachmentError, Code, InvalidRequest
 
 #: The store's three failures: what an ``attachment/quarantine`` event can say.
 StoreFailure = Literal["not_found", "corrupt", "read_failed"]
-#: Why an image is unavailable: a store failure, or ``rejected`` (an upstream refused it).
-Failure = Literal["not_found", "corrupt", "read_failed", "rejected"]
+#: Why an image is unavailable: a store failure, ``rejected`` (an upstream refused it), or
+#: ``unsupported`` (the model it goes to takes no images: a rule learnt for that upstream and model).
+Failure = Literal["not_found", "corrupt", "read_failed", "rejected", "unsupported"]
 
 ID_PREFIX: Final = "sha256:"
 URL_SCHEME: Final = "attachment:"
@@ -76,6 +77,39 @@ class Placeholder(msgspec.Struct, frozen=True, tag="placeholder"):
 
 
 Outcome = Resolved | Placeholder
+
+
+class ImageFacts(msgspec.Struct, frozen=True, gc=False):
+    """What an image's bytes are, read from them: the media type their magic bytes and header
+    name (None: they decode as no image at all, or are cut short), their size and dimensions."""
+
+    media_type: str | None
+    bytes: int
+    width: int = 0
+    height: int = 0
+
+
+class Inlined(msgspec.Struct, frozen=True, gc=False):
+    """An image the client inlined itself, as the policy sees it: its identity (the sha256 of its
+    bytes), what those bytes are, and ``form``: how the client spelled it when that is not the
+    canonical spelling ("" when it is: the true media type, canonical base64), e.g.
+    ``labelled image/jpeg``. A refusal is about the bytes in the form they were sent."""
+
+    id: str
+    facts: ImageFacts
+    form: str = ""
+
+
+class Respelled(msgspec.Struct, frozen=True, tag="respelled"):
+    """An image the client inlined that fits as its bytes are, but was spelled otherwise: it goes
+    with the same bytes under their true ``media_type``, in canonical base64."""
+
+    media_type: str
+
+
+#: What an image the client inlined becomes: None (sent as it came), respelled, a variant
+#: (``Resolved``), or its placeholder.
+InlineOutcome = Resolved | Placeholder | Respelled | None
 
 
 def is_valid_id(attachment_id: str) -> bool:

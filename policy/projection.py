@@ -20,16 +20,16 @@ import msgspec
 
 from .decide import Ask, Done, Fail, Lift, Pin, Progress, Read, Record, Sessionless, Vary, decide, names_of
 from .errors import AttachmentError, Code, Conflict, Unavailable
-from .events import Quarantine, Recovered, RecoveredEvent, Rejected, Variant
-from .fold import EMPTY, SessionState
-from .model import ImageRef, Outcome, StoredImage, check_id
+from .events import Learnt, Quarantine, Recovered, RecoveredEvent, Rejected, Variant
+from .fold import EMPTY, SessionState, assuming
+from .model import ImageRef, Inlined, InlineOutcome, Outcome, StoredImage, check_id
 from .ports import AttachmentStore, SessionLog, Varier
 from .probe import Prober
-from .profile import Profile
+from .profile import Profile, takes_images
 from .reads import read_many, read_once
-from .transitions import MAX_ROUNDS, Lock, lift, pin, record, refresh, transition
+from .transitions import MAX_ROUNDS, Lock, lift, pin, record, refresh, teach, transition
 
-__all__ = ["Projection", "ProjectionContext", "Recovery", "project", "recover", "refresh", "reject"]
+__all__ = ["Projection", "ProjectionContext", "Recovery", "learn", "project", "recover", "refresh", "reject"]
 
 
 class ProjectionContext(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,7 +42,9 @@ class ProjectionContext(msgspec.Struct, frozen=True, kw_only=True):
     the caller vouches that state is ``fresh``, and the ``sessionless`` policy when there is none.
     The upstream: its ``upstream_format`` and ``profile``. The limits: ``parallel`` reads in
     flight at once, ``probe_wait`` seconds for a probe, and ``images``, how many images the
-    request holds in all. ``project`` promises what each does."""
+    request holds in all. The request: the images its client ``inline``d itself, whether they
+    are fitted (``fit``), and the ``upstream`` (its configured name) and ``model`` it goes to,
+    for the rules learnt about them. ``project`` promises what each does."""
 
     store: AttachmentStore
     log: SessionLog | None
@@ -58,6 +60,12 @@ class ProjectionContext(msgspec.Struct, frozen=True, kw_only=True):
     parallel: int = 8
     probe_wait: float = 2.0
     images: int | None = None
+    inline: Sequence[Inlined] = ()
+    fit: bool = True
+    upstream: str | None = None
+    model: str | None = None
+    #: Rejections to project as if they stood, never recorded (a call that tries leaving images out).
+    assume: tuple[Rejected, ...] = ()
 
     @property
     def recording(self) -> bool:
@@ -66,7 +74,8 @@ class ProjectionContext(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Projection(msgspec.Struct, frozen=True):
-    """What one request's references became; ``outcomes`` align with the input references."""
+    """What one request's references became; ``outcomes`` align with the input references,
+    ``inline`` with the images the client inlined (``ProjectionContext.inline``)."""
 
     outcomes: tuple[Outcome, ...]
     state: SessionState
@@ -75,6 +84,9 @@ class Projection(msgspec.Struct, frozen=True):
     retries: int = 0
     lifted: tuple[str, ...] = ()
     pinned: tuple[Variant, ...] = ()
+    inline: tuple[InlineOutcome, ...] = ()
+    #: Whether the model the request goes to takes images (no ``no_images`` rule learnt for it).
+    vision: bool = True
 
 
 class Recovery(msgspec.Struct, frozen=True):
@@ -102,8 +114,12 @@ async def project(refs: Sequence[ImageRef], context: ProjectionContext) -> Proje
       the log for the request's target (the original is then not read), else one ``vary`` makes,
       pinned before this returns. Without ``vary`` (replay) nothing is made: only pins count.
       ``images`` counts all the request's images (client-inlined ones too) for a many-image rule.
-    With no reference but a session, only the state is refreshed: what the images the client
-    inlined itself become depends on it (``decide.held_inline``).
+    - the images the client inlined itself (``inline``) become what ``decide`` says of them: as
+      they came, respelled, their variant (made from the request's own bytes, which ``store``
+      serves for their ids, and pinned), or a placeholder (bytes that are no image are
+      quarantined, ``inline``, before this returns); a rejection holds for them on its format;
+      rules learnt for the ``upstream`` and ``model`` narrow the profile, or make every image a
+      placeholder for a model that takes none.
     ``state`` is an optional cached fold for the session; it is refreshed from the log first,
     unless the caller vouches it is ``fresh`` (nothing changed since it was read; a decision that
     turns out stale still meets the conditional append, which reads again);
@@ -111,13 +127,15 @@ async def project(refs: Sequence[ImageRef], context: ProjectionContext) -> Proje
     quarantine whose probe is due is read once more and, if the read verifies, lifted
     (``attachment/recovered``, ``automatic``) before the projection, in the same request.
     """
-    if not refs and not context.recording:
+    if not refs and not context.inline and not context.recording:
         return Projection((), context.state or EMPTY)
     if context.session_id is not None and context.log is None:
         raise ValueError("a session needs a log")
-    if not refs:  # nothing to read, lift or record: the state alone (``decide`` would be done at once)
-        return Projection((), await _state(context))
-    ask = Ask(refs, context.recording, context.sessionless, context.upstream_format, context.profile, context.images)
+    if not refs and not context.inline:  # nothing to read, lift or record: the state alone
+        state = await _state(context)
+        return Projection((), state, vision=takes_images(state.rules(context.upstream, context.model)))
+    ask = Ask(refs, context.recording, context.sessionless, context.upstream_format, context.profile, context.images,
+              context.inline, context.fit, context.upstream, context.model)
     return await _carry_out(ask, context, await _begin(refs, context))
 
 
@@ -126,16 +144,17 @@ async def _begin(refs: Sequence[ImageRef], context: ProjectionContext) -> Progre
     the caller vouched for it, and the probes due for its references."""
     state = await _state(context)
     prober = context.prober
-    due = prober.due(state, names_of(refs)) if prober is not None and context.recording else frozenset()
+    due = prober.due(state, names_of(refs)) if prober is not None and context.recording and refs else frozenset()
     return Progress(state, due=due)
 
 
 async def _state(context: ProjectionContext) -> SessionState:
-    """The session's state, refreshed from the log unless the caller vouched for its cached one."""
+    """The session's state, refreshed from the log unless the caller vouched for its cached one
+    (with the rejections the caller ``assume``s)."""
     state = context.state
     if context.log and context.session_id and not (context.fresh and state is not None):
         state = await refresh(context.log, context.session_id, state or EMPTY)
-    return state or EMPTY
+    return assuming(state or EMPTY, context.assume)
 
 
 async def _carry_out(ask: Ask, context: ProjectionContext, progress: Progress) -> Projection:
@@ -143,9 +162,9 @@ async def _carry_out(ask: Ask, context: ProjectionContext, progress: Progress) -
     while True:
         step = decide(ask, progress)
         match step:
-            case Done(outcomes):
+            case Done(outcomes, inline, vision):
                 return Projection(outcomes, progress.state, progress.reads, progress.recorded, progress.retries,
-                                  progress.lifted, progress.pinned)
+                                  progress.lifted, progress.pinned, inline, vision)
             case Fail(error):
                 raise error
             case Read():
@@ -209,7 +228,7 @@ async def _record_step(step: Record, context: ProjectionContext, progress: Progr
     progress.state, new = await record(log, session_id, progress.state, step.quarantines, lock)
     progress.recorded += new
     for quarantine in step.quarantines:
-        del progress.results[quarantine.attachment_id]
+        progress.results.pop(quarantine.attachment_id, None)
 
 
 def _writing(context: ProjectionContext, progress: Progress) -> tuple[SessionLog, str, Lock]:
@@ -258,6 +277,20 @@ async def reject(
     requests and replicas that saw the same refusal append one transition. Returns the state
     after it and the quarantines this call appended."""
     return await record(log, session_id, state or EMPTY, rejected, lock or contextlib.nullcontext())
+
+
+async def learn(
+    rule: Learnt,
+    *,
+    log: SessionLog,
+    session_id: str,
+    lock: Lock | None = None,
+    state: SessionState | None = None,
+) -> tuple[SessionState, bool]:
+    """Record a rule a refusal taught about an upstream and model (``upstream/learnt``), durably
+    and once: a rule as strict standing already appends nothing. Returns the state after it and
+    whether this call appended it."""
+    return await teach(log, session_id, state or EMPTY, rule, lock or contextlib.nullcontext())
 
 
 async def recover(

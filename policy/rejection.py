@@ -23,7 +23,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
-from .events import Event, Quarantine, Rejected, RequestEvent, ResponseEvent, ResponseRecorded
+from .events import Event, Learnt, Quarantine, Rejected, RequestEvent, ResponseEvent, ResponseRecorded
 from .profile import Rejection
 
 
@@ -102,10 +102,12 @@ def message_digest(message: str) -> str:
 
 
 def quarantines(rejection: Rejection, ids: Sequence[str], upstream_format: str,
-                names: Mapping[str, str | None]) -> tuple[Rejected, ...]:
-    """The ``attachment/rejected`` events that record ``rejection`` of ``ids`` by ``upstream_format``."""
+                names: Mapping[str, str | None], forms: Mapping[str, str] | None = None) -> tuple[Rejected, ...]:
+    """The ``attachment/rejected`` events that record ``rejection`` of ``ids`` by ``upstream_format``,
+    each for the form its image was sent in (``forms``: the ones sent in a spelling of their own)."""
     digest = message_digest(rejection.message)
-    return tuple(Rejected(aid, upstream_format, len(ids), digest, names.get(aid)) for aid in ids)
+    forms = forms or {}
+    return tuple(Rejected(aid, upstream_format, len(ids), digest, names.get(aid), forms.get(aid, "")) for aid in ids)
 
 
 def unreachable(rejection: Rejection, linked: Sequence[tuple[str, str, str]]) -> tuple[str, ...]:
@@ -134,3 +136,29 @@ def unfetched(rejection: Rejection, ids: Sequence[str], names: Mapping[str, str 
     failure = rejection.failure
     return tuple(Quarantine(aid, failure, retryable=failure == "read_failed", name=names.get(aid), url=True,
                             suspects=len(ids)) for aid in ids)
+
+
+def learnt(rejection: Rejection, upstream: str, model: str | None, images: int) -> Learnt | None:
+    """The rule a refusal about the context of the images teaches for ``upstream`` and ``model``
+    (a request of ``images`` images was refused), or None when it says too little to act on (a
+    many-image or size rule without its number)."""
+    rule = rejection.context
+    digest = message_digest(rejection.message)
+    if rule == "no_images":
+        return Learnt(upstream, model or "", rule, message_digest=digest)
+    if rule == "many_images" and rejection.side > 0 and images > 0:
+        return Learnt(upstream, model or "", rule, images=images, side=rejection.side, message_digest=digest)
+    if rule == "image_side" and rejection.side > 0:
+        return Learnt(upstream, model or "", rule, side=rejection.side, message_digest=digest)
+    if rule == "image_bytes" and rejection.bytes > 0:
+        return Learnt(upstream, model or "", rule, bytes=rejection.bytes, message_digest=digest)
+    return None
+
+
+def stands(rule: Learnt, known: Learnt | None) -> bool:
+    """Whether ``known``, the rule learnt before for the same upstream, model and kind, is at
+    least as strict as ``rule`` (then learning ``rule`` changes nothing)."""
+    if known is None:
+        return False
+    return (known.images <= rule.images or rule.images == 0) and (known.side <= rule.side or rule.side == 0) \
+        and (known.bytes <= rule.bytes or rule.bytes == 0)

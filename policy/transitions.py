@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
 from .errors import AppendConflict, Code, Unavailable
-from .events import Event, EventData, Quarantine, Recovered, Rejected, Variant
+from .events import Event, EventData, Learnt, Quarantine, Recovered, Rejected, Variant
 from .fold import EMPTY, SessionState, fold, fold_states
 from .model import StoredImage
 from .ports import SessionLog
+from .rejection import stands
 
 #: The caller's per-session lock (an ``asyncio.Lock``, or one shared across a process's requests).
 Lock = contextlib.AbstractAsyncContextManager[Any]
@@ -80,6 +81,17 @@ def _stands(state: SessionState, quarantine: Quarantine | Rejected) -> bool:
     if isinstance(quarantine, Rejected):
         return (quarantine.format, quarantine.attachment_id) in state.rejected
     return quarantine.attachment_id in state.quarantined
+
+
+async def teach(log: SessionLog, session_id: str, state: SessionState, rule: Learnt, lock: Lock
+                ) -> tuple[SessionState, bool]:
+    """Append the rule unless one as strict stands for its upstream, model and kind (one
+    transition, also across replicas); whether it was appended."""
+    def missing(now: SessionState) -> list[Learnt]:
+        return [] if stands(rule, now.learnt.get((rule.upstream, rule.model, rule.rule))) else [rule]
+
+    state, new, _ = await transition(log, session_id, state, lock, "learning a rule", missing)
+    return state, bool(new)
 
 
 async def pin(log: SessionLog, session_id: str, state: SessionState, variants: Sequence[Variant], lock: Lock

@@ -199,6 +199,10 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     inline_images: bool = True
     #: The base64 of client-inlined images kept to find their identity again without hashing.
     inline_cache_bytes: Size = 64 * MiB
+    #: Fit every image a client inlined to the upstream's limits before the call, as references
+    #: are: one that breaks them goes as a pinned variant, one labelled with another type than it
+    #: is goes under its true type, and bytes that are no image get their placeholder at once.
+    fit_images: bool = True
     #: Give the images the provider fetches by URL (``https://``) the identity of their URL, so an
     #: answer that could not fetch one is recorded and later requests get its placeholder instead.
     url_images: bool = True

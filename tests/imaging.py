@@ -20,3 +20,20 @@ def make_image(width: int = 4, height: int = 3, media_type: str = "image/png", c
 
 def ref_id(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def noise_image(width: int, height: int, media_type: str = "image/png", seed: int = 0) -> bytes:
+    """A ``width`` x ``height`` image of seeded RGB noise: it does not compress, so its bytes grow
+    with its pixels (a screenshot's size without a screenshot's content)."""
+    import random
+
+    pixels = random.Random(seed).randbytes(width * height * 3)
+    buf = io.BytesIO()
+    Image.frombytes("RGB", (width, height), pixels).save(buf, format=FORMATS[media_type])
+    return buf.getvalue()
+
+
+def dimensions(data: bytes) -> tuple[int, int]:
+    """An encoded image's width and height."""
+    with Image.open(io.BytesIO(data)) as img:
+        return img.size

@@ -17,7 +17,7 @@ import msgspec
 
 from ...adapters.base import Carried, Json, Site
 from ...policy.events import RefRecord
-from ...policy.model import Outcome, Placeholder, Resolved
+from ...policy.model import InlineOutcome, Outcome, Placeholder, Resolved
 
 
 class Splice(Protocol):
@@ -150,11 +150,19 @@ def ref_records(sites: Sequence[Site], paths: Sequence[str], outcomes: Sequence[
 
 
 def client_records(paths: Sequence[str], client: Sequence[tuple[Carried, str]],
-                   held: Sequence[Placeholder | None]) -> tuple[RefRecord, ...]:
-    """What each image the client inlined itself became: ``client`` (sent as it came) or
-    ``placeholder`` (a rejection holds for it). What an upstream accepted is read from these."""
-    return tuple(RefRecord(path, aid, "client") if outcome is None else RefRecord(path, aid, "placeholder", outcome.failure)
-                 for path, (_, aid), outcome in zip(paths, client, held))
+                   held: Sequence[InlineOutcome]) -> tuple[RefRecord, ...]:
+    """What each image the client inlined itself became: ``client`` (sent as it came, or
+    respelled: the same bytes), ``inlined`` as its ``variant``, or ``placeholder``. What an
+    upstream accepted is read from these."""
+    return tuple(_client_record(path, aid, outcome) for path, (_, aid), outcome in zip(paths, client, held))
+
+
+def _client_record(path: str, aid: str, outcome: InlineOutcome) -> RefRecord:
+    if isinstance(outcome, Placeholder):
+        return RefRecord(path, aid, "placeholder", outcome.failure)
+    if isinstance(outcome, Resolved):
+        return RefRecord(path, aid, "inlined", variant=outcome.image.id)
+    return RefRecord(path, aid, "client")
 
 
 def link_records(paths: Sequence[str], sites: Sequence[Site], held: Sequence[Placeholder | None]) -> tuple[RefRecord, ...]:

@@ -15,13 +15,16 @@ import re
 from typing import Any, Final, NamedTuple, NoReturn
 
 import msgspec
+import pybase64
 
-from ...adapters.base import Carried, Linked, Site, WireFormat
-from ...policy.decide import held_inline, held_urls
+from ...adapters.base import Carried, Inline, Linked, Site, WireFormat
+from ...policy.decide import held_urls
 from ...policy.errors import AttachmentError, Code, InvalidRequest, PayloadTooLarge
 from ...policy.linked import url_id, url_name
-from ...policy.model import NO_HTTP, HttpRefs, ImageRef, Placeholder, Resolved, StoredImage
+from ...policy.model import (NO_HTTP, HttpRefs, ImageFacts, ImageRef, Inlined, InlineOutcome, Outcome, Placeholder,
+                             Resolved, Respelled, StoredImage)
 from ...policy.projection import Projection
+from ..stores.admission import normalize_declared_type
 from ..stores.cache import inline as inline_of
 from .describe import (
     UPSTREAM,
@@ -38,7 +41,7 @@ from .describe import (
     site_paths,
     spliced_id,
 )
-from ..upstream.identity import Identities
+from ..upstream.identity import Identities, canonical, decoded_bytes
 from .scan import Scanned, scan
 
 _decoder: Final = msgspec.json.Decoder()
@@ -46,8 +49,21 @@ _encoder: Final = msgspec.json.Encoder()
 #: A reference's id as it appears unescaped in raw JSON (the cheap count before decoding).
 _RAW_ID: Final = re.compile(rb"sha256:[0-9a-f]{64}")
 
-#: Runs the policy on a request's references; the second argument counts all of its images.
-Projector = Callable[[list[ImageRef], int], Awaitable[Projection]]
+class Asked(NamedTuple):
+    """What the policy is asked of one body: its references, how many images it holds in all
+    (what a many-image rule counts), the images its client inlined itself (aligned with the
+    body's), its decoded tree (the model it names) and ``load``: the decoded bytes of one of the
+    client's images by its identity (what the policy reads to vary it)."""
+
+    refs: list[ImageRef]
+    images: int
+    inline: list[Inlined]
+    tree: Any
+    load: Callable[[str], bytes | None]
+
+
+#: Runs the policy on what a body asks.
+Projector = Callable[[Asked], Awaitable[Projection]]
 #: The most images the client inlined in one body that get an identity; the rest go as they came.
 MAX_CLIENT_IMAGES: Final = 1000
 
@@ -57,7 +73,8 @@ class Built(NamedTuple):
     ``described`` is the record's view of it, when asked for; ``tree`` is the rendered body and
     ``inlined`` the image values in it, by object id (see ``carried``): spliced in by the proxy,
     or the client's own; ``client`` the ids of the client's own images sent as they came, ``held``
-    how many of its own became placeholders."""
+    how many of its own became placeholders. ``client`` holds the ids of the client's images that
+    went as images (as they came, respelled, or as their variant)."""
 
     body: bytes
     projection: Projection | None
@@ -74,6 +91,11 @@ class Built(NamedTuple):
     #: The URL strings of the images the provider fetches that went upstream as URLs, by object
     #: id: (the string, the URL's identity) (see ``linked``).
     urls: dict[int, tuple[str, str]] | None = None
+    #: How many images the body holds in all (what a many-image rule counted).
+    total: int = 0
+    #: The form of each client image sent as it came in a spelling of its own (``Inlined.form``),
+    #: by identity: a refusal of it holds for that form only.
+    forms: dict[str, str] | None = None
 
     @property
     def images(self) -> bool:
@@ -205,18 +227,17 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
 
     ``http`` names the http(s) URLs that are references too (this proxy's public URLs; every
     HTTP reference spells ``sha256:``, so the raw pre-check still finds it). With ``identities``,
-    the images the client inlined itself get their identity (the sha256 of their bytes): each
-    one a rejection holds for on this upstream's format becomes its placeholder, the others go
-    as they came. Such a body is first scanned (``read_images``: its structure without its
-    base64; ``read``: by the caller already, for its session); it is decoded whole only when
-    something in it is to change, and a body without images at most once. With ``url_images``,
-    the images the provider fetches by URL (``fetched``) get the identity of their URL
-    (``policy.linked.url_id``): each one a quarantine holds for becomes its placeholder, the
-    others go as they came. With
-    ``describe`` the record's view (digest, reference paths and outcomes, the client's images,
-    shape, and the public URLs when an HTTP reference was among them) comes from the same tree.
-    A body sent unchanged gets a shape only with ``shape_unchanged`` (replay); the request path
-    records none (``describe.of_unchanged``).
+    the images the client inlined itself get their identity (the sha256 of their bytes) and what
+    their bytes are (``Inlined``); the policy says what each becomes (as it came, respelled, its
+    variant, its placeholder). Such a body is first scanned (``read_images``: its structure
+    without its base64; ``read``: by the caller already, for its session); it is decoded whole
+    only when something in it is to change, and a body without images at most once. With
+    ``url_images``, the images the provider fetches by URL (``fetched``) get the identity of
+    their URL (``policy.linked.url_id``): each one a quarantine holds for becomes its
+    placeholder, the others go as they came. With ``describe`` the record's view (digest,
+    reference paths and outcomes, the client's images, shape, and the public URLs when an HTTP
+    reference was among them) comes from the same tree. A body sent unchanged gets a shape only
+    with ``shape_unchanged`` (replay); the request path records none (``describe.of_unchanged``).
     More than ``max_references`` distinct references is the client's error, refused before
     anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
     image referenced a thousand times is a thousand copies), refused before it is built."""
@@ -240,30 +261,30 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
                      if describe else None, tree)
     if max_references is not None and len({site.ref.id for site in sites}) > max_references:
         _too_many(max_references)
-    # all of its images, client-inlined ones too, count only for a many-image rule: one walk less
-    images = max(fmt.count_images(tree, http), len(sites)) if fmt.PROFILE.many_images is not None else len(sites)
-    projection = await run([site.ref for site in sites], images)
-    if max_projected_bytes is not None:
-        inlined = sum(4 * -(-o.image.bytes // 3) for o in projection.outcomes if isinstance(o, Resolved))
-        if inlined > max_projected_bytes:
-            raise PayloadTooLarge(f"the images this request references would inline {inlined} bytes of base64, "
-                                  f"over max_projected_bytes ({max_projected_bytes})", code=Code.PROJECTED_TOO_LARGE)
-    held = held_inline([aid for _, aid in client], projection.state, fmt.FORMAT)
+    complete = scanned if scanned is not None and scanned.complete else None
+    payload = _payload_of(raw, complete, client)
+    inline = inlined(client, identities, payload, complete, raw) if identities is not None else []
+    # every image counts for a many-image rule (client-inlined ones too): a walk, so only with one
+    images = max(fmt.count_images(tree, http), len(sites)) if fmt.PROFILE.many_images is not None or inline \
+        else len(sites)
+    projection = await run(Asked([site.ref for site in sites], images, inline, tree, loader(payload)))
+    _check_projected(projection, max_projected_bytes)
+    held = projection.inline or tuple(None for _ in client)
     link_refs = [ImageRef(url_id(link.url), url_name(link.url)) for link in links]
-    held_links = held_urls(link_refs, projection.state, fmt.FORMAT)
-    sent = tuple(aid for (_, aid), outcome in zip(client, held) if outcome is None)
+    held_links = held_urls(link_refs, projection.state, fmt.FORMAT, projection.vision)
+    sent = tuple(aid for (_, aid), outcome in zip(client, held) if not isinstance(outcome, Placeholder))
+    forms = {image.id: image.form for image, outcome in zip(inline, held) if outcome is None and image.form}
     # the inbound digest, without hashing the base64 the client sends again every turn
     inbound = digest_of(raw, scanned, client) if describe else None
-    payload = _payload_of(raw, scanned if scanned is not None and scanned.complete else None, client)
-    if not sites and len(sent) == len(client) and all(h is None for h in held_links):  # nothing to change: as they came
+    if not sites and all(o is None for o in held) and all(h is None for h in held_links):  # all as they came
         records = client_records(site_paths(tree, [f.site(ImageRef(a)) for f, a in client]) if describe else [],
                                  client, held)
         described = (of_decoded(raw, tree, records, inbound) if shape_unchanged else
                      of_unchanged(raw, records, inbound)) if describe else None
         kept_values: dict[int, tuple[Any, str]] = {id(found.value): (found.value, aid) for found, aid in client}
         return Built(raw, projection, described, tree, kept_values, sent, payload=payload,
-                     urls=_urls(links, link_refs, held_links))
-    if scanned is not None and scanned.complete:  # to change: the whole body, with its base64
+                     urls=_urls(links, link_refs, held_links), total=images, forms=forms)
+    if complete is not None:  # to change: the whole body, with its base64
         tree = decode_json(raw)
         client = identified(fmt, tree, identities.of) if identities is not None else []
         sites = fmt.find_refs(tree, http)
@@ -284,17 +305,108 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
             seen[id(kept)] = (kept, aid)
     # a variant stands for its original: rejections and records speak of the reference's id
     origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
+    client_outcomes, respelled = _client_outcomes(client, held, inline, origin)
     changed = [*sites, *(site for site, outcome in zip(client_sites, held) if outcome is not None),
                *(site for site, outcome in zip(link_sites, held_links) if outcome is not None)]
-    outcomes = (*projection.outcomes, *(outcome for outcome in held if outcome is not None),
-                *(outcome for outcome in held_links if outcome is not None))
+    outcomes = (*projection.outcomes, *client_outcomes, *(outcome for outcome in held_links if outcome is not None))
     before = fmt.count_images(tree, http)
-    fmt.render(changed, outcomes, lambda image: _Tracked(inline_of(image), origin.get(id(image), image.id), seen))
+    fmt.render(changed, outcomes, lambda image: _Tracked(respelled.get(id(image)) or inline_of(image),
+                                                         origin.get(id(image), image.id), seen))
     # a placeholder takes its image part away, unless the slot must hold an image (a blank one)
     blanks = fmt.count_images(tree, http) - before + sum(isinstance(o, Placeholder) for o in outcomes)
     described = of_tree(tree, records, http.bases if via_http else (), inbound) if describe else None
-    return Built(UPSTREAM.encode(tree), projection, described, tree, seen, sent, len(client) - len(sent), payload,
-                 blanks, _urls(links, link_refs, held_links))
+    return Built(UPSTREAM.encode(tree), projection, described, tree, seen, sent,
+                 sum(isinstance(o, Placeholder) for o in held), payload, blanks,
+                 _urls(links, link_refs, held_links), images, forms)
+
+
+def _check_projected(projection: Projection, limit: int | None) -> None:
+    """The references' inlined images must stay within ``limit`` bytes of base64."""
+    if limit is None:
+        return
+    inlined = sum(4 * -(-o.image.bytes // 3) for o in projection.outcomes if isinstance(o, Resolved))
+    if inlined > limit:
+        raise PayloadTooLarge(f"the images this request references would inline {inlined} bytes of base64, "
+                              f"over max_projected_bytes ({limit})", code=Code.PROJECTED_TOO_LARGE)
+
+
+def _client_outcomes(client: list[tuple[Carried, str]], held: tuple[InlineOutcome, ...], inline: list[Inlined],
+                     origin: dict[int, str]) -> tuple[list[Outcome], dict[int, Inline]]:
+    """The outcomes to render for the client's images that change (all but the ones sent as they
+    came), and the ``Inline`` of each respelled one (by the id of the stand-in image rendered for
+    it: the client's own base64 under its true type, spelled canonically). A variant stands for
+    its original (``origin``)."""
+    outcomes: list[Outcome] = []
+    respelled: dict[int, Inline] = {}
+    facts = {image.id: image.facts for image in inline}
+    for (found, aid), outcome in zip(client, held):
+        if outcome is None:
+            continue
+        if isinstance(outcome, Respelled):
+            fact = facts[aid]
+            stand_in = StoredImage(aid, outcome.media_type, fact.bytes, fact.width, fact.height, b"")
+            respelled[id(stand_in)] = Respelling(outcome.media_type, found.data)
+            outcome = Resolved(stand_in)
+        elif isinstance(outcome, Resolved):
+            origin[id(outcome.image)] = aid
+        outcomes.append(outcome)
+    return outcomes, respelled
+
+
+class Respelling:
+    """The ``Inline`` of an image the client inlined, respelled: its own base64 (canonical: decoded
+    and encoded again where the client's spelling was another) under its true media type."""
+
+    __slots__ = ("media_type", "_b64")
+
+    def __init__(self, media_type: str, data: str) -> None:
+        self.media_type = media_type
+        self._b64 = data if canonical(data) else pybase64.b64encode(pybase64.b64decode(data, validate=True)).decode()
+
+    def data_url(self) -> str:
+        return f"data:{self.media_type};base64,{self._b64}"
+
+    def base64(self) -> str:
+        return self._b64
+
+
+def inlined(client: list[tuple[Carried, str]], identities: Identities, payload: Callable[[str], Any],
+            scanned: Scanned | None, raw: bytes) -> list[Inlined]:
+    """The client's images as the policy sees them: identity, what the bytes are (kept since the
+    identity was found; sniffed now when not), and the form the client spelled them in."""
+    found: list[Inlined] = []
+    unknown = ImageFacts(None, 0)
+    for image, aid in client:
+        facts = identities.facts(aid, lambda: _decoded(payload(aid))) or unknown
+        found.append(Inlined(aid, facts, form_of(image.declared, facts.media_type, _tail(image.data, scanned, raw))))
+    return found
+
+
+def form_of(declared: str | None, media_type: str | None, tail: str | bytes) -> str:
+    """How an image was spelled when that is not canonically (``Inlined.form``): labelled with
+    another media type than its bytes are, and/or base64 spelled otherwise than the one way."""
+    parts = []
+    if media_type is not None and normalize_declared_type(declared or "") != media_type:
+        parts.append(f"labelled {(declared or 'nothing')[:64]}")
+    if not canonical(tail):
+        parts.append("non-canonical base64")
+    return "; ".join(parts)
+
+
+def _tail(data: str, scanned: Scanned | None, raw: bytes) -> str | bytes:
+    """The last characters of an image's base64: of its string, or, for a run the scan cut out
+    (``data`` its stand-in), of the run in ``raw``."""
+    run = scanned.run_of(data) if scanned is not None else None
+    return raw[max(run.start, run.end - 3):run.end] if run is not None else data[-3:]
+
+
+def _decoded(data: Any) -> bytes | None:
+    return decoded_bytes(data) if data is not None else None
+
+
+def loader(payload: Callable[[str], Any]) -> Callable[[str], bytes | None]:
+    """The decoded bytes of the client's image with an identity, from its base64 in the body."""
+    return lambda aid: _decoded(payload(aid))
 
 
 def _urls(links: list[Linked], refs: list[ImageRef], held: tuple[Placeholder | None, ...]

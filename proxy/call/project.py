@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Final
 from urllib.parse import unquote
 
 from multidict import CIMultiDict
 
 from ...adapters.base import WireFormat
-from ...policy.model import ImageRef, Placeholder
+from ...policy.events import Rejected
+from ...policy.model import ImageRef, Inlined, Placeholder, StoredImage
+from ...policy.ports import AttachmentStore
 from ...policy.projection import Projection, ProjectionContext, project
 from .inflight import Carrying
-from .prepare import Built, build
+from .prepare import Asked, Built, build
 from .call import Call
 from .outgoing import outgoing_headers, readable_codings, recordable_headers, recorded_path
 from .read import Inbound
@@ -72,10 +76,11 @@ def outgoing(call: Call, *, recorded: bool) -> Outgoing:
     return Outgoing(headers, recordable_headers(headers) if recorded else ())
 
 
-async def prepare(call: Call, inbound: Inbound, *, sending: Outgoing | None = None) -> Prepared:
+async def prepare(call: Call, inbound: Inbound, *, sending: Outgoing | None = None, probing: bool = True) -> Prepared:
     """``call`` prepared to go upstream. ``sending``: its ``outgoing`` with the record's part,
     when the caller made it already (a WebSocket's messages all go with the upgrade's, which
-    nothing changes: the socket's upstream leg sent them once)."""
+    nothing changes: the socket's upstream leg sent them once). ``probing``: a refusal in words
+    no table knows may be settled by sending it again without images (the relay's calls)."""
     projecting = _Projecting(call, inbound, sending)
     built, recorder = await projecting.built(1)
     ctx = call.ctx
@@ -87,7 +92,8 @@ async def prepare(call: Call, inbound: Inbound, *, sending: Outgoing | None = No
     screen = None
     if inbound.session_id and built.images:
         screen = Resend(call.services, call.fmt, inbound.session_id, built, list(projecting.refs), recorder,
-                        projecting.again, ctx.fields, ctx.tenant)
+                        projecting.again, ctx.fields, ctx.tenant, upstream=call.upstream.name, model=model,
+                        probing=probing)
     return Prepared(built, projecting.headers, recorder, screen, projecting.in_flight)
 
 
@@ -108,28 +114,40 @@ class _Projecting:
         self.refs: list[ImageRef] = []
         #: The calls in flight that carry this call's body (``send`` adds them; a re-send updates them).
         self.in_flight: list[Carrying] = []
+        self.attempts = 1
 
-    async def run(self, refs: list[ImageRef], images: int) -> Projection:
+    async def run(self, asked: Asked, assume: tuple[Rejected, ...] = ()) -> Projection:
+        refs = asked.refs
         self.refs[:] = refs
-        services, session_id = self.call.services, self.inbound.session_id
+        call, session_id = self.call, self.inbound.session_id
+        services = call.services
         policy = services.config.policy
         fresh = services.log.fresh(session_id) if session_id else None
+        store = RequestImages(self.store, asked.inline, asked.load, refs) if asked.inline else self.store
         return await project(refs, ProjectionContext(
-            store=self.store, log=services.log, session_id=session_id, upstream_format=self.call.fmt.FORMAT,
-            profile=self.call.fmt.PROFILE, vary=services.variants, images=images,
-            lock=services.log.lock(session_id) if session_id and refs else None,  # none recorded without refs
+            store=store, log=services.log, session_id=session_id, upstream_format=call.fmt.FORMAT,
+            profile=call.fmt.PROFILE, vary=services.variants, images=asked.images,
+            # none recorded without an image that may be: no reference, none the client inlined
+            lock=services.log.lock(session_id) if session_id and (refs or asked.inline) else None,
             sessionless=services.config.server.sessionless,
             state=fresh or (services.log.state(session_id) if session_id else None),
             fresh=fresh is not None,
             parallel=policy.parallel_reads,
             prober=services.prober,
             probe_wait=policy.probe_wait,
+            inline=asked.inline,
+            fit=policy.fit_images,
+            upstream=call.upstream.name,
+            model=requested_model(call.fmt, call.raw_path, asked.tree),
+            assume=assume,
         ))
 
-    async def built(self, attempt: int) -> tuple[Built, Recorder | None]:
+    async def built(self, attempt: int, assume: tuple[Rejected, ...] = (), record: bool = True
+                    ) -> tuple[Built, Recorder | None]:
         call, inbound, services = self.call, self.inbound, self.call.services
         policy = services.config.policy
-        built = await build(call.fmt, inbound.raw, self.run, describe=self.recording, shape_unchanged=False,
+        run = partial(self.run, assume=assume) if assume else self.run
+        built = await build(call.fmt, inbound.raw, run, describe=self.recording and record, shape_unchanged=False,
                             max_references=policy.max_references, max_projected_bytes=policy.max_projected_bytes,
                             http=services.http_refs, identities=self.identities,
                             url_images=services.config.policy.url_images and bool(inbound.session_id),
@@ -146,11 +164,39 @@ class _Projecting:
         recorder: Recorder = services.recording.start(info, inbound.raw, built.described, built.projection)
         return built, recorder
 
-    async def again(self) -> tuple[bytes, Recorder | None]:
-        built, recorder = await self.built(2)
+    async def again(self, *, assume: tuple[Rejected, ...] = (), record: bool = True) -> tuple[bytes, Recorder | None]:
+        """The call built again from the log (the refused images placeholders by now; with the
+        rejections it ``assume``s too), recorded as the next attempt when ``record``."""
+        self.attempts += 1
+        built, recorder = await self.built(self.attempts, assume, record)
         for carrying in self.in_flight:  # the call sent now carries these (the refused images are placeholders)
             carrying.ids = carried_ids(built)
         return built.body, recorder
+
+
+class RequestImages:
+    """The projection's store for one call: an image its client inlined is read from the request
+    itself (its decoded bytes are its identity's by construction, and what they are was read
+    already: ``Inlined.facts``), any other id from ``store``. The policy reads an inlined image
+    only to make its variant. An id the request also references is read from the store: what a
+    reference becomes is what its stored object's own read says."""
+
+    __slots__ = ("store", "facts", "load")
+
+    def __init__(self, store: AttachmentStore, inline: list[Inlined], load: Callable[[str], bytes | None],
+                 refs: Sequence[ImageRef] = ()) -> None:
+        self.store = store
+        referenced = {ref.id for ref in refs}
+        self.facts = {image.id: image.facts for image in inline
+                      if image.facts.media_type is not None and image.id not in referenced}
+        self.load = load
+
+    async def read_image(self, attachment_id: str) -> StoredImage:
+        facts = self.facts.get(attachment_id)
+        data = self.load(attachment_id) if facts is not None else None
+        if facts is None or facts.media_type is None or data is None:
+            return await self.store.read_image(attachment_id)
+        return StoredImage(attachment_id, facts.media_type, len(data), facts.width, facts.height, data)
 
 
 def requested_model(fmt: WireFormat, raw_path: str, tree: object) -> str | None:

@@ -389,6 +389,12 @@ class Recorder(Meter):
         blobs = blobs if request.raw is None else (request.raw, *blobs)  # full mode: the inbound body first
         return _Pending(call.session_id, call.request_id, data, blobs)
 
+    def discard(self) -> None:
+        """The call was never sent (built again, it proved the same as the one refused): nothing is recorded."""
+        self.recorded = True
+        self.held = None
+        self.recording._held.pop(self, None)
+
     def finished(self, status: int) -> None:
         """The relay returned; a body that did not come through whole is ``INCOMPLETE``."""
         self._record(status, None if self.complete else "INCOMPLETE")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
@@ -39,9 +40,10 @@ OVERHEAD_HEADER = "x-projectionist-overhead-ms"
 #: so its status line, headers and body leave in one write (one send instead of two).
 WHOLE_BODY_MAX = 64 * 1024
 REQUEST_ID_HEADER = "x-projectionist-request-id"
-#: Statuses a ``Screen`` looks at (an upstream refusing the request's content), and how much of
-#: such an answer it reads before the client gets anything.
-SCREENED = frozenset({400, 413, 415, 422})
+#: Statuses a ``Screen`` looks at (an upstream refusing the request's content; 404 and 500 too,
+#: which some answer a model that takes no images with), and how much of such an answer it reads
+#: before the client gets anything.
+SCREENED = frozenset({400, 404, 413, 415, 422, 500})
 SCREEN_MAX = 256 * 1024
 #: Seconds a client may leave one chunk unread (``[server] write_timeout``).
 WRITE_TIMEOUT = 60.0
@@ -99,9 +101,19 @@ class Observer(Protocol):
         """The whole body arrived from upstream; the client still lacks its last chunk."""
 
 
+class Verdict(enum.Enum):
+    """What becomes of an answer to a call a ``Screen`` sent: it goes to the client (``KEEP``), or
+    the first refusal does, as it came (``FIRST``)."""
+
+    KEEP = "keep"
+    FIRST = "first"
+
+
 class Screen(Protocol):
     """Looks at a refusal (a ``SCREENED`` status, whole body) before any byte reaches the client,
-    and may answer with a new body to send instead, once. ``observer`` watches the call in
+    and may answer with a new body to send instead. Each answer to a body it sent is its to judge
+    (``answered``, by its status, before any of it is read): the client gets it, or the first
+    refusal, or it is dropped and the screen's next body goes. ``observer`` watches the call in
     flight: a screen that re-sends has dealt with the refused call's own and set the next one's."""
 
     @property
@@ -109,6 +121,9 @@ class Screen(Protocol):
 
     async def __call__(self, status: int, content_type: str, body: bytes, encoding: str = "") -> bytes | None:
         """``body`` as it came (``encoding``: its Content-Encoding)."""
+
+    async def answered(self, status: int) -> Verdict | bytes:
+        """The verdict on the answer to the body it sent last, or the next body to send."""
 
 
 async def relay(
@@ -128,8 +143,9 @@ async def relay(
 
     The response carries ``x-projectionist-overhead-ms``: the proxy's own time so far, i.e. its
     time until the response starts minus the upstream's time to its headers. With a ``screen``,
-    a refusal is read whole first, and if the screen says so the call is sent once more, with
-    the body it gives, and that answer goes back (unscreened: no loops)."""
+    a refusal is read whole first, and if the screen says so the call is sent again, with the
+    body it gives: the screen judges each such answer (``Screen.answered``) and bounds how often
+    it sends; the one it keeps goes back, or the first refusal as it came."""
     started = time.perf_counter()
     answer = await _send(session, request.method, url, body, headers)
     preread: bytes | None = None
@@ -141,12 +157,23 @@ async def relay(
             again = await screen(answer.status, answer.headers.get("Content-Type", ""), preread,
                                  answer.headers.get("Content-Encoding", "")) if whole else None
             if again is not None:
+                first, refusal, preread = answer, preread, None
                 answer.release()
-                observer, preread = screen.observer, None
-                started = time.perf_counter()
-                answer = await _send(session, request.method, url, again, headers)
-                timing.headers_s = time.perf_counter() - started
-                timing.status = answer.status
+                while True:
+                    started = time.perf_counter()
+                    answer = await _send(session, request.method, url, again, headers)
+                    timing.headers_s = time.perf_counter() - started
+                    timing.status = answer.status
+                    verdict = await screen.answered(answer.status)
+                    if verdict is Verdict.KEEP:
+                        break
+                    answer.release()
+                    if verdict is Verdict.FIRST:  # the first refusal, as it came (its record was written)
+                        timing.status = first.status
+                        return await _complete_whole(first, refusal, None, request_id, timing)
+                    assert isinstance(verdict, bytes)
+                    again = verdict
+                observer = screen.observer
             elif whole:
                 return await _complete_whole(answer, preread, observer, request_id, timing)
         if request.method != "HEAD" and preread is None and _small(answer):

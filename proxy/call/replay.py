@@ -35,10 +35,12 @@ from ...policy.ports import SessionLog
 from ...policy.projection import Projection, ProjectionContext, project
 from ..config import Config, UpstreamConfig
 from ..inbound.bodies import inflate
-from .prepare import build, inbound_digest
+from .prepare import Asked, build, inbound_digest
+from .project import RequestImages, requested_model
 from .describe import Described, of_raw, sha256_id
 from ..upstream.identity import Identities
 from ...adapters.redact import shorten
+from ..stores.admission import image_facts
 from ..stores.base import Store
 from .relay import HOP_BY_HOP, upstream_errors
 from .websocket_calls import ROUTE as WEBSOCKET, exchange
@@ -116,9 +118,10 @@ def locate(recorded: RequestRecorded, rebuilt: Described) -> str:
 
 
 async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None = None,
-                  inbound: bytes | None = None, *, request_id: str | None = None) -> Rebuilt:
+                  inbound: bytes | None = None, *, request_id: str | None = None, fit: bool = True) -> Rebuilt:
     """Rebuild the upstream body of the recorded call at ``seq``, or of the call with
-    ``request_id`` (the ``x-projectionist-request-id`` its client saw); default: the last one."""
+    ``request_id`` (the ``x-projectionist-request-id`` its client saw); default: the last one.
+    ``fit``: whether the proxy fitted the images clients inline (``[policy] fit_images``)."""
     events = await log.read(session)
     event, response = _pick(events, seq, request_id)
     record = event.data
@@ -134,18 +137,20 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     fmt = ADAPTERS.get(record.adapter)
     if fmt is None:
         raise InvalidRequest(f"unknown adapter {record.adapter!r}", code=Code.UNKNOWN_ADAPTER)
-    identities = Identities()
+    identities = Identities(sniff=image_facts)
     # a body with images the client inlined is recorded by its spliced digest (their identities)
     if sha256_id(inbound) != record.inbound_digest and inbound_digest(fmt, inbound, identities) != record.inbound_digest:
         raise InvalidRequest("this is not the inbound body of the recorded call (digest differs)",
                              code=Code.INBOUND_MISMATCH)
     state = fold(e for e in events if e.seq <= record.log_seq)
 
-    async def run(refs: list[ImageRef], images: int) -> Projection:
+    async def run(asked: Asked) -> Projection:
         # the log's pins decide which variants are sent: replay makes none (no image library involved)
-        return await project(refs, ProjectionContext(store=store, log=None, session_id=None, sessionless="fail",
-                                                     state=state, upstream_format=fmt.FORMAT, profile=fmt.PROFILE,
-                                                     images=images))
+        source = RequestImages(store, asked.inline, asked.load, asked.refs) if asked.inline else store
+        return await project(asked.refs, ProjectionContext(
+            store=source, log=None, session_id=None, sessionless="fail", state=state, upstream_format=fmt.FORMAT,
+            profile=fmt.PROFILE, images=asked.images, inline=asked.inline, fit=fit, upstream=record.upstream,
+            model=requested_model(fmt, record.path, asked.tree)))
 
     base = Rebuilt(session, event.seq, record, source, matches=False, response=response)
     try:

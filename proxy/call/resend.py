@@ -26,35 +26,56 @@ about its URL, not its bytes: the policy picks which (``policy.rejection.unreach
 ``attachment/quarantine`` (``url``) records it for every upstream, at once, with no waiting for
 records (that a URL was fetched before clears nothing: presigned links expire). The call is then
 built again and sent once more, as for a rejection. No URL is ever logged, nor fetched here.
+
+A refusal about the context of the images rather than one of them (Anthropic's many-image rule, a
+smaller limit than the profile knows, a model that takes no images: ``Rejection.context``)
+teaches a rule for this upstream and model (``upstream/learnt``), durably; the call is built
+again under it (its images fitted, or placeholders for a model that takes none) and sent once
+more. No image is quarantined for it, and the images stay images for every other target. A rule
+that changes nothing in the call falls back to the images themselves.
+
+A 400 in words no table knows, while the call carries images this format never accepted, is
+settled by evidence (``policy.evidence``; the relay's calls only: a WebSocket's error goes back):
+the call goes again without them, and only a success records anything, exactly what it proved;
+a refusal again sends the provider's first answer back as it came. At most
+``policy.evidence.MAX_CALLS`` extra calls, none of them recorded but the one the client gets.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Final, Protocol
+
+import msgspec
 
 from ...adapters.base import WireFormat
 from ...adapters.responses import documents
 from ...policy import rejection as attribution
 from ...policy.decide import names_of
 from ...policy.errors import ProjectionistError
+from ...policy.events import Rejected
+from ...policy.evidence import Evidence, Probe, Settle, Unproven
 from ...policy.linked import url_name
 from ...policy.model import ImageRef
-from ...policy.profile import Rejection
-from ...policy.projection import reject
+from ...policy.profile import Rejection, under
+from ...policy.projection import learn, reject
 from ..inbound.bodies import inflate
 from ..observe.logger import get_logger
 from ..upstream.identity import decoded_bytes
 from .prepare import Built, carried, foreign, linked
 from .record import Recorder
-from .relay import SCREEN_MAX, Observer
+from .relay import SCREEN_MAX, Observer, Verdict
 
 if TYPE_CHECKING:
     from ..inbound.services import Services
 
-#: Builds the call again from the log: the new body, and the recorder of the new call (if any).
-Rebuild = Callable[[], Awaitable[tuple[bytes, Recorder | None]]]
+class Rebuild(Protocol):
+    """Builds the call again from the log: the new body, and the recorder of the new call (if
+    any; none when not ``record``), with the rejections it ``assume``s projected as if recorded."""
+
+    def __call__(self, *, assume: tuple[Rejected, ...] = (), record: bool = True
+                 ) -> Awaitable[tuple[bytes, Recorder | None]]: ...
 #: The longest attribution waits for this session's records to be written.
 SETTLE_MAX: Final = 2.0
 #: The longest the admission of a refused image's bytes may take (it never delays the re-send).
@@ -74,11 +95,14 @@ def _decoded(body: bytes, encoding: str) -> bytes | None:
 
 
 class Resend:
-    """The one re-send of a call whose upstream refused an image (a relay ``Screen``)."""
+    """What becomes of a call whose upstream refused it (a relay ``Screen``): re-sent once with
+    what the refusal taught recorded (an image rejected, a rule learnt), or settled by evidence
+    (``probing``: the relay's calls only), or the provider's error as it came."""
 
     def __init__(self, services: Services, fmt: WireFormat, session_id: str, built: Built, refs: list[ImageRef],
                  recorder: Recorder | None, rebuild: Rebuild, fields: dict[str, object],
-                 tenant: str | None = None) -> None:
+                 tenant: str | None = None, *, upstream: str = "", model: str | None = None,
+                 probing: bool = False) -> None:
         self.services = services
         #: The client's tenant: the refused bytes it inlined are admitted for it.
         self.tenant = tenant
@@ -89,7 +113,15 @@ class Resend:
         self.recorder = recorder
         self.rebuild = rebuild
         self.fields = fields
+        #: What the call goes to: the rules a refusal teaches are about them.
+        self.upstream, self.model = upstream, model
+        self.probing = probing
         self.used = False
+        #: A refusal in unknown words being settled: its plan, the body of the call in flight and
+        #: the digest of the refusal.
+        self.evidence: Evidence | None = None
+        self.trying: bytes = b""
+        self.refusal = ""
 
     def _read(self, status: int, content_type: str, encoding: str, body: bytes) -> Rejection | None:
         plain = _decoded(body, encoding)
@@ -107,9 +139,54 @@ class Resend:
         self.used = True
         found = self._read(status, content_type, encoding, body)
         if found is None:
+            if self.probing and status == 400:
+                return await self._unknown(status, content_type, body, encoding)
             return None
         if found.failure != "rejected":
             return await self._unfetched(found, status, content_type, body)
+        if found.context is not None:
+            again = await self._learn(found, status, content_type, body)
+            if again is not None:
+                return again
+        return await self._rejected(found, status, content_type, body)
+
+    async def answered(self, status: int) -> Verdict | bytes:
+        """The relay's call with a body this screen gave got ``status``: the client gets it, or
+        (settling a refusal in unknown words) the next body goes, or the first refusal."""
+        evidence = self.evidence
+        if evidence is None:
+            return Verdict.KEEP
+        step = evidence.answered(200 <= status < 300)
+        if isinstance(step, Probe):
+            return await self._without(step.out)
+        self.evidence = None
+        self.fields.update(evidence_calls=evidence.calls)
+        if isinstance(step, Unproven):
+            self.services.metrics.rejections["unproven"] += 1
+            self.fields.update(rejection="unproven", suspects=len(evidence.suspects))
+            return Verdict.FIRST
+        return await self._settle(step, len(evidence.suspects))
+
+    async def _suspects(self, found: Rejection | None) -> tuple[list[str], dict[str, str | None]]:
+        """The images a refusal may be about (``found``: a named site narrows it), in document
+        order, leaving out those this upstream format accepted before; and their display names.
+        Records are written in batches: this first waits for this session's queued records and
+        for one batch window of the other replicas'."""
+        services = self.services
+        await services.recording.settle(self.session_id, SETTLE_MAX)
+        await asyncio.sleep(2 * services.config.record.batch_wait)  # the other replicas' last batch
+        accepted = await services.acceptances.of(services.log, self.session_id, self.fmt.FORMAT)
+        accepted = accepted | services.inflight.accepting(self.session_id, self.fmt.FORMAT)
+        images = carried(self.built)
+        names = names_of(self.refs)
+        if found is None or found.site is not None:  # a URL image's content may be what was refused
+            urls = linked(self.built)
+            images += [(path, aid) for path, aid, _ in urls]
+            names.update((aid, url_name(url)) for _, aid, url in urls)
+        return list(attribution.suspects(found or Rejection(""), images, accepted)), names
+
+    async def _rejected(self, found: Rejection, status: int, content_type: str, body: bytes) -> bytes | None:
+        """A refusal of images: the one it names, or the ones this format never accepted."""
         if found.site is None and foreign(self.fmt, self.built):
             # images without an identity (URLs the provider fetches, provider files, bytes that are
             # not base64): an unnamed refusal may be about one of those
@@ -117,29 +194,17 @@ class Resend:
             return None
         services = self.services
         try:
-            await services.recording.settle(self.session_id, SETTLE_MAX)
-            await asyncio.sleep(2 * services.config.record.batch_wait)  # the other replicas' last batch
-            accepted = await services.acceptances.of(services.log, self.session_id, self.fmt.FORMAT)
-            accepted = accepted | services.inflight.accepting(self.session_id, self.fmt.FORMAT)
-            images = carried(self.built)
-            names = names_of(self.refs)
-            if found.site is not None:  # a named part is exact: a URL image's content is refused there too
-                urls = linked(self.built)
-                images += [(path, aid) for path, aid, _ in urls]
-                names.update((aid, url_name(url)) for _, aid, url in urls)
-            ids = attribution.suspects(found, images, accepted)
+            ids, names = await self._suspects(found)
             if not ids:
                 self._unattributed()
                 return None
-            wanted = attribution.quarantines(found, ids, self.fmt.FORMAT, names)
+            wanted = attribution.quarantines(found, ids, self.fmt.FORMAT, names, self.built.forms)
             _, new = await reject(wanted, log=services.log, session_id=self.session_id,
                                   lock=services.log.lock(self.session_id), state=services.log.state(self.session_id))
         except asyncio.CancelledError:
             raise
         except ProjectionistError as error:
-            services.metrics.rejections["failed"] += 1
-            self.fields.update(rejection="failed")
-            get_logger().warning("rejection_not_recorded", code=error.code, session=self.session_id)
+            self._not_recorded(error)
             return None
         services.metrics.rejections["resent"] += 1
         services.metrics.quarantines["rejected"] += len(new)
@@ -148,6 +213,85 @@ class Resend:
         await self._close_first(status, content_type, body)
         again, self.recorder = await self.rebuild()
         return again
+
+    async def _learn(self, found: Rejection, status: int, content_type: str, body: bytes) -> bytes | None:
+        """A refusal about the context of the images (or a limit of the target): the rule is
+        learnt for this upstream and model and the call built again under it. None when the rule
+        says nothing to act on, or changes nothing in this call (the images themselves, then)."""
+        rule = attribution.learnt(found, self.upstream, self.model, self.built.total)
+        if rule is None or (rule.rule != "no_images" and under(self.fmt.PROFILE, (rule,)) == self.fmt.PROFILE):
+            return None  # nothing to act on, or no stricter than what the format's profile says already
+        services = self.services
+        try:
+            await learn(rule, log=services.log, session_id=self.session_id, lock=services.log.lock(self.session_id),
+                        state=services.log.state(self.session_id))
+        except asyncio.CancelledError:
+            raise
+        except ProjectionistError as error:
+            self._not_recorded(error)
+            return None
+        again, recorder = await self.rebuild()
+        if again == self.built.body:  # nothing here is fitted or replaced by it
+            if recorder is not None:
+                recorder.discard()
+            return None
+        services.metrics.rejections["learnt"] += 1
+        self.fields.update(rejection="learnt", rule=rule.rule)
+        await self._close_first(status, content_type, body)
+        self.recorder = recorder
+        return again
+
+    async def _unknown(self, status: int, content_type: str, body: bytes, encoding: str) -> bytes | None:
+        """A 400 in words no table knows, while the call carries images this format never
+        accepted: the call goes again without them (``policy.evidence``), and only a success
+        records anything."""
+        try:
+            ids, _ = await self._suspects(None)
+        except ProjectionistError:
+            return None
+        if not ids:
+            return None
+        plain = _decoded(body, encoding) or body
+        self.refusal = attribution.message_digest(plain[:SCREEN_MAX].decode("utf-8", "replace"))
+        self.evidence = Evidence(ids)
+        await self._close_first(status, content_type, body)
+        self.recorder = None
+        return await self._without(self.evidence.first().out)
+
+    async def _without(self, out: tuple[str, ...]) -> bytes:
+        """The call built with the images ``out`` as their placeholders (assumed, not recorded)."""
+        assumed = attribution.quarantines(Rejection(""), out, self.fmt.FORMAT, names_of(self.refs), self.built.forms)
+        self.trying, _ = await self.rebuild(assume=assumed, record=False)
+        self.services.metrics.evidence_calls += 1
+        return self.trying
+
+    async def _settle(self, step: Settle, suspects: int) -> Verdict | bytes:
+        """Evidence proved leaving ``step.out`` out makes the call succeed: record it, then keep the
+        answer of the call that proved it (or send that call once more)."""
+        services = self.services
+        wanted = tuple(msgspec.structs.replace(q, message_digest=self.refusal) for q in attribution.quarantines(
+            Rejection(""), step.out, self.fmt.FORMAT, names_of(self.refs), self.built.forms))
+        try:
+            _, new = await reject(wanted, log=services.log, session_id=self.session_id,
+                                  lock=services.log.lock(self.session_id), state=services.log.state(self.session_id))
+        except asyncio.CancelledError:
+            raise
+        except ProjectionistError as error:
+            self._not_recorded(error)
+            return Verdict.FIRST if step.again else Verdict.KEEP
+        services.metrics.rejections["proven"] += 1
+        services.metrics.quarantines["rejected"] += len(new)
+        self.fields.update(rejection="proven", suspects=suspects, rejected=len(new))
+        self._admit({q.attachment_id for q in new})
+        again, self.recorder = await self.rebuild()
+        if not step.again and again == self.trying:
+            return Verdict.KEEP
+        return again
+
+    def _not_recorded(self, error: ProjectionistError) -> None:
+        self.services.metrics.rejections["failed"] += 1
+        self.fields.update(rejection="failed")
+        get_logger().warning("rejection_not_recorded", code=error.code, session=self.session_id)
 
     async def _unfetched(self, found: Rejection, status: int, content_type: str, body: bytes) -> bytes | None:
         """An answer that could not fetch one of the call's URL images: record it for the URLs it

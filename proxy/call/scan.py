@@ -53,6 +53,11 @@ class Scanned(NamedTuple):
     client: list[tuple[Carried, str]]
     complete: bool
 
+    def run_of(self, data: str) -> Run | None:
+        """The run a stand-in string of the small document stands for (None: no stand-in)."""
+        number = _run_of(data)
+        return self.runs[number] if number is not None and number < len(self.runs) else None
+
     def payload(self, raw: bytes, attachment_id: str) -> memoryview | None:
         """The base64 of the image with this identity, as the client sent it."""
         for run in self.runs:

@@ -272,7 +272,7 @@ class Calls:
             inbound = inbound_of(call, data)
             if self._sending is None:
                 self._sending = outgoing(call, recorded=True)
-            prepared = await prepare(call, inbound, sending=self._sending)
+            prepared = await prepare(call, inbound, sending=self._sending, probing=False)
         except ProjectionistError as error:
             await self.refuse(error, lane or lane_of(data), call)
             return

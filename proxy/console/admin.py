@@ -177,7 +177,7 @@ async def get_replay(request: web.Request) -> web.StreamResponse:
     if "seq" in request.query and seq is None:
         raise InvalidRequest("'seq' must be a non-negative integer", code=Code.INVALID_QUERY)
     rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], seq,
-                            request_id=request.query.get("request_id"))
+                            request_id=request.query.get("request_id"), fit=app.config.policy.fit_images)
     return _json(rebuilt.summary(show=request.query.get("show") in ("1", "true")))
 
 
@@ -189,7 +189,8 @@ async def post_replay(request: web.Request) -> web.StreamResponse:
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"replay body: {exc}", code=Code.INVALID_REQUEST) from None
     inbound = spec.inbound.encode() if spec.inbound is not None else None
-    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], spec.seq, inbound, request_id=spec.request_id)
+    rebuilt = await rebuild(app.log, app.store, request.match_info["sid"], spec.seq, inbound, request_id=spec.request_id,
+                            fit=app.config.policy.fit_images)
     report = rebuilt.summary(show=spec.show)
     if spec.send or spec.diff:
         live = app.upstreams.get(rebuilt.request.upstream)

@@ -276,7 +276,8 @@ async def replay(request: web.Request, csrf: str) -> web.StreamResponse:
     services = request.app[SERVICES]
     sid = check_scoped_session(request.match_info["sid"])
     context(request).fields.update(session=sid)
-    rebuilt = await rebuild(services.log, services.store, sid, _int_query(request, "seq"))
+    rebuilt = await rebuild(services.log, services.store, sid, _int_query(request, "seq"),
+                            fit=services.config.policy.fit_images)
     report = rebuilt.summary(show=True)
     recorded: Any = None
     blob = rebuilt.request.inbound_blob

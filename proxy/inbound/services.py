@@ -24,6 +24,7 @@ from .auth import Guard
 from .context import Timing
 from ..observe.metrics import Metrics
 from ..sessionlog.cached import CachedLog
+from ..stores.admission import image_facts
 from ..stores.base import Store
 from ..stores.cache import CachedStore
 from .resumable import Uploads
@@ -106,9 +107,10 @@ class Services:
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
         policy = self.config.policy
         self.variants = Variants(self.store, self.reader, threads=policy.variant_threads,
-                                 timeout=policy.variant_timeout, queue_timeout=self.config.store.lanes.queue_timeout)
+                                 timeout=policy.variant_timeout, queue_timeout=self.config.store.lanes.queue_timeout,
+                                 max_pixels=self.config.store.limits.max_pixels)
         #: The identity of the images clients inline themselves, kept for the bytes that come back.
-        self.identities = Identities(policy.inline_cache_bytes)
+        self.identities = Identities(policy.inline_cache_bytes, sniff=image_facts)
         self.uploads = Uploads()
         #: What each tenant admitted, and so may list, read and reference.
         self.visible = Visible(self.store, self.reader)

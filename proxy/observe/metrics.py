@@ -102,6 +102,7 @@ class Metrics:
         self.records_queued = 0
         #: Image refusals by an upstream, by what became of them (see ``http.resend``).
         self.rejections: Counter[str] = Counter()
+        self.evidence_calls = 0
         #: Answers that could not fetch an image by its URL, by what became of them (``call.resend``).
         self.unfetched: Counter[str] = Counter()
         self.variants_pinned = 0
@@ -184,9 +185,16 @@ class Metrics:
                                   "Reads that joined a read of the same object already in flight",
                                   value=self.shared_reads)
         yield _by("projectionist_image_rejections", "Upstream answers that refused an image, by outcome: "
-                  "resent (quarantined and sent once more), unattributed (no suspect: the error went back), "
-                  "failed (could not be recorded: the error went back)", "outcome",
-                  Counter({"resent": 0, "unattributed": 0, "failed": 0, **self.rejections}))
+                  "resent (quarantined and sent once more), learnt (a rule about the request learnt, its images "
+                  "fitted and the call sent once more), proven (in words no table knows: leaving images out "
+                  "made the call succeed, recorded), unproven (leaving them out did not help: the error went "
+                  "back), unattributed (no suspect: the error went back), failed (could not be recorded: the "
+                  "error went back)", "outcome",
+                  Counter({"resent": 0, "learnt": 0, "proven": 0, "unproven": 0, "unattributed": 0, "failed": 0,
+                           **self.rejections}))
+        yield CounterMetricFamily("projectionist_evidence_calls",
+                                  "Extra upstream calls made to settle a refusal in words no table knows",
+                                  value=self.evidence_calls)
         yield _by("projectionist_unfetched_images", "Upstream answers that could not fetch an image by its URL, by "
                   "outcome: resent (the URL quarantined and the call sent once more), unattributed (no URL image "
                   "of the call to put it down to: the error went back), failed (could not be recorded: the error "

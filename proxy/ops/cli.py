@@ -273,7 +273,8 @@ async def replay_verb(args: argparse.Namespace, config: Config, store: Store, lo
     """``projectionist replay``: exit 0 when the rebuilt body matches its record (and, with
     --diff, the new answer matches the recorded one), 3 when it does not."""
     inbound = Path(args.body).read_bytes() if args.body else None
-    rebuilt = await rebuild(log, store, args.session, args.seq, inbound, request_id=args.request_id)
+    rebuilt = await rebuild(log, store, args.session, args.seq, inbound, request_id=args.request_id,
+                            fit=config.policy.fit_images)
     report: dict[str, Any] = rebuilt.summary(show=args.show)
     headers = {name.strip(): value.strip() for name, _, value in (h.partition(":") for h in args.header)}
     if args.send or args.diff:

@@ -19,6 +19,7 @@ import msgspec
 from PIL import Image, ImageFile
 
 from ...policy.errors import Code, ImageRejected
+from ...policy.model import ImageFacts
 from ..config import ImageLimits
 
 INVALID_IMAGE: Final = Code.INVALID_IMAGE
@@ -256,6 +257,50 @@ def _gif_frames(data: bytes) -> int:
         pos += 1
         after_image = block == 0x2C
     return frames if frames > MAX_FRAMES or (pos == end and after_image) else 0
+
+
+#: Formats an image a client inlines may come in beyond the four every provider takes: recognised,
+#: so that fitting converts them (to PNG) rather than losing them to a placeholder.
+_CONVERTIBLE: Final = {"BMP": "image/bmp", "TIFF": "image/tiff"}
+
+
+def image_facts(data: bytes) -> ImageFacts:
+    """What ``data`` is, for fitting an image a client inlined: its media type by its magic bytes
+    and header, its size and dimensions; ``media_type`` None when it is no image or cut short (a
+    PNG whose chunks do not run to IEND with their CRCs, a JPEG whose markers do not reach EOI, a
+    GIF cut inside a block, a WebP whose RIFF size disagrees with its length). A header parse and
+    a pass over the bytes, no decode of the pixels: once per new identity."""
+    try:
+        info = header_info(data)
+    except ImageRejected:
+        return _convertible(data)
+    if not _whole(data, info.media_type):
+        return ImageFacts(None, len(data))
+    return ImageFacts(info.media_type, len(data), info.width, info.height)
+
+
+def _whole(data: bytes, media_type: str) -> bool:
+    """Whether an image whose header parsed runs to its end (``image_facts``)."""
+    if media_type == "image/png":
+        return _png_chunks_intact(data)
+    if media_type == "image/jpeg":
+        return _jpeg_markers_complete(data)
+    if media_type == "image/gif":
+        return _gif_frames(data) > 0
+    return int.from_bytes(data[4:8], "little") + 8 <= len(data)  # WebP: its RIFF size
+
+
+def _convertible(data: bytes) -> ImageFacts:
+    """The facts of a BMP or TIFF (``_CONVERTIBLE``); of no image for anything else."""
+    try:
+        with _quiet_pillow(), Image.open(io.BytesIO(data), formats=list(_CONVERTIBLE)) as im:
+            media_type, (width, height) = _CONVERTIBLE.get(im.format or ""), im.size
+    except Exception:  # noqa: BLE001 (untrusted input: any parser failure is no image)
+        return ImageFacts(None, len(data))
+    cut = media_type == "image/bmp" and int.from_bytes(data[2:6], "little") > len(data)  # its declared size
+    if media_type is None or cut or width <= 0 or height <= 0:
+        return ImageFacts(None, len(data))
+    return ImageFacts(media_type, len(data), int(width), int(height))
 
 
 def inspect_image(data: bytes, declared_type: str | None, limits: ImageLimits) -> ImageInfo:

@@ -49,6 +49,8 @@ SHRINK: Final = (3, 4)
 MAX_SHRINKS: Final = 8
 _FORMATS: Final = {"image/png": "PNG", "image/jpeg": "JPEG", "image/gif": "GIF", "image/webp": "WEBP"}
 _EXTENSIONS: Final = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp"}
+#: Formats a client may inline that no provider takes: decoded only to be converted (to PNG).
+_CONVERTED: Final = ("BMP", "TIFF")
 
 Render = Callable[[StoredImage, Profile, int], bytes]
 _V = TypeVar("_V")
@@ -95,7 +97,7 @@ def _decode(data: bytes) -> tuple[Image.Image, bool]:
     try:
         with warnings.catch_warnings():  # the store's admission limits decide, not Pillow's warning
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=list(_FORMATS.values())) as source:
+            with Image.open(io.BytesIO(data), formats=[*_FORMATS.values(), *_CONVERTED]) as source:
                 animated = getattr(source, "n_frames", 1) > 1
                 source.seek(0)
                 source.load()
@@ -187,8 +189,11 @@ class Variants:
 
     def __init__(self, store: Store, reader: AttachmentStore | None = None, *, threads: int = 2,
                  timeout: float | None = 60.0, queue_timeout: float = 30.0, render: Render = render_variant,
-                 memo: int = 4096) -> None:
+                 memo: int = 4096, max_pixels: int | None = None) -> None:
         self.store = store
+        #: An image of more pixels is never decoded to make a variant (one a client inlined met no
+        #: admission limit): it goes as it came.
+        self.max_pixels = max_pixels
         self.reader = reader or store
         self.lane = Lane("variants", threads, timeout, queue_timeout)
         self.render = render
@@ -223,6 +228,8 @@ class Variants:
         failed = self._impossible.get(key)
         if failed is not None:
             raise VariantImpossible(str(failed))
+        if self.max_pixels is not None and image.width * image.height > self.max_pixels:
+            raise VariantImpossible(f"{image.id[:15]} has more pixels than a variant is made from")
         flight = self._flights.get(key)
         if flight is None:
             flight = self._flights[key] = asyncio.get_running_loop().create_task(self._make(image, profile, images))

@@ -5,6 +5,7 @@ refusals, and the documented limits as ``breaks`` applies them."""
 from __future__ import annotations
 
 import base64
+import json
 import re
 from typing import Any
 
@@ -35,23 +36,14 @@ A = anthropic_messages
 O = openai_chat
 G = gemini
 REFUSALS: list[tuple[WireFormat, Any, str | None, str]] = [
-    (A, anthropic_error("messages.0.content.1.image.source.base64: image exceeds 5 MB maximum: "
-                        "5327908 bytes > 5242880 bytes"),
-     "/messages/0/content/1", "https://github.com/nraiden/cofounder/issues/53"),
-    (A, anthropic_error("messages.168.content.0.tool_result.content.1.image.source.base64: image exceeds 5 MB "
-                        "maximum: 5649924 bytes > 5242880 bytes"),
-     "/messages/168/content/0/content/1", "https://github.com/earendil-works/pi/pull/424"),
-    (A, anthropic_error("messages.0.content.1.image: image exceeds 10 MB maximum: 12058221 bytes > 10485760 bytes"),
-     "/messages/0/content/1", "https://platform.claude.com/docs/en/build-with-claude/vision (10 MB base64)"),
-    (A, anthropic_error("messages.11.content.8.image.source.base64.data: At least one of the image dimensions "
-                        "exceed max allowed size: 8000 pixels"),
-     "/messages/11/content/8", "https://github.com/can1357/oh-my-pi/pull/10633"),
-    (A, anthropic_error("messages.3.content.8.image.source.base64.data: At least one of the image dimensions "
-                        "exceed max allowed size for many-image requests: 2000 pixels"),
-     "/messages/3/content/8", "https://github.com/anthropics/claude-code/issues/4778"),
     (A, anthropic_error("messages.38.content.1.image.source.base64.data: At least one of the image dimensions "
                         "exceeds max allowed size for many-images requests: 2000 pixels"),
      "/messages/38/content/1", "https://github.com/langgenius/dify/issues/11177"),
+    (A, anthropic_error("messages.0.content.1.image.source.base64: image exceeds 5 MB maximum"),
+     "/messages/0/content/1", "the wording without its byte counts: https://github.com/gptme/gptme/issues/185"),
+    (A, anthropic_error("messages.11.content.8.image.source.base64.data: At least one of the image dimensions "
+                        "exceed max allowed size"),
+     "/messages/11/content/8", "the wording without its pixels: https://github.com/anthropics/claude-code/issues/4778"),
     (A, anthropic_error("Could not process image"), None, "https://github.com/anthropics/claude-code/issues/1747"),
     (A, anthropic_error("messages.18.content.1.image.source.base64.data: Image does not match the provided media "
                         "type image/png"),
@@ -90,6 +82,33 @@ REFUSALS: list[tuple[WireFormat, Any, str | None, str]] = [
      None, "https://github.com/NousResearch/hermes-agent/pull/106186"),
     (O, openai_error("Invalid MIME type for image content.", "invalid_image_format", "messages.[1].content.[0].image_url"),
      "/messages/1/content/0", "synthetic message, the code alone: https://github.com/STranslate/STranslate/issues/277"),
+    (O, openai_error("The image data you provided does not represent a valid image. Please check your input and try "
+                     "again with one of the supported image formats: ['image/jpeg', 'image/png', 'image/gif', "
+                     "'image/webp'].", "invalid_value", "input"),
+     None, "https://github.com/openai/openai-dotnet/issues/708"),
+    (O, {"code": "invalid-argument", "error": "Invalid PNG image."}, None,
+     "https://github.com/NousResearch/hermes-agent/issues/69078"),
+    (O, {"code": "invalid-argument", "error": "Base64 string of provided image cannot be decoded."}, None,
+     "https://github.com/NousResearch/hermes-agent/pull/69104"),
+    (O, openai_error("Invalid request: prepare image failed error, status code: 400, message: failed to decode image: "
+                     "unsupported image format"), None, "https://github.com/MoonshotAI/kimi-cli/issues/1066"),
+    (O, openai_error("Unsupported image. Please try another one."), None,
+     "https://github.com/MoonshotAI/kimi-code/pull/2362"),
+    (O, {"code": "InvalidParameter.DataInspection", "message": "x", "error": "The media format is not supported or "
+         "incorrect for the data inspection."}, None, "https://github.com/alibaba/spring-ai-alibaba/issues/319"),
+    (O, openai_error("<400> InternalError.Algo.InvalidParameter: The image length and width do not meet the model "
+                     "restrictions. [height:1 or width:1 must be larger than 10]"), None,
+     "https://github.com/QwenLM/qwen-code/issues/2505"),
+    (O, {"object": "error", "message": "x", "error": {"message": "cannot identify image file <_io.BytesIO object at "
+                                                       "0x7f>", "type": "BadRequestError"}}, None,
+     "https://github.com/vllm-project/vllm/pull/19202"),
+    (O, openai_error("invalid image input"), None, "https://github.com/ollama/ollama/blob/main/openai/openai.go"),
+    (O, openai_error("Failed to create new sequence: failed to process inputs: image: unknown format"), None,
+     "https://github.com/ollama/ollama/issues/11320"),
+    (O, openai_error("illegal base64 data at input byte 4"), None, "https://github.com/jakobdylanc/llmcord/issues/29"),
+    (O, {"error": {"message": "Provider returned error", "code": 400, "metadata": {
+        "raw": '{"error":{"message":"Invalid image.","type":"invalid_request_error"}}', "provider_name": "OpenAI"}}},
+     None, "OpenRouter's wrapper: https://github.com/danny-avila/LibreChat/issues/6333"),
     (G, google_error("Unable to process input image. Please retry or report in "
                      "https://developers.generativeai.google/guide/troubleshooting"),
      None, "https://github.com/google-gemini/gemini-cli/issues/5064"),
@@ -111,7 +130,99 @@ REFUSALS: list[tuple[WireFormat, Any, str | None, str]] = [
 
 def _message(body: Any) -> str:
     error = (body[0] if isinstance(body, list) else body)["error"]
+    if isinstance(error, str):  # xAI's flat shape
+        return error
+    if error["message"] == "Provider returned error":  # OpenRouter's wrapper: the provider's own answer
+        return _message(json.loads(error["metadata"]["raw"]))
     return str(error["message"])
+
+
+# --- every known answer about the images' context: (adapter, status, body, rule, side, bytes, source) ---
+
+CONTEXTS: list[tuple[WireFormat, int, Any, str, int, int, str]] = [
+    (A, 400, anthropic_error("messages.88.content.1.image.source.base64.data: At least one of the image dimensions "
+                             "exceed max allowed size for many-image requests: 2000 pixels"),
+     "many_images", 2000, 0, "https://github.com/anthropics/claude-code/issues/52220"),
+    (A, 400, anthropic_error("messages.3.content.8.image.source.base64.data: At least one of the image dimensions "
+                             "exceed max allowed size for many-image requests: 2000 pixels"),
+     "many_images", 2000, 0, "https://github.com/anthropics/claude-code/issues/4778"),
+    (A, 400, anthropic_error("messages.11.content.8.image.source.base64.data: At least one of the image dimensions "
+                             "exceed max allowed size: 8000 pixels"),
+     "image_side", 8000, 0, "https://github.com/can1357/oh-my-pi/pull/10633"),
+    (A, 400, anthropic_error("messages.0.content.1.image.source.base64: image exceeds 5 MB maximum: 5327908 bytes > "
+                             "5242880 bytes"),
+     "image_bytes", 0, 5242880 * 3 // 4, "https://github.com/nraiden/cofounder/issues/53"),
+    (A, 400, anthropic_error("messages.168.content.0.tool_result.content.1.image.source.base64: image exceeds 5 MB "
+                             "maximum: 5649924 bytes > 5242880 bytes"),
+     "image_bytes", 0, 5242880 * 3 // 4, "https://github.com/earendil-works/pi/pull/424"),
+    (A, 400, anthropic_error("messages.0.content.1.image.source.base64: image exceeds 5 MB maximum: 6129904 bytes > "
+                             "5242880 bytes"),
+     "image_bytes", 0, 5242880 * 3 // 4, "https://github.com/mozilla-ai/clawbolt/issues/936"),
+    (A, 400, anthropic_error("messages.0.content.1.image: image exceeds 10 MB maximum: 12058221 bytes > 10485760 "
+                             "bytes"),
+     "image_bytes", 0, 10485760 * 3 // 4, "https://platform.claude.com/docs/en/build-with-claude/vision"),
+    (O, 400, openai_error("Invalid content type. image_url is only supported by certain models.", None,
+                          "messages.[1].content.[1].type"),
+     "no_images", 0, 0, "https://github.com/browser-use/web-ui/issues/274"),
+    (O, 400, openai_error("This model does not support image_url content.", "invalid_value", "messages[7].content"),
+     "no_images", 0, 0, "https://github.com/pollinations/pollinations/issues/2588"),
+    (O, 400, openai_error("Failed to deserialize the JSON body into the target type: messages[11]: unknown variant "
+                          "`image_url`, expected `text` at line 1 column 53929", "invalid_request_error"),
+     "no_images", 0, 0, "https://github.com/BenedictKing/ccx/issues/95"),
+    (O, 400, {"code": "Client specified an invalid argument", "error": "The model expects a single `text` element "
+                                                                       "per message."},
+     "no_images", 0, 0, "https://github.com/chatboxai/chatbox/issues/1622"),
+    (O, 400, openai_error("<400> InternalError.Algo.InvalidParameter: The provided messages input is invalid. The "
+                          "error info is [Unexpected item type in content.]"),
+     "no_images", 0, 0, "https://github.com/openclaw/openclaw/issues/92688"),
+    (O, 400, openai_error("GLM-5.2 is not a multimodal model", kind="BadRequestError"),
+     "no_images", 0, 0, "https://github.com/vllm-project/vllm/issues/23402"),
+    (O, 400, openai_error("At most 0 image(s) may be provided in one prompt.", kind="BadRequestError"),
+     "no_images", 0, 0, "https://github.com/vllm-project/vllm/issues/9739"),
+    (O, 400, {"error": "this model does not support image input"},
+     "no_images", 0, 0, "https://github.com/ollama/ollama/issues/17301"),
+    (O, 500, openai_error("Failed to create new sequence: failed to process inputs: this model is missing data "
+                          "required for image input"),
+     "no_images", 0, 0, "https://github.com/open-webui/open-webui/issues/13077"),
+    (O, 404, {"error": {"message": "No endpoints found that support image input", "code": 404}},
+     "no_images", 0, 0, "https://github.com/aaif-goose/goose/issues/5396"),
+    (O, 400, {"error": "Model does not support images. Please use a model that does."},
+     "no_images", 0, 0, "https://github.com/lmstudio-ai/lmstudio-bug-tracker/issues/908"),
+    (O, 500, {"error": {"code": 500, "message": "image input is not supported by this server", "type": "server_error"}},
+     "no_images", 0, 0, "https://github.com/ggml-org/llama.cpp/issues/13566"),
+    (O, 400, openai_error("message[0].content must be a string"),
+     "no_images", 0, 0, "https://github.com/vercel/ai/issues/2837"),
+    (O, 400, openai_error("Cannot preprocess image len(combined_imgs) = 1, len(image_ranges) = 0, please provide "
+                          "valid images"),
+     "no_images", 0, 0, "https://github.com/pydantic/pydantic-ai/issues/2424"),
+    (O, 400, {"error": {"message": "Provider returned error", "code": 400, "metadata": {
+        "raw": '{"error":{"message":"Invalid content type. image_url is only supported by certain models.",'
+               '"param":"messages.[0].content.[1].type"}}', "provider_name": "OpenAI"}}},
+     "no_images", 0, 0, "OpenRouter's wrapper: https://github.com/danny-avila/LibreChat/issues/6333"),
+]
+
+
+@pytest.mark.parametrize(("adapter", "status", "body", "rule", "side", "size", "source"), CONTEXTS,
+                         ids=[c[6] for c in CONTEXTS])
+def test_a_known_answer_about_the_context_is_read_as_its_rule(adapter: WireFormat, status: int, body: Any, rule: str,
+                                                              side: int, size: int, source: str) -> None:
+    found = adapter.rejection(status, body)
+    assert found is not None and (found.context, found.side, found.bytes) == (rule, side, size)
+    assert found.message == _message(body)
+
+
+@pytest.mark.parametrize(("table", "adapter"), [(anthropic_messages.CONTEXT, A), (openai_chat.CONTEXT, O)],
+                         ids=["anthropic", "openai"])
+def test_every_known_context_answer_has_a_case_and_a_source(table: Any, adapter: WireFormat) -> None:
+    for pattern, _, _, source in table:
+        assert source.startswith("https://")
+        cases = [_message(body) for a, _, body, _, _, _, _ in CONTEXTS if a is adapter]
+        assert any(re.search(pattern, text, re.IGNORECASE) for text in cases), pattern
+
+
+def test_a_no_images_answer_on_another_status_is_no_refusal() -> None:
+    assert openai_chat.rejection(429, openai_error("this model does not support image input")) is None
+    assert openai_chat.rejection(500, openai_error("Invalid image.")) is None  # content refusals are 400s only
 
 
 @pytest.mark.parametrize(("adapter", "body", "site", "source"), REFUSALS, ids=[r[3] for r in REFUSALS])
@@ -126,6 +237,7 @@ def test_every_known_shape_has_a_case_here(table: tuple[Known, ...], adapter: Wi
     for pattern, source in table:
         assert source.startswith("https://")
         cases = [_message(body) for a, body, _, _ in REFUSALS if a is adapter]
+        cases += [_message(body) for a, _, body, _, _, _, _ in CONTEXTS if a is adapter]
         assert any(re.search(pattern, text, re.IGNORECASE) for text in cases), pattern
 
 
@@ -138,7 +250,7 @@ def test_openai_responses_reads_refusals_as_chat_does() -> None:
 
 
 def test_a_refusal_that_was_not_json_is_read_from_its_text() -> None:
-    text = "messages.2.content.0.image.source.base64: image exceeds 10 MB maximum: 11174516 bytes > 10485760 bytes"
+    text = "messages.2.content.0.image.source.base64: Could not process image"
     assert anthropic_messages.rejection(400, text) == Rejection(text, "/messages/2/content/0")
     assert gemini.rejection(400, "Unable to process input image.") == Rejection("Unable to process input image.")
 
@@ -225,10 +337,18 @@ ALL = [ADAPTERS[name] for name in sorted(ADAPTERS)]
 
 
 @pytest.mark.parametrize("adapter", ALL, ids=sorted(ADAPTERS))
-@pytest.mark.parametrize("body", [None, 7, "", [], {}, {"error": "Invalid image."}, {"error": {"message": 3}},
+@pytest.mark.parametrize("body", [None, 7, "", [], {}, {"error": {"message": 3}}, {"error": 3},
                                   [{"error": None}], "<html>502 Bad Gateway</html>"])
 def test_any_json_that_is_no_error_object_is_no_refusal(adapter: WireFormat, body: Any) -> None:
     assert adapter.rejection(400, body) is None
+
+
+@pytest.mark.parametrize("adapter", ALL, ids=sorted(ADAPTERS))
+def test_a_flat_error_string_is_read_by_the_openai_formats_only(adapter: WireFormat) -> None:
+    """xAI answers ``{"code": ..., "error": "<message>"}``: an OpenAI-compatible shape; the other
+    formats' APIs never do, so there it is no refusal."""
+    found = adapter.rejection(400, {"error": "Invalid image."})
+    assert (found is not None) == (adapter.FORMAT == "openai" and adapter is not anthropic_batches)
 
 
 # --- profiles ---------------------------------------------------------------------------------

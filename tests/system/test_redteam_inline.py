@@ -165,7 +165,7 @@ async def test_anthropic_named_refusal_maps_to_the_named_block_with_foreign_data
 
 async def test_a_thousand_and_one_images_with_the_refused_one_last(make_harness: MakeHarness) -> None:
     harness = await make_harness(**RECORDING)
-    tiny = [i.to_bytes(12, "big") for i in range(1000)]
+    tiny = [make_image(1 + i // 256, 1, color=i % 256) for i in range(1000)]
     bad = png(14)
     harness.upstream.refused[ref_id(bad)] = False
     body = chat(*(image_part("data:image/png;base64," + b64(t)) for t in tiny), image_part(data_url(bad)))
