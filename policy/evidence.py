@@ -8,12 +8,14 @@ suspects left out (their placeholders in their place):
 1. all of them out. A refusal again proves nothing about them: the provider's first answer goes
    back as it came, nothing is recorded (one extra call). A success proves the cause is among
    them; with one suspect it is that one, and this very answer goes to the client;
-2. with several, halves are tried, the first half out, then (if that is refused) the second: the
-   smallest set whose absence made the call succeed is what is recorded, and the answer of the
-   call that proved it goes to the client. When neither half alone suffices (both hold a cause),
-   or the budget is spent, the last proven set stands and that call is sent once more.
+2. with several, a search for the one that is the cause: the first half of the candidates out; a
+   success proves that half (it becomes the candidates), a refusal moves on to the other half,
+   whose first half is tried next (a single candidate left is tried alone). What the last success
+   proved is recorded, and the answer of the call that proved it goes to the client; when the
+   calls that proved it and that came last differ, that call is sent once more.
 
-At most ``MAX_CALLS`` extra calls in all, the last of them the one the client gets.
+At most ``MAX_CALLS`` extra calls in all, that last one included: a probe is made only while one
+more would still fit after it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Final
 
 import msgspec
 
-#: The most extra calls one refusal may cost: the first without every suspect, then halves.
-MAX_CALLS: Final = 4
+#: The most extra calls one refusal may cost: the first without every suspect, the search, and the
+#: call that proved the cause sent once more when it is not the last one.
+MAX_CALLS: Final = 5
 
 
 class Probe(msgspec.Struct, frozen=True):
@@ -60,33 +63,32 @@ class Evidence:
         self.calls = 0
         #: The smallest set so far whose absence made the call succeed.
         self.proven: tuple[str, ...] | None = None
+        #: The candidates the cause is searched among, and the ones out in the call in flight.
+        self.candidates: tuple[str, ...] = self.suspects
         self.trying: tuple[str, ...] = ()
-        #: The other half of ``proven``, to try when ``trying`` (the first) fails.
-        self.other: tuple[str, ...] = ()
 
     def first(self) -> Probe:
         """The first call: every suspect out."""
-        return self._probe(self.suspects, ())
+        return self._probe(self.suspects)
 
     def answered(self, ok: bool) -> Next:
         """The next step, now that the call with ``trying`` out succeeded (``ok``) or not."""
-        if ok:
-            self.proven = self.trying
-            if len(self.proven) == 1 or not self._room(2):
-                return Settle(self.proven)
-            half = len(self.proven) // 2
-            return self._probe(self.proven[:half], self.proven[half:])
-        if self.proven is None:
+        if self.proven is None and not ok:
             return Unproven()
-        if self.other and self._room(2):
-            return self._probe(self.other, ())
-        return Settle(self.proven, again=True)
+        if ok:
+            self.proven = self.candidates = self.trying
+        else:  # the cause is not (only) among the ones tried: search the rest of the candidates
+            self.candidates = self.candidates[len(self.trying):]
+        assert self.proven is not None
+        if len(self.proven) == 1 or not self.candidates or not self._room():
+            return Settle(self.proven, again=not ok)
+        return self._probe(self.candidates[:max(1, len(self.candidates) // 2)])
 
-    def _room(self, calls: int) -> bool:
-        """Whether ``calls`` more fit the budget (a probe that may fail needs one more to settle)."""
-        return self.calls + calls <= self.limit
+    def _room(self) -> bool:
+        """Whether a probe fits the budget with one call left after it (the proven call again)."""
+        return self.calls + 2 <= self.limit
 
-    def _probe(self, out: tuple[str, ...], other: tuple[str, ...]) -> Probe:
+    def _probe(self, out: tuple[str, ...]) -> Probe:
         self.calls += 1
-        self.trying, self.other = out, other
+        self.trying = out
         return Probe(out)

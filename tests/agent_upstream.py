@@ -11,7 +11,9 @@ SSE with a delta per word:
 - ``POST /v1/messages`` (``?beta=true`` too). A request that offers the ``Read`` tool while
   ``read_file`` is set and carries no ``tool_result`` yet is answered with one ``tool_use`` of
   ``Read`` on that file; every other one (the follow-up turn, Claude Code's side calls: quota
-  probe, topic/title detection) with the text.
+  probe, topic/title detection) with the text. With ``read_files``, one ``Read`` per agent turn,
+  of each file in turn, then the text. With ``enforce``, a call the providers' documented image
+  limits refuse (``tests.limits``: the many-image rule, 8000 px, ...) is answered with the refusal.
 - ``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``.
 - ``POST /v1/responses``: a Response with one assistant message (the SSE sequence
   ``response.created`` ... ``response.completed``).
@@ -53,6 +55,7 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
 from tests.fake_responses import USAGE, response_object
+from tests.limits import anthropic_refusal
 from tests.refusing import inlined, refusal
 
 ANSWER: Final = "The scripted upstream says: the screenshot shows a blue square."
@@ -134,6 +137,15 @@ class ScriptedUpstream:
     answer: str = ANSWER
     #: The file Claude Code is told to Read on its first agent turn (absolute path), if any.
     read_file: str | None = None
+    #: Files Claude Code is told to Read one after another, one per agent turn (then it answers).
+    read_files: list[str] = field(default_factory=list)
+    #: A tool Claude Code is told to call (with no input) this many agent turns, one per turn
+    #: (then it answers): an MCP server's ``screenshot``, say (``tests/mcp_screenshots.py``).
+    tool_turns: tuple[str, int] | None = None
+    #: Whether a model call the providers' documented image limits refuse is refused, in their
+    #: words (``tests.limits``); ``limit_refusals`` holds each message sent.
+    enforce: bool = False
+    limit_refusals: list[str] = field(default_factory=list)
     refused: dict[str, bool] = field(default_factory=dict)
     #: The field of the image source a named Anthropic refusal points at.
     anthropic_field: str = "base64"
@@ -168,6 +180,11 @@ class ScriptedUpstream:
         seen = Seen(request.method, request.path_qs, CIMultiDict(request.headers), body, raw)
         self.received.append(seen)
         request[SEEN] = seen
+        if self.enforce and request.method == "POST" and request.path == "/v1/messages" and isinstance(body, dict):
+            found = anthropic_refusal(body)
+            if found is not None:
+                self.limit_refusals.append(found[1]["error"]["message"])
+                return web.json_response(found[1], status=found[0])
         if self.refused and request.method == "POST" and request.path in MODEL_ROUTES:
             hit = next(((path, found) for path, found in seen.images if found in self.refused), None)
             if hit is not None:
@@ -225,22 +242,26 @@ class ScriptedUpstream:
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"input_tokens": 42})
 
-    def _wants_read(self, body: dict[str, Any]) -> bool:
-        if self.read_file is None or not any(t.get("name") == "Read" for t in body.get("tools") or []):
-            return False
-        for message in body.get("messages") or []:
-            content = message.get("content")
-            if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result"
-                                                 for b in content):
-                return False
-        return True
+    def _next_tool(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        """The tool call this call is answered with: a ``Read`` of the next one of ``read_files``
+        (or of ``read_file`` on the first agent turn), or the next of ``tool_turns``, when the
+        call offers that tool."""
+        files = self.read_files or ([self.read_file] if self.read_file is not None else [])
+        name, turns = self.tool_turns or ("Read", len(files))
+        if not turns or not any(t.get("name") == name for t in body.get("tools") or []):
+            return None
+        done = sum(1 for message in body.get("messages") or [] if isinstance(content := message.get("content"), list)
+                   for b in content if isinstance(b, dict) and b.get("type") == "tool_result")
+        if done >= turns:
+            return None
+        return (name, {}) if self.tool_turns else (name, {"file_path": files[done]})
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = self._body(request)
         n = next(self._ids)
-        if self._wants_read(body):
-            block: dict[str, Any] = {"type": "tool_use", "id": f"toolu_scripted{n}", "name": "Read",
-                                     "input": {"file_path": self.read_file}}
+        tool = self._next_tool(body)
+        if tool is not None:
+            block: dict[str, Any] = {"type": "tool_use", "id": f"toolu_scripted{n}", "name": tool[0], "input": tool[1]}
             opened = dict(block, input={})
             deltas = [{"type": "input_json_delta", "partial_json": msgspec.json.encode(block["input"]).decode()}]
             stop = "tool_use"

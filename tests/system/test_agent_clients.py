@@ -28,12 +28,17 @@ per process: its resumed turn is a new session, rescued once more.
 
 from __future__ import annotations
 
+import base64
+import io
+import json
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
+from PIL import Image
 
 from projectionist.proxy.config import Config
 from projectionist.proxy.edge.app import create_app, open_log, open_store
@@ -43,6 +48,7 @@ from tests.agents import CLAUDE_CODE_VERSIONS, CODEX_VERSION, claude_code, codex
 from tests.conftest import ADMIN, Harness, routed_client
 from tests.fakes import CountingStore
 from tests.imaging import make_image, ref_id
+from tests.mcp_screenshots import screenshot
 
 # The first run installs the CLIs from npm when .ci/run has not; each run starts a real agent.
 pytestmark = pytest.mark.timeout(900)
@@ -390,3 +396,74 @@ async def test_claude_code_1_0_resumes_into_a_new_session_where_the_proxy_rescue
     events = await all_events(live)
     assert sorted(sid for sid, _ in rejections(events)) == sorted([session, f"claude-code:{new}"]), rejections(events)
     assert {data["attachment_id"] for _, data in rejections(events)} == {shot.id}
+
+
+# --- many screenshots: Anthropic's many-image rule ----------------------------------------------------
+
+#: Screenshots one run takes, one per agent turn: past 20, every image must be within 2000 px.
+MANY: Final = 22
+#: The MCP server that takes them (``tests/mcp_screenshots.py``), as browser MCP servers do: 2400 px
+#: wide. Claude Code 1.0.88 passes them on as they are (its ``Read`` tool resizes to 2000 px, an
+#: MCP tool's images it does not); 2.1.92 resizes them to 2000 px itself.
+MCP_SERVER: Final = Path(__file__).resolve().parents[1] / "mcp_screenshots.py"
+SCREENSHOT_TOOL: Final = "mcp__shots__screenshot"
+
+
+async def take_screenshots(version: str, url: str, base: Path, scripted: ScriptedUpstream) -> tuple[int, str, str]:
+    """One ``claude -p`` run that takes ``MANY`` screenshots, one per turn, against ``url``."""
+    cwd, home = base / "work", base / "home"
+    cwd.mkdir()
+    home.mkdir()
+    config = base / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"shots": {"type": "stdio", "command": sys.executable,
+                                                           "args": [str(MCP_SERVER)]}}}))
+    scripted.tool_turns = (SCREENSHOT_TOOL, MANY)
+    scripted.enforce = True
+    argv = [str(claude_code(version)), "-p", "Take a screenshot after each step, then describe the last one",
+            "--mcp-config", str(config), "--allowedTools", SCREENSHOT_TOOL]
+    env = {"HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "sk-ant-dummy"}
+    return await run_agent(argv, env, cwd, timeout=420)
+
+
+def sides(call: Seen) -> list[int]:
+    """The longest side of every image a Messages call carried."""
+    found = []
+    for path, _ in call.images:
+        with Image.open(io.BytesIO(base64.b64decode(at(call.body, path)))) as img:
+            found.append(max(img.size))
+    return found
+
+
+@pytest.mark.parametrize("version", CLAUDE_CODE_VERSIONS)
+async def test_claude_code_taking_22_screenshots_keeps_working_through_the_proxy(
+        version: str, scripted: ScriptedUpstream, make_proxy: MakeProxy, tmp_path: Path) -> None:
+    """Each turn re-sends every screenshot taken so far; from the 21st the upstream refuses any
+    side over 2000 px, as the API does. Through the proxy the run finishes: every call past 20
+    images carries each screenshot as an image within 2000 px (a pinned variant of each one the
+    client sent wider), none is refused, and no image is lost to a placeholder."""
+    live = await make_proxy()
+    rc, out, err = await take_screenshots(version, base_url(live), tmp_path, scripted)
+    assert rc == 0 and ANSWER in out, outcome(rc, out, err)
+    assert scripted.limit_refusals == []
+    calls = [c for c in scripted.requests("/v1/messages") if c.images]
+    last = calls[-1]
+    assert len(last.images) == MANY and max(sides(last)) <= 2000
+    wide = {found for c in calls for (_, found), side in zip(c.images, sides(c)) if side > 2000}
+    if version == CLAUDE_CODE_VERSIONS[0]:  # it sends them as the tool took them: the proxy fits them
+        assert len(wide) == 20 and all(set(sides(c)) == {2400} for c in calls if len(c.images) <= 20)
+    events = await all_events(live)
+    kinds = [e["type"] for ev in events.values() for e in ev]
+    assert "attachment/rejected" not in kinds and "attachment/quarantine" not in kinds
+    pinned = {e["data"]["attachment_id"] for ev in events.values() for e in ev if e["type"] == "attachment/variant"}
+    taken = {ref_id(base64.b64decode(screenshot(n, 2400, 1400))) for n in range(MANY)}  # what the tool returned
+    assert pinned == (taken if wide else set()), (len(pinned), len(wide))
+
+
+async def test_control_claude_code_taking_22_screenshots_fails_without_the_proxy(
+        scripted: ScriptedUpstream, tmp_path: Path) -> None:
+    """Straight at the upstream, Claude Code 1.0.88's turn with the 21st screenshot is refused in the
+    many-image rule's own words, and every retry too: the run fails as users report it (the
+    harness can fail)."""
+    rc, out, err = await take_screenshots(CLAUDE_CODE_VERSIONS[0], scripted.url, tmp_path, scripted)
+    assert ANSWER not in out, outcome(rc, out, err)
+    assert scripted.limit_refusals and all("many-image requests: 2000 pixels" in m for m in scripted.limit_refusals)

@@ -486,3 +486,26 @@ def test_header_info_decodes_no_pixels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ImageFile.ImageFile, "load", no_load)
     for name, data in SAMPLES.items():
         assert header_info(data).width == 24, name
+
+
+# --- what an inlined image is, for fitting it -----------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF"])
+def test_image_facts_name_the_type_and_size_and_find_a_cut_image(kind: str) -> None:
+    import io
+
+    from PIL import Image
+
+    from projectionist.policy.model import ImageFacts
+    from projectionist.proxy.stores.admission import image_facts
+
+    out = io.BytesIO()
+    Image.new("RGB", (30, 20), (1, 2, 3)).save(out, kind)
+    data = out.getvalue()
+    media_type = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp",
+                  "BMP": "image/bmp", "TIFF": "image/tiff"}[kind]
+    assert image_facts(data) == ImageFacts(media_type, len(data), 30, 20)
+    cut = data[: len(data) // 2]
+    if kind != "TIFF":  # a TIFF's header alone does not say how long it is
+        assert image_facts(cut) == ImageFacts(None, len(cut))
+    assert image_facts(b"") == ImageFacts(None, 0) and image_facts(b"%PDF-1.7") == ImageFacts(None, 8)

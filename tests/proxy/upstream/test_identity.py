@@ -60,3 +60,47 @@ def test_what_is_no_base64_has_no_identity_and_is_not_kept() -> None:
     assert identities.of_run(escaped, 0, len(escaped)) is None
     assert identities.of("not base64 at all!!") is None
     assert identities.size == 0
+
+
+# --- what the bytes are: read once, on the miss -----------------------------------------------------
+
+def test_facts_are_read_on_the_miss_and_kept_by_identity() -> None:
+    from projectionist.policy.model import ImageFacts
+    from tests.imaging import make_image
+
+    sniffed: list[int] = []
+
+    def sniff(data: bytes) -> ImageFacts:
+        sniffed.append(len(data))
+        return ImageFacts("image/png", len(data), 4, 3)
+
+    png = make_image(4, 3)
+    identities = Identities(sniff=sniff)
+    text = base64.b64encode(png).decode()
+    aid = identities.of(text)
+    assert aid == _id(png) and sniffed == [len(png)]
+    assert identities.of(text) == aid and sniffed == [len(png)]  # a hit reads nothing again
+    assert identities.facts(aid, lambda: None) == ImageFacts("image/png", len(png), 4, 3)
+    # evicted facts are read again from the bytes the caller gives
+    small = Identities(sniff=sniff, facts_max=1)
+    other = make_image(5, 3, color=9)
+    first, second = small.of(text), small.of(base64.b64encode(other).decode())
+    assert first is not None and second is not None
+    assert small.facts(first, lambda: png) == ImageFacts("image/png", len(png), 4, 3) and len(sniffed) == 4
+    assert Identities().facts(aid, lambda: png) is None  # no sniff: no facts
+
+
+def test_an_empty_or_short_base64_has_an_identity_so_that_it_can_be_placed() -> None:
+    identities = Identities()
+    assert identities.of("") == _id(b"")
+    assert identities.of("AAAA") == _id(b"\0\0\0") and identities.size == 0  # never kept
+
+
+def test_a_canonical_spelling_is_told_from_its_other_spellings_by_its_last_characters() -> None:
+    from projectionist.proxy.upstream.identity import canonical
+
+    for size in range(1, 12):
+        assert canonical(base64.b64encode(bytes(range(size))).decode())
+    assert not canonical("QR==") and not canonical("QUJ=") and canonical("QQ==") and canonical("QUI=")
+    assert base64.b64decode("QR==") == base64.b64decode("QQ==")  # the same bytes, another spelling
+    assert canonical(memoryview(b"xxQQ=="))

@@ -85,3 +85,34 @@ async def test_an_older_replica_reads_a_log_that_holds_a_rejection(make_harness:
     assert any(getattr(e, "data", None) is not None and getattr(e.data, "failure", None) == "rejected" for e in events)
     for event in events:
         old_decode_event(encode_event(event))  # ValidationError today: LOG_CORRUPT on the older replica
+
+
+async def test_an_older_replica_reads_a_log_that_holds_what_fitting_recorded(
+        make_harness: pytest.FixtureRequest) -> None:
+    """Bytes a client inlined that are no image (a quarantine with ``inline``), the variant pinned
+    for an inlined image, and a rule an upstream taught (``upstream/learnt``, a type the older
+    version does not know: skipped), each in its own event and in a checkpoint restating them."""
+    import base64
+
+    from projectionist.policy.events import CheckpointEvent as NewCheckpoint, Learnt
+    from projectionist.policy.fold import checkpoint_of, fold
+    from tests.imaging import make_image
+
+    harness = await make_harness(**{"record.mode": "metadata"})  # type: ignore[operator]
+    wide = base64.b64encode(make_image(9000, 20, color=3)).decode()
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": wide}},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "bm90IGFuIGltYWdl"}}]}]}
+    resp = await harness.client.post("/v1/messages", json=body, headers={"X-Session-Id": "fitted"})
+    assert resp.status == 200, await resp.text()
+    log = harness.app[SERVICES].log
+    last = (await log.read("fitted"))[-1].seq
+    await log.append("fitted", last, [Learnt("anthropic", "m", "many_images", images=4, side=1000)])
+    events = await log.read("fitted")
+    kinds = {type(e).__name__ for e in events}
+    assert {"QuarantineEvent", "VariantEvent", "LearntEvent"} <= kinds, kinds
+    for event in events:
+        old_decode_event(encode_event(event))
+    state = fold(events)
+    assert state.learnt and state.variants and state.quarantined
+    old_decode_event(encode_event(NewCheckpoint(seq=state.last_seq + 1, time="t", data=checkpoint_of(state))))
