@@ -8,6 +8,8 @@ ratio of the medians of CPU per request, new ÷ old: it tells a change in the pr
 apart from a busy machine, which the ratios to the bare proxy cannot do on their own. With
 ``--ws text`` or ``--ws image`` the same for the Responses WebSocket (``bench.ws``): turns at
 c=16 on one socket each, a 1 KB text turn or one with an inlined image, CPU per turn and turns/s.
+With ``--images`` the HTTP body is the bench's P7 body (ten PNGs the client inlined, re-sent
+every request, with a session): what fitting costs when every image is seen before.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--session", action="store_true", help="send X-Session-Id (the text path with a session)")
     parser.add_argument("--ws", choices=("text", "image"), help="Responses WebSocket turns instead of HTTP")
+    parser.add_argument("--images", action="store_true",
+                        help="the P7 body instead of text: ten ~203 KB PNGs inlined by the client (with a session)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-ab-"))
     procs = Processes(work)
@@ -55,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                 cwd=root / "projectionist", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         time.sleep(4)
         body = work / "text.json"
-        body.write_bytes(scenarios.text_body())
-        headers = {"X-Session-Id": "bench-ab"} if args.session else {}
+        body.write_bytes(scenarios.inline_body(scenarios.make_images()) if args.images else scenarios.text_body())
+        headers = {"X-Session-Id": "bench-ab"} if args.session or args.images else {}
         message = ws.turn_message(scenarios.responses_body(images=scenarios.make_images(1) if args.ws == "image"
                                                             else ()))
 
