@@ -28,8 +28,8 @@ import msgspec
 from .errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError
 from .events import Quarantine, Rejected, Variant
 from .fold import EMPTY, SessionState, placeholder, placeholder_text
-from .model import (ImageRef, Inlined, InlineOutcome, StoreFailure, Outcome, Placeholder, Resolved, Respelled,
-                    StoredImage)
+from .model import (ImageFacts, ImageRef, Inlined, InlineOutcome, StoreFailure, Outcome, Placeholder, Resolved,
+                    Respelled, StoredImage)
 from .profile import Profile, breaks, takes_images, under
 
 Sessionless = Literal["fail", "placeholder"]
@@ -320,21 +320,60 @@ def _inline_outcome(view: _View, image: Inlined, unrecorded: Mapping[str, Quaran
     in (a rejection, bytes that are no image), of a model that takes none; else, fitted, its
     variant where it breaks the profile (as it came when none could be made), respelled where it
     was spelled otherwise, or as it came."""
-    ref = ImageRef(image.id)
     held = view.progress.state.held_inline(image.id, view.ask.upstream_format or "", view.form(image)) \
         or unrecorded.get(image.id)
-    if held is not None:
-        return Placeholder(held.failure, placeholder(ref, held))
-    if not view.vision:
-        return Placeholder("unsupported", placeholder_text(ref, "unsupported"))
+    if held is not None or not view.vision:
+        return _placeholder(image, held)
     if image.id not in view.fitted:
         return None
     if image.id in view.misfits:
         variant = view.pins.get(image.id) or view.progress.made.get(image.id)
         made = view.progress.results.get(variant.variant_id) if variant is not None else None
         return Resolved(made) if isinstance(made, StoredImage) else None
+    return _as_it_is(image)
+
+
+def _placeholder(image: Inlined, held: Quarantine | Rejected | None) -> Placeholder:
+    """The placeholder of what holds for an inlined image, or of a model that takes no images."""
+    ref = ImageRef(image.id)
+    if held is None:
+        return Placeholder("unsupported", placeholder_text(ref, "unsupported"))
+    return Placeholder(held.failure, placeholder(ref, held))
+
+
+def _as_it_is(image: Inlined) -> InlineOutcome:
+    """A fitted image that fits: as it came, or respelled where it was spelled otherwise."""
     media_type = image.facts.media_type
     return Respelled(media_type) if image.form and media_type is not None else None
+
+
+def at_once(ask: Ask, state: SessionState) -> Done | None:
+    """``decide``'s answer for a request with no reference when it is done at once (nothing to
+    read, record or pin: every inlined image fits, or a quarantine holds for it), without the
+    decision table's bookkeeping: what every agent's turn costs. None: ask ``decide``."""
+    if ask.refs or (state.learnt and state.rules(ask.upstream, ask.model)):
+        return None
+    held = bool(state.quarantined or state.rejected)
+    outcomes: list[InlineOutcome] = []
+    for image in ask.inline:
+        found = state.held_inline(image.id, ask.upstream_format or "", image.form if not ask.fit else "") \
+            if held else None
+        if found is not None:
+            outcomes.append(_placeholder(image, found))
+        elif not ask.fit:
+            outcomes.append(None)
+        elif _fits(image.facts, ask.profile, max(ask.images or 0, 0)):
+            outcomes.append(_as_it_is(image))
+        else:
+            return None
+    return Done((), tuple(outcomes))
+
+
+def _fits(facts: ImageFacts, profile: Profile | None, count: int) -> bool:
+    """Whether bytes that are an image fit ``profile`` as they are in a request of ``count`` images."""
+    if facts.media_type is None:
+        return False
+    return profile is None or breaks(profile, facts.media_type, facts.bytes, facts.width, facts.height, count) is None
 
 
 def names_of(refs: Sequence[ImageRef]) -> dict[str, str | None]:

@@ -18,7 +18,7 @@ from typing import assert_never
 
 import msgspec
 
-from .decide import Ask, Done, Fail, Lift, Pin, Progress, Read, Record, Sessionless, Vary, decide, names_of
+from .decide import Ask, Done, Fail, Lift, Pin, Progress, Read, Record, Sessionless, Vary, at_once, decide, names_of
 from .errors import AttachmentError, Code, Conflict, Unavailable
 from .events import Learnt, Quarantine, Recovered, RecoveredEvent, Rejected, Variant
 from .fold import EMPTY, SessionState, assuming
@@ -136,6 +136,12 @@ async def project(refs: Sequence[ImageRef], context: ProjectionContext) -> Proje
         return Projection((), state, vision=takes_images(state.rules(context.upstream, context.model)))
     ask = Ask(refs, context.recording, context.sessionless, context.upstream_format, context.profile, context.images,
               context.inline, context.fit, context.upstream, context.model)
+    if not refs:  # the images the client inlined alone: most often every one goes as it is
+        state = await _state(context)
+        done = at_once(ask, state)
+        if done is not None:
+            return Projection((), state, inline=done.inline)
+        return await _carry_out(ask, context, Progress(state))
     return await _carry_out(ask, context, await _begin(refs, context))
 
 

@@ -385,9 +385,10 @@ def inlined(client: list[tuple[Carried, str]], identities: Identities, payload: 
 def form_of(declared: str | None, media_type: str | None, tail: str | bytes) -> str:
     """How an image was spelled when that is not canonically (``Inlined.form``): labelled with
     another media type than its bytes are, and/or base64 spelled otherwise than the one way."""
-    parts = []
-    if media_type is not None and normalize_declared_type(declared or "") != media_type:
-        parts.append(f"labelled {(declared or 'nothing')[:64]}")
+    labelled = declared == media_type or media_type is None or normalize_declared_type(declared or "") == media_type
+    if labelled and canonical(tail):
+        return ""
+    parts = [] if labelled else [f"labelled {(declared or 'nothing')[:64]}"]
     if not canonical(tail):
         parts.append("non-canonical base64")
     return "; ".join(parts)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from types import MappingProxyType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from projectionist.adapters import anthropic_messages, openai_chat
-from projectionist.policy.decide import Ask, Done, Pin, Progress, Read, Record, Vary, decide
+from projectionist.policy.decide import Ask, Done, Pin, Progress, Read, Record, Vary, at_once, decide
 from projectionist.policy.events import Learnt, LearntEvent, Quarantine, Rejected, RejectedEvent, Variant
 from projectionist.policy.evidence import MAX_CALLS, Evidence, Probe, Settle, Unproven
 from projectionist.policy.fold import EMPTY, SessionState, assuming, checkpoint_of, fold
@@ -208,3 +210,34 @@ def test_two_causes_settle_on_a_set_that_holds_both() -> None:
 def test_evidence_needs_a_suspect() -> None:
     with pytest.raises(ValueError):
         Evidence([])
+
+
+# --- the fast path is the table's answer ---------------------------------------------------------
+
+_IDS = [A, B, V]
+_FACTS = [PNG, ImageFacts("image/png", 10, 100, 80), ImageFacts(None, 4), ImageFacts("image/bmp", 10, 20, 20)]
+_FORMS = ["", "labelled image/jpeg"]
+
+
+def _state(rejected: list[tuple[str, str]], broken: list[str]) -> SessionState:
+    rejections = {("anthropic", aid): Rejected(aid, "anthropic", 1, "sha256:" + "0" * 64, form=form)
+                  for aid, form in rejected}
+    quarantines = {aid: Quarantine(aid, "corrupt", retryable=False, inline=True) for aid in broken}
+    return SessionState(3, MappingProxyType(quarantines), rejected=MappingProxyType(rejections))
+
+
+@given(facts=st.lists(st.sampled_from(_FACTS), min_size=3, max_size=3),
+       images=st.lists(st.tuples(st.sampled_from(range(3)), st.sampled_from(_FORMS)), max_size=6),
+       rejected=st.lists(st.tuples(st.sampled_from(_IDS), st.sampled_from(_FORMS)), max_size=3),
+       broken=st.lists(st.sampled_from(_IDS), max_size=2), fit=st.booleans(), count=st.integers(1, 30))
+def test_at_once_answers_as_the_table_does_whenever_it_answers(facts: list[ImageFacts], images: list[tuple[int, str]],
+                                                               rejected: list[tuple[str, str]], broken: list[str],
+                                                               fit: bool, count: int) -> None:
+    inlined = [Inlined(_IDS[n], facts[n], form) for n, form in images]  # the same bytes: the same facts
+    asked = ask(*inlined, count=count, fit=fit)
+    state = _state(rejected, broken)
+    fast = at_once(asked, state)
+    if fast is not None:
+        assert fast == decide(asked, Progress(state))
+    elif fit:  # only something to read, record or pin sends it the long way
+        assert not isinstance(decide(asked, Progress(state)), Done)
