@@ -106,8 +106,10 @@ class Services:
         server = self.config.server
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
         policy = self.config.policy
+        # a render waits for a thread as long as one may take: a request that crosses the many-image
+        # rule needs every one of its images rendered, and a store lane's short wait would fail it
         self.variants = Variants(self.store, self.reader, threads=policy.variant_threads,
-                                 timeout=policy.variant_timeout, queue_timeout=self.config.store.lanes.queue_timeout,
+                                 timeout=policy.variant_timeout, queue_timeout=policy.variant_timeout,
                                  max_pixels=self.config.store.limits.max_pixels)
         #: The identity of the images clients inline themselves, kept for the bytes that come back.
         self.identities = Identities(policy.inline_cache_bytes, sniff=image_facts)
