@@ -303,6 +303,36 @@ class ContextAnswers:
 NO_IMAGES_STATUSES: Final = frozenset({400, 404, 422, 500})
 
 
+#: Refusals that say what was wrong, and it was not an image: the context window, the output
+#: tokens asked for. Leaving images out may well cure them (fewer tokens), so they are never
+#: settled by evidence (the client must see them: Claude Code compacts its history on "prompt is
+#: too long"), whatever format says them.
+NOT_ABOUT_IMAGES: Final[tuple[Known, ...]] = (
+    (r"prompt is too long", "https://github.com/anthropics/claude-code/issues/7866"),
+    (r"input length and max_tokens exceed context limit", "https://github.com/anymorph-ai/Claudable/issues/3"),
+    (r"max_tokens: \d+ > \d+, which is the maximum allowed number of output tokens",
+     "https://github.com/anthropics/claude-code/issues/24451"),
+    (r"maximum context length is \d+ tokens", "https://github.com/rahul2002m/ChatPDF/issues/6"),
+    (r"context_length_exceeded", "https://github.com/rahul2002m/ChatPDF/issues/6"),
+    (r"The input token count \(\d+\) exceeds the maximum number of tokens",
+     "https://github.com/google-gemini/gemini-cli/issues/6678"),
+    (r"exceeded model token limit", "https://github.com/multica-ai/multica/issues/4130"),
+)
+_NOT_ABOUT_IMAGES: Final = re.compile("|".join(f"(?:{p})" for p, _ in NOT_ABOUT_IMAGES), re.IGNORECASE)
+
+
+def about_something_else(doc: Json) -> bool:
+    """Whether an error answer says a cause that is no image (``NOT_ABOUT_IMAGES``), in its message,
+    its code, or its text, in the first ``SCAN_CHARS`` of each."""
+    error = error_object(doc)
+    texts = [doc] if isinstance(doc, str) else []
+    if error is not None:
+        texts += [value for key in ("message", "code", "type") if isinstance(value := error.get(key), str)]
+    elif isinstance(doc, dict) and isinstance(flat := doc.get("error"), str):
+        texts.append(flat)
+    return any(_NOT_ABOUT_IMAGES.search(text, 0, SCAN_CHARS) for text in texts)
+
+
 def error_object(doc: Json) -> dict[str, Any] | None:
     """The ``error`` object of a decoded error body (``{"error": {...}}``); a stream's error may
     come wrapped in a list (Gemini's ``[{"error": {...}}]``)."""

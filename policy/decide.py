@@ -30,9 +30,14 @@ from .events import Quarantine, Rejected, Variant
 from .fold import EMPTY, SessionState, placeholder, placeholder_text
 from .model import (ImageFacts, ImageRef, Inlined, InlineOutcome, StoreFailure, Outcome, Placeholder, Resolved,
                     Respelled, StoredImage)
+from .budget import within
 from .profile import Profile, breaks, takes_images, under
 
 Sessionless = Literal["fail", "placeholder"]
+#: The most images one request has varied: a render is CPU in a shared lane of two threads, and
+#: one request may not hold it for minutes; past this many, its misfits go as they came this time
+#: (each later request makes the next ones, and pins stay).
+MAX_VARIED: Final = 64
 FAILURE: Final[dict[str, StoreFailure]] = {NOT_FOUND: "not_found", CORRUPT: "corrupt", READ_FAILED: "read_failed"}
 
 
@@ -104,7 +109,8 @@ class Ask(msgspec.Struct, frozen=True):
     client inlined itself: what a many-image rule counts); by default its references.
     ``inline`` are the images the client inlined itself, in document order; with ``fit`` they are
     fitted to the profile (else they go as they came, or as the placeholder a rejection holds).
-    ``upstream`` and ``model`` name what the request goes to: the rules learnt for them apply."""
+    ``upstream`` and ``model`` name what the request goes to: the rules learnt for them apply.
+    The request stays within the profile's images and bytes per request (``budget.within``)."""
 
     refs: Sequence[ImageRef]
     recording: bool
@@ -116,6 +122,8 @@ class Ask(msgspec.Struct, frozen=True):
     fit: bool = True
     upstream: str | None = None
     model: str | None = None
+    #: The size of the body as the client sent it (0: not known): what a limit of bytes per request counts.
+    request_bytes: int = 0
 
 
 class Progress(msgspec.Struct):
@@ -274,6 +282,7 @@ def _misfit(view: _View) -> Vary | None:
                     if view.pins[aid] is None and aid not in made
                     and isinstance(found := results.get(aid), StoredImage)
                     and breaks(profile, found.media_type, found.bytes, found.width, found.height, view.count))
+    misfits = misfits[:max(0, MAX_VARIED - len(made))]  # the rest go as they came this time
     return Vary(misfits, profile, view.count) if misfits else None
 
 
@@ -294,8 +303,11 @@ def _done(view: _View) -> Done:
     """Every reference's outcome, and every inlined image's: a pure function of the state, the
     reads and what was made."""
     unrecorded = {q.attachment_id: q for q in view.quarantines}
-    return Done(tuple(_outcome(view, ref, unrecorded) for ref in view.ask.refs),
-                tuple(_inline_outcome(view, image, unrecorded) for image in view.ask.inline), view.vision)
+    ask = view.ask
+    refs = tuple(_outcome(view, ref, unrecorded) for ref in ask.refs)
+    inline = within(view.profile, ask.request_bytes, view.count, refs, ask.inline,
+                    [_inline_outcome(view, image, unrecorded) for image in ask.inline])
+    return Done(refs, inline, view.vision)
 
 
 def _outcome(view: _View, ref: ImageRef, unrecorded: Mapping[str, Quarantine]) -> Outcome:
@@ -320,8 +332,10 @@ def _inline_outcome(view: _View, image: Inlined, unrecorded: Mapping[str, Quaran
     in (a rejection, bytes that are no image), of a model that takes none; else, fitted, its
     variant where it breaks the profile (as it came when none could be made), respelled where it
     was spelled otherwise, or as it came."""
-    held = view.progress.state.held_inline(image.id, view.ask.upstream_format or "", view.form(image)) \
-        or unrecorded.get(image.id)
+    state = view.progress.state
+    held = state.held_inline(image.id, view.ask.upstream_format or "", view.form(image)) or unrecorded.get(image.id)
+    if held is None and image.id in view.fitted and image.facts.media_type is None:
+        held = state.quarantined.get(image.id)  # recorded as no image (an older replica's checkpoint drops ``inline``)
     if held is not None or not view.vision:
         return _placeholder(image, held)
     if image.id not in view.fitted:
@@ -329,8 +343,9 @@ def _inline_outcome(view: _View, image: Inlined, unrecorded: Mapping[str, Quaran
     if image.id in view.misfits:
         variant = view.pins.get(image.id) or view.progress.made.get(image.id)
         made = view.progress.results.get(variant.variant_id) if variant is not None else None
-        return Resolved(made) if isinstance(made, StoredImage) else None
-    return _as_it_is(image)
+        if isinstance(made, StoredImage):
+            return Resolved(made)
+    return _as_it_is(image)  # respelled where it was spelled otherwise, also when no variant could be made
 
 
 def _placeholder(image: Inlined, held: Quarantine | Rejected | None) -> Placeholder:
@@ -366,7 +381,7 @@ def at_once(ask: Ask, state: SessionState) -> Done | None:
             outcomes.append(_as_it_is(image))
         else:
             return None
-    return Done((), tuple(outcomes))
+    return Done((), within(ask.profile, ask.request_bytes, max(ask.images or 0, 0), (), ask.inline, outcomes))
 
 
 def _fits(facts: ImageFacts, profile: Profile | None, count: int) -> bool:

@@ -18,9 +18,11 @@ from .errors import INVALID_REF, AttachmentError, Code, InvalidRequest
 
 #: The store's three failures: what an ``attachment/quarantine`` event can say.
 StoreFailure = Literal["not_found", "corrupt", "read_failed"]
-#: Why an image is unavailable: a store failure, ``rejected`` (an upstream refused it), or
-#: ``unsupported`` (the model it goes to takes no images: a rule learnt for that upstream and model).
-Failure = Literal["not_found", "corrupt", "read_failed", "rejected", "unsupported"]
+#: Why an image is unavailable: a store failure, ``rejected`` (an upstream refused it),
+#: ``unsupported`` (the model it goes to takes no images: a rule learnt for that upstream and model)
+#: or ``over_limit`` (the request would pass its provider's images or bytes per request; the oldest
+#: images the client inlined give way).
+Failure = Literal["not_found", "corrupt", "read_failed", "rejected", "unsupported", "over_limit"]
 
 ID_PREFIX: Final = "sha256:"
 URL_SCHEME: Final = "attachment:"

@@ -66,6 +66,8 @@ class ProjectionContext(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     #: Rejections to project as if they stood, never recorded (a call that tries leaving images out).
     assume: tuple[Rejected, ...] = ()
+    #: The size of the body as the client sent it (0: not known), for a limit of bytes per request.
+    request_bytes: int = 0
 
     @property
     def recording(self) -> bool:
@@ -135,7 +137,7 @@ async def project(refs: Sequence[ImageRef], context: ProjectionContext) -> Proje
         state = await _state(context)
         return Projection((), state, vision=takes_images(state.rules(context.upstream, context.model)))
     ask = Ask(refs, context.recording, context.sessionless, context.upstream_format, context.profile, context.images,
-              context.inline, context.fit, context.upstream, context.model)
+              context.inline, context.fit, context.upstream, context.model, context.request_bytes)
     if not refs:  # the images the client inlined alone: most often every one goes as it is
         state = await _state(context)
         done = at_once(ask, state)

@@ -60,6 +60,8 @@ class Asked(NamedTuple):
     inline: list[Inlined]
     tree: Any
     load: Callable[[str], bytes | None]
+    #: The body's size as the client sent it (what a limit of bytes per request counts).
+    size: int = 0
 
 
 #: Runs the policy on what a body asks.
@@ -267,7 +269,7 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     # every image counts for a many-image rule (client-inlined ones too): a walk, so only with one
     images = max(fmt.count_images(tree, http), len(sites)) if fmt.PROFILE.many_images is not None or inline \
         else len(sites)
-    projection = await run(Asked([site.ref for site in sites], images, inline, tree, loader(payload)))
+    projection = await run(Asked([site.ref for site in sites], images, inline, tree, loader(payload), len(raw)))
     _check_projected(projection, max_projected_bytes)
     held = projection.inline or tuple(None for _ in client)
     link_refs = [ImageRef(url_id(link.url), url_name(link.url)) for link in links]

@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 
 from ...adapters.base import WireFormat
 from ...policy.events import Rejected
+from ...policy.fold import SessionState
 from ...policy.model import ImageRef, Inlined, Placeholder, StoredImage
 from ...policy.ports import AttachmentStore
 from ...policy.projection import Projection, ProjectionContext, project
@@ -116,13 +117,17 @@ class _Projecting:
         self.in_flight: list[Carrying] = []
         self.attempts = 1
 
-    async def run(self, asked: Asked, assume: tuple[Rejected, ...] = ()) -> Projection:
+    async def run(self, asked: Asked, assume: tuple[Rejected, ...] = (), state: SessionState | None = None
+                  ) -> Projection:
+        """The policy's projection of ``asked``, with the rejections it ``assume``s; on ``state``, as
+        it was when the call was first built, when given (the calls that settle a refusal by
+        evidence must differ from each other only in what they leave out)."""
         refs = asked.refs
         self.refs[:] = refs
         call, session_id = self.call, self.inbound.session_id
         services = call.services
         policy = services.config.policy
-        fresh = services.log.fresh(session_id) if session_id else None
+        fresh = state or (services.log.fresh(session_id) if session_id else None)
         store = RequestImages(self.store, asked.inline, asked.load, refs) if asked.inline else self.store
         return await project(refs, ProjectionContext(
             store=store, log=services.log, session_id=session_id, upstream_format=call.fmt.FORMAT,
@@ -140,13 +145,14 @@ class _Projecting:
             upstream=call.upstream.name,
             model=requested_model(call.fmt, call.raw_path, asked.tree),
             assume=assume,
+            request_bytes=asked.size,
         ))
 
-    async def built(self, attempt: int, assume: tuple[Rejected, ...] = (), record: bool = True
-                    ) -> tuple[Built, Recorder | None]:
+    async def built(self, attempt: int, assume: tuple[Rejected, ...] = (), record: bool = True,
+                    state: SessionState | None = None) -> tuple[Built, Recorder | None]:
         call, inbound, services = self.call, self.inbound, self.call.services
         policy = services.config.policy
-        run = partial(self.run, assume=assume) if assume else self.run
+        run = partial(self.run, assume=assume, state=state) if assume or state is not None else self.run
         built = await build(call.fmt, inbound.raw, run, describe=self.recording and record, shape_unchanged=False,
                             max_references=policy.max_references, max_projected_bytes=policy.max_projected_bytes,
                             http=services.http_refs, identities=self.identities,
@@ -164,11 +170,13 @@ class _Projecting:
         recorder: Recorder = services.recording.start(info, inbound.raw, built.described, built.projection)
         return built, recorder
 
-    async def again(self, *, assume: tuple[Rejected, ...] = (), record: bool = True) -> tuple[bytes, Recorder | None]:
+    async def again(self, *, assume: tuple[Rejected, ...] = (), record: bool = True,
+                    state: SessionState | None = None) -> tuple[bytes, Recorder | None]:
         """The call built again from the log (the refused images placeholders by now; with the
-        rejections it ``assume``s too), recorded as the next attempt when ``record``."""
+        rejections it ``assume``s too, on ``state`` when given), recorded as the next attempt when
+        ``record``."""
         self.attempts += 1
-        built, recorder = await self.built(self.attempts, assume, record)
+        built, recorder = await self.built(self.attempts, assume, record, state)
         for carrying in self.in_flight:  # the call sent now carries these (the refused images are placeholders)
             carrying.ids = carried_ids(built)
         return built.body, recorder

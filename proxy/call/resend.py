@@ -49,12 +49,13 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import msgspec
 
-from ...adapters.base import WireFormat
+from ...adapters.base import WireFormat, about_something_else
 from ...adapters.responses import documents
 from ...policy import rejection as attribution
 from ...policy.decide import names_of
 from ...policy.errors import ProjectionistError
 from ...policy.events import Rejected
+from ...policy.fold import SessionState
 from ...policy.evidence import Evidence, Probe, Settle, Unproven
 from ...policy.linked import url_name
 from ...policy.model import ImageRef
@@ -71,11 +72,12 @@ if TYPE_CHECKING:
     from ..inbound.services import Services
 
 class Rebuild(Protocol):
-    """Builds the call again from the log: the new body, and the recorder of the new call (if
-    any; none when not ``record``), with the rejections it ``assume``s projected as if recorded."""
+    """Builds the call again from the log (or on ``state``, the session as it was): the new body,
+    and the recorder of the new call (if any; none when not ``record``), with the rejections it
+    ``assume``s projected as if recorded."""
 
-    def __call__(self, *, assume: tuple[Rejected, ...] = (), record: bool = True
-                 ) -> Awaitable[tuple[bytes, Recorder | None]]: ...
+    def __call__(self, *, assume: tuple[Rejected, ...] = (), record: bool = True,
+                 state: SessionState | None = None) -> Awaitable[tuple[bytes, Recorder | None]]: ...
 #: The longest attribution waits for this session's records to be written.
 SETTLE_MAX: Final = 2.0
 #: The longest the admission of a refused image's bytes may take (it never delays the re-send).
@@ -133,13 +135,18 @@ class Resend:
             get_logger().warning("rejection_unreadable", error=type(exc).__name__, adapter=self.fmt.NAME)
             return None
 
+    def _about_something_else(self, content_type: str, body: bytes, encoding: str) -> bool:
+        """Whether the refusal says a cause that is no image (the context window, ...): it goes back."""
+        plain = _decoded(body, encoding)
+        return plain is None or about_something_else(documents(plain, content_type))
+
     async def __call__(self, status: int, content_type: str, body: bytes, encoding: str = "") -> bytes | None:
         if self.used:
             return None
         self.used = True
         found = self._read(status, content_type, encoding, body)
         if found is None:
-            if self.probing and status == 400:
+            if self.probing and status == 400 and not self._about_something_else(content_type, body, encoding):
                 return await self._unknown(status, content_type, body, encoding)
             return None
         if found.failure != "rejected":
@@ -261,7 +268,10 @@ class Resend:
     async def _without(self, out: tuple[str, ...]) -> bytes:
         """The call built with the images ``out`` as their placeholders (assumed, not recorded)."""
         assumed = attribution.quarantines(Rejection(""), out, self.fmt.FORMAT, names_of(self.refs), self.built.forms)
-        self.trying, _ = await self.rebuild(assume=assumed, record=False)
+        # on the session as it was when the call was refused: what another call records meanwhile
+        # must not leave more out of one probe than of the next
+        state = self.built.projection.state if self.built.projection is not None else None
+        self.trying, _ = await self.rebuild(assume=assumed, record=False, state=state)
         self.services.metrics.evidence_calls += 1
         return self.trying
 

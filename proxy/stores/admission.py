@@ -272,8 +272,8 @@ def image_facts(data: bytes) -> ImageFacts:
     a pass over the bytes, no decode of the pixels: once per new identity."""
     try:
         info = header_info(data)
-    except ImageRejected:
-        return _convertible(data)
+    except ImageRejected as rejected:
+        return _past_the_decoder(data) if rejected.code == IMAGE_TOO_LARGE else _convertible(data)
     if not _whole(data, info.media_type):
         return ImageFacts(None, len(data))
     return ImageFacts(info.media_type, len(data), info.width, info.height)
@@ -288,6 +288,22 @@ def _whole(data: bytes, media_type: str) -> bool:
     if media_type == "image/gif":
         return _gif_frames(data) > 0
     return int.from_bytes(data[4:8], "little") + 8 <= len(data)  # WebP: its RIFF size
+
+
+#: Magic bytes of the formats an image too large for the decoder is still known by.
+_MAGIC: Final = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"))
+
+
+def _past_the_decoder(data: bytes) -> ImageFacts:
+    """The facts of an image whose dimensions the decoder refuses outright (a decompression bomb,
+    or a real image past 178 million pixels): it is an image, by its magic bytes, never "no
+    image"; a PNG's dimensions are read from its IHDR (else 0: it then goes as it came)."""
+    media_type = next((kind for magic, kind in _MAGIC if data.startswith(magic)), None)
+    if media_type is None and data[8:12] == b"WEBP":
+        media_type = "image/webp"
+    if media_type == "image/png" and data[12:16] == b"IHDR":
+        return ImageFacts(media_type, len(data), int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big"))
+    return ImageFacts(media_type, len(data))
 
 
 def _convertible(data: bytes) -> ImageFacts:

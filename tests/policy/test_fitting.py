@@ -241,3 +241,49 @@ def test_at_once_answers_as_the_table_does_whenever_it_answers(facts: list[Image
         assert fast == decide(asked, Progress(state))
     elif fit:  # only something to read, record or pin sends it the long way
         assert not isinstance(decide(asked, Progress(state)), Done)
+
+
+# --- found by the red team ---------------------------------------------------------------------------
+
+def test_no_variant_made_still_goes_respelled() -> None:
+    step = decide(ask(inline(form="labelled image/jpeg"), count=21), Progress(EMPTY, {A: stored(A, 2400)}, made={A: None}))
+    assert step == Done((), (Respelled("image/png"),))
+
+
+def test_bytes_that_are_no_image_stay_placeholders_when_a_checkpoint_dropped_inline() -> None:
+    """An older replica's checkpoint restates the quarantine without ``inline``: its failure holds."""
+    state = SessionState(1, MappingProxyType({A: Quarantine(A, "corrupt", retryable=False)}))
+    [outcome] = decide(ask(inline(facts=ImageFacts(None, 5))), Progress(state)).inline  # type: ignore[union-attr]
+    assert outcome == Placeholder("corrupt", f"[image unavailable: corrupt ({A[:15]})]")
+
+
+def test_one_request_varies_at_most_so_many_images() -> None:
+    from projectionist.policy.decide import MAX_VARIED
+
+    ids = ["sha256:%064x" % n for n in range(MAX_VARIED + 6)]
+    read = {aid: stored(aid, 2400) for aid in ids}
+    step = decide(ask(*(inline(aid) for aid in ids), count=len(ids)), Progress(EMPTY, read))
+    assert isinstance(step, Vary) and len(step.images) == MAX_VARIED
+    made = {aid: None for aid in ids[:MAX_VARIED]}
+    done = decide(ask(*(inline(aid) for aid in ids), count=len(ids)), Progress(EMPTY, read, made=made))
+    assert isinstance(done, Done) and done.inline[-1] is None  # the rest go as they came this time
+
+
+def test_past_a_requests_limits_the_oldest_inlined_images_give_way() -> None:
+    from projectionist.policy.budget import PLACEHOLDER_BYTES, base64_size, within
+    from projectionist.policy.profile import Profile
+
+    profile = Profile("p", ("image/png",), max_request_bytes=10_000, max_images=3)
+    images = [Inlined("sha256:%064x" % n, ImageFacts("image/png", 1500, 10, 10)) for n in range(4)]
+    over = Placeholder("over_limit", f"[image unavailable: over_limit ({images[0].id[:15]})]")
+    assert within(profile, 100 + 4 * base64_size(1500), 4, (), images, [None] * 4)[0] == over  # 4 images > 3
+    kept = within(profile, 8_000, 3, (), images[:3], [None] * 3)
+    assert kept == (None, None, None)
+    # a variant larger than its original: the body grows past 10,000 bytes, the oldest gives way
+    bigger = Resolved(StoredImage(V, "image/png", 3000, 9, 9, b""))
+    out = within(profile, 8_100, 3, (), images[:3], [None, None, bigger])
+    assert isinstance(out[0], Placeholder) and out[1:] == (None, bigger)
+    assert 8_100 - base64_size(1500) * 3 + base64_size(1500) * 2 + base64_size(3000) > 10_000 >= \
+        8_100 - base64_size(1500) * 3 + PLACEHOLDER_BYTES + base64_size(1500) + base64_size(3000)
+    assert within(profile, 8_000, 3, (), images[:3], [None, None, bigger]) == (None, None, bigger)  # just fits
+    assert within(None, 10**9, 10**3, (), images, [None] * 4) == (None,) * 4

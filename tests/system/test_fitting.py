@@ -21,6 +21,7 @@ received, how often it was called, and the session log.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from collections.abc import Awaitable, Callable
@@ -396,3 +397,99 @@ async def test_fork_and_replay_of_a_fitted_session_send_the_same_bytes(make_harn
     assert resp.status == 200 and forked[0].body == received[0].body
     assert of_type(await harness.events("det2"), "attachment/variant") == of_type(
         await harness.events("det"), "attachment/variant")
+
+
+# --- found by the red team ------------------------------------------------------------------------------
+
+async def test_an_image_no_variant_can_be_made_for_goes_respelled_and_its_refusal_holds(
+        make_harness: MakeHarness, enforcing: Enforcing) -> None:
+    """Over the pixels a variant is made from, a 9000 px PNG labelled JPEG goes as it came, but
+    under its true type: its refusal is then of the form every later turn sends, and holds."""
+    harness = await make_harness(**RECORDING, **{"store.limits.max_pixels": 1_000_000})
+    wide = make_image(9000, 200, color=8)
+    headers = {"X-Session-Id": "nofit"}
+    resp, received = await send(harness, "/v1/messages", claude_code_turn([wide], "image/jpeg"), headers)
+    assert resp.status == 200, await resp.text()
+    assert len(received) == 2  # refused (over 8000 px), then re-sent with its placeholder
+    assert received[0].json()["messages"][2]["content"][0]["content"][0]["source"]["media_type"] == "image/png"
+    [event] = of_type(await harness.events("nofit"), "attachment/rejected")
+    assert (event["attachment_id"], event.get("form", "")) == (ref_id(wide), "")
+    resp, received = await send(harness, "/v1/messages", claude_code_turn([wide, screenshot(9, 50, 50)], "image/jpeg"),
+                                headers)
+    assert resp.status == 200 and len(received) == 1  # held before the call, every later turn
+
+
+async def test_a_refusal_that_says_the_prompt_is_too_long_goes_back_and_convicts_no_image(
+        make_harness: MakeHarness, upstream: FakeUpstream) -> None:
+    """Leaving the images out would make the prompt short enough, but the refusal is about the
+    context window, not an image: the client gets it (Claude Code compacts on it)."""
+    answer = {"type": "error", "error": {"type": "invalid_request_error",
+                                         "message": "prompt is too long: 216327 tokens > 200000 maximum"}}
+
+    async def too_long(request: web.Request, doc: Any) -> web.StreamResponse | None:
+        return web.json_response(answer, status=400) if list(anthropic_blocks(doc)) else None
+
+    upstream.script = too_long
+    harness = await make_harness(**RECORDING)
+    resp, received = await send(harness, "/v1/messages", claude_code_turn([screenshot(n, 80, 60) for n in range(3)]),
+                                {"X-Session-Id": "long"})
+    assert resp.status == 400 and await resp.json() == answer and len(received) == 1
+    assert [e for e in await harness.events("long") if not e["type"].endswith("/recorded")] == []
+
+
+async def test_past_the_images_a_request_may_hold_the_oldest_give_way(make_harness: MakeHarness,
+                                                                       enforcing: Enforcing) -> None:
+    """Anthropic takes 100 images per request: the 102nd screenshot's turn sends the newest 100
+    and the placeholders of the two oldest, never a request the provider refuses."""
+    harness = await make_harness(**RECORDING)
+    shots = [make_image(2 + n // 200, 2, color=n % 200) for n in range(102)]
+    resp, received = await send(harness, "/v1/messages", claude_code_turn(shots), {"X-Session-Id": "hundred"})
+    assert resp.status == 200 and len(received) == 1, await resp.text()
+    assert [data for _, _, _, data in sent_images(received[0])] == [b64(s) for s in shots[2:]]
+    first = received[0].json()["messages"][2]["content"][0]["content"]
+    assert first == [{"type": "text", "text": f"[image unavailable: over_limit ({ref_id(shots[0])[:15]})]"}]
+    assert [e for e in await harness.events("hundred") if not e["type"].endswith("/recorded")] == []
+
+
+async def test_a_refusal_another_call_records_meanwhile_never_misleads_the_evidence(
+        make_harness: MakeHarness, upstream: FakeUpstream, with_gemini: Json) -> None:
+    """While one call settles a refusal in unknown words by evidence, another call of the session
+    records the culprit: the first one's probes are built on the session as it was when it was
+    refused, so the innocent images stay innocent."""
+    from tests.refusing import inlined
+
+    g1, g2, bad = (screenshot(60 + n, 30, 20) for n in range(3))
+    calls: list[set[str]] = []
+    second = asyncio.Event()
+
+    async def script(request: web.Request, doc: Any) -> web.StreamResponse | None:
+        ids = {aid for _, aid in inlined(doc)}
+        if "first" in str(doc):
+            calls.append(ids)
+            if len(calls) == 2:  # the first probe: slow, while the other call is refused and records
+                second.set()
+                await asyncio.sleep(1.0)
+            if ref_id(bad) in ids:
+                return web.json_response({"error": {"code": 400, "message": "Request contains an invalid argument.",
+                                                    "status": "INVALID_ARGUMENT"}}, status=400)
+            return None
+        if ref_id(bad) in ids:
+            return web.json_response({"error": {"code": 400, "message": "Unable to process input image.",
+                                                "status": "INVALID_ARGUMENT"}}, status=400)
+        return None
+
+    upstream.script = script
+    harness = await make_harness(**RECORDING, **with_gemini)
+
+    def body(tag: str, images: list[bytes]) -> Json:
+        parts: list[Json] = [{"text": tag}] + [{"inline_data": {"mime_type": "image/png", "data": b64(i)}} for i in images]
+        return {"contents": [{"role": "user", "parts": parts}]}
+
+    headers = {"X-Session-Id": "race"}
+    first = asyncio.create_task(harness.client.post(GEMINI, json=body("first", [g1, g2, bad]), headers=headers))
+    await asyncio.wait_for(second.wait(), 10)
+    other = await harness.client.post(GEMINI, json=body("other", [bad]), headers=headers)
+    assert other.status == 200, await other.text()
+    assert (await first).status == 200
+    rejected = {e["attachment_id"] for e in of_type(await harness.events("race"), "attachment/rejected")}
+    assert rejected == {ref_id(bad)}

@@ -509,3 +509,18 @@ def test_image_facts_name_the_type_and_size_and_find_a_cut_image(kind: str) -> N
     if kind != "TIFF":  # a TIFF's header alone does not say how long it is
         assert image_facts(cut) == ImageFacts(None, len(cut))
     assert image_facts(b"") == ImageFacts(None, 0) and image_facts(b"%PDF-1.7") == ImageFacts(None, 8)
+
+
+def test_an_image_past_the_decoders_pixels_is_an_image_never_no_image() -> None:
+    import struct
+    import zlib
+
+    from projectionist.policy.model import ImageFacts
+    from projectionist.proxy.stores.admission import image_facts
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 10000, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    assert image_facts(png) == ImageFacts("image/png", len(png), 20000, 10000)
