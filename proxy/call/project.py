@@ -9,6 +9,7 @@ as attempt 2, from the log (the refused images are placeholders by then).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from ...policy.fold import SessionState
 from ...policy.model import ImageRef, Inlined, Placeholder, StoredImage
 from ...policy.ports import AttachmentStore
 from ...policy.projection import Projection, ProjectionContext, project
+from ..sessionlog.cached import CachedLog
 from .inflight import Carrying
 from .prepare import Asked, Built, build
 from .call import Call
@@ -132,8 +134,9 @@ class _Projecting:
         return await project(refs, ProjectionContext(
             store=store, log=services.log, session_id=session_id, upstream_format=call.fmt.FORMAT,
             profile=call.fmt.PROFILE, vary=services.variants, images=asked.images,
-            # none recorded without an image that may be: no reference, none the client inlined
-            lock=services.log.lock(session_id) if session_id and (refs or asked.inline) else None,
+            # none recorded without an image that may be: no reference, none the client inlined; the
+            # session's lock is taken only when something is to be written (most turns write nothing)
+            lock=SessionLock(services.log, session_id) if session_id and (refs or asked.inline) else None,
             sessionless=services.config.server.sessionless,
             state=fresh or (services.log.state(session_id) if session_id else None),
             fresh=fresh is not None,
@@ -180,6 +183,26 @@ class _Projecting:
         for carrying in self.in_flight:  # the call sent now carries these (the refused images are placeholders)
             carrying.ids = carried_ids(built)
         return built.body, recorder
+
+
+class SessionLock:
+    """This process's lock of a session (``lock(session_id)`` of the cached log), found only when a
+    decision is about to be written under it: a turn that writes nothing never makes one."""
+
+    __slots__ = ("log", "session_id", "held")
+
+    def __init__(self, log: CachedLog, session_id: str) -> None:
+        self.log = log
+        self.session_id = session_id
+        self.held: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        self.held = self.log.lock(self.session_id)
+        await self.held.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.held is not None
+        self.held.release()
 
 
 class RequestImages:
