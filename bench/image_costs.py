@@ -131,7 +131,7 @@ def measure_inline(pngs: list[bytes], rounds: int = 30) -> dict[str, Any]:
     cuts = scanning.runs(raw, openai_chat.INLINE_MARKERS)
     assert cuts is not None
 
-    async def projected(refs: Any, images: int) -> Projection:
+    async def projected(asked: Any) -> Projection:
         return Projection((), EMPTY)
 
     loop = asyncio.new_event_loop()
