@@ -15,16 +15,13 @@ import re
 from typing import Any, Final, NamedTuple, NoReturn
 
 import msgspec
-import pybase64
 
-from ...adapters.base import Carried, Inline, Linked, Site, WireFormat
+from ...adapters.base import Carried, Linked, Site, WireFormat
 from ...policy.decide import held_urls
 from ...policy.errors import AttachmentError, Code, InvalidRequest, PayloadTooLarge
 from ...policy.linked import url_id, url_name
-from ...policy.model import (NO_HTTP, HttpRefs, ImageFacts, ImageRef, Inlined, InlineOutcome, Outcome, Placeholder,
-                             Resolved, Respelled, StoredImage)
+from ...policy.model import NO_HTTP, HttpRefs, ImageRef, Inlined, Placeholder, Resolved
 from ...policy.projection import Projection
-from ..stores.admission import normalize_declared_type
 from ..stores.cache import inline as inline_of
 from .describe import (
     UPSTREAM,
@@ -41,7 +38,8 @@ from .describe import (
     site_paths,
     spliced_id,
 )
-from ..upstream.identity import Identities, canonical, decoded_bytes
+from ..upstream.identity import Identities
+from . import fit
 from .scan import Scanned, scan
 
 _decoder: Final = msgspec.json.Decoder()
@@ -265,11 +263,11 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
         _too_many(max_references)
     complete = scanned if scanned is not None and scanned.complete else None
     payload = _payload_of(raw, complete, client)
-    inline = inlined(client, identities, payload, complete, raw) if identities is not None else []
+    inline = fit.inlined(client, identities, payload, complete, raw) if identities is not None else []
     # every image counts for a many-image rule (client-inlined ones too): a walk, so only with one
     images = max(fmt.count_images(tree, http), len(sites)) if fmt.PROFILE.many_images is not None or inline \
         else len(sites)
-    projection = await run(Asked([site.ref for site in sites], images, inline, tree, loader(payload), len(raw)))
+    projection = await run(Asked([site.ref for site in sites], images, inline, tree, fit.loader(payload), len(raw)))
     _check_projected(projection, max_projected_bytes)
     held = projection.inline or tuple(None for _ in client)
     link_refs = [ImageRef(url_id(link.url), url_name(link.url)) for link in links]
@@ -307,7 +305,7 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
             seen[id(kept)] = (kept, aid)
     # a variant stands for its original: rejections and records speak of the reference's id
     origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
-    client_outcomes, respelled = _client_outcomes(client, held, inline, origin)
+    client_outcomes, respelled = fit.client_outcomes(client, held, inline, origin)
     changed = [*sites, *(site for site, outcome in zip(client_sites, held) if outcome is not None),
                *(site for site, outcome in zip(link_sites, held_links) if outcome is not None)]
     outcomes = (*projection.outcomes, *client_outcomes, *(outcome for outcome in held_links if outcome is not None))
@@ -330,86 +328,6 @@ def _check_projected(projection: Projection, limit: int | None) -> None:
     if inlined > limit:
         raise PayloadTooLarge(f"the images this request references would inline {inlined} bytes of base64, "
                               f"over max_projected_bytes ({limit})", code=Code.PROJECTED_TOO_LARGE)
-
-
-def _client_outcomes(client: list[tuple[Carried, str]], held: tuple[InlineOutcome, ...], inline: list[Inlined],
-                     origin: dict[int, str]) -> tuple[list[Outcome], dict[int, Inline]]:
-    """The outcomes to render for the client's images that change (all but the ones sent as they
-    came), and the ``Inline`` of each respelled one (by the id of the stand-in image rendered for
-    it: the client's own base64 under its true type, spelled canonically). A variant stands for
-    its original (``origin``)."""
-    outcomes: list[Outcome] = []
-    respelled: dict[int, Inline] = {}
-    facts = {image.id: image.facts for image in inline}
-    for (found, aid), outcome in zip(client, held):
-        if outcome is None:
-            continue
-        if isinstance(outcome, Respelled):
-            fact = facts[aid]
-            stand_in = StoredImage(aid, outcome.media_type, fact.bytes, fact.width, fact.height, b"")
-            respelled[id(stand_in)] = Respelling(outcome.media_type, found.data)
-            outcome = Resolved(stand_in)
-        elif isinstance(outcome, Resolved):
-            origin[id(outcome.image)] = aid
-        outcomes.append(outcome)
-    return outcomes, respelled
-
-
-class Respelling:
-    """The ``Inline`` of an image the client inlined, respelled: its own base64 (canonical: decoded
-    and encoded again where the client's spelling was another) under its true media type."""
-
-    __slots__ = ("media_type", "_b64")
-
-    def __init__(self, media_type: str, data: str) -> None:
-        self.media_type = media_type
-        self._b64 = data if canonical(data) else pybase64.b64encode(pybase64.b64decode(data, validate=True)).decode()
-
-    def data_url(self) -> str:
-        return f"data:{self.media_type};base64,{self._b64}"
-
-    def base64(self) -> str:
-        return self._b64
-
-
-def inlined(client: list[tuple[Carried, str]], identities: Identities, payload: Callable[[str], Any],
-            scanned: Scanned | None, raw: bytes) -> list[Inlined]:
-    """The client's images as the policy sees them: identity, what the bytes are (kept since the
-    identity was found; sniffed now when not), and the form the client spelled them in."""
-    found: list[Inlined] = []
-    unknown = ImageFacts(None, 0)
-    for image, aid in client:
-        facts = identities.facts(aid, lambda: _decoded(payload(aid))) or unknown
-        found.append(Inlined(aid, facts, form_of(image.declared, facts.media_type, _tail(image.data, scanned, raw))))
-    return found
-
-
-def form_of(declared: str | None, media_type: str | None, tail: str | bytes) -> str:
-    """How an image was spelled when that is not canonically (``Inlined.form``): labelled with
-    another media type than its bytes are, and/or base64 spelled otherwise than the one way."""
-    labelled = declared == media_type or media_type is None or normalize_declared_type(declared or "") == media_type
-    if labelled and canonical(tail):
-        return ""
-    parts = [] if labelled else [f"labelled {(declared or 'nothing')[:64]}"]
-    if not canonical(tail):
-        parts.append("non-canonical base64")
-    return "; ".join(parts)
-
-
-def _tail(data: str, scanned: Scanned | None, raw: bytes) -> str | bytes:
-    """The last characters of an image's base64: of its string, or, for a run the scan cut out
-    (``data`` its stand-in), of the run in ``raw``."""
-    run = scanned.run_of(data) if scanned is not None else None
-    return raw[max(run.start, run.end - 3):run.end] if run is not None else data[-3:]
-
-
-def _decoded(data: Any) -> bytes | None:
-    return decoded_bytes(data) if data is not None else None
-
-
-def loader(payload: Callable[[str], Any]) -> Callable[[str], bytes | None]:
-    """The decoded bytes of the client's image with an identity, from its base64 in the body."""
-    return lambda aid: _decoded(payload(aid))
 
 
 def _urls(links: list[Linked], refs: list[ImageRef], held: tuple[Placeholder | None, ...]

@@ -30,7 +30,7 @@ from ...policy.events import (
     answers,
 )
 from ...policy.fold import fold
-from ...policy.model import HttpRefs, ImageRef
+from ...policy.model import HttpRefs
 from ...policy.ports import SessionLog
 from ...policy.projection import Projection, ProjectionContext, project
 from ..config import Config, UpstreamConfig

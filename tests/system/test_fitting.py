@@ -35,7 +35,7 @@ from projectionist.proxy.config import Config
 from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import ADMIN, Harness
 from tests.fakes import FakeUpstream, Received
-from tests.imaging import dimensions, make_image, ref_id
+from tests.imaging import make_image, ref_id
 from projectionist.policy.evidence import MAX_CALLS
 from tests.limits import Enforcing, Refusal, anthropic_blocks, opened
 
