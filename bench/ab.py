@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--session", action="store_true", help="send X-Session-Id (the text path with a session)")
     parser.add_argument("--ws", choices=("text", "image"), help="Responses WebSocket turns instead of HTTP")
+    parser.add_argument("--record", choices=("off", "metadata", "full"), help="[record] mode of both (default: theirs)")
     parser.add_argument("--images", action="store_true",
                         help="the P7 body instead of text: ten ~203 KB PNGs inlined by the client (with a session)")
     args = parser.parse_args(argv)
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, root in (("old", args.old), ("new", args.new)):
             port, home = free_pair(), work / name
             home.mkdir()
-            (home / "p.toml").write_text(f'[upstreams.openai]\nformat = "openai"\nurl = "{upstream.base}"\n')
+            record = f'[record]\nmode = "{args.record}"\n' if args.record else ""
+            (home / "p.toml").write_text(f'[upstreams.openai]\nformat = "openai"\nurl = "{upstream.base}"\n{record}')
             servers[name] = (port, subprocess.Popen(
                 [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(home / "p.toml"),
                  "--port", str(port), "--data-dir", str(home / "data")],
