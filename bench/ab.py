@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--session", action="store_true", help="send X-Session-Id (the text path with a session)")
     parser.add_argument("--ws", choices=("text", "image"), help="Responses WebSocket turns instead of HTTP")
-    parser.add_argument("--record", choices=("off", "metadata", "full"), help="[record] mode of both (default: theirs)")
+    parser.add_argument("--record", help="[record] mode of both (off, metadata, full; default: theirs), or OLD:NEW "
+                                         "for each its own (the same tree twice: what recording costs)")
     parser.add_argument("--images", action="store_true",
                         help="the P7 body instead of text: ten ~203 KB PNGs inlined by the client (with a session)")
     args = parser.parse_args(argv)
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, root in (("old", args.old), ("new", args.new)):
             port, home = free_pair(), work / name
             home.mkdir()
-            record = f'[record]\nmode = "{args.record}"\n' if args.record else ""
+            modes = (args.record or "").split(":")
+            mode = modes[0] if name == "old" or len(modes) == 1 else modes[1]
+            record = f'[record]\nmode = "{mode}"\n' if mode else ""
             (home / "p.toml").write_text(f'[upstreams.openai]\nformat = "openai"\nurl = "{upstream.base}"\n{record}')
             servers[name] = (port, subprocess.Popen(
                 [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(home / "p.toml"),

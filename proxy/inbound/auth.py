@@ -32,6 +32,12 @@ CREDENTIAL_HEADERS: Final = ("authorization", "x-api-key", "x-goog-api-key")
 WHOLE_MIN: Final = 8
 #: The proxy's own token header, for clients whose SDK key goes to the provider.
 TOKEN_HEADER: Final = "x-projectionist-token"
+#: Header values ``withheld_headers`` remembers as holding no token, at most, and the longest one.
+CLEAN_KEPT: Final = 4096
+CLEAN_VALUE_MAX: Final = 512
+#: Headers whose values are credentials: never remembered (what another client presented is
+#: nobody's business, not even by how long a check of it takes).
+_NEVER_KEPT: Final = frozenset({*CREDENTIAL_HEADERS, TOKEN_HEADER, "cookie", "proxy-authorization", "api-key"})
 
 
 class Forbidden(ProjectionistError):
@@ -79,6 +85,9 @@ class Guard:
         self.own_headers = frozenset({*(h.lower() for h in session_headers), TOKEN_HEADER})
         #: Console cookies signed out before they expire (value -> expiry), on this process.
         self.revoked: dict[str, float] = {}
+        #: Header values found to hold none of the tokens (a client sends the same few every
+        #: request); a credential header's value is never kept here, nor a value that holds one.
+        self._clean: set[str] = set()
 
     @property
     def clients_required(self) -> bool:
@@ -168,5 +177,15 @@ class Guard:
         custom one) and spelling, and the proxy's own headers: never forwarded."""
         if not self._own:
             return self.own_headers
-        held = [name.lower() for name, value in incoming.items() if self.holds_own(value)]
+        held = []
+        clean = self._clean
+        for name, value in incoming.items():
+            if value in clean:
+                continue
+            if self.holds_own(value):
+                held.append(name.lower())
+            elif name.lower() not in _NEVER_KEPT and len(value) <= CLEAN_VALUE_MAX:
+                if len(clean) >= CLEAN_KEPT:
+                    clean.clear()
+                clean.add(value)
         return self.own_headers.union(held) if held else self.own_headers
