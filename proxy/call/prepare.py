@@ -264,9 +264,7 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     complete = scanned if scanned is not None and scanned.complete else None
     payload = _payload_of(raw, complete, client)
     inline = fit.inlined(client, identities, payload, complete, raw) if identities is not None else []
-    # every image counts for a many-image rule (client-inlined ones too): a walk, so only with one
-    images = max(fmt.count_images(tree, http), len(sites)) if fmt.PROFILE.many_images is not None or inline \
-        else len(sites)
+    images = _image_count(fmt, tree, http, sites, bool(inline))
     projection = await run(Asked([site.ref for site in sites], images, inline, tree, fit.loader(payload), len(raw)))
     _check_projected(projection, max_projected_bytes)
     held = projection.inline or tuple(None for _ in client)
@@ -318,6 +316,15 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     return Built(UPSTREAM.encode(tree), projection, described, tree, seen, sent,
                  sum(isinstance(o, Placeholder) for o in held), payload, blanks,
                  _urls(links, link_refs, held_links), images, forms)
+
+
+def _image_count(fmt: WireFormat, tree: Any, http: HttpRefs, sites: list[Site], inlined: bool) -> int:
+    """How many images the body holds in all, the client's own too, what a many-image rule or a
+    learnt one counts: a walk, so only when the format has the rule or the client inlined images
+    (a rule may be learnt for them); else its references."""
+    if fmt.PROFILE.many_images is None and not inlined:
+        return len(sites)
+    return max(fmt.count_images(tree, http), len(sites))
 
 
 def _check_projected(projection: Projection, limit: int | None) -> None:

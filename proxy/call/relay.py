@@ -159,20 +159,11 @@ async def relay(
             if again is not None:
                 first, refusal, preread = answer, preread, None
                 answer.release()
-                while True:
-                    started = time.perf_counter()
-                    answer = await _send(session, request.method, url, again, headers)
-                    timing.headers_s = time.perf_counter() - started
-                    timing.status = answer.status
-                    verdict = await screen.answered(answer.status)
-                    if verdict is Verdict.KEEP:
-                        break
-                    answer.release()
-                    if verdict is Verdict.FIRST:  # the first refusal, as it came (its record was written)
-                        timing.status = first.status
-                        return await _complete_whole(first, refusal, None, request_id, timing)
-                    assert isinstance(verdict, bytes)
-                    again = verdict
+                kept = await _screened(screen, session, request.method, url, again, headers, timing)
+                if kept is None:  # the first refusal, as it came (its record was written)
+                    timing.status = first.status
+                    return await _complete_whole(first, refusal, None, request_id, timing)
+                answer, started = kept
                 observer = screen.observer
             elif whole:
                 return await _complete_whole(answer, preread, observer, request_id, timing)
@@ -189,6 +180,28 @@ async def relay(
     finally:
         timing.upstream_s = time.perf_counter() - started
         answer.release()
+
+
+async def _screened(screen: Screen, session: Transport, method: str, url: URL, body: bytes,
+                    headers: CIMultiDict[str], timing: Timing) -> tuple[Response, float] | None:
+    """Send the bodies ``screen`` gives, one after another, until it keeps an answer (returned, with
+    when its call started) or wants the first refusal back (None)."""
+    while True:
+        started = time.perf_counter()
+        answer = await _send(session, method, url, body, headers)
+        timing.headers_s = time.perf_counter() - started
+        timing.status = answer.status
+        try:
+            verdict = await screen.answered(answer.status)
+        except BaseException:
+            answer.release()
+            raise
+        if verdict is Verdict.KEEP:
+            return answer, started
+        answer.release()
+        if verdict is Verdict.FIRST:
+            return None
+        body = verdict
 
 
 def client_error(exc: BaseException) -> UpstreamError | None:

@@ -54,7 +54,7 @@ from ...adapters.responses import documents
 from ...policy import rejection as attribution
 from ...policy.decide import names_of
 from ...policy.errors import ProjectionistError
-from ...policy.events import Rejected
+from ...policy.events import Quarantine, Rejected
 from ...policy.fold import SessionState
 from ...policy.evidence import Evidence, Probe, Settle, Unproven
 from ...policy.linked import url_name
@@ -124,6 +124,7 @@ class Resend:
         self.evidence: Evidence | None = None
         self.trying: bytes = b""
         self.refusal = ""
+        self.names: dict[str, str | None] = {}
 
     def _read(self, status: int, content_type: str, encoding: str, body: bytes) -> Rejection | None:
         plain = _decoded(body, encoding)
@@ -206,8 +207,7 @@ class Resend:
                 self._unattributed()
                 return None
             wanted = attribution.quarantines(found, ids, self.fmt.FORMAT, names, self.built.forms)
-            _, new = await reject(wanted, log=services.log, session_id=self.session_id,
-                                  lock=services.log.lock(self.session_id), state=services.log.state(self.session_id))
+            new = await self._reject(wanted)
         except asyncio.CancelledError:
             raise
         except ProjectionistError as error:
@@ -253,7 +253,7 @@ class Resend:
         accepted: the call goes again without them (``policy.evidence``), and only a success
         records anything."""
         try:
-            ids, _ = await self._suspects(None)
+            ids, self.names = await self._suspects(None)
         except ProjectionistError:
             return None
         if not ids:
@@ -267,7 +267,7 @@ class Resend:
 
     async def _without(self, out: tuple[str, ...]) -> bytes:
         """The call built with the images ``out`` as their placeholders (assumed, not recorded)."""
-        assumed = attribution.quarantines(Rejection(""), out, self.fmt.FORMAT, names_of(self.refs), self.built.forms)
+        assumed = attribution.quarantines(Rejection(""), out, self.fmt.FORMAT, self.names, self.built.forms)
         # on the session as it was when the call was refused: what another call records meanwhile
         # must not leave more out of one probe than of the next
         state = self.built.projection.state if self.built.projection is not None else None
@@ -280,10 +280,9 @@ class Resend:
         answer of the call that proved it (or send that call once more)."""
         services = self.services
         wanted = tuple(msgspec.structs.replace(q, message_digest=self.refusal) for q in attribution.quarantines(
-            Rejection(""), step.out, self.fmt.FORMAT, names_of(self.refs), self.built.forms))
+            Rejection(""), step.out, self.fmt.FORMAT, self.names, self.built.forms))
         try:
-            _, new = await reject(wanted, log=services.log, session_id=self.session_id,
-                                  lock=services.log.lock(self.session_id), state=services.log.state(self.session_id))
+            new = await self._reject(wanted)
         except asyncio.CancelledError:
             raise
         except ProjectionistError as error:
@@ -297,6 +296,14 @@ class Resend:
         if not step.again and again == self.trying:
             return Verdict.KEEP
         return again
+
+    async def _reject(self, wanted: tuple[Quarantine | Rejected, ...]) -> tuple[Quarantine | Rejected, ...]:
+        """Record ``wanted`` in the session's log, durably and once (``policy.projection.reject``):
+        what this call appended."""
+        log = self.services.log
+        _, new = await reject(wanted, log=log, session_id=self.session_id, lock=log.lock(self.session_id),
+                              state=log.state(self.session_id))
+        return new
 
     def _not_recorded(self, error: ProjectionistError) -> None:
         self.services.metrics.rejections["failed"] += 1
@@ -316,9 +323,7 @@ class Resend:
             return None
         names = {aid: url_name(url) for _, aid, url in urls}
         try:
-            _, new = await reject(attribution.unfetched(found, ids, names), log=services.log,
-                                  session_id=self.session_id, lock=services.log.lock(self.session_id),
-                                  state=services.log.state(self.session_id))
+            new = await self._reject(attribution.unfetched(found, ids, names))
         except asyncio.CancelledError:
             raise
         except ProjectionistError as error:
