@@ -87,43 +87,33 @@ REJECTIONS: Final[tuple[Known, ...]] = (
     (r"illegal base64 data at input byte", "https://github.com/jakobdylanc/llmcord/issues/29"),
 )
 #: Answers that say the model takes no images at all (learnt for the upstream and model: its images
-#: become placeholders there, and stay images everywhere else), with the statuses each comes with.
-CONTEXT: Final[tuple[KnownContext, ...]] = (
-    (r"image_url is only supported by certain models", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/browser-use/web-ui/issues/274"),
-    (r"does not support image_url content", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/pollinations/pollinations/issues/2588"),
+#: become placeholders there, and stay images everywhere else): each comes with any of
+#: ``NO_IMAGES_STATUSES``.
+NO_IMAGES: Final[tuple[Known, ...]] = (
+    (r"image_url is only supported by certain models", "https://github.com/browser-use/web-ui/issues/274"),
+    (r"does not support image_url content", "https://github.com/pollinations/pollinations/issues/2588"),
     # DeepSeek: its JSON body parser, naming the message
-    (r"unknown variant `?image_url`?, expected `?text`?", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/BenedictKing/ccx/issues/95"),
+    (r"unknown variant `?image_url`?, expected `?text`?", "https://github.com/BenedictKing/ccx/issues/95"),
     # xAI's text-only models
-    (r"The model expects a single `?text`? element per message", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/chatboxai/chatbox/issues/1622"),
+    (r"The model expects a single `?text`? element per message", "https://github.com/chatboxai/chatbox/issues/1622"),
     # DashScope's text-only models
-    (r"Unexpected item type in content", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/openclaw/openclaw/issues/92688"),
+    (r"Unexpected item type in content", "https://github.com/openclaw/openclaw/issues/92688"),
     # vLLM serving a text-only model
-    (r"is not a multimodal model", "no_images", NO_IMAGES_STATUSES, "https://github.com/vllm-project/vllm/issues/23402"),
-    (r"At most 0 image\(s\) may be provided", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/vllm-project/vllm/issues/9739"),
+    (r"is not a multimodal model", "https://github.com/vllm-project/vllm/issues/23402"),
+    (r"At most 0 image\(s\) may be provided", "https://github.com/vllm-project/vllm/issues/9739"),
     # Ollama: its cloud, and a local model without its vision projector
-    (r"this model does not support image input", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/ollama/ollama/issues/17301"),
-    (r"this model is missing data required for image input", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/open-webui/open-webui/issues/13077"),
+    (r"this model does not support image input", "https://github.com/ollama/ollama/issues/17301"),
+    (r"this model is missing data required for image input", "https://github.com/open-webui/open-webui/issues/13077"),
     # OpenRouter: no endpoint of the model takes images (a 404)
-    (r"No endpoints found that support image input", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/aaif-goose/goose/issues/5396"),
+    (r"No endpoints found that support image input", "https://github.com/aaif-goose/goose/issues/5396"),
     # LM Studio, llama.cpp's server (a 500), Groq's text-only models, Fireworks
-    (r"Model does not support images", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/lmstudio-ai/lmstudio-bug-tracker/issues/908"),
-    (r"image input is not supported by this server", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/ggml-org/llama.cpp/issues/13566"),
-    (r"message\[\d+\]\.content must be a string", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/vercel/ai/issues/2837"),
-    (r"Cannot preprocess image len\(combined_imgs\)", "no_images", NO_IMAGES_STATUSES,
-     "https://github.com/pydantic/pydantic-ai/issues/2424"),
+    (r"Model does not support images", "https://github.com/lmstudio-ai/lmstudio-bug-tracker/issues/908"),
+    (r"image input is not supported by this server", "https://github.com/ggml-org/llama.cpp/issues/13566"),
+    (r"message\[\d+\]\.content must be a string", "https://github.com/vercel/ai/issues/2837"),
+    (r"Cannot preprocess image len\(combined_imgs\)", "https://github.com/pydantic/pydantic-ai/issues/2424"),
 )
+CONTEXT: Final[tuple[KnownContext, ...]] = tuple((pattern, "no_images", NO_IMAGES_STATUSES, source)
+                                                  for pattern, source in NO_IMAGES)
 _CONTEXT: Final = ContextAnswers(CONTEXT)
 #: ``error.code`` values that name an image refusal whatever the message says, and where seen.
 REJECTION_CODES: Final = {"invalid_image_format": "https://github.com/STranslate/STranslate/issues/277"}
