@@ -493,3 +493,24 @@ async def test_a_refusal_another_call_records_meanwhile_never_misleads_the_evide
     assert (await first).status == 200
     rejected = {e["attachment_id"] for e in of_type(await harness.events("race"), "attachment/rejected")}
     assert rejected == {ref_id(bad)}
+
+
+async def test_a_client_that_names_no_session_gets_its_images_fitted_too(make_harness: MakeHarness,
+                                                                          enforcing: Enforcing) -> None:
+    """As aider sends it: no session header, no session in the body, the history re-sent each
+    turn. The session the proxy derives pins the variant, and the next turn sends the same bytes."""
+    harness = await make_harness(**RECORDING)
+    wide = make_image(9000, 500, color=12)
+    body = claude_code_turn([wide])
+    resp, received = await send(harness, "/v1/messages", body, {})
+    assert resp.status == 200 and len(received) == 1 and enforcing.refused == [], await resp.text()
+    [(_, width, _, data)] = sent_images(received[0])
+    assert width == 8000
+    later = {**body, "messages": [*body["messages"], {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+                                  {"role": "user", "content": [{"type": "text", "text": "and now?"}]}]}
+    resp, again = await send(harness, "/v1/messages", later, {})
+    assert resp.status == 200 and [d for _, _, _, d in sent_images(again[0])] == [data]
+    listed = await harness.client.get("/admin/sessions", headers=ADMIN)
+    [session] = [s["session"] for s in (await listed.json())["sessions"]]
+    assert session.startswith("derived:")
+    assert [p["attachment_id"] for p in of_type(await harness.events(session), "attachment/variant")] == [ref_id(wide)]
