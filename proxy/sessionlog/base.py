@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
-from typing import NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol
 
 import msgspec
 
@@ -87,17 +87,55 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def join_records(encoded: list[bytes]) -> bytes:
+    """The body of a row that holds several records: a JSON array of the events as each was
+    encoded alone (``split_records`` gives each one's bytes back)."""
+    return b"[" + b",".join(encoded) + b"]"
+
+
+def split_records(body: bytes) -> list[bytes]:
+    """The events' own bytes in a body of several records (``join_records``); a body of one
+    event (a JSON object) is itself."""
+    if body[:1] != b"[":
+        return [body]
+    return [bytes(raw) for raw in _rows_decoder.decode(body)]
+
+
+_rows_decoder: Final = msgspec.json.Decoder(list[msgspec.Raw])
+
+
 def decode_rows(session_id: str, after_seq: int, rows: Iterable[tuple[int, object]]) -> list[Event]:
     """The events of ``rows`` (seq, body) read after ``after_seq``: each must decode and the seqs
-    must follow on without a gap, else ``LogCorrupt`` names the session and the seq."""
+    must follow on without a gap, else ``LogCorrupt`` names the session and the seq. A row of
+    several records (the SQLite log's, ``join_records``) stands under the seq of its last one and
+    may begin at or before ``after_seq``: those of its events are left out."""
     events: list[Event] = []
     expected = after_seq + 1
     for seq, body in rows:
+        if isinstance(body, (bytes, memoryview)) and body[:1] == b"[":
+            parts = _split(session_id, seq, bytes(body))
+            first = seq - len(parts) + 1 if isinstance(seq, int) else seq
+            if not isinstance(seq, int) or first > expected or seq < expected:
+                raise LogCorrupt(session_id, expected, f"missing (the next event found is seq {first})")
+            for at, part in enumerate(parts[expected - first:], expected):
+                events.append(_decode(session_id, at, part))
+            expected = seq + 1
+            continue
         if not isinstance(seq, int) or seq != expected:
             raise LogCorrupt(session_id, expected, f"missing (the next event found is seq {seq})")
         events.append(_decode(session_id, seq, body))
         expected += 1
     return events
+
+
+def _split(session_id: str, seq: int, body: bytes) -> list[bytes]:
+    try:
+        parts = split_records(body)
+    except msgspec.DecodeError:
+        raise LogCorrupt(session_id, seq, "does not decode") from None
+    if not parts:
+        raise LogCorrupt(session_id, seq, "an empty row of records")
+    return parts
 
 
 def decode_states(session_id: str, after_seq: int, rows: Iterable[tuple[int, object]]) -> list[Event]:

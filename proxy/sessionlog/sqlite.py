@@ -6,6 +6,11 @@ nothing is acknowledged before it is durable. Every sqlite3 call runs on one ded
 Each job sent to a lane thread (one transaction, or one read) is one round trip, counted in ``ops``.
 sqlite3's and the OS's exceptions are one table (``SQLITE_ERRORS``), applied once in ``_run``.
 
+The records of a session written in one group commit are one row (``first`` is the seq of its
+first event, ``seq`` of its last, and the body is a JSON array of the events, each encoded as it
+would be alone): a busy proxy pays SQLite's cost per row once for many calls. Every other event
+is a row of its own, ``first`` NULL. What a reader, a fork or the stats see is one event per seq.
+
 Every state event (anything but a record or a checkpoint) also leaves a row in ``state_changes``,
 written by a trigger in the same transaction, so every writer of the file leaves one, forks
 included. The log polls that table (``watch``, a ``sessionlog.watch.PolledWatch``) every
@@ -37,6 +42,8 @@ from .base import (
     SessionStats,
     decode_rows,
     decode_states,
+    join_records,
+    split_records,
     utc_now,
 )
 from .watch import PolledWatch
@@ -54,7 +61,7 @@ from ...policy.events import (
     event_type,
 )
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS events (
@@ -63,15 +70,21 @@ CREATE TABLE IF NOT EXISTS events (
     type    TEXT NOT NULL,
     time    TEXT NOT NULL,
     body    BLOB NOT NULL,
+    first   INTEGER,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID
 """
-_INSERT: Final = "INSERT INTO events (session, seq, type, time, body) VALUES (?, ?, ?, ?, ?)"
-#: Rows per multi-row INSERT (5 parameters each, far below SQLite's 32,766).
+#: Schema version 4: a row may hold several records (``first`` to ``seq``); NULL: one event.
+_FIRST_COLUMN: Final = "ALTER TABLE events ADD COLUMN first INTEGER"
+_INSERT: Final = "INSERT INTO events (session, seq, type, time, body, first) VALUES (?, ?, ?, ?, ?, ?)"
+#: Rows per multi-row INSERT (6 parameters each, far below SQLite's 32,766).
 _ROWS_PER_INSERT: Final = 128
 
 
-def _insert(conn: sqlite3.Connection, rows: list[tuple[str, int, str, str, bytes]]) -> None:
+Row = tuple[str, int, str, str, bytes, int | None]
+
+
+def _insert(conn: sqlite3.Connection, rows: list[Row]) -> None:
     """Insert ``rows`` with one statement per ``_ROWS_PER_INSERT`` rows, not one per row.
 
     sqlite3 lets go of the GIL around every statement it steps; a worker thread that must take
@@ -80,13 +93,40 @@ def _insert(conn: sqlite3.Connection, rows: list[tuple[str, int, str, str, bytes
     overflowed. One statement per chunk takes the GIL back once per chunk."""
     for start in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[start:start + _ROWS_PER_INSERT]
-        values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
-        conn.execute(f"INSERT INTO events (session, seq, type, time, body) VALUES {values}",
+        values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk))
+        conn.execute(f"INSERT INTO events (session, seq, type, time, body, first) VALUES {values}",
                      [value for row in chunk for value in row])
+def _rows(session_id: str, now: str, events: list[tuple[Event, str]]) -> list[Row]:
+    """One session's events of one group commit, in seq order, as rows: each run of records one
+    row, every other event a row of its own (a run of one record too)."""
+    rows: list[Row] = []
+    run: list[tuple[Event, str]] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            rows.append((session_id, run[0][0].seq, run[0][1], now, encode_event(run[0][0]), None))
+        elif run:
+            rows.append((session_id, run[-1][0].seq, run[0][1], now,
+                         join_records([encode_event(event) for event, _ in run]), run[0][0].seq))
+        run.clear()
+
+    for event, kind in events:
+        if kind in RECORD_TYPES:
+            run.append((event, kind))
+            continue
+        flush()
+        rows.append((session_id, event.seq, kind, now, encode_event(event), None))
+    flush()
+    return rows
+
+
 _COPY_PREFIX: Final = (
-    "INSERT INTO events (session, seq, type, time, body)"
-    " SELECT ?, seq, type, time, body FROM events WHERE session = ? AND seq <= ? ORDER BY seq"
+    "INSERT INTO events (session, seq, type, time, body, first)"
+    " SELECT ?, seq, type, time, body, first FROM events WHERE session = ? AND seq <= ? ORDER BY seq"
 )
+#: The row of records that holds seq ``?2`` and goes on past it (a fork there copies part of it).
+_STRADDLING: Final = ("SELECT seq, type, time, body, first FROM events"
+                      " WHERE session = ?1 AND seq > ?2 AND first <= ?2 ORDER BY seq LIMIT 1")
 _LAST_SEQ: Final = "SELECT coalesce(max(seq), 0) FROM events WHERE session = ?"
 #: A state event (anything but a record or a checkpoint) after the expected seq: the conditional
 #: append's conflict.
@@ -128,8 +168,10 @@ _EXISTS: Final = "SELECT 1 FROM events WHERE session = ? LIMIT 1"
 _SESSIONS: Final = "SELECT DISTINCT session FROM events"
 #: Every session's count, last seq and latest time in one scan of the primary key, the most
 #: recently active first (a negative LIMIT is none); the same for one session by its key range.
-_STATS: Final = "SELECT session, count(*), max(seq), max(time) FROM events GROUP BY session ORDER BY 4 DESC, 1 LIMIT ?"
-_STATS_OF: Final = "SELECT session, count(*), max(seq), max(time) FROM events WHERE session = ? GROUP BY session"
+_COUNT: Final = "sum(seq - coalesce(first, seq) + 1)"
+_STATS: Final = (f"SELECT session, {_COUNT}, max(seq), max(time) FROM events GROUP BY session ORDER BY 4 DESC, 1"
+                 " LIMIT ?")
+_STATS_OF: Final = f"SELECT session, {_COUNT}, max(seq), max(time) FROM events WHERE session = ? GROUP BY session"
 #: Readiness: a read transaction on the file (a bare ``SELECT 1`` would never touch it).
 _PING: Final = "SELECT 1 FROM events LIMIT 1"
 
@@ -387,8 +429,10 @@ class SqliteLog:
     @staticmethod
     def _migrate_tx(conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version in (0, 1, 2):  # 0: a new file; 1 -> 2: the state index; 2 -> 3: the state changes
-            conn.execute(_SCHEMA)
+        if version in (0, 1, 2, 3):  # 0: a new file; 1 -> 2: the state index; 2 -> 3: the state changes;
+            conn.execute(_SCHEMA)     # 3 -> 4: rows of several records
+            if "first" not in {row[1] for row in conn.execute("PRAGMA table_info(events)")}:
+                conn.execute(_FIRST_COLUMN)
             conn.execute(_STATE_INDEX)
             conn.execute(_CHANGES_TABLE)
             conn.execute(_CHANGES_TRIGGER)
@@ -498,7 +542,8 @@ class SqliteLog:
             raise AppendConflict(session_id, expected_seq, actual)
         now = self._clock()
         events: list[Event] = [envelope(actual + i, now, item) for i, item in enumerate(items, 1)]
-        _insert(conn, [(session_id, event.seq, kind, now, encode_event(event)) for event, kind in zip(events, types)])
+        _insert(conn, [(session_id, event.seq, kind, now, encode_event(event), None)
+                       for event, kind in zip(events, types)])
         return events
 
     def _batch_job(self, batch: list[Item], conn: sqlite3.Connection) -> list[list[Event]]:
@@ -508,14 +553,14 @@ class SqliteLog:
         now = self._clock()
         last: dict[str, int] = {}
         written: list[list[Event]] = []
-        rows: list[tuple[str, int, str, str, bytes]] = []
+        groups: dict[str, list[tuple[Event, str]]] = {}  # each session's records, in seq order
         for session_id, items, types in batch:
             seq = last[session_id] if session_id in last else self._last_seq(conn, session_id)
             events: list[Event] = [envelope(seq + i, now, item) for i, item in enumerate(items, 1)]
             last[session_id] = seq + len(items)
-            rows += [(session_id, e.seq, kind, now, encode_event(e)) for e, kind in zip(events, types)]
+            groups.setdefault(session_id, []).extend(zip(events, types))
             written.append(events)
-        _insert(conn, rows)
+        _insert(conn, [row for session_id, group in groups.items() for row in _rows(session_id, now, group)])
         return written
 
     def _fork_tx(self, parent: str, child: str, at_seq: int | None, conn: sqlite3.Connection) -> ForkedEvent:
@@ -528,6 +573,11 @@ class SqliteLog:
                 f"cannot fork {parent!r} at seq {at}: its last seq is {last}", code=Code.INVALID_FORK_SEQ
             )
         conn.execute(_COPY_PREFIX, (child, parent, at))  # verbatim: same type, time and body bytes
+        straddling = conn.execute(_STRADDLING, (parent, at)).fetchone()
+        if straddling is not None:  # the records up to ``at`` of a row that goes on past it, each verbatim
+            _, kind, time_, body, first = straddling
+            kept = split_records(bytes(body))[:at - first + 1]
+            _insert(conn, [(child, at, kind, time_, join_records(kept), first if len(kept) > 1 else None)])
         marker = ForkedEvent(seq=at + 1, time=self._clock(), data=Forked(parent=parent, at_seq=at))
-        conn.execute(_INSERT, (child, marker.seq, FORKED, marker.time, encode_event(marker)))
+        conn.execute(_INSERT, (child, marker.seq, FORKED, marker.time, encode_event(marker), None))
         return marker

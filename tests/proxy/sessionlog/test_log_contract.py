@@ -45,6 +45,7 @@ from projectionist.policy.events import (
 )
 from projectionist.policy.fold import fold
 from projectionist.policy.ports import SessionLog
+from projectionist.proxy.sessionlog.base import split_records
 from projectionist.proxy.sessionlog.postgres import PostgresLog
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
 from tests.backends import pg_dsn
@@ -143,7 +144,10 @@ class SqliteBackend(LogBackend):
 
     async def raw_rows(self, session: str) -> list[Row]:
         rows = self._execute("SELECT seq, type, time, body FROM events WHERE session = ? ORDER BY seq", session)
-        return [(seq, kind, time, bytes(body)) for seq, kind, time, body in rows]
+        # a row of several records (``first`` to ``seq``) is each record's own row here
+        return [(seq - len(parts) + at, msgspec.json.decode(part)["type"] if len(parts) > 1 else kind, time, part)
+                for seq, kind, time, body in rows for parts in [split_records(bytes(body))]
+                for at, part in enumerate(parts, 1)]
 
     async def insert_raw(self, session: str, seq: int, type_: str, time: str, body: bytes) -> None:
         self._execute("INSERT INTO events (session, seq, type, time, body) VALUES (?, ?, ?, ?, ?)",

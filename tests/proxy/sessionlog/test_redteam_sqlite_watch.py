@@ -25,7 +25,7 @@ import pytest
 
 from projectionist.policy.events import QUARANTINE, Quarantine, encode_event, envelope
 from projectionist.proxy.sessionlog.cached import CachedLog
-from projectionist.proxy.sessionlog.sqlite import _SCHEMA, _STATE_INDEX, SqliteLog
+from projectionist.proxy.sessionlog.sqlite import _SCHEMA, _STATE_INDEX, SCHEMA_VERSION, SqliteLog
 from projectionist.proxy.sessionlog.watch import PolledWatch
 from tests.proxy.sessionlog.watching import ID, quarantine, until, watch_of, vouched as vouched_every
 
@@ -225,7 +225,7 @@ async def test_a_version_2_connection_opened_before_the_migration_leaves_change_
     await log.start()
     a = CachedLog(log)
     try:
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         await vouched(a, "y")
         old_write("y", 1)
         await until(lambda: a.fresh("y") is None, "the poll to see the old process's quarantine", seconds=1.0)

@@ -21,7 +21,7 @@ from projectionist.policy.events import (
     Recovered,
     ResponseRecorded,
 )
-from projectionist.proxy.sessionlog.sqlite import SqliteLog
+from projectionist.proxy.sessionlog.sqlite import SCHEMA_VERSION, SqliteLog
 
 ID_A = "sha256:" + "a" * 64
 ID_B = "sha256:" + "b" * 64
@@ -61,7 +61,7 @@ async def test_schema_created_idempotently(db: Path) -> None:
     await second.close()
     assert db.parent.is_dir()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         index = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events_state'").fetchone()[0]
@@ -83,7 +83,7 @@ async def test_a_version_1_file_gets_the_state_index_and_keeps_its_rows(db: Path
     assert (await second.read_state("s")).events == written
     await second.close()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events_state'").fetchone() == (1,)
         assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events_state_changes'").fetchone() == (1,)
 
@@ -348,3 +348,71 @@ async def test_a_batch_of_records_is_a_few_statements_not_one_per_row(tmp_path: 
     assert len(inserts) <= 3  # 300 rows in chunks of 128
     assert [e.seq for e in await log.read("s", 0)] == list(range(1, 301))
     await log.close()
+
+
+def call_record(n: int) -> ResponseRecorded:
+    return ResponseRecorded(request_id=f"r{n}", request_seq=0, status=200, latency_ms=float(n))
+
+
+def rows_of(db: Path, session: str) -> list[tuple[int, int | None, str]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT seq, first, type FROM events WHERE session = ? ORDER BY seq", (session,)).fetchall()
+
+
+async def test_the_records_of_a_group_commit_are_one_row_and_read_as_one_event_each(db: Path) -> None:
+    """Records appended together (the recorder's batches) cost SQLite one row, not one per call;
+    a state event among them stays a row of its own (a state read and the watch need it); what
+    a reader sees is one event per seq, also when it reads from inside the row."""
+    log = SqliteLog(db, clock=ticking_clock())
+    try:
+        written = await asyncio.gather(
+            log.append("s", None, [call_record(1), call_record(2)], durable=False),
+            log.append("s", None, [call_record(3), q(), call_record(4)], durable=False),
+            log.append("t", None, [call_record(5)], durable=False))
+        assert rows_of(db, "s") == [(3, 1, "response/recorded"), (4, None, "attachment/quarantine"),
+                                    (5, None, "response/recorded")]
+        assert rows_of(db, "t") == [(1, None, "response/recorded")]
+        events = await log.read("s")
+        assert [e.seq for e in events] == [1, 2, 3, 4, 5]
+        assert events == written[0] + written[1]
+        assert await log.read("s", 2) == events[2:]  # begins inside the row of three
+        assert await log.read("s", 3) == events[3:]
+        assert [e.seq for e in (await log.read_state("s")).events] == [4]
+        assert [(s.session, s.events, s.last_seq) for s in await log.session_stats()] == [("s", 5, 5), ("t", 1, 1)]
+    finally:
+        await log.close()
+
+
+@pytest.mark.parametrize("at", [1, 2, 3])
+async def test_a_fork_inside_a_row_of_records_copies_each_record_verbatim(db: Path, at: int) -> None:
+    log = SqliteLog(db, clock=ticking_clock())
+    try:
+        parent = await log.append("p", None, [call_record(n) for n in range(1, 5)], durable=False)
+        await log.fork("p", "c", at)
+        child = await log.read("c")
+        assert child[:at] == parent[:at] and child[at].seq == at + 1 and len(child) == at + 1
+        assert await log.read("p") == parent  # the parent's row untouched
+        with sqlite3.connect(db) as conn:
+            (body,) = conn.execute("SELECT body FROM events WHERE session = 'p'").fetchone()
+            copied = [bytes(b) for (b,) in conn.execute(
+                "SELECT body FROM events WHERE session = 'c' AND type != 'session/forked' ORDER BY seq")]
+        assert b"".join(copied).strip(b"[]") in bytes(body)  # the events' own bytes, cut from the row
+    finally:
+        await log.close()
+
+
+async def test_a_version_3_file_gets_rows_of_records_and_keeps_its_rows(db: Path) -> None:
+    """Version 4 adds ``first`` (rows of several records); a version-3 file's rows read as before."""
+    old = sqlite3.connect(db.parent.mkdir(parents=True) or db)
+    old.execute("CREATE TABLE events (session TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL,"
+                " time TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID")
+    old.execute("PRAGMA user_version = 3")
+    old.close()
+    log = SqliteLog(db, clock=ticking_clock())
+    try:
+        one = await log.append("s", 0, [q()])
+        more = await log.append("s", None, [call_record(1), call_record(2)], durable=False)
+        assert await log.read("s") == one + more
+        assert rows_of(db, "s") == [(1, None, "attachment/quarantine"), (3, 2, "response/recorded")]
+    finally:
+        await log.close()
