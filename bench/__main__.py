@@ -37,6 +37,7 @@ from bench.targets import (
     Proc,
     Processes,
     TargetFailed,
+    checkout,
     cpu_ticks,
     find_litellm,
     find_portkey,
@@ -45,6 +46,7 @@ from bench.targets import (
     process_tree,
     start_bare,
     portkey_headers,
+    previous_release,
     start_litellm,
     start_portkey,
     start_projectionist,
@@ -276,7 +278,8 @@ class Bench:
 
     def text1k(self, servers: dict[str, Proc], upstream: Proc) -> None:
         """Every target gets the session header, as agents send it; the comparison rows at c=16
-        change one thing each: no session header, logging at warning, two workers, and the
+        change one thing each: no session header, recording off, logging at warning, two
+        workers, the previous release (``--previous``: a regression shows as a ratio), and the
         bare proxy on uvloop (projectionist's default loop)."""
         text = self.body("text1k", scenarios.text_body())
         session = {"X-Session-Id": scenarios.TEXT_SESSION}
@@ -289,7 +292,11 @@ class Bench:
             rows = {"projectionist-quiet": partial(start_projectionist, self.procs, upstream, "projectionist-quiet",
                                                    self.token, "warning"),
                     "projectionist-2w": partial(start_projectionist, self.procs, upstream, "projectionist-2w",
-                                                self.token, workers=2)}
+                                                self.token, workers=2),
+                    "projectionist-recoff": partial(start_projectionist, self.procs, upstream, "projectionist-recoff",
+                                                    self.token, extra_toml='[record]\nmode = "off"\n')}
+            if self.args.previous:
+                rows["projectionist-previous"] = partial(self.previous, upstream)
             if self.peers.dir and self.procs.loop != "uvloop":
                 rows["bare-uvloop"] = partial(start_bare, self.procs, self.peers, upstream, "bare-uvloop", "uvloop")
             extra: list[Proc] = []
@@ -306,6 +313,12 @@ class Bench:
             finally:
                 for proc in extra:
                     self.procs.stop(proc)
+
+    def previous(self, upstream: Proc) -> Proc:
+        """The previous release (``--previous``), checked out beside this tree, on its defaults."""
+        tree = checkout(self.args.previous, self.procs.workdir / "previous-tree")
+        self.results.extras["previous_release"] = self.args.previous
+        return start_projectionist(self.procs, upstream, "projectionist-previous", self.token, tree=tree)
 
     def sse(self, servers: dict[str, Proc]) -> None:
         """SSE through every target that can stream; a peer whose streaming answer breaks is
@@ -448,6 +461,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pg-dsn", help="PostgreSQL superuser DSN for the ops scenario's replicated pair "
                         "(default $PROJECTIONIST_TEST_PG_DSN)")
     parser.add_argument("--rss-requests", type=int, help="requests of the rss mix (default 10,000)")
+    parser.add_argument("--previous", default=previous_release(), metavar="REV",
+                        help="the revision text1k's P1 is also measured against, side by side (default: the "
+                             "previous release, bench/PREVIOUS_RELEASE); '' for none")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.duration < 1 or (args.rss_requests is not None and args.rss_requests < 1):
         parser.error("--runs, --duration and --rss-requests must be at least 1")

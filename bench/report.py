@@ -103,6 +103,15 @@ def _check(label: str, value: float | None, op: str, limit: float, note: str = "
     return Ratio(label, value, f"{op} {limit:g}{unit}", "PASS" if ok else "MISS", note)
 
 
+def _previous(results: Results) -> str:
+    """Which revision the previous-release row ran, and its CPU per request against this one's."""
+    revision = results.extras.get("previous_release")
+    if not revision or not results.cell("text1k", "projectionist-previous", 16):
+        return "previous release not measured (--previous)"
+    cpu = _ratio(_cpu(results.figure, "projectionist"), _cpu(results.figure, "projectionist-previous"))
+    return f"{revision}; CPU/request {cpu:.3f}x its" if cpu is not None else str(revision)
+
+
 def ratios(results: Results) -> list[Ratio]:
     """Issue 13's targets P1-P6, each a ratio of medians measured in this run (projectionist on
     its defaults, the session header set), and the comparison rows as ``info``."""
@@ -111,8 +120,14 @@ def ratios(results: Results) -> list[Ratio]:
     cpu = partial(_cpu, fig)
     peer = {name: "" if results.cell("text1k", name, 16) else f"{name} not measured" for name in ("litellm", "portkey")}
     out = [
-        _check("P1 text1k c=16 throughput projectionist/bare", _ratio(rps("projectionist"), rps("bare")), "≥", 0.90),
-        _check("P1 text1k c=16 CPU/request projectionist/bare", _ratio(cpu("projectionist"), cpu("bare")), "≤", 1.20),
+        _check("P1 text1k c=16 throughput projectionist/bare", _ratio(rps("projectionist"), rps("bare")), "≥", 0.95),
+        _check("P1 text1k c=16 CPU/request projectionist/bare", _ratio(cpu("projectionist"), cpu("bare")), "≤", 1.10),
+        _check("P1 text1k c=16 throughput projectionist(record off)/bare",
+               _ratio(rps("projectionist-recoff"), rps("bare")), "≥", 1.05),
+        _check("P1 recording's cost: text1k c=16 throughput projectionist/projectionist(record off)",
+               _ratio(rps("projectionist"), rps("projectionist-recoff")), "≥", 0.95),
+        _check("P1 text1k c=16 throughput projectionist/previous release", _ratio(rps("projectionist"),
+               rps("projectionist-previous")), "≥", 0.97, _previous(results)),
         _check("P1 text1k c=16 throughput projectionist/portkey", _ratio(rps("projectionist"), rps("portkey")), "≥", 2.5,
                peer["portkey"]),
         _check("P1 text1k c=16 throughput projectionist/litellm", _ratio(rps("projectionist"), rps("litellm")), "≥", 50,

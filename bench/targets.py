@@ -130,11 +130,11 @@ class Processes:
         self.loop = loop
 
     def start(self, name: str, argv: list[str], env: Mapping[str, str], port: int,
-              ready_path: str = "/", need_200: bool = False, timeout: float = 30.0) -> Proc:
+              ready_path: str = "/", need_200: bool = False, timeout: float = 30.0, cwd: Path | None = None) -> Proc:
         log_path = self.workdir / f"{name}.log"
         try:
             with open(log_path, "wb") as log:
-                popen = subprocess.Popen(argv, env={**os.environ, **env}, cwd=ROOT, stdin=subprocess.DEVNULL,
+                popen = subprocess.Popen(argv, env={**os.environ, **env}, cwd=cwd or ROOT, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT)
         except OSError as error:
             raise TargetFailed(f"{name} could not be started: {error}") from None
@@ -240,9 +240,10 @@ def projectionist_config(upstream: Proc, log_level: str | None, cache_max_bytes:
 
 def start_projectionist(procs: Processes, upstream: Proc, name: str, admin_token: str,
                         log_level: str | None = None, cache_max_bytes: int | None = None, workers: int = 1,
-                        data_dir: Path | None = None, extra_toml: str = "") -> Proc:
+                        data_dir: Path | None = None, extra_toml: str = "", tree: Path | None = None) -> Proc:
     """``projectionist serve`` on its defaults; ``log_level``, ``cache_max_bytes`` and ``workers``
-    change what a row says they change, and nothing else."""
+    change what a row says they change, and nothing else. ``tree``: a folder holding another
+    checkout named ``projectionist`` (``checkout``), served instead of this one."""
     home = procs.workdir / name
     home.mkdir(exist_ok=True)
     config = home / "projectionist.toml"
@@ -252,7 +253,36 @@ def start_projectionist(procs: Processes, upstream: Proc, name: str, admin_token
             "--data-dir", str(data_dir or home / "data")]
     if workers != 1:
         argv += ["--workers", str(workers)]
-    return procs.start(name, argv, {"PROJECTIONIST_ADMIN_TOKEN": admin_token}, port, "/healthz", need_200=True)
+    env = {"PROJECTIONIST_ADMIN_TOKEN": admin_token}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    return procs.start(name, argv, env, port, "/healthz", need_200=True, cwd=tree / "projectionist" if tree else None)
+
+
+#: The commit of the previous release, which P1 is measured against side by side (``--previous``).
+PREVIOUS_RELEASE = ROOT / "bench" / "PREVIOUS_RELEASE"
+
+
+def previous_release() -> str:
+    """The revision ``PREVIOUS_RELEASE`` names (its first word; the rest says what it is)."""
+    return PREVIOUS_RELEASE.read_text().split()[0]
+
+
+def checkout(revision: str, into: Path) -> Path:
+    """``revision`` of this repository as ``into/projectionist`` (``git archive``: no worktree
+    left behind); returns ``into``, for ``start_projectionist(tree=...)``. ``TargetFailed`` when
+    git cannot give it (no git, a shallow clone, an unknown revision)."""
+    target = into / "projectionist"
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", revision],
+                                 capture_output=True, check=True, timeout=120)
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, capture_output=True, check=True,
+                       timeout=120)
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        raise TargetFailed(f"cannot check out {revision}: {detail.decode(errors='replace').strip() or error}") from None
+    return into
 
 
 PORTKEY_VERSION = "1.15.2"

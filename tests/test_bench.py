@@ -1,0 +1,68 @@
+"""The bench's guard of the text path (issue 42): P1 is also measured against the previous
+release, checked out from this repository beside the tree, and the report turns each row into
+its verdict. The bench itself runs outside the suite (its figures are no test's); what is tested
+here is that its comparison rows can be built and read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench(code: str) -> str:
+    """Run ``code`` with the repository's ``bench`` package importable (it is no installed one)."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_previous_release_is_a_commit_of_this_repository(tmp_path: Path) -> None:
+    revision = bench("from bench.targets import previous_release; print(previous_release())").strip()
+    assert len(revision) == 40 and int(revision, 16) >= 0
+    kind = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-t", revision], capture_output=True, text=True)
+    assert kind.stdout.strip() == "commit", kind.stderr
+
+
+def test_a_revision_is_checked_out_beside_the_tree_and_an_unknown_one_is_a_clear_failure(tmp_path: Path) -> None:
+    out = bench(f"""
+from pathlib import Path
+from bench.targets import TargetFailed, checkout
+tree = checkout("HEAD", Path({str(tmp_path / 'head')!r}))
+print((tree / "projectionist" / "proxy" / "ops" / "cli.py").is_file())
+try:
+    checkout("0" * 40, Path({str(tmp_path / 'none')!r}))
+except TargetFailed as error:
+    print("failed:", error)
+""")
+    lines = out.splitlines()
+    assert lines[0] == "True"
+    assert lines[1].startswith("failed: cannot check out " + "0" * 40)
+
+
+def test_the_report_reads_the_text_rows_against_bare_record_off_and_the_previous_release() -> None:
+    """Throughputs (req/s) and CPU (ms/request) chosen so each verdict is known: 0.96x bare (PASS
+    at 0.95), 1.2x its CPU (MISS at 1.10), record off 1.10x bare (PASS), recording's cost 0.873
+    (MISS at 0.95), 0.96x the previous release (MISS at 0.97)."""
+    rows = {"bare": (1000.0, 0.200), "projectionist": (960.0, 0.240), "projectionist-recoff": (1100.0, 0.190),
+            "projectionist-previous": (1000.0, 0.230)}
+    out = bench(f"""
+import json
+from bench.report import Cell, Results, Run, ratios
+results = Results()
+for name, (rps, cpu) in {rows!r}.items():
+    results.cells.append(Cell("text1k", name, 16, [Run(1000, 0, rps, 1.0, 2.0, cpu, None, None)]))
+results.extras["previous_release"] = "abc123"
+print(json.dumps({{r.label: [r.verdict, r.value, r.note] for r in ratios(results)}}))
+""")
+    found = json.loads(out)
+    assert found["P1 text1k c=16 throughput projectionist/bare"][:2] == ["PASS", 0.96]
+    assert found["P1 text1k c=16 CPU/request projectionist/bare"][0] == "MISS"
+    assert found["P1 text1k c=16 throughput projectionist(record off)/bare"][0] == "PASS"
+    verdict, value, _ = found["P1 recording's cost: text1k c=16 throughput projectionist/projectionist(record off)"]
+    assert verdict == "MISS" and abs(value - 960 / 1100) < 1e-9
+    verdict, value, note = found["P1 text1k c=16 throughput projectionist/previous release"]
+    assert verdict == "MISS" and value == 0.96 and note.startswith("abc123; CPU/request 1.043x")
