@@ -34,7 +34,7 @@ from ...policy.errors import ProjectionistError
 from ...policy.events import RequestRecorded, ResponseRecorded
 from ...policy.projection import Projection
 from ...policy.ports import SessionLog
-from ..observe.logger import get_logger
+from ..observe.logger import get_logger, ms
 from ..observe.metrics import Metrics
 from ..stores.base import Store
 from .describe import Described, sha256_id
@@ -74,6 +74,9 @@ class Recording:
         #: sweep) releases those whose hold ran out, not one timer per call.
         self._held: dict[Recorder, float] = {}
         self._sweep_at: asyncio.TimerHandle | None = None
+        #: The loop the calls run on, found once: ``asyncio.get_running_loop`` asks the kernel for
+        #: the process id each time (a system call per call recorded).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: deque[_Pending] = deque()
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -105,7 +108,9 @@ class Recording:
         if self.hold <= 0:
             recorder.release()
             return recorder
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
         self._held[recorder] = loop.time() + self.hold
         if self._sweep_at is None:
             self._sweep_at = loop.call_later(self.hold, self._sweep)
@@ -413,7 +418,7 @@ class Recorder(Meter):
         self.recorded = True
         keep = self.full and status is not None
         body = self.capture.body() if keep else b""
-        latency = round((time.perf_counter() - self.call.started) * 1000, 3)
+        latency = ms(time.perf_counter() - self.call.started)
         data = ResponseRecorded(self.call.request_id, 0, status, latency,
                                 self.reported(self.call.fmt)[0] if status is not None else None,
                                 error_code, sha256_id(body) if keep else None, self.capture.truncated)

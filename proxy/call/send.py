@@ -18,6 +18,7 @@ from multidict import CIMultiDict
 
 from ...adapters.responses import tokens
 from ...policy.errors import ProjectionistError
+from ..observe.logger import ms
 from .call import Call
 from .outgoing import outgoing_headers, target_url
 from .project import MODEL_MAX, Prepared
@@ -80,7 +81,7 @@ async def relay_body(
             recorder.cancelled()
         raise
     finally:
-        ctx.fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
+        ctx.fields.update(upstream_status=timing.status, upstream_ms=ms(timing.upstream_s))
         if timing.status is not None:
             services.metrics.upstream_answered(upstream.name, timing.headers_s)
     recorder = screen.recorder if screen is not None else recorder

@@ -34,7 +34,7 @@ from yarl import URL
 from ...adapters import openai_responses
 from ...policy.errors import Code, InternalError, InvalidRequest, ProjectionistError, UpstreamError
 from ..inbound.context import Context, Timing
-from ..observe.logger import get_logger, request_line, request_lines
+from ..observe.logger import get_logger, ms, request_line, request_lines
 from ..upstream.websocket import connect
 from .call import Call
 from .project import Outgoing, Prepared, outgoing, prepare
@@ -195,7 +195,7 @@ class Turn:
         now = self.finished if self.finished is not None else time.perf_counter()
         timing.upstream_s = now - self.sent
         status = timing.status if error is None or self.events else None
-        ctx.fields.update(upstream_status=timing.status, upstream_ms=round(timing.upstream_s * 1000, 3))
+        ctx.fields.update(upstream_status=timing.status, upstream_ms=ms(timing.upstream_s))
         if self.events:
             report_usage(call, self.watched)
         if self.recorder is not None:
@@ -224,7 +224,7 @@ def answered(call: Call, socket_id: str, status: int | str | None, at: float | N
     if request_lines():
         request_line({"method": "WS", "path": call.raw_path, "route": ROUTE, "request_id": ctx.request_id,
                       "socket": socket_id, "status": status,
-                      "duration_ms": round(((at or time.perf_counter()) - ctx.started) * 1000, 3), **ctx.fields})
+                      "duration_ms": ms((at or time.perf_counter()) - ctx.started), **ctx.fields})
 
 
 class Calls:

@@ -25,7 +25,7 @@ from aiohttp.web_exceptions import HTTPException
 from ...adapters import openai_chat
 from ...adapters.base import WireFormat
 from ...policy.errors import Code, InternalError, InvalidRequest, PayloadTooLarge, ProjectionistError
-from ..observe.logger import get_logger, request_line, request_lines
+from ..observe.logger import get_logger, ms, request_line, request_lines
 from ..observe.metrics import Metrics
 from ..call.relay import REQUEST_ID_HEADER, abort
 from ..inbound.context import CONTEXT, Context, Handler, error_response
@@ -112,7 +112,7 @@ async def note_started(request: web.Request, response: web.StreamResponse) -> No
 def _log_line(request: web.Request, ctx: Context, **extra: Any) -> None:
     """The canonical line; ``path`` is the raw path without its query (where keys may travel) and
     without the token of a Gemini upload URL (that upload's only credential)."""
-    duration_ms = round((time.perf_counter() - ctx.started) * 1000, 3)
+    duration_ms = ms(time.perf_counter() - ctx.started)
     path = request.rel_url.raw_path
     if "/uploads/" in path:  # the substitution costs a microsecond; nearly every path has no token
         path = _UPLOAD_TOKEN.sub(r"\1***", path)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import msgspec
 import pytest
 import structlog
@@ -194,3 +195,16 @@ logging.getLogger("aiohttp.server").warning("plain %d", 7)
     assert entries[0]["event"] == "Error while closing a connection" and "ConnectionResetError" in entries[0]["exception"]
     assert "never retrieved" in entries[1]["event"] and "nobody looked" in entries[1]["exception"]
     assert entries[2]["event"] == "plain 7" and entries[2]["level"] == "warning"
+
+
+@hypothesis.given(hypothesis.strategies.floats(min_value=0, max_value=1e6, allow_nan=False))
+def test_durations_in_milliseconds_are_what_round_gives_for_a_tenth_of_its_cost(seconds: float) -> None:
+    """``ms`` replaced ``round(seconds * 1000, 3)`` on every call's log line and record: the same
+    value to the microsecond (they may differ only on a tie, by the last digit's rounding)."""
+    assert abs(logger.ms(seconds) - round(seconds * 1000, 3)) <= 0.001 * (1 + 1e-9)
+    assert logger.ms(seconds) == round(logger.ms(seconds), 3)  # never more than three decimals
+
+
+def test_a_duration_keeps_its_three_decimals_as_the_json_line_writes_them() -> None:
+    assert [logger.ms(s) for s in (0.0000864, 0.0012344, 1.5, 0.0)] == [0.086, 1.234, 1500.0, 0.0]
+    assert json.dumps(logger.ms(0.0123456)) == "12.346"
