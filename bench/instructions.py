@@ -1,4 +1,5 @@
-"""``python -m bench.instructions ROOT [ROOT ...]``: instructions per Responses WebSocket turn, counted.
+"""``python -m bench.instructions ROOT [ROOT ...]``: instructions per Responses WebSocket turn (or per
+HTTP text call, ``--http``), counted.
 
 Each ``ROOT`` is a folder that holds a checkout named ``projectionist`` (as for ``bench.ab``); with
 ``--bare`` the bare aiohttp relay (``bench.ws relay``) is counted beside them. Each target runs
@@ -13,6 +14,11 @@ It is not time: a Python step retires fewer instructions per cycle than a copy d
 interpreter's share of the time is larger than its share of the count. Timing still shapes a
 little of the count (how many frames one read brings, how records batch), so quote differences of
 a percent or more. Needs valgrind on ``PATH``; a run takes about a minute per target.
+
+With ``--http`` the unit is P1's request instead: a 1 KB Chat Completions call with
+``X-Session-Id`` at c=16 (``--turns`` counts calls), ``--record MODE`` sets every ROOT's
+``[record] mode`` (two runs, ``off`` and ``metadata``, give recording's own cost), and ``--bare``
+counts the peers' bare aiohttp proxy (``--peers``, on asyncio; ``--bare-uvloop`` on uvloop too).
 """
 
 from __future__ import annotations
@@ -24,12 +30,15 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 
 from bench import scenarios, ws
 from bench.load import AUTH_KEY
-from bench.targets import Proc, Processes, free_pair, free_port
+from bench.targets import ROOT, Peers, Proc, Processes, TargetFailed, free_pair, free_port, start_upstream
+
+DEFAULT_PEERS = ROOT.parent / "shared" / "peers"
 
 SOCKETS = 4
 #: How long a target under callgrind may take to start, and to write its counts once stopped.
@@ -54,6 +63,25 @@ async def _turns(url: str, message: str, turns: int) -> None:
         await asyncio.gather(*(one(turns // SOCKETS + (i < turns % SOCKETS)) for i in range(SOCKETS)))
 
 
+async def _calls(url: str, body: bytes, calls: int, concurrency: int = 16) -> None:
+    """``calls`` POSTs of ``body`` with a session header from ``concurrency`` connections."""
+    left = calls
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {AUTH_KEY}",
+               "X-Session-Id": "bench-instructions"}
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            async with session.post(url, data=body, headers=headers) as answer:
+                await answer.read()
+                if answer.status != 200:
+                    raise TargetFailed(f"bench.instructions: {url} answered {answer.status}")
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+
+
 def _total(path: Path) -> int:
     """The instructions a callgrind output file counted in all."""
     found = re.search(r"^(?:summary|totals):\s*(\d+)", path.read_text(errors="replace"), re.M)
@@ -62,29 +90,43 @@ def _total(path: Path) -> int:
     return int(found[1])
 
 
-def _counted(procs: Processes, name: str, root: Path | None, upstream: Proc, message: str, turns: int) -> int:
-    """One target under callgrind, serving ``turns`` turns: the instructions it ran in all."""
+def _counted(procs: Processes, name: str, root: Path | None, upstream: Proc, message: str, turns: int,
+             http: Http | None = None) -> int:
+    """One target under callgrind, serving ``turns`` turns (``http``: calls): the instructions it ran in all."""
     home = procs.workdir / f"{name}-{turns}"
     home.mkdir()
     out = home / "callgrind.out"
     grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no"]
     if root is None:
         port = free_port()
-        proc = procs.start(f"{name}-{turns}", [*grind, sys.executable, "-m", "bench.ws", "relay"],
-                           {"PORT": str(port), "UPSTREAM": upstream.base}, port, timeout=START_S)
+        relay = [sys.executable, "-m", "bench.ws", "relay"] if http is None else [sys.executable, str(http.bare)]
+        env = {"PORT": str(port), "UPSTREAM": upstream.base, "UVLOOP": "1" if name.endswith("uvloop") else "0"}
+        proc = procs.start(f"{name}-{turns}", [*grind, *relay], env, port, timeout=START_S)
     else:
         port = free_pair()
-        (home / "p.toml").write_text(f'[upstreams.openai]\nformat = "openai"\nurl = "{upstream.base}"\n')
+        record = f'[record]\nmode = "{http.record}"\n' if http is not None and http.record else ""
+        (home / "p.toml").write_text(f'[upstreams.openai]\nformat = "openai"\nurl = "{upstream.base}"\n{record}')
         argv = [*grind, sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config",
                 str(home / "p.toml"), "--port", str(port), "--data-dir", str(home / "data")]
         proc = procs.start(f"{name}-{turns}", argv, {"PYTHONPATH": str(root.resolve()),
                                                      "PROJECTIONIST_ADMIN_TOKEN": "t" * 32},
                            port, "/healthz", need_200=True, timeout=START_S)
     try:
-        asyncio.run(_turns(proc.base.replace("http://", "ws://", 1) + ws.PATH, message, turns))
+        if http is not None:
+            asyncio.run(_calls(proc.base + "/v1/chat/completions", http.body, turns))
+        else:
+            asyncio.run(_turns(proc.base.replace("http://", "ws://", 1) + ws.PATH, message, turns))
     finally:
         procs.stop(proc, grace=STOP_S)  # SIGTERM: the program exits and callgrind writes its counts
     return _total(out)
+
+
+class Http(NamedTuple):
+    """``--http``: the call each target serves, the record mode of the ROOTs, the bare proxy."""
+
+    body: bytes
+    record: str | None
+    bare: Path | None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ws", choices=("text", "image"), default="image",
                         help="a 1 KB text turn or one with an inlined image (the default)")
     parser.add_argument("--turns", type=int, nargs=2, default=(40, 200), metavar=("A", "B"))
+    parser.add_argument("--http", action="store_true", help="P1's HTTP text call instead of WebSocket turns")
+    parser.add_argument("--record", help="with --http: the [record] mode of every ROOT (default: its default)")
+    parser.add_argument("--bare-uvloop", action="store_true", help="with --http: the bare proxy on uvloop too")
+    parser.add_argument("--peers", type=Path, default=DEFAULT_PEERS,
+                        help="with --http --bare: the folder of bare_proxy.py (default ../shared/peers)")
     args = parser.parse_args(argv)
+    http = None
+    if args.http:
+        bare = Peers(args.peers if args.peers.is_dir() else None).bare_proxy
+        if (args.bare or args.bare_uvloop) and bare is None:
+            parser.error(f"--bare with --http needs the peers' bare_proxy.py ({args.peers} not found)")
+        http = Http(scenarios.text_body(), args.record, bare)
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed (apt-get install valgrind)")
     low, high = args.turns
@@ -103,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     targets: list[tuple[str, Path | None]] = [(root.name or str(root), root) for root in args.roots]
     if args.bare:
         targets.append(("bare", None))
+    if args.bare_uvloop and http is not None:
+        targets.append(("bare-uvloop", None))
     if not targets:
         parser.error("name a ROOT, or --bare")
     message = ws.turn_message(scenarios.responses_body(images=scenarios.make_images(1) if args.ws == "image" else ()))
@@ -110,13 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         port = free_port()
         upstream = procs.start("ws-upstream", [sys.executable, "-m", "bench.ws", "upstream"], {"PORT": str(port)},
-                               port)
+                               port) if http is None else start_upstream(procs, Peers(None))
         counts: dict[str, float] = {}
         for index, (name, root) in enumerate(targets):
             label = f"{index}:{name}"
-            totals = [_counted(procs, label.replace(":", "-"), root, upstream, message, turns) for turns in (low, high)]
+            totals = [_counted(procs, label.replace(":", "-"), root, upstream, message, turns, http)
+                      for turns in (low, high)]
             counts[label] = (totals[1] - totals[0]) / (high - low)
-            print(f"{label}: {counts[label]:,.0f} instructions per {args.ws} turn", flush=True)
+            unit = "text call" if http is not None else f"{args.ws} turn"
+            print(f"{label}: {counts[label]:,.0f} instructions per {unit}", flush=True)
         first = next(iter(counts.values()))
         for label, count in counts.items():
             print(f"{label} / {next(iter(counts))}: {count / first:.3f}")
