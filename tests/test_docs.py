@@ -621,3 +621,12 @@ def test_every_dated_benchmark_file_is_linked_from_the_bench_page() -> None:
     index = (DOCS / "benchmarks" / "index.md").read_text()
     dated = sorted(p.name for p in (DOCS / "benchmarks").glob("20*.md"))
     assert dated and all(f"({d})" in index for d in dated)
+
+
+def test_the_readme_names_the_latest_bench_report_with_its_date() -> None:
+    """Issue 42: a reader finds the newest dated report from the README, and its date."""
+    latest = max(p.name for p in (DOCS / "benchmarks").glob("20*.md"))
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"latest bench report: \[(\d{4}-\d{2}-\d{2})[^\]]*\]\(docs/benchmarks/([^)]+)\)", readme)
+    assert found is not None
+    assert found[2] == latest and latest.startswith(found[1])
