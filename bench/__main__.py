@@ -32,6 +32,7 @@ from bench.report import Cell, Results, Run
 from bench.scenarios import CHAT, ScenarioBroken
 from bench.targets import (
     CLK_TCK,
+    DEFAULT_PEERS,
     ROOT,
     Peers,
     Proc,
@@ -53,7 +54,6 @@ from bench.targets import (
     start_upstream,
 )
 
-DEFAULT_PEERS = ROOT.parent / "shared" / "peers"
 WARMUP_S = 1.0
 
 

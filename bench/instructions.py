@@ -36,9 +36,9 @@ import aiohttp
 
 from bench import scenarios, ws
 from bench.load import AUTH_KEY
-from bench.targets import ROOT, Peers, Proc, Processes, TargetFailed, free_pair, free_port, start_upstream
-
-DEFAULT_PEERS = ROOT.parent / "shared" / "peers"
+from bench.targets import (
+    DEFAULT_PEERS, Peers, Proc, Processes, TargetFailed, free_pair, free_port, start_upstream,
+)
 
 SOCKETS = 4
 #: How long a target under callgrind may take to start, and to write its counts once stopped.
@@ -91,8 +91,9 @@ def _total(path: Path) -> int:
 
 
 def _counted(procs: Processes, name: str, root: Path | None, upstream: Proc, message: str, turns: int,
-             http: Http | None = None) -> int:
-    """One target under callgrind, serving ``turns`` turns (``http``: calls): the instructions it ran in all."""
+             http: Http | None = None, uvloop: bool = False) -> int:
+    """One target under callgrind, serving ``turns`` turns (``http``: calls): the instructions it
+    ran in all. ``uvloop``: the bare proxy's loop (``root`` None with ``http``)."""
     home = procs.workdir / f"{name}-{turns}"
     home.mkdir()
     out = home / "callgrind.out"
@@ -100,7 +101,7 @@ def _counted(procs: Processes, name: str, root: Path | None, upstream: Proc, mes
     if root is None:
         port = free_port()
         relay = [sys.executable, "-m", "bench.ws", "relay"] if http is None else [sys.executable, str(http.bare)]
-        env = {"PORT": str(port), "UPSTREAM": upstream.base, "UVLOOP": "1" if name.endswith("uvloop") else "0"}
+        env = {"PORT": str(port), "UPSTREAM": upstream.base, "UVLOOP": "1" if uvloop else "0"}
         proc = procs.start(f"{name}-{turns}", [*grind, *relay], env, port, timeout=START_S)
     else:
         port = free_pair()
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --http --bare: the folder of bare_proxy.py (default ../shared/peers)")
     args = parser.parse_args(argv)
     http = None
+    if args.bare_uvloop and not args.http:
+        parser.error("--bare-uvloop counts the bare HTTP proxy: it needs --http")
     if args.http:
         bare = Peers(args.peers if args.peers.is_dir() else None).bare_proxy
         if (args.bare or args.bare_uvloop) and bare is None:
@@ -153,11 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     low, high = args.turns
     if not 0 <= low < high:
         parser.error("--turns A B needs 0 <= A < B")
-    targets: list[tuple[str, Path | None]] = [(root.name or str(root), root) for root in args.roots]
+    targets: list[tuple[str, Path | None, bool]] = [(root.name or str(root), root, False) for root in args.roots]
     if args.bare:
-        targets.append(("bare", None))
-    if args.bare_uvloop and http is not None:
-        targets.append(("bare-uvloop", None))
+        targets.append(("bare", None, False))
+    if args.bare_uvloop:
+        targets.append(("bare-uvloop", None, True))
     if not targets:
         parser.error("name a ROOT, or --bare")
     message = ws.turn_message(scenarios.responses_body(images=scenarios.make_images(1) if args.ws == "image" else ()))
@@ -167,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         upstream = procs.start("ws-upstream", [sys.executable, "-m", "bench.ws", "upstream"], {"PORT": str(port)},
                                port) if http is None else start_upstream(procs, Peers(None))
         counts: dict[str, float] = {}
-        for index, (name, root) in enumerate(targets):
+        for index, (name, root, uvloop) in enumerate(targets):
             label = f"{index}:{name}"
-            totals = [_counted(procs, label.replace(":", "-"), root, upstream, message, turns, http)
+            totals = [_counted(procs, label.replace(":", "-"), root, upstream, message, turns, http, uvloop)
                       for turns in (low, high)]
             counts[label] = (totals[1] - totals[0]) / (high - low)
             unit = "text call" if http is not None else f"{args.ws} turn"

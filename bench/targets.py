@@ -195,6 +195,10 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 # --- the targets -------------------------------------------------------------------------------
 
 
+#: Where the reference programs (fake upstream, bare proxy) are looked for by default.
+DEFAULT_PEERS = ROOT.parent / "shared" / "peers"
+
+
 @dataclass(frozen=True)
 class Peers:
     """Reference programs from the shared peers directory (absent: built-in fake upstream only)."""

@@ -74,9 +74,6 @@ class Recording:
         #: sweep) releases those whose hold ran out, not one timer per call.
         self._held: dict[Recorder, float] = {}
         self._sweep_at: asyncio.TimerHandle | None = None
-        #: The loop the calls run on, found once: ``asyncio.get_running_loop`` asks the kernel for
-        #: the process id each time (a system call per call recorded).
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: deque[_Pending] = deque()
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -108,9 +105,7 @@ class Recording:
         if self.hold <= 0:
             recorder.release()
             return recorder
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         self._held[recorder] = loop.time() + self.hold
         if self._sweep_at is None:
             self._sweep_at = loop.call_later(self.hold, self._sweep)
