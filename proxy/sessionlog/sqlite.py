@@ -1,6 +1,9 @@
 """SQLite session log: the embedded default ``SessionLog`` backend (proxy layer).
 
-One append-only table keyed by ``(session, seq)``. Appends and forks are ``BEGIN IMMEDIATE``
+One append-only table keyed by ``(session, seq)``: a rowid table, so that the key's b-tree (an
+index) holds keys alone and a seek never reads a row's body (in a ``WITHOUT ROWID`` table, the
+layout of versions 1 to 4 until 2026-12-05, a seek past a row of records that spills onto
+overflow pages reads the whole row: 0.3 ms a lookup with rows of 200 KB). Appends and forks are ``BEGIN IMMEDIATE``
 transactions on a WAL database with ``synchronous=FULL``: several processes may share the file and
 nothing is acknowledged before it is durable. Every sqlite3 call runs on one dedicated worker thread.
 Each job sent to a lane thread (one transaction, or one read) is one round trip, counted in ``ops``.
@@ -72,8 +75,19 @@ CREATE TABLE IF NOT EXISTS events (
     body    BLOB NOT NULL,
     first   INTEGER,
     PRIMARY KEY (session, seq)
-) WITHOUT ROWID
+)
 """
+#: The same table, as a file of versions 1 to 4 may still lay it out (``WITHOUT ROWID``): every
+#: query is the same on both, so a process of either kind reads the other's file; opening one
+#: rebuilds it as a rowid table (``_rebuild``), keeping the user version.
+_OLD_LAYOUT: Final = "SELECT 1 FROM sqlite_master WHERE name = 'events' AND upper(sql) LIKE '%WITHOUT ROWID%'"
+_REBUILD: Final = (
+    _SCHEMA.replace("IF NOT EXISTS events", "events_rowid"),
+    "INSERT INTO events_rowid (session, seq, type, time, body, first)"
+    " SELECT session, seq, type, time, body, first FROM events ORDER BY session, seq",
+    "DROP TABLE events",  # with its index and trigger, made again by the migration
+    "ALTER TABLE events_rowid RENAME TO events",
+)
 #: Schema version 4: a row may hold several records (``first`` to ``seq``); NULL: one event.
 _FIRST_COLUMN: Final = "ALTER TABLE events ADD COLUMN first INTEGER"
 _INSERT: Final = "INSERT INTO events (session, seq, type, time, body, first) VALUES (?, ?, ?, ?, ?, ?)"
@@ -422,17 +436,21 @@ class SqliteLog:
             raise sqlite3.OperationalError(f"cannot enable WAL journal mode (got {mode!r})")
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION \
+                and conn.execute(_OLD_LAYOUT).fetchone() is None:
             return
         self._transaction(self._migrate_tx, conn)
 
     @staticmethod
     def _migrate_tx(conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version in (0, 1, 2, 3):  # 0: a new file; 1 -> 2: the state index; 2 -> 3: the state changes;
-            conn.execute(_SCHEMA)     # 3 -> 4: rows of several records
+        if version in (0, 1, 2, 3, 4):  # 0: a new file; 1 -> 2: the state index; 2 -> 3: the state
+            conn.execute(_SCHEMA)        # changes; 3 -> 4: rows of several records; any: a rowid table
             if "first" not in {row[1] for row in conn.execute("PRAGMA table_info(events)")}:
                 conn.execute(_FIRST_COLUMN)
+            if conn.execute(_OLD_LAYOUT).fetchone() is not None:
+                for statement in _REBUILD:
+                    conn.execute(statement)
             conn.execute(_STATE_INDEX)
             conn.execute(_CHANGES_TABLE)
             conn.execute(_CHANGES_TRIGGER)

@@ -65,7 +65,7 @@ async def test_schema_created_idempotently(db: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         index = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events_state'").fetchone()[0]
-    assert "WITHOUT ROWID" in sql.upper()
+    assert "WITHOUT ROWID" not in sql.upper()  # a rowid table: its key's b-tree holds no bodies
     assert "PRIMARY KEY (session, seq)" in sql
     assert "(session, seq) WHERE type NOT IN" in index
 
@@ -416,3 +416,47 @@ async def test_a_version_3_file_gets_rows_of_records_and_keeps_its_rows(db: Path
         assert rows_of(db, "s") == [(1, None, "attachment/quarantine"), (3, 2, "response/recorded")]
     finally:
         await log.close()
+
+
+async def test_a_version_4_file_without_rowid_is_rebuilt_as_a_rowid_table_and_reads_the_same(db: Path) -> None:
+    """Up to 2026-12-05 the table was ``WITHOUT ROWID``: a seek there reads every row of records it
+    passes in full (0.3 ms with rows of 200 KB). Opening such a file rebuilds it as a rowid table
+    in place, its rows (a row of several records too) read back the same, its version kept."""
+    old = sqlite3.connect(db.parent.mkdir(parents=True) or db)
+    old.execute("CREATE TABLE events (session TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL,"
+                " time TEXT NOT NULL, body BLOB NOT NULL, first INTEGER, PRIMARY KEY (session, seq)) WITHOUT ROWID")
+    old.execute("PRAGMA user_version = 4")
+    old.close()
+    log = SqliteLog(db, clock=ticking_clock())
+    try:
+        written = await log.append("s", 0, [q()])
+        written += await log.append("s", None, [call_record(1), call_record(2)], durable=False)
+    finally:
+        await log.close()
+    with sqlite3.connect(db) as conn:  # as an older process left it, rows of several records included
+        conn.execute("CREATE TABLE keep AS SELECT * FROM events")
+        conn.execute("DROP TABLE events")
+        conn.execute("CREATE TABLE events (session TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL,"
+                     " time TEXT NOT NULL, body BLOB NOT NULL, first INTEGER, PRIMARY KEY (session, seq)) WITHOUT ROWID")
+        conn.execute("INSERT INTO events SELECT * FROM keep")
+        conn.execute("DROP TABLE keep")
+    assert rows_of(db, "s") == [(1, None, "attachment/quarantine"), (3, 2, "response/recorded")]
+    log = SqliteLog(db, clock=ticking_clock())
+    try:
+        assert await log.read("s") == written
+        assert (await log.read_state("s")).events == written[:1]
+        assert [e.seq for e in await log.append("s", None, [call_record(3)], durable=False)] == [4]
+    finally:
+        await log.close()
+    with sqlite3.connect(db) as conn:
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
+        assert "WITHOUT ROWID" not in sql.upper()
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events_state'").fetchone() == (1,)
+        assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events_state_changes'").fetchone() == (1,)
+        # the last seq of a session comes from the key's index alone: no row's body is read
+        plan = " ".join(str(row[-1]) for row in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT coalesce(max(seq), 0) FROM events WHERE session = 's'"))
+        assert "COVERING INDEX" in plan, plan
+    assert rows_of(db, "s") == [(1, None, "attachment/quarantine"), (3, 2, "response/recorded"),
+                                (4, None, "response/recorded")]
