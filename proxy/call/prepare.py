@@ -190,7 +190,8 @@ def may_hold_urls(fmt: WireFormat, raw: bytes) -> bool:
     """Cheap pre-check on raw bytes: an image the provider fetches by URL sits in a part that
     spells one of the format's ``URL_MARKERS``, and its URL spells ``http`` (one that escapes
     either in ``\\u`` form goes as it came)."""
-    return (b"http" in raw or b"HTTP" in raw) and any(marker in raw for marker in fmt.URL_MARKERS)
+    # the format's marker first: a text body spells no ``image_url`` but may well say ``http``
+    return any(marker in raw for marker in fmt.URL_MARKERS) and (b"http" in raw or b"HTTP" in raw)
 
 
 def fetched(fmt: WireFormat, tree: Any, http: HttpRefs = NO_HTTP) -> list[Linked]:

@@ -214,6 +214,9 @@ class Recording:
 
     async def _write_items(self, session_id: str, items: list[_Pending]) -> None:
         """A session's queued records, in order, their blobs stored first, in one append."""
+        if self.mode != "full":  # no blobs
+            await self._append(session_id, items)
+            return
         ready: list[_Pending] = []
         for pending in items:
             try:
@@ -328,6 +331,8 @@ class Meter:
     """Watches a relayed response (a relay ``Observer``) for what it reports of itself: its
     usage and model, read once, from the first ``limit`` bytes of it, when first asked."""
 
+    __slots__ = ("capture", "complete", "_reported")
+
     def __init__(self, limit: int = USAGE_SCAN_BYTES) -> None:
         self.capture = Capture(limit)
         self.complete = False
@@ -354,6 +359,8 @@ class Meter:
 class Recorder(Meter):
     """Watches one recorded call's response and queues its ``response/recorded`` event once the
     call ended (``finished``, ``failed``, ``cancelled``): never in the request's wait."""
+
+    __slots__ = ("recording", "call", "full", "recorded", "held")
 
     def __init__(self, recording: Recording, call: CallInfo, request: _Request) -> None:
         full = recording.mode == "full"

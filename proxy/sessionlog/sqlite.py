@@ -60,6 +60,7 @@ from ...policy.events import (
     Forked,
     ForkedEvent,
     encode_event,
+    encode_events,
     envelope,
     event_type,
 )
@@ -120,8 +121,8 @@ def _rows(session_id: str, now: str, events: list[tuple[Event, str]]) -> list[Ro
         if len(run) == 1:
             rows.append((session_id, run[0][0].seq, run[0][1], now, encode_event(run[0][0]), None))
         elif run:
-            rows.append((session_id, run[-1][0].seq, run[0][1], now,
-                         join_records([encode_event(event) for event, _ in run]), run[0][0].seq))
+            rows.append((session_id, run[-1][0].seq, run[0][1], now,  # = join_records of each one's bytes
+                         encode_events([event for event, _ in run]), run[0][0].seq))
         run.clear()
 
     for event, kind in events:

@@ -14,13 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from projectionist.policy.errors import AppendConflict, Unavailable
 from projectionist.policy.events import (
     Quarantine,
     Recovered,
     ResponseRecorded,
+    encode_event,
+    encode_events,
+    envelope,
 )
+from projectionist.proxy.sessionlog.base import join_records, split_records
 from projectionist.proxy.sessionlog.sqlite import SCHEMA_VERSION, SqliteLog
 
 ID_A = "sha256:" + "a" * 64
@@ -460,3 +466,19 @@ async def test_a_version_4_file_without_rowid_is_rebuilt_as_a_rowid_table_and_re
         assert "COVERING INDEX" in plan, plan
     assert rows_of(db, "s") == [(1, None, "attachment/quarantine"), (3, 2, "response/recorded"),
                                 (4, None, "response/recorded")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=20), st.integers(0, 2**40), st.none() | st.integers(100, 599),
+                          st.floats(0, 1e6, allow_nan=False), st.none() | st.dictionaries(st.text(max_size=8),
+                                                                                        st.integers(0, 10**6), max_size=3)),
+                min_size=1, max_size=12))
+def test_a_row_of_records_is_each_records_own_bytes_whatever_they_hold(calls: list[tuple[str, int, int | None, float,
+                                                                                          dict[str, int] | None]]) -> None:
+    """A row's body is encoded in one call (``encode_events``); it must be exactly the records
+    each encoded alone and joined (``join_records``): a fork cuts a row there, a reader splits it."""
+    events = [envelope(seq, "2026-12-05T00:00:00.000Z", ResponseRecorded(rid, seq, status, latency, usage))
+              for rid, seq, status, latency, usage in calls]
+    each = [encode_event(event) for event in events]
+    assert encode_events(events) == join_records(each)
+    assert split_records(encode_events(events)) == each
