@@ -35,24 +35,38 @@ def encoding_of(request: web.Request) -> str:
     return "" if value == "identity" else value
 
 
+#: Gzip members a body may hold: a client sends one; a few concatenated are still read. Each
+#: member costs an inflater of its own, so a body of thousands of tiny ones is refused, not read.
+MAX_MEMBERS: Final = 64
+#: How much compressed input each step of the inflater is given: what it leaves over at a
+#: member's end is copied (``unused_data``), so the step bounds that copy, not the body's size.
+_STEP: Final = 64 * 1024
+
+
 def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     """``raw`` decoded from ``encoding`` (blocking); at most ``limit`` bytes come out. A gzip body
-    may hold several members (all are decoded); anything after the last member is an error."""
+    may hold up to ``MAX_MEMBERS`` members (all are decoded); anything after the last member is
+    an error. Linear in the body's size whatever its members: each member's inflater reads the
+    body in bounded steps from where the last one ended, never a copy of the rest."""
     if encoding not in _WBITS:
         raise ProjectionistError(f"Content-Encoding {encoding[:40]!r} is not read here: send gzip, deflate or none",
                                  code=Code.UNSUPPORTED_ENCODING, status=415)
+    view = memoryview(raw)
     if encoding == "deflate":  # zlib-wrapped, or raw deflate as some clients send
         for wbits in (zlib.MAX_WBITS, -zlib.MAX_WBITS):
             with contextlib.suppress(zlib.error):
-                out, rest = _one_member(raw, wbits, limit)
-                if not rest:
+                out, end = _one_member(view, 0, wbits, limit)
+                if end == len(raw):
                     return out
         raise InvalidRequest("request body is not valid deflate", code=Code.INVALID_BODY)
     parts: list[bytes] = []
-    size, rest = 0, raw
-    while rest:
+    size = at = 0
+    while at < len(raw):
+        if len(parts) == MAX_MEMBERS:
+            raise InvalidRequest(f"request body holds more than {MAX_MEMBERS} {encoding} members",
+                                 code=Code.INVALID_BODY)
         try:
-            out, rest = _one_member(rest, _WBITS[encoding], limit - size)
+            out, at = _one_member(view, at, _WBITS[encoding], limit - size)
         except zlib.error:
             raise InvalidRequest(f"request body is not valid {encoding}", code=Code.INVALID_BODY) from None
         parts.append(out)
@@ -60,15 +74,23 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _one_member(data: bytes, wbits: int, limit: int) -> tuple[bytes, bytes]:
-    """One compressed stream of ``data``: what it decodes to and what follows it."""
+def _one_member(data: memoryview, at: int, wbits: int, limit: int) -> tuple[bytes, int]:
+    """The compressed stream of ``data`` that starts at ``at``: what it decodes to (at most
+    ``limit`` bytes, else 413) and where it ends."""
     inflater = zlib.decompressobj(wbits)
-    out = inflater.decompress(data, limit + 1)
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLarge("the decoded request body exceeds client_max_size")
-    if not inflater.eof:
-        raise zlib.error("truncated")
-    return out, inflater.unused_data
+    parts: list[bytes] = []
+    size = 0
+    while not inflater.eof:
+        if at >= len(data):
+            raise zlib.error("truncated")
+        step = data[at:at + _STEP]
+        at += len(step)
+        out = inflater.decompress(step, limit - size + 1)  # stops one byte past the limit at most
+        size += len(out)
+        if size > limit:
+            raise PayloadTooLarge("the decoded request body exceeds client_max_size")
+        parts.append(out)
+    return b"".join(parts), at - len(inflater.unused_data)
 
 
 async def read_body(request: web.Request) -> bytes:

@@ -14,6 +14,9 @@ from collections.abc import Awaitable, Callable
 import msgspec
 import pytest
 
+from projectionist.policy.errors import ProjectionistError
+from projectionist.proxy.inbound import bodies
+from projectionist.proxy.inbound.bodies import MAX_MEMBERS
 from tests.backends import backend_on_both  # noqa: F401  (every proxy test here on both backends)
 from tests.conftest import Harness
 from tests.imaging import make_image, ref_id
@@ -154,3 +157,68 @@ async def test_small_bombs_never_stall_other_requests(make_harness: MakeHarness)
 
     await asyncio.gather(*(bombard() for _ in range(4)), probe())
     print(f"\nlongest /healthz among 20 bombs: {max(stalls) * 1000:.1f} ms")
+
+
+async def test_a_body_of_more_gzip_members_than_the_bound_is_a_400_and_the_bound_itself_is_read(
+        harness: Harness) -> None:
+    body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "x" * 640}]})
+    step = len(body) // MAX_MEMBERS + 1
+    pieces = [body[i:i + step] for i in range(0, len(body), step)]
+    assert len(pieces) <= MAX_MEMBERS
+    resp = await harness.client.post("/v1/chat/completions", data=b"".join(gzip.compress(p) for p in pieces),
+                                     headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert resp.status == 200 and harness.upstream.last.body == body
+    many = gzip.compress(b"") * (MAX_MEMBERS + 1) + gzip.compress(body)  # empty members: 20 bytes each
+    resp = await harness.client.post("/v1/chat/completions", data=many,
+                                     headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert resp.status == 400 and resp.headers["x-projectionist-error-code"] == "INVALID_BODY"
+    assert str(MAX_MEMBERS) in (await resp.json())["error"]["message"]
+
+
+class CountingInflater:
+    """A ``zlib.decompressobj`` that counts the compressed bytes it is given, for all of them."""
+
+    fed = 0
+    make = staticmethod(zlib.decompressobj)  # the real one, kept before the test replaces it
+
+    def __init__(self, wbits: int) -> None:
+        self._inner = CountingInflater.make(wbits)
+
+    def decompress(self, data: bytes | memoryview, max_length: int = 0) -> bytes:
+        CountingInflater.fed += len(data)
+        return self._inner.decompress(data, max_length)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("members", [1, 8, MAX_MEMBERS])
+def test_inflating_reads_each_compressed_byte_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch,
+                                                                        members: int) -> None:
+    """The red team's body (many small members in 1 MB) cost 0.8 s and 4 MB 12 s: each member's
+    inflater was given the whole rest of the body, whose leftover zlib then copied. Now each is
+    given bounded steps from where the last ended: the bytes fed are the body plus at most one
+    step per member, not the sum of the rests (members x half the body)."""
+    plain = bytes(range(256)) * 4096  # 1 MiB, barely compressible
+    size = len(plain) // members + 1
+    raw = b"".join(gzip.compress(plain[i:i + size], compresslevel=0) for i in range(0, len(plain), size))
+    monkeypatch.setattr(bodies.zlib, "decompressobj", CountingInflater)
+    CountingInflater.fed = 0
+    assert bodies.inflate(raw, "gzip", 2 * len(plain)) == plain
+    assert CountingInflater.fed <= len(raw) + members * bodies._STEP
+    if members > 8:  # the old way: every member given the rest of the body
+        assert CountingInflater.fed < sum(len(raw) - len(raw) * k // members for k in range(members)) / 4
+
+
+@pytest.mark.parametrize(("raw", "code"), [
+    (gzip.compress(b"x" * 1000)[:-9], "INVALID_BODY"),  # truncated
+    (gzip.compress(b"x" * 1000) + b"\x1f", "INVALID_BODY"),  # a member's first byte, then nothing
+    (gzip.compress(b"x" * 5000), "PAYLOAD_TOO_LARGE"),  # one byte past the limit at the end of a step
+])
+def test_a_truncated_or_oversized_member_is_refused_whatever_the_steps(raw: bytes, code: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bodies, "_STEP", 7)  # member ends and limits fall inside steps and between them
+    with pytest.raises(ProjectionistError) as info:
+        bodies.inflate(raw, "gzip", 4999)
+    assert info.value.code == code
+    assert bodies.inflate(gzip.compress(b"x" * 4999) * 2, "gzip", 9998) == b"x" * 9998
