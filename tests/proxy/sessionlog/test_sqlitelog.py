@@ -407,11 +407,16 @@ async def test_a_fork_inside_a_row_of_records_copies_each_record_verbatim(db: Pa
         await log.close()
 
 
+def old_layout(*, first: bool) -> str:
+    """The events table as versions up to 4 made it (``WITHOUT ROWID``; ``first`` from version 4)."""
+    return ("CREATE TABLE events (session TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, time TEXT NOT NULL,"
+            f" body BLOB NOT NULL,{' first INTEGER,' if first else ''} PRIMARY KEY (session, seq)) WITHOUT ROWID")
+
+
 async def test_a_version_3_file_gets_rows_of_records_and_keeps_its_rows(db: Path) -> None:
     """Version 4 adds ``first`` (rows of several records); a version-3 file's rows read as before."""
     old = sqlite3.connect(db.parent.mkdir(parents=True) or db)
-    old.execute("CREATE TABLE events (session TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL,"
-                " time TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID")
+    old.execute(old_layout(first=False))
     old.execute("PRAGMA user_version = 3")
     old.close()
     log = SqliteLog(db, clock=ticking_clock())
@@ -429,8 +434,7 @@ async def test_a_version_4_file_without_rowid_is_rebuilt_as_a_rowid_table_and_re
     passes in full (0.3 ms with rows of 200 KB). Opening such a file rebuilds it as a rowid table
     in place, its rows (a row of several records too) read back the same, its version kept."""
     old = sqlite3.connect(db.parent.mkdir(parents=True) or db)
-    old.execute("CREATE TABLE events (session TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL,"
-                " time TEXT NOT NULL, body BLOB NOT NULL, first INTEGER, PRIMARY KEY (session, seq)) WITHOUT ROWID")
+    old.execute(old_layout(first=True))
     old.execute("PRAGMA user_version = 4")
     old.close()
     log = SqliteLog(db, clock=ticking_clock())
@@ -442,8 +446,7 @@ async def test_a_version_4_file_without_rowid_is_rebuilt_as_a_rowid_table_and_re
     with sqlite3.connect(db) as conn:  # as an older process left it, rows of several records included
         conn.execute("CREATE TABLE keep AS SELECT * FROM events")
         conn.execute("DROP TABLE events")
-        conn.execute("CREATE TABLE events (session TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL,"
-                     " time TEXT NOT NULL, body BLOB NOT NULL, first INTEGER, PRIMARY KEY (session, seq)) WITHOUT ROWID")
+        conn.execute(old_layout(first=True))
         conn.execute("INSERT INTO events SELECT * FROM keep")
         conn.execute("DROP TABLE keep")
     assert rows_of(db, "s") == [(1, None, "attachment/quarantine"), (3, 2, "response/recorded")]
