@@ -103,6 +103,7 @@ class Code(StrEnum):
     SESSION_CONTENDED = auto()
     STORE_BUSY = auto()
     UPLOADS_BUSY = auto()
+    MEMORY_BUSY = auto()
     LOG_CORRUPT = auto()
     UNCLASSIFIED_ERROR = auto()
     # how projectionist was started (STARTUP_CODES)
@@ -173,6 +174,8 @@ CODES: Final[dict[str, Entry]] = {
     Code.STORE_UNAVAILABLE: Entry(503, "the attachment store is unavailable; retry"),
     Code.ATTACHMENT_WRITE_FAILED: Entry(503, "the attachment store could not write; retry"),
     Code.SESSION_CONTENDED: Entry(503), Code.STORE_BUSY: Entry(503), Code.UPLOADS_BUSY: Entry(503),
+    # the requests under way hold as many bytes as the proxy's memory budget allows
+    Code.MEMORY_BUSY: Entry(503),
     Code.LOG_CORRUPT: Entry(503, "the session log holds a damaged event; see the proxy log"),
     Code.UNCLASSIFIED_ERROR: Entry(500, "internal error; see the proxy log"),
 }

@@ -98,6 +98,11 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     websocket_heartbeat: Seconds = 30.0
     #: Where clients reach this proxy (``http(s)://host[:port][/path]``); '' is the listen address.
     public_url: str = ""
+    #: Bytes the requests under way may hold at once, per process: bodies (and what they decode
+    #: to), the bodies built from them, WebSocket messages (``proxy/inbound/budget.py``). Past it
+    #: a request is 503 ``MEMORY_BUSY``. At least twice the larger of ``client_max_size`` and
+    #: ``websocket_max_message`` (one request's body and what it decodes to).
+    memory_budget: Size = 1024 * MiB
 
 
 class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -367,6 +372,7 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
         raise InvalidRequest(explain(exc, Config, path=path, flags=flags), code=Code.INVALID_CONFIG) from None
     config = msgspec.structs.replace(config, upstreams={**_default_upstreams(), **config.upstreams})
     check_upstreams(config)
+    check_budget(config.server)
     config.admin_address  # noqa: B018 (a malformed admin.listen is an error now, not at the bind)
     if config.server.public_url:
         server = msgspec.structs.replace(config.server, public_url=check_public_url(config.server.public_url))
@@ -385,6 +391,15 @@ def check_public_url(configured: str) -> str:
     if url.raw_user is not None or url.raw_password is not None:
         raise InvalidRequest("server.public_url must not hold credentials", code=Code.INVALID_CONFIG)
     return str(url).rstrip("/")
+
+
+def check_budget(server: ServerConfig) -> None:
+    """The memory budget holds the largest request there may be: its body and what it decodes to."""
+    largest = max(server.client_max_size, server.websocket_max_message)
+    if server.memory_budget < 2 * largest:
+        raise InvalidRequest(f"server.memory_budget ({server.memory_budget} bytes) must be at least twice the larger "
+                             f"of client_max_size and websocket_max_message ({2 * largest} bytes)",
+                             code=Code.INVALID_CONFIG)
 
 
 def check_upstreams(config: Config) -> None:

@@ -26,6 +26,7 @@ from ...policy.fold import SessionState
 from ...policy.model import ImageRef, Inlined, Placeholder, StoredImage
 from ...policy.ports import AttachmentStore
 from ...policy.projection import Projection, ProjectionContext, project
+from ..inbound.budget import hold
 from ..sessionlog.cached import CachedLog
 from .inflight import Carrying
 from .prepare import Asked, Built, build
@@ -161,6 +162,8 @@ class _Projecting:
                             http=services.http_refs, identities=self.identities,
                             url_images=services.config.policy.url_images and bool(inbound.session_id),
                             read=inbound.read if attempt == 1 else None)
+        if attempt == 1 and built.body is not inbound.raw:  # a body of its own, held as long as the call
+            hold(call.ctx, services.budget, len(built.body), "built")
         if built.projection is not None:
             account(call, built, time.perf_counter() - self.started)
         if not (inbound.session_id and built.described is not None):

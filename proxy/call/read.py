@@ -26,7 +26,7 @@ class Inbound:
 
 
 async def read(call: Call) -> Inbound:
-    return inbound_of(call, await read_body(call.request))
+    return inbound_of(call, await read_body(call.request, call.services.budget))
 
 
 def inbound_of(call: Call, raw: bytes) -> Inbound:

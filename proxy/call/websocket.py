@@ -17,7 +17,9 @@ Then two pumps, one each way, each reading one frame, sending it and awaiting th
 reads the next, so neither side is ever buffered beyond one message and aiohttp's own queue: a
 slow reader holds its writer back through TCP. A message is at most ``[server]
 websocket_max_message`` bytes (a bigger one closes its leg with 1009, and the relay closes the
-other); a client that leaves one frame unread for ``write_timeout`` is closed, and the error
+other), and a client's message is held of the proxy's memory budget while it is relayed (a
+``response.create``: until its call ends); one past the budget closes a Realtime socket with 1013
+(try again later) and is an ``error`` event ``MEMORY_BUSY`` on a Responses one; a client that leaves one frame unread for ``write_timeout`` is closed, and the error
 events a socket that ends owes its open calls get ``write_timeout`` in all. The socket is
 closed when no message passes for ``websocket_idle_timeout`` (``read_timeout`` while a response
 is in flight) and after ``websocket_timeout`` in all. When the upstream goes away during a
@@ -47,6 +49,7 @@ from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
 from ...adapters import openai_responses
 from ...policy.errors import Code, InvalidRequest, ProjectionistError, UpstreamError
+from ..inbound.budget import MemoryBusy
 from ..observe.logger import get_logger
 from ..upstream.target import Upstream
 from ..upstream.transport import ClientError
@@ -332,8 +335,9 @@ class Socket:
             transport.abort()  # a client that takes no close (stalled, or none is due) loses the connection
 
     async def _inward(self) -> _End:
-        """Client to upstream, one message at a time."""
-        client, calls = self.client, self.calls
+        """Client to upstream, one message at a time, each held of the memory budget while it is
+        (a call's, until its call ends)."""
+        client, calls, budget = self.client, self.calls, self.call.services.budget
         while True:
             msg = await client.receive()
             if msg.type is WSMsgType.TEXT or msg.type is WSMsgType.BINARY:
@@ -342,7 +346,15 @@ class Socket:
                 data: bytes = msg.data if isinstance(msg.data, bytes) else msg.data.encode()
                 try:
                     if calls is None:
-                        await self.to_upstream(data, msg.type)
+                        try:
+                            held = budget.take(len(data), "message")
+                        except MemoryBusy:
+                            return _End("memory budget spent", to_client=WSCloseCode.TRY_AGAIN_LATER,
+                                        to_upstream=WSCloseCode.GOING_AWAY, reason=b"memory budget spent; retry")
+                        try:
+                            await self.to_upstream(data, msg.type)
+                        finally:
+                            held.release()
                     elif msg.type is WSMsgType.TEXT:
                         await calls.from_client(data)
                     else:

@@ -33,6 +33,7 @@ from yarl import URL
 
 from ...adapters import openai_responses
 from ...policy.errors import Code, InternalError, InvalidRequest, ProjectionistError, UpstreamError
+from ..inbound.budget import MemoryBusy, hold
 from ..inbound.context import Context, Timing
 from ..observe.logger import get_logger, ms, request_line, request_lines
 from ..upstream.websocket import connect
@@ -192,6 +193,8 @@ class Turn:
         self.ended = True
         call, ctx, timing = self.call, self.call.ctx, self.call.timing
         self.carrying.close()
+        if ctx.held is not None:  # its message and the body built from it
+            ctx.held.release()
         now = self.finished if self.finished is not None else time.perf_counter()
         timing.upstream_s = now - self.sent
         status = timing.status if error is None or self.events else None
@@ -262,13 +265,22 @@ class Calls:
         elif found.type == "response.create":
             await self._create(data, _lane(found))
         else:
-            await self.to_upstream(data)
+            try:
+                held = self.socket.services.budget.take(len(data), "message")
+            except MemoryBusy as error:
+                await self.refuse(error, _lane(found))
+                return
+            try:
+                await self.to_upstream(data)
+            finally:
+                held.release()
 
     async def _create(self, data: bytes, lane: str | None) -> None:
         """A ``response.create`` (``lane``: its lane when it was parsed already): read, prepared,
         sent. What the proxy refuses of it is an error event on its lane."""
         call = self._call()
         try:
+            hold(call.ctx, call.services.budget, len(data), "message")  # kept until the call ends (a re-send)
             inbound = inbound_of(call, data)
             if self._sending is None:
                 self._sending = outgoing(call, recorded=True)
@@ -353,6 +365,8 @@ class Calls:
         if call is not None:
             call.ctx.fields["error_code"] = error.code
             answered(call, self.socket.ctx.request_id, error.status)
+            if call.ctx.held is not None:
+                call.ctx.held.release()
         if error.public_message != error.message:
             get_logger().warning("error_detail", code=error.code, detail=error.message,
                                  request_id=call.ctx.request_id if call is not None else self.socket.ctx.request_id)

@@ -151,7 +151,7 @@ async def post_fork(request: web.Request) -> web.StreamResponse:
     app = request.app[SERVICES]
     sid = request.match_info["sid"]
     try:
-        spec = msgspec.json.decode(await read_body(request), type=ForkRequest)
+        spec = msgspec.json.decode(await read_body(request, app.budget), type=ForkRequest)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"fork body: {exc}", code=Code.INVALID_REQUEST) from None
     child = check_scoped_session(spec.new_session_id)
@@ -185,7 +185,7 @@ async def post_replay(request: web.Request) -> web.StreamResponse:
     """Rebuild, and optionally send and diff, a recorded call (body: ``ReplayRequest``)."""
     app = request.app[SERVICES]
     try:
-        spec = msgspec.json.decode(await read_body(request) or b"{}", type=ReplayRequest)
+        spec = msgspec.json.decode(await read_body(request, app.budget) or b"{}", type=ReplayRequest)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"replay body: {exc}", code=Code.INVALID_REQUEST) from None
     inbound = spec.inbound.encode() if spec.inbound is not None else None

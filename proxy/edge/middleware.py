@@ -76,6 +76,8 @@ def context_middleware(metrics: Metrics, quiet: frozenset[str]) -> Any:
             response = _failed(request, ctx, metrics, translated)
         finally:
             metrics.in_flight -= 1
+            if ctx.held is not None:  # the bytes of the memory budget it held
+                ctx.held.release()
         if not response.prepared:
             response.headers[REQUEST_ID_HEADER] = ctx.request_id
         metrics.answered(ctx.route, response.status, ctx.fields.get("upstream", ""))

@@ -21,6 +21,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from ...policy.errors import NOT_FOUND, AttachmentError, Code, InvalidRequest, ProjectionistError
 from ...policy.model import ATTACHMENTS_PATH, EXTENSION_OF, StoredImage, check_id, split_extension
 from ..inbound.bodies import encoding_of, form_parts, parse_form, read_body
+from ..inbound.budget import Budget, hold
 from ..inbound.context import context
 from ..inbound.services import SERVICES
 
@@ -59,12 +60,15 @@ def describe(image: StoredImage, name: str | None, variants: dict[str, str] | No
     return out
 
 
-async def read_upload(request: web.Request, limit: int, field: str = "file") -> tuple[bytes, str | None, str | None]:
+async def read_upload(request: web.Request, limit: int, budget: Budget,
+                      field: str = "file") -> tuple[bytes, str | None, str | None]:
     """(bytes, declared media type, file name) from a raw or multipart upload."""
     if request.content_type.startswith("multipart/"):
         if encoding_of(request):  # a compressed form: decode it whole, then parse it
-            _, upload = await parse_form(request.headers["Content-Type"], await read_body(request), limit, field)
-        else:
+            _, upload = await parse_form(request.headers["Content-Type"], await read_body(request, budget), limit, field)
+        else:  # read as it streams: its file part is at most ``limit``, the rest is let go
+            length = request.content_length
+            hold(context(request), budget, limit if length is None else min(length, limit), "body")
             try:
                 reader = await request.multipart()
             except (BadHttpMessage, ValueError, AssertionError):
@@ -73,13 +77,13 @@ async def read_upload(request: web.Request, limit: int, field: str = "file") -> 
         if upload is None:
             raise InvalidRequest(f"multipart upload needs a {field!r} file part", code=Code.MISSING_FILE)
         return upload
-    return await read_body(request), request.headers.get("Content-Type"), None
+    return await read_body(request, budget), request.headers.get("Content-Type"), None
 
 
 async def upload(request: web.Request) -> web.StreamResponse:
     app = request.app[SERVICES]
     tenant = context(request).tenant = app.guard.require_client(request.headers, request.query)
-    data, declared, filename = await read_upload(request, app.config.store.limits.max_bytes)
+    data, declared, filename = await read_upload(request, app.config.store.limits.max_bytes, app.budget)
     if not data:
         raise InvalidRequest("empty upload", code=Code.EMPTY_UPLOAD)
     name = clean_name(request.query.get("name") or filename)

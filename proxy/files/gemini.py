@@ -36,6 +36,7 @@ from ...adapters import gemini
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import ID_PREFIX, check_id
 from ..inbound.bodies import read_body
+from ..inbound.budget import hold
 from ..inbound.context import context, error_response
 from ..call.call import Call
 from ..call.pipeline import relay_unchanged
@@ -110,7 +111,7 @@ async def handle(call: Call) -> web.StreamResponse:
 
 
 async def _start(request: web.Request, media_type: str, size: int) -> web.Response:
-    raw = await read_body(request)
+    raw = await read_body(request, request.app[SERVICES].budget)
     try:
         doc = msgspec.json.decode(raw) if raw.strip() else {}
     except (msgspec.DecodeError, RecursionError):
@@ -180,6 +181,7 @@ async def _chunk(request: web.Request) -> web.Response:
             raise InvalidRequest("another chunk of this upload is being received", code=Code.INVALID_UPLOAD)
         upload.receiving = True
         try:
+            hold(context(request), services.budget, length, "body")
             chunk = await request.content.readexactly(length)  # at most the declared size
             if "finalize" not in commands:  # a part in the store; the last chunk is only joined to them
                 received = await uploads.receive(store, upload, parts, chunk)

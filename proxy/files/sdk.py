@@ -40,7 +40,7 @@ from ...adapters.base import FilesFormat
 from ...policy.errors import Code, ImageRejected, InvalidRequest, NotFound, UpstreamError
 from ...policy.model import ID_PREFIX, check_id
 from ..stores.admission import IMAGE_TOO_LARGE, header_info
-from ..inbound.bodies import encoding_of, inflate, parse_form
+from ..inbound.bodies import decoded, parse_form, read_raw
 from ..inbound.context import context
 from ..call.call import Call
 from ..call.pipeline import relay_unchanged
@@ -130,9 +130,8 @@ async def _upload(call: Call) -> web.StreamResponse:
     length = request.content_length
     if not request.content_type.startswith("multipart/") or length is None or length > limit:
         return await relay_unchanged(call)
-    raw = await request.read()  # forwarded as it came, if it is not an image to admit
-    encoding = encoding_of(request)
-    form = await asyncio.to_thread(inflate, raw, encoding, app.config.server.client_max_size) if encoding else raw
+    raw = await read_raw(request, app.budget)  # forwarded as it came, if it is not an image to admit
+    form = await decoded(request, raw, app.budget)
     fields, upload = await parse_form(request.headers["Content-Type"], form, limit)
     wanted = upstream.format == "anthropic" or fields.get("purpose") == "vision"
     if not wanted or upload is None or not _is_image(upload[0]):

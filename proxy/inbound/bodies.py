@@ -3,7 +3,8 @@
 The server never decompresses on its own (``auto_decompress`` is off), so a pass-through
 forwards the client's bytes exactly, encoding and length included. A body the proxy itself must
 read (a projected call, an upload, an admin request) is decoded here: ``gzip`` and ``deflate``,
-bounded by ``client_max_size`` (a decompression bomb is a 413), always off the event loop;
+bounded by ``client_max_size`` (a decompression bomb is a 413), always off the event loop,
+its bytes held of the memory budget as they come (``budget``);
 a body that is not in its declared encoding is 400 ``INVALID_BODY``; an encoding the proxy does
 not read is 415 ``UNSUPPORTED_ENCODING``. Multipart bodies are parsed by aiohttp's
 ``MultipartReader`` with a yield between chunks, so a 20 MB upload never stalls other requests.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
+from collections.abc import Callable
 from typing import Final
 
 import aiohttp
@@ -23,6 +25,8 @@ from aiohttp.http_exceptions import BadHttpMessage
 from multidict import CIMultiDict
 
 from ...policy.errors import Code, InvalidRequest, PayloadTooLarge, ProjectionistError
+from .budget import Budget, hold
+from .context import CONTEXT
 
 _WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
@@ -43,11 +47,12 @@ MAX_MEMBERS: Final = 64
 _STEP: Final = 64 * 1024
 
 
-def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
+def inflate(raw: bytes, encoding: str, limit: int, grow: Callable[[int], None] | None = None) -> bytes:
     """``raw`` decoded from ``encoding`` (blocking); at most ``limit`` bytes come out. A gzip body
     may hold up to ``MAX_MEMBERS`` members (all are decoded); anything after the last member is
     an error. Linear in the body's size whatever its members: each member's inflater reads the
-    body in bounded steps from where the last one ended, never a copy of the rest."""
+    body in bounded steps from where the last one ended, never a copy of the rest. ``grow`` is
+    told the size of each piece of output before the next is made (it may raise to stop it)."""
     if encoding not in _WBITS:
         raise ProjectionistError(f"Content-Encoding {encoding[:40]!r} is not read here: send gzip, deflate or none",
                                  code=Code.UNSUPPORTED_ENCODING, status=415)
@@ -55,7 +60,7 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     if encoding == "deflate":  # zlib-wrapped, or raw deflate as some clients send
         for wbits in (zlib.MAX_WBITS, -zlib.MAX_WBITS):
             with contextlib.suppress(zlib.error):
-                out, end = _one_member(view, 0, wbits, limit)
+                out, end = _one_member(view, 0, wbits, limit, grow)
                 if end == len(raw):
                     return out
         raise InvalidRequest("request body is not valid deflate", code=Code.INVALID_BODY)
@@ -66,7 +71,7 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
             raise InvalidRequest(f"request body holds more than {MAX_MEMBERS} {encoding} members",
                                  code=Code.INVALID_BODY)
         try:
-            out, at = _one_member(view, at, _WBITS[encoding], limit - size)
+            out, at = _one_member(view, at, _WBITS[encoding], limit - size, grow)
         except zlib.error:
             raise InvalidRequest(f"request body is not valid {encoding}", code=Code.INVALID_BODY) from None
         parts.append(out)
@@ -74,7 +79,8 @@ def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _one_member(data: memoryview, at: int, wbits: int, limit: int) -> tuple[bytes, int]:
+def _one_member(data: memoryview, at: int, wbits: int, limit: int,
+                grow: Callable[[int], None] | None) -> tuple[bytes, int]:
     """The compressed stream of ``data`` that starts at ``at``: what it decodes to (at most
     ``limit`` bytes, else 413) and where it ends."""
     inflater = zlib.decompressobj(wbits)
@@ -89,19 +95,42 @@ def _one_member(data: memoryview, at: int, wbits: int, limit: int) -> tuple[byte
         size += len(out)
         if size > limit:
             raise PayloadTooLarge("the decoded request body exceeds client_max_size")
+        if grow is not None:
+            grow(len(out))
         parts.append(out)
     return b"".join(parts), at - len(inflater.unused_data)
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The whole request body, decoded from its ``Content-Encoding`` on a worker thread (a small
-    body can decode to megabytes: the loop never pays for it)."""
+async def read_raw(request: web.Request, budget: Budget) -> bytes:
+    """The request's body as it came, its bytes held of ``budget`` before it is read: its
+    ``Content-Length``, or, without one, ``client_max_size`` until it is read, then its size."""
+    if not request.body_exists:
+        return b""
+    limit = request.app._client_max_size  # noqa: SLF001 (aiohttp keeps it private; it is ours)
+    length = request.content_length
+    if length is not None and length > limit:  # aiohttp's own answer, before any byte is held
+        raise PayloadTooLarge("request body exceeds the configured client_max_size")
+    held = hold(request[CONTEXT], budget, limit if length is None else length, "body")
     raw = await request.read()
+    if length is None:
+        held.less(limit - len(raw))
+    return raw
+
+
+async def decoded(request: web.Request, raw: bytes, budget: Budget) -> bytes:
+    """``raw`` decoded from the request's ``Content-Encoding`` on a worker thread (a small body can
+    decode to megabytes: the loop never pays for it), each step's output held of ``budget``."""
     encoding = encoding_of(request)
     if not encoding:
         return raw
-    limit = request.app._client_max_size  # noqa: SLF001 (aiohttp keeps it private; it is ours)
-    return await asyncio.to_thread(inflate, raw, encoding, limit)
+    limit = request.app._client_max_size  # noqa: SLF001
+    held = hold(request[CONTEXT], budget, 0, "decoded")
+    return await asyncio.to_thread(inflate, raw, encoding, limit, lambda size: held.grow(size, "decoded"))
+
+
+async def read_body(request: web.Request, budget: Budget) -> bytes:
+    """The whole request body, decoded (``read_raw``, then ``decoded``)."""
+    return await decoded(request, await read_raw(request, budget), budget)
 
 
 def _memory_stream(data: bytes) -> aiohttp.StreamReader:

@@ -22,6 +22,7 @@ from ...policy.errors import ProjectionistError
 
 if TYPE_CHECKING:  # imported only when tracing is configured
     from ..observe.tracing import CallSpan
+    from .budget import Held
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ERROR_CODE_HEADER = "x-projectionist-error-code"
@@ -35,7 +36,7 @@ class Context:
     take, the canonical log line's fields, the response once it has started, the call's span
     when tracing is on, and the client's tenant."""
 
-    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response", "trace", "tenant")
+    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response", "trace", "tenant", "held")
 
     def __init__(self, route: str) -> None:
         self.request_id = f"{_ID_PREFIX}{next(_ids):010x}"
@@ -49,6 +50,8 @@ class Context:
         #: The client's tenant, once its token is checked; None is every tenant (no client tokens,
         #: or the admin token).
         self.tenant: str | None = None
+        #: The bytes of the memory budget the request holds (``budget.hold``), released at its end.
+        self.held: Held | None = None
 
 
 CONTEXT = web.RequestKey("projectionist.context", Context)

@@ -21,6 +21,7 @@ from ...policy.ports import SessionLog
 from ...policy.probe import Prober
 from ..config import Config
 from .auth import Guard
+from .budget import Budget
 from .context import Timing
 from ..observe.metrics import Metrics
 from ..sessionlog.cached import CachedLog
@@ -98,6 +99,8 @@ class Services:
     variants: Variants = field(init=False)
     #: Gemini resumable uploads opened on this process (their bytes are in the store: any process finishes them).
     uploads: Uploads = field(init=False)
+    #: The bytes the requests under way may hold at once (``budget``).
+    budget: Budget = field(init=False)
 
     def __post_init__(self) -> None:
         self.prober = Prober(self.config.policy.retryable_probe_after)
@@ -114,6 +117,7 @@ class Services:
         #: The identity of the images clients inline themselves, kept for the bytes that come back.
         self.identities = Identities(policy.inline_cache_bytes, sniff=image_facts)
         self.uploads = Uploads()
+        self.budget = self.metrics.budget = Budget(server.memory_budget)
         #: What each tenant admitted, and so may list, read and reference.
         self.visible = Visible(self.store, self.reader)
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -16,11 +16,14 @@ import threading
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, GCCollector, PlatformCollector,
                                ProcessCollector, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from ..inbound.budget import Budget
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: Distinct ``model`` label values one app admits (models come from clients and upstreams);
@@ -106,6 +109,8 @@ class Metrics:
         #: Answers that could not fetch an image by its URL, by what became of them (``call.resend``).
         self.unfetched: Counter[str] = Counter()
         self.variants_pinned = 0
+        #: The memory budget of the requests under way (``inbound.budget``; the services set it).
+        self.budget: Budget | None = None
         self.errors_after_start = 0
         self.projection = Histogram()
         #: Time to the upstream's response headers, by upstream name.
@@ -167,6 +172,15 @@ class Metrics:
             tokens.add_metric([upstream, model, kind], n)
         yield tokens
         yield GaugeMetricFamily("projectionist_in_flight_requests", "Requests being handled now", value=self.in_flight)
+        if self.budget is not None:
+            budget = self.budget
+            yield GaugeMetricFamily("projectionist_memory_held_bytes",
+                                    "Bytes the requests under way hold of the memory budget", value=budget.held)
+            yield GaugeMetricFamily("projectionist_memory_budget_bytes", "The memory budget ([server] memory_budget)",
+                                    value=budget.limit)
+            yield _by("projectionist_memory_refused", "Requests and messages refused because the memory budget "
+                      "was spent, by what was refused (body, decoded, built, message)", "what",
+                           Counter({"body": 0, "decoded": 0, "built": 0, "message": 0, **budget.refused}))
         yield _by("projectionist_quarantines", "Quarantine events this replica recorded, by failure class",
                   "failure", self.quarantines)
         yield _by("projectionist_store_reads", "Verified reads of the attachment store, by result",

@@ -210,11 +210,11 @@ def test_inflating_reads_each_compressed_byte_a_bounded_number_of_times(monkeypa
         assert CountingInflater.fed < sum(len(raw) - len(raw) * k // members for k in range(members)) / 4
 
 
-@pytest.mark.parametrize(("raw", "code"), [
-    (gzip.compress(b"x" * 1000)[:-9], "INVALID_BODY"),  # truncated
-    (gzip.compress(b"x" * 1000) + b"\x1f", "INVALID_BODY"),  # a member's first byte, then nothing
-    (gzip.compress(b"x" * 5000), "PAYLOAD_TOO_LARGE"),  # one byte past the limit at the end of a step
-])
+@pytest.mark.parametrize(("raw", "code"), [  # mtime=0: the ids are the same in every xdist worker
+    (gzip.compress(b"x" * 1000, mtime=0)[:-9], "INVALID_BODY"),  # truncated
+    (gzip.compress(b"x" * 1000, mtime=0) + b"\x1f", "INVALID_BODY"),  # a member's first byte, then nothing
+    (gzip.compress(b"x" * 5000, mtime=0), "PAYLOAD_TOO_LARGE"),  # one byte past the limit at the end of a step
+], ids=["truncated", "cut-second-member", "past-limit"])
 def test_a_truncated_or_oversized_member_is_refused_whatever_the_steps(raw: bytes, code: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bodies, "_STEP", 7)  # member ends and limits fall inside steps and between them
