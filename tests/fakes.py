@@ -180,8 +180,9 @@ class CountingStore:
             self.stamp_checks[attachment_id] += 1
         return await self.inner.stamps(attachment_ids)  # type: ignore[attr-defined,no-any-return]
 
-    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
-        return await self.inner.admit(data, declared_type, name=name)
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None,
+                    publish: bool = False) -> StoredImage:
+        return await self.inner.admit(data, declared_type, name=name, publish=publish)
 
     async def stat(self, attachment_id: str) -> AttachmentMeta | None:
         return await self.inner.stat(attachment_id)

@@ -50,7 +50,8 @@ class MemoryStore:
             raise AttachmentError(NOT_FOUND, attachment_id=attachment_id)
         return self.images[attachment_id]
 
-    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None,
+                    publish: bool = False) -> StoredImage:
         info = header_info(data)
         stored = image(data, info.media_type, info.width, info.height)
         self.images[stored.id] = stored

@@ -4,7 +4,9 @@
 The upload answers ``{id, media_type, bytes, width, height, name?, url, href, variants}`` where
 ``url`` is the ready-to-paste ``attachment:`` reference (carrying the display name), ``href`` the
 same reference as an http(s) URL under ``server.public_url`` (for clients whose helpers validate
-or fetch image URLs) and ``variants`` the variants made of it so far (target -> variant id).
+or fetch image URLs) and ``variants`` the variants made of it so far (target -> variant id);
+with tenants, always none: a variant may have been made for another tenant's calls, and would
+tell this one that another holds the same bytes.
 Admission itself (magic bytes, limits, atomic publish) is the store's job; this module only gets
 the bytes out of HTTP, bounded, and back (``serve_image``, shared with the Files API's content).
 """
@@ -89,7 +91,8 @@ async def upload(request: web.Request) -> web.StreamResponse:
     name = clean_name(request.query.get("name") or filename)
     image = await app.visible.admit(tenant, data, declared, name=name)
     context(request).fields.update(attachment=image.id[:15], bytes=image.bytes)
-    variants = await app.variants.of(image.id)  # the same bytes uploaded again keep theirs
+    # the same bytes uploaded again keep theirs, shown where no other tenant can have made them
+    variants = await app.variants.of(image.id) if tenant is None else {}
     return web.Response(body=msgspec.json.encode(describe(image, name, variants, app.config.public_url)),
                         content_type="application/json")
 

@@ -136,6 +136,18 @@ def _ensure_dir(directory: Path, count: Count) -> None:
     _fsync_dir(directory.parent, count)
 
 
+def _ensure_shards(objects: Path, count: Count) -> None:
+    """Every shard of ``objects`` (``00`` to ``ff``), made once, when the store opens: an admission
+    that had to make its shard would take longer, and tell a tenant that no one had stored bytes
+    of that shard yet."""
+    missing = [shard for shard in (f"{i:02x}" for i in range(256)) if not (objects / shard).is_dir()]
+    for shard in missing:
+        count("mkdir")
+        (objects / shard).mkdir(exist_ok=True)
+    if missing:
+        _fsync_dir(objects, count)
+
+
 def _write_atomic(directory: Path, name: str, content: bytes, count: Count) -> None:
     """Write ``directory/name`` via a temp file in the same directory, fsync, then rename over.
 
@@ -181,6 +193,7 @@ class FilesystemStore:
         self._count = self.ops.add
         self._objects = self.root / "objects"
         _ensure_dir(self._objects, self._count)
+        _ensure_shards(self._objects, self._count)
         self.reads = Lane("reads", lanes.reads, read_timeout, lanes.queue_timeout, slow_after=lanes.slow_after)
         self.stamp_lane = Lane("stamps", lanes.stamps, lanes.stamp_timeout, lanes.queue_timeout,
                                slow_after=lanes.slow_after)
@@ -202,15 +215,18 @@ class FilesystemStore:
 
     # -- async API -------------------------------------------------------------------------------
 
-    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None,
+                    publish: bool = False) -> StoredImage:
         """Validate ``data`` and store it under its digest; return the stored image.
 
         Idempotent: an existing object that verifies is left untouched. An absent, partial or
-        corrupt one is (re)published; the digest proves the new bytes are the right ones.
+        corrupt one is (re)published; the digest proves the new bytes are the right ones. With
+        ``publish`` the bytes are written whether or not a copy is there (the first admission's
+        record kept): the same work either way, so its time tells no one whether it was.
         Raises ``ImageRejected`` for refused bytes, ``Unavailable(ATTACHMENT_WRITE_FAILED)`` when the
         filesystem fails while publishing.
         """
-        return await self._on_lane(partial(self._admit_sync, data, declared_type, name), self.writes,
+        return await self._on_lane(partial(self._admit_sync, data, declared_type, name, publish), self.writes,
                                    WRITE_FAILED, "admission")
 
     async def read_image(self, attachment_id: str) -> StoredImage:
@@ -452,16 +468,22 @@ class FilesystemStore:
         stamp = self._stamp_sync(hex_digest)  # before the read: a change during it shows next time
         return self._load(hex_digest), stamp
 
-    def _admit_sync(self, data: bytes, declared_type: str | None, name: str | None = None) -> StoredImage:
+    def _admit_sync(self, data: bytes, declared_type: str | None, name: str | None = None,
+                    publish: bool = False) -> StoredImage:
         info: ImageInfo = inspect_image(data, declared_type, self.limits)
         hex_digest = hashlib.sha256(data).hexdigest()
-        try:
-            return self._load(hex_digest)
-        except (AttachmentError, OSError):
-            pass  # absent, partial, corrupt or unreadable: (re)publish below
+        data_path, record_path = self._paths(hex_digest)
+        if not publish:
+            try:
+                return self._load(hex_digest)
+            except (AttachmentError, OSError):
+                pass  # absent, partial, corrupt or unreadable: (re)publish below
         record = _Record(media_type=info.media_type, bytes=len(data), width=info.width, height=info.height,
                          name=name, created_at=int(time.time()))
-        data_path, record_path = self._paths(hex_digest)
+        if publish:  # the first admission's name and time stay (a read of a few bytes, there or not)
+            with suppress(OSError, msgspec.DecodeError):
+                first = _RECORD_DECODER.decode(self._read_file(record_path))
+                record = msgspec.structs.replace(record, name=first.name, created_at=first.created_at)
         directory = data_path.parent
         _ensure_dir(directory, self._count)
         # Record first, data last: the data file is the publish point, so a crash in between

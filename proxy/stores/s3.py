@@ -353,19 +353,28 @@ class S3Store:
 
     # -- writes ----------------------------------------------------------------------------------
 
-    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None) -> StoredImage:
+    async def admit(self, data: bytes, declared_type: str | None = None, *, name: str | None = None,
+                    publish: bool = False) -> StoredImage:
         """Validate and store; idempotent (a verified existing object is left alone); re-admitting
-        the right bytes repairs a missing or corrupt object."""
+        the right bytes repairs a missing or corrupt object. With ``publish`` the bytes are put
+        whether or not a copy is there (the first admission's name and time kept, from a HEAD
+        asked either way): the same requests either way, so their time tells no one whether it was."""
         with map_exceptions(S3_ERRORS, WRITE_FAILED, "admission"):
             # Always a thread: admission decodes every pixel, and a few KB can hold millions of them.
             info = await self.decodes.run(partial(inspect_image, data, declared_type, self.limits))
             hex_digest = await _off_loop(len(data), lambda: hashlib.sha256(data).hexdigest())
-            try:
-                return await self.read_image(ID_PREFIX + hex_digest)
-            except AttachmentError:
-                pass  # absent, corrupt or unreadable: (re)publish
+            first: AttachmentMeta | None = None
+            if publish:
+                first = await self.stat(ID_PREFIX + hex_digest)
+            else:
+                try:
+                    return await self.read_image(ID_PREFIX + hex_digest)
+                except AttachmentError:
+                    pass  # absent, corrupt or unreadable: (re)publish
             metadata = {"media-type": info.media_type, "bytes": str(len(data)), "width": str(info.width),
-                        "height": str(info.height), "created-at": str(int(time.time()))}
+                        "height": str(info.height),
+                        "created-at": str(first.created_at if first is not None else int(time.time()))}
+            name = first.name if first is not None else name
             if name:
                 metadata["name"] = quote(name, safe="")
 

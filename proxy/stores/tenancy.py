@@ -45,8 +45,10 @@ class Visible:
 
     async def admit(self, tenant: str | None, data: bytes, declared_type: str | None = None, *,
                     name: str | None = None) -> StoredImage:
-        """Admit ``data`` (``Store.admit``) and grant it to ``tenant``."""
-        image = await self.store.admit(data, declared_type, name=name)
+        """Admit ``data`` (``Store.admit``) and grant it to ``tenant``. For a tenant the bytes are
+        published whether or not they are there (``publish``): an admission that found them stored
+        would be quicker, and tell the tenant that another one holds them."""
+        image = await self.store.admit(data, declared_type, name=name, publish=tenant is not None)
         if tenant is not None:
             await self.store.grant(tenant, image.id, name)
             self._learn(tenant, image.id)

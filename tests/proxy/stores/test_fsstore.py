@@ -87,7 +87,7 @@ async def test_publish_order_is_fsync_rename_then_directory_fsync(
 ) -> None:
     data = make_image()
     data_path, record_path = obj_paths(store, ref_id(data))
-    data_path.parent.mkdir(parents=True)  # isolate the object's own publish steps
+    assert data_path.parent.is_dir()  # the store made every shard when it opened: the object's own steps
     events: list[tuple[str, str]] = []
     real_fsync, real_replace = os.fsync, os.replace
 
@@ -120,7 +120,7 @@ async def test_no_temp_files_left_behind(store: FilesystemStore) -> None:
     await store.admit(make_image(color=0))  # idempotent repeat
     names = {p.name for p in (store.root / "objects").rglob("*")}
     expected = {i.removeprefix("sha256:") for i in ids}
-    expected |= {h + ".json" for h in expected} | {h[:2] for h in expected}
+    expected |= {h + ".json" for h in expected} | {f"{i:02x}" for i in range(256)}  # the shards, made at open
     assert names == expected
     assert not [n for n in names if n.startswith(".") or n.endswith(".tmp")]
 
@@ -216,6 +216,7 @@ async def test_directory_at_object_path_is_read_failed(store: FilesystemStore) -
 async def test_file_at_fanout_directory_is_read_failed(store: FilesystemStore) -> None:
     attachment_id = ref_id(make_image())
     data_path, _ = obj_paths(store, attachment_id)
+    data_path.parent.rmdir()
     data_path.parent.write_bytes(b"")  # objects/<hex[:2]> is a file: ENOTDIR
     err = await expect_code(store, attachment_id, READ_FAILED)
     assert "ENOTDIR" in err.message
