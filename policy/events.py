@@ -269,6 +269,21 @@ RECORD_TYPES: Final = frozenset({REQUEST, RESPONSE})
 #: records, and checkpoints, which restate the fold and so cannot change what anyone decided.
 PASSIVE_TYPES: Final = RECORD_TYPES | {CHECKPOINT}
 
+#: What a record becomes once retention prunes it: its seq, its time and the type it was, nothing
+#: of the call. Its row keeps the record's type (so it stays out of state reads and never makes an
+#: append conflict); what it decodes to is an event of a type the fold does not know, which it
+#: ignores, in this version and in older ones alike. Every seq stays, so no read sees a gap.
+PRUNED: Final = "record/pruned"
+#: How a pruned record's bytes begin (``pruned_record``): a body that begins so is pruned already.
+PRUNED_PREFIX: Final = b'{"type":"record/pruned"'
+_text: Final = msgspec.json.Encoder()
+
+
+def pruned_record(seq: int, time: str, was: str) -> bytes:
+    """The bytes of record ``seq`` once pruned (``PRUNED``): ``{"type", "seq", "time", "data": {"was"}}``."""
+    return b"%s,\"seq\":%d,\"time\":%s,\"data\":{\"was\":%s}}" % (PRUNED_PREFIX, seq, _text.encode(time),
+                                                               _text.encode(was))
+
 _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     Quarantine: QuarantineEvent,
     Recovered: RecoveredEvent,

@@ -18,6 +18,7 @@ from typing import Final
 import msgspec
 
 from .events import (
+    PRUNED,
     RECORD_TYPES,
     Checkpoint,
     CheckpointEvent,
@@ -135,8 +136,10 @@ class _Folding:
         elif isinstance(event, CheckpointEvent):  # the whole state, restated: start again from it
             self._restate(event.data)
             return
-        # a state event (a fork, an unknown type); a record of a type not known here counts for nothing
-        if type_of(event) not in RECORD_TYPES:
+        # a state event (a fork, an unknown type); a record of a type not known here, or one
+        # retention pruned, counts for nothing
+        kind = type_of(event)
+        if kind not in RECORD_TYPES and kind != PRUNED:
             self.unsaved += 1
 
     def _lift(self, aid: str) -> None:

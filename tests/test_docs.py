@@ -46,6 +46,8 @@ SHELLS = ("sh", "bash", "console")
 #: Every shell command the README and the docs show, and the test (in this module) that runs it.
 #: That test reads the very block the command stands in (it names the page and the heading).
 COVERED: dict[str, str] = {
+    "projectionist prune --older-than 7": "test_the_retention_commands_run_as_shown",
+    "projectionist prune --older-than 0 --session s1 --json": "test_the_retention_commands_run_as_shown",
     "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/projectionist demo":
         "test_the_demo_runs_on_a_fresh_checkout_as_shown",
     "PROJECTIONIST_CLIENT_TOKENS=tok-1 .venv/bin/projectionist serve --config config/replicas.example.toml":
@@ -630,3 +632,25 @@ def test_the_readme_names_the_latest_bench_report_with_its_date() -> None:
     found = re.search(r"latest bench report: \[(\d{4}-\d{2}-\d{2})[^\]]*\]\(docs/benchmarks/([^)]+)\)", readme)
     assert found is not None
     assert found[2] == latest and latest.startswith(found[1])
+
+
+async def test_the_retention_commands_run_as_shown(tmp_path: Path) -> None:
+    """Each ``prune`` command of the retention section, run as shown in a folder whose default data
+    dir holds a session ``s1`` with an old record and a state event."""
+    from projectionist.policy.events import Quarantine, ResponseRecorded
+    from projectionist.proxy.sessionlog.sqlite import SqliteLog
+
+    times = iter(["2026-01-01T00:00:00.000Z", "2026-01-01T00:00:01.000Z"])
+    log = SqliteLog(tmp_path / ".projectionist" / "sessions.sqlite3", clock=lambda: next(times))
+    await log.append("s1", 0, [Quarantine(attachment_id="sha256:" + "a" * 64, failure="not_found", retryable=False)])
+    await log.append("s1", None, [ResponseRecorded(request_id="r1", request_seq=1, status=200, latency_ms=1.0)],
+                     durable=False)
+    await log.close()
+    shown = block("docs/guide/replay.md", "Retention", "bash")
+    outputs = []
+    for command in commands_of("bash", shown):
+        done = run_shell(command.split("#")[0], tmp_path, clean_env())
+        assert done.returncode == 0, (command, done.stderr)
+        outputs.append(done.stdout)
+    assert outputs[0].startswith("pruned 1 records in 1 sessions older than 7 days")
+    assert json.loads(outputs[1])["records"] == 0  # pruned already by the first

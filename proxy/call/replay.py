@@ -21,6 +21,7 @@ from ...adapters.registry import ADAPTERS
 from ...adapters.responses import documents
 from ...policy.errors import AttachmentError, ProjectionistError, Code, Conflict, InvalidRequest, NotFound
 from ...policy.events import (
+    PRUNED,
     Event,
     RequestEvent,
     RequestRecorded,
@@ -28,6 +29,7 @@ from ...policy.events import (
     ResponseRecorded,
     answer,
     answers,
+    type_of,
 )
 from ...policy.fold import fold
 from ...policy.model import HttpRefs
@@ -91,6 +93,9 @@ def _pick(events: list[Event], seq: int | None, request_id: str | None = None
             raise NotFound(f"request {request_id[:40]!r} was not recorded in this session (recording off, or "
                            "the log could not take its record: see projectionist_records_dropped_total)",
                            code=Code.NOT_RECORDED)
+    if not requests and seq is not None and any(e.seq == seq and type_of(e) == PRUNED for e in events):
+        raise NotFound(f"the call at seq {seq} was pruned by retention ([record] keep_days): only its seq, time "
+                       "and type are kept", code=Code.NOT_RECORDED)
     if not requests:
         where = f"at seq {seq}" if seq is not None else "in this session"
         raise NotFound(f"no recorded request {where}", code=Code.NOT_RECORDED)

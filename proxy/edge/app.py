@@ -35,6 +35,7 @@ from ..observe.logger import get_logger, request_line
 from ..observe.metrics import Metrics, OpCounter
 from ..sessionlog.base import Log
 from ..sessionlog.cached import CachedLog
+from ..sessionlog.retention import keep_pruning
 from ..sessionlog.sqlite import SqliteLog
 from ..stores.admission import warm_up
 from ..stores.base import Store
@@ -299,6 +300,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         except Exception as exc:  # a saving, not a check: readiness names a store that cannot work
             get_logger().warning("store_warm_up_failed", error=type(exc).__name__)
     warm_up()  # Pillow's plugins: start-up pays for them, not the first request
+    record = services.config.record
+    if record.keep_days > 0:
+        services.background(keep_pruning(services.log, record.keep_days, record.prune_every))
     for upstream in services.upstreams.values():
         upstream.client = upstream.open_transport()
     try:

@@ -34,6 +34,7 @@ from ..observe.logger import setup_logging
 from .tables import sessions_table, timeline_table
 from ..sessionlog.base import Log
 from ..sessionlog.cached import CachedLog
+from ..sessionlog.retention import prune as prune_log
 from ..sessionlog.summary import summaries
 from ..stores.base import Store
 
@@ -152,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     _session(fork)
     fork.add_argument("new_session", help="id of the new session (must not exist yet)")
     fork.add_argument("--at-seq", type=int, help="copy events up to this seq (default: all of them)")
+    prune = sub.add_parser("prune", help="prune the calls' records older than the retention; state events stay",
+                           description="Turn every call record older than --older-than days (default: [record] "
+                                       "keep_days) into a stand-in of its seq, time and type. State events "
+                                       "(quarantines, recoveries, forks, variant pins, refusals) are never touched.")
+    _common(prune)
+    prune.add_argument("--older-than", type=float, metavar="DAYS",
+                       help="prune records older than DAYS days (0: every record up to now)")
+    prune.add_argument("--session", dest="only", metavar="SESSION", help="prune one session only")
+    _json_flag(prune)
     return parser
 
 
@@ -264,8 +274,24 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
     async def replay(store: Store, log: Log) -> int:
         return await replay_verb(args, config, store, log)
 
+    async def prune(store: Store, log: Log) -> int:
+        keep_days = args.older_than if args.older_than is not None else config.record.keep_days
+        if args.older_than is None and keep_days == 0:
+            raise InvalidRequest("[record] keep_days is 0 (keep every record): say --older-than DAYS",
+                                 code=Code.INVALID_CONFIG)
+        if keep_days < 0:
+            raise InvalidRequest("--older-than must be 0 or more days", code=Code.INVALID_CONFIG)
+        only = check_scoped_session(args.only) if args.only else None
+        done = await prune_log(log, keep_days, only)
+        if args.json:
+            _print_json({"keep_days": keep_days, **done._asdict()})
+        else:
+            print(f"pruned {done.records} records in {done.sessions} sessions older than {keep_days:g} days: "
+                  f"{done.bytes_before} bytes -> {done.bytes_after}")
+        return 0
+
     actions = {"sessions": sessions, "timeline": timeline, "events": events, "quarantine": quarantine,
-               "recover": recover_verb, "fork": fork, "replay": replay}
+               "recover": recover_verb, "fork": fork, "replay": replay, "prune": prune}
     return asyncio.run(_with_backends(config, actions[args.command]))
 
 

@@ -11,7 +11,8 @@ from typing import Final, NamedTuple, Protocol
 import msgspec
 
 from ...policy.errors import LogCorrupt
-from ...policy.events import Event, EventData, RequestEvent, ResponseEvent, decode_event
+from ...policy.events import (PRUNED_PREFIX, Event, EventData, RequestEvent, ResponseEvent, decode_event,
+                              pruned_record)
 from ...policy.ports import SessionLog
 
 
@@ -25,16 +26,37 @@ class SessionStats(NamedTuple):
     last_time: str
 
 
+class Pruned(NamedTuple):
+    """What a ``prune`` did: the records it pruned, in how many sessions, their bytes before and
+    after (the log's own rows: what it stores, not what the file or table takes on disk)."""
+
+    records: int = 0
+    sessions: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    def __add__(self, other: object) -> Pruned:
+        assert isinstance(other, Pruned)
+        return Pruned(*(a + b for a, b in zip(self, other)))
+
+
+#: Rows one transaction of a prune rewrites at most: appends wait for no more than that.
+PRUNE_ROWS: Final = 256
+
+
 class Log(SessionLog, Protocol):
     """A ``SessionLog`` with a lifetime: ``start`` opens it (schema included), ``close`` ends it;
     ``ping`` is the cheapest round trip that proves it answers (readiness); ``session_stats``
     counts every session (or one) in one query, the most recently active first, at most
-    ``limit`` of them."""
+    ``limit`` of them; ``prune`` turns every record stored before ``before`` (a time as the log
+    writes them) into its ``PRUNED`` stand-in, in every session or in one, a bounded number of rows
+    per transaction. Nothing else changes: no state event, no seq, no record stored since."""
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
     async def ping(self) -> None: ...
     async def session_stats(self, session: str | None = None, limit: int | None = None) -> list[SessionStats]: ...
+    async def prune(self, before: str, session: str | None = None) -> Pruned: ...
 
 
 #: One append in a group commit: its session, its events' data and their types.
@@ -102,6 +124,32 @@ def split_records(body: bytes) -> list[bytes]:
 
 
 _rows_decoder: Final = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+class _Stamp(msgspec.Struct):
+    """What a pruned record keeps of one: its type and time (its data is skipped, not decoded)."""
+
+    type: str
+    time: str
+
+
+_stamp: Final = msgspec.json.Decoder(_Stamp)
+
+
+def pruned_row(seq: int, body: bytes) -> bytes | None:
+    """A row of one record or several (``join_records``, the last at ``seq``) with every record
+    in it pruned (``pruned_record``), in the row's own shape; None when it holds none to prune."""
+    parts = split_records(body)
+    if all(part.startswith(PRUNED_PREFIX) for part in parts):
+        return None
+    first = seq - len(parts) + 1
+    out = []
+    for at, part in enumerate(parts, first):
+        if not part.startswith(PRUNED_PREFIX):
+            stamp = _stamp.decode(part)
+            part = pruned_record(at, stamp.time, stamp.type)
+        out.append(part)
+    return join_records(out) if body[:1] == b"[" else out[0]
 
 
 def decode_rows(session_id: str, after_seq: int, rows: Iterable[tuple[int, object]]) -> list[Event]:

@@ -40,7 +40,7 @@ from ...policy.fold import (
 )
 from ...policy.ports import StateRead
 from ..observe.logger import get_logger
-from .base import Log
+from .base import Log, Pruned
 from .watch import Mark, StateWatch
 
 
@@ -185,6 +185,10 @@ class CachedLog:
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
         return await self.inner.fork(parent, child, at_seq)
+
+    async def prune(self, before: str, session: str | None = None) -> Pruned:
+        """Records only: no state event changes, so no cached fold goes stale."""
+        return await self.inner.prune(before, session)
 
     async def start(self) -> None:
         await self.inner.start()

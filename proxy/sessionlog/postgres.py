@@ -40,11 +40,14 @@ from ..faults import FAILED, LOST, OS_FAULTS, Table, map_exceptions
 from ..observe.logger import get_logger
 from ..observe.metrics import OpCounter
 from .base import (
+    PRUNE_ROWS,
     GroupCommit,
     Item,
+    Pruned,
     SessionStats,
     decode_rows,
     decode_states,
+    pruned_row,
     utc_now,
 )
 from .watch import StateWatch
@@ -124,6 +127,13 @@ class PostgresLog:
                      ' ORDER BY max(time) COLLATE "C" DESC, session COLLATE "C" LIMIT $1',
             "stats_of": f"SELECT session, count(*), max(seq), max(time) FROM {table} WHERE session = $1"
                         " GROUP BY session",
+            # the next records stored before a time after a (session, seq) key, in key order (the
+            # primary key's range: a prune walks the table once), and their rewrite
+            "prunable": f"SELECT session, seq, body FROM {table} WHERE (session, seq) > ($1, $2)"
+                        f" AND ($3::text IS NULL OR session = $3) AND time < $4 AND type IN ({_sql_list(RECORD_TYPES)})"
+                        f' ORDER BY session, seq LIMIT {PRUNE_ROWS}',
+            "prune": f"UPDATE {table} AS e SET body = u.body FROM unnest($1::text[], $2::bigint[], $3::bytea[])"
+                     f" AS u(session, seq, body) WHERE e.session = u.session AND e.seq = u.seq",
             "notify": "SELECT pg_notify($1, $2)",
             "watch": "SELECT 1 /* projectionist watch */",
             "listen": f'LISTEN "{self.channel}"',
@@ -234,6 +244,29 @@ class PostgresLog:
         else:
             rows = await self._run(lambda conn: conn.fetch(self._sql["stats_of"], session))
         return [SessionStats(row[0], int(row[1]), int(row[2]), row[3]) for row in rows]
+
+    async def prune(self, before: str, session: str | None = None) -> Pruned:
+        """Every record stored before ``before`` pruned (``base.Log``), ``PRUNE_ROWS`` rows per
+        transaction: a read of the next rows, then one statement that rewrites them."""
+        done, after = Pruned(), ("", 0)
+        sessions: set[str] = set()
+        while True:
+            async def tx(conn: Any, after: tuple[str, int] = after) -> tuple[Pruned, set[str], tuple[str, int]]:
+                async with conn.transaction():
+                    rows = await conn.fetch(self._sql["prunable"], *after, session, before)
+                    pruned = [(row[0], row[1], pruned_row(row[1], row[2]), len(row[2])) for row in rows]
+                    todo = [(s, seq, new, size) for s, seq, new, size in pruned if new is not None]
+                    if todo:
+                        await conn.execute(self._sql["prune"], [t[0] for t in todo], [t[1] for t in todo],
+                                           [t[2] for t in todo])
+                    step = Pruned(len(todo), 0, sum(t[3] for t in todo), sum(len(t[2]) for t in todo if t[2]))
+                    return step, {t[0] for t in todo}, (rows[-1][0], rows[-1][1]) if len(rows) == PRUNE_ROWS else ("", 0)
+
+            step, seen, after = await self._run(tx)
+            done += step
+            sessions |= seen
+            if not after[0]:
+                return done._replace(sessions=len(sessions))
 
     async def ping(self) -> None:
         """``SELECT 1`` on a pooled connection: the pool has one to give and the server answers."""

@@ -40,12 +40,15 @@ from ..lanes import Lane
 from ..observe.logger import get_logger
 from ..observe.metrics import OpCounter
 from .base import (
+    PRUNE_ROWS,
     GroupCommit,
     Item,
+    Pruned,
     SessionStats,
     decode_rows,
     decode_states,
     join_records,
+    pruned_row,
     split_records,
     utc_now,
 )
@@ -187,6 +190,12 @@ _COUNT: Final = "sum(seq - coalesce(first, seq) + 1)"
 _STATS: Final = (f"SELECT session, {_COUNT}, max(seq), max(time) FROM events GROUP BY session ORDER BY 4 DESC, 1"
                  " LIMIT ?")
 _STATS_OF: Final = f"SELECT session, {_COUNT}, max(seq), max(time) FROM events WHERE session = ? GROUP BY session"
+#: The next rows of records stored before a time, after a (session, seq) key, in key order (the
+#: primary key's range: a prune walks the table once however many transactions it takes).
+_PRUNABLE: Final = ("SELECT rowid, session, seq, body FROM events WHERE (session, seq) > (?1, ?2)"
+                    " AND (?3 IS NULL OR session = ?3) AND time < ?4 AND type IN ("
+                    + ", ".join(f"'{t}'" for t in sorted(RECORD_TYPES)) + f") ORDER BY session, seq LIMIT {PRUNE_ROWS}")
+_PRUNE: Final = "UPDATE events SET body = ? WHERE rowid = ?"
 #: Readiness: a read transaction on the file (a bare ``SELECT 1`` would never touch it).
 _PING: Final = "SELECT 1 FROM events LIMIT 1"
 
@@ -296,6 +305,34 @@ class SqliteLog:
     async def session_stats(self, session: str | None = None, limit: int | None = None) -> list[SessionStats]:
         """Each session's count, last seq and latest time (see ``base.Log``), on the read lane."""
         return await self._run(partial(self._stats_job, session, limit), self._reads, op="session_stats")
+
+    async def prune(self, before: str, session: str | None = None) -> Pruned:
+        """Every record stored before ``before`` pruned (``base.Log``), ``PRUNE_ROWS`` rows per
+        transaction on the write lane: appends wait for one such transaction at most."""
+        done, after = Pruned(), ("", 0)
+        sessions: set[str] = set()
+        while True:
+            step, seen, after = await self._run(partial(self._transaction, partial(
+                self._prune_tx, before, session, after)), op="prune")
+            done += step
+            sessions |= seen
+            if not after[0]:
+                return done._replace(sessions=len(sessions))
+
+    def _prune_tx(self, before: str, session: str | None, after: tuple[str, int],
+                  conn: sqlite3.Connection) -> tuple[Pruned, set[str], tuple[str, int]]:
+        """One transaction of ``prune``: what it pruned, in which sessions, and the key to go on
+        from (``("", 0)`` when it reached the end)."""
+        rows = conn.execute(_PRUNABLE, (*after, session, before)).fetchall()
+        done, seen = Pruned(), set()
+        for rowid, session_id, seq, body in rows:
+            new = pruned_row(seq, bytes(body))
+            if new is None:
+                continue
+            conn.execute(_PRUNE, (new, rowid))
+            seen.add(session_id)
+            done += Pruned(len(split_records(new)), 0, len(body), len(new))
+        return done, seen, (rows[-1][1], rows[-1][2]) if len(rows) == PRUNE_ROWS else ("", 0)
 
     async def ping(self) -> None:
         """One read on the read lane: it answers only if a read lane thread is free and the file
