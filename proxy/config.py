@@ -187,9 +187,9 @@ class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     hold: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
     #: Days a call's records are kept; older ones are pruned to a stand-in of their seq, time and
     #: type (``proxy/sessionlog/retention.py``). State events are kept for good. 0 keeps everything.
-    keep_days: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    keep_days: Annotated[float, msgspec.Meta(ge=0, le=36500)] = 30.0
     #: Seconds between the server's prunes (the first one a minute after start-up).
-    prune_every: Annotated[float, msgspec.Meta(gt=0)] = 3600.0
+    prune_every: Annotated[float, msgspec.Meta(gt=0, le=86400 * 366)] = 3600.0
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

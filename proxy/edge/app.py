@@ -300,14 +300,17 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         except Exception as exc:  # a saving, not a check: readiness names a store that cannot work
             get_logger().warning("store_warm_up_failed", error=type(exc).__name__)
     warm_up()  # Pillow's plugins: start-up pays for them, not the first request
-    record = services.config.record
-    if record.keep_days > 0:
-        services.background(keep_pruning(services.log, record.keep_days, record.prune_every))
+    record = services.config.record  # retention: a task of the app's life, not one a request left behind
+    pruning = asyncio.create_task(keep_pruning(services.log, record.keep_days, record.prune_every)) \
+        if record.keep_days > 0 else None
     for upstream in services.upstreams.values():
         upstream.client = upstream.open_transport()
     try:
         yield
     finally:
+        if pruning is not None:
+            pruning.cancel()
+            await asyncio.gather(pruning, return_exceptions=True)
         for upstream in services.upstreams.values():
             if upstream.client is not None:
                 await upstream.client.aclose()

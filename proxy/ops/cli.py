@@ -279,8 +279,8 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
         if args.older_than is None and keep_days == 0:
             raise InvalidRequest("[record] keep_days is 0 (keep every record): say --older-than DAYS",
                                  code=Code.INVALID_CONFIG)
-        if keep_days < 0:
-            raise InvalidRequest("--older-than must be 0 or more days", code=Code.INVALID_CONFIG)
+        if not 0 <= keep_days <= 36500:  # (and not NaN)
+            raise InvalidRequest("--older-than must be from 0 to 36500 days", code=Code.INVALID_CONFIG)
         only = check_scoped_session(args.only) if args.only else None
         done = await prune_log(log, keep_days, only)
         if args.json:

@@ -57,7 +57,7 @@ async def test_session_and_attachment_ids_never_become_labels(harness: Harness) 
     assert "secret-session-xyz" not in text and gone[7:] not in text
     ours = "\n".join(line for line in text.splitlines() if line.startswith("projectionist_"))
     labels = set(re.findall(r"(\w+)=\"", ours))
-    assert labels <= {"route", "status", "upstream", "model", "failure", "result", "kind", "op", "le", "outcome"}
+    assert labels <= {"route", "status", "upstream", "model", "failure", "result", "kind", "op", "le", "outcome", "what"}
 
 
 async def test_a_quarantined_reference_costs_zero_store_reads(harness: Harness) -> None:
