@@ -106,7 +106,7 @@ async def read_raw(request: web.Request, budget: Budget) -> bytes:
     ``Content-Length``, or, without one, ``client_max_size`` until it is read, then its size."""
     if not request.body_exists:
         return b""
-    limit = request.app._client_max_size  # noqa: SLF001 (aiohttp keeps it private; it is ours)
+    limit = request._client_max_size  # noqa: SLF001 (aiohttp keeps it private; it is the app's)
     length = request.content_length
     if length is not None and length > limit:  # aiohttp's own answer, before any byte is held
         raise PayloadTooLarge("request body exceeds the configured client_max_size")

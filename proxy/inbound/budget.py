@@ -47,9 +47,8 @@ class Budget:
 
     def take(self, size: int, what: str) -> Held:
         """``size`` bytes held until the result is released; ``MemoryBusy`` when they do not fit."""
-        held = Held(self)
-        held.grow(size, what)
-        return held
+        self._add(size, what)
+        return Held(self, size)
 
     def _add(self, size: int, what: str) -> None:
         with self._lock:
@@ -58,20 +57,16 @@ class Budget:
                 raise MemoryBusy(SPENT)
             self.held += size
 
-    def _sub(self, size: int) -> None:
-        with self._lock:
-            self.held -= size
-
 
 class Held:
     """The bytes one request holds of a ``Budget``: ``grow`` as more come, ``release`` at its end
-    (once; later calls do nothing). ``moved`` hands them to another owner."""
+    (once; later calls do nothing). On the path of every call: few steps each."""
 
     __slots__ = ("_budget", "size")
 
-    def __init__(self, budget: Budget) -> None:
+    def __init__(self, budget: Budget, size: int = 0) -> None:
         self._budget = budget
-        self.size = 0
+        self.size = size
 
     def grow(self, size: int, what: str) -> None:
         if size > 0:
@@ -83,25 +78,25 @@ class Held:
         size = min(size, self.size)
         if size > 0:
             self.size -= size
-            self._budget._sub(size)  # noqa: SLF001
+            with self._budget._lock:  # noqa: SLF001
+                self._budget.held -= size
 
     def release(self) -> None:
-        size, self.size = self.size, 0
+        size = self.size
         if size:
-            self._budget._sub(size)  # noqa: SLF001
-
-    def moved(self) -> Held:
-        """A ``Held`` of these bytes; this one holds none after."""
-        other = Held(self._budget)
-        other.size, self.size = self.size, 0
-        return other
+            self.size = 0
+            budget = self._budget
+            with budget._lock:  # noqa: SLF001
+                budget.held -= size
 
 
 def hold(ctx: Context, budget: Budget, size: int, what: str) -> Held:
     """``size`` more bytes held by the request of ``ctx`` (released at its end); ``MemoryBusy``
     when they do not fit."""
-    if ctx.held is None:
-        ctx.held = budget.take(size, what)
+    held = ctx.held
+    if held is None:
+        budget._add(size, what)  # noqa: SLF001
+        held = ctx.held = Held(budget, size)
     else:
-        ctx.held.grow(size, what)
-    return ctx.held
+        held.grow(size, what)
+    return held
