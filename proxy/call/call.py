@@ -18,8 +18,8 @@ from aiohttp import web
 
 from ...adapters.base import WireFormat
 from ...adapters.registry import SPEAKS, projecting
-from ..inbound.context import Context, Timing, context
-from ..inbound.services import SERVICES, Services
+from ..inbound.context import Context, Timing
+from ..inbound.services import Services
 from ..upstream.target import Upstream
 from ..upstream.urls import check_path
 
@@ -41,13 +41,12 @@ class Call:
     timing: Timing
 
     @classmethod
-    def of(cls, request: web.Request, upstream: Upstream, raw_path: str) -> Call:
-        """The call of ``request`` to ``upstream`` at ``raw_path``: the path is checked
-        (``upstream.urls.check_path``) before anything else reads it."""
-        ctx = context(request)
+    def of(cls, request: web.Request, services: Services, ctx: Context, upstream: Upstream, raw_path: str) -> Call:
+        """The call of ``request`` (its ``ctx``) to ``upstream`` at ``raw_path``: the path is
+        checked (``upstream.urls.check_path``) before anything else reads it."""
         timing = Timing(ctx.started)
         check_path(raw_path)
         path = unquote(raw_path) if "%" in raw_path else raw_path
         adapter = projecting(upstream.format, request.method, path)
         fmt = ctx.fmt = adapter if adapter is not None else SPEAKS[upstream.format]
-        return cls(request, request.app[SERVICES], ctx, fmt, upstream, raw_path, path, adapter is not None, timing)
+        return cls(request, services, ctx, fmt, upstream, raw_path, path, adapter is not None, timing)

@@ -26,7 +26,7 @@ class Inbound:
 
 
 async def read(call: Call) -> Inbound:
-    return inbound_of(call, await read_body(call.request, call.services.budget))
+    return inbound_of(call, await read_body(call.request, call.services.budget, call.ctx))
 
 
 def inbound_of(call: Call, raw: bytes) -> Inbound:

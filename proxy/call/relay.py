@@ -231,8 +231,13 @@ def upstream_errors() -> Iterator[None]:
 
 
 async def _send(session: Transport, method: str, url: URL, body: Body, headers: CIMultiDict[str]) -> Response:
-    with upstream_errors():
+    try:  # ``upstream_errors`` written out: every call takes this step
         return await session.send(method, url, headers=headers, body=body)
+    except Exception as exc:
+        translated = client_error(exc)
+        if translated is None:
+            raise
+        raise translated from None
 
 
 def _small(answer: Response) -> bool:

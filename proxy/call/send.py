@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from typing import Final
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -35,13 +36,21 @@ async def send(call: Call, inbound: Inbound, prepared: Prepared) -> web.StreamRe
         return await relay_body(call, built.body, prepared.headers, recorder=recorder, screen=screen, meter=meter)
 
 
-@contextlib.contextmanager
-def in_flight(call: Call, inbound: Inbound, prepared: Prepared) -> Iterator[None]:
+#: What a call that carries no image holds while it is in flight: nothing (one, for every such call).
+_NOTHING: Final = contextlib.nullcontext()
+
+
+def in_flight(call: Call, inbound: Inbound, prepared: Prepared) -> contextlib.AbstractContextManager[None]:
     """While the block runs, the images of ``prepared``'s body count as carried by this call
     (``inflight``; a call of no session, or with no image, carries none)."""
     if inbound.session_id is None or not prepared.built.images:
-        yield
-        return
+        return _NOTHING
+    return _carried(call, inbound, prepared)
+
+
+@contextlib.contextmanager
+def _carried(call: Call, inbound: Inbound, prepared: Prepared) -> Iterator[None]:
+    assert inbound.session_id is not None
     with call.services.inflight.carrying(inbound.session_id, call.fmt.FORMAT, prepared.carried,
                                          call.timing) as carrying:
         prepared.in_flight.append(carrying)

@@ -47,8 +47,8 @@ from ..call.sessions import PATH_SESSION, session_of
 from ..config import NAME_RE
 from ..files import gemini as gemini_files
 from ..files import sdk as files
-from ..inbound.context import context
-from ..inbound.services import SERVICES
+from ..inbound.context import Context, context
+from ..inbound.services import SERVICES, Services
 from ..upstream.urls import check_path
 
 _GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")
@@ -114,13 +114,14 @@ async def dispatch_session(request: web.Request) -> web.StreamResponse:
     segment, slash, rest = raw_path[len(SESSION_PREFIX):].partition("/")
     rest = slash + rest
     ctx = context(request)
+    services = request.app[SERVICES]
     ctx.fmt = SPEAKS[format_spoken(unquote(rest), request.headers, request.query)]
-    _require_client(request)
+    _require_client(request, services, ctx)
     if not literal:  # /%73/x/...: aiohttp matched the decoded path; the prefix must be spelled as is
         raise NotFound("no such route", code=Code.ROUTE_NOT_FOUND)
     check_path(raw_path)  # a '.' or '..' segment, the session's included, in any encoding
     session = check_session_id(unquote(segment))
-    session_of(request.headers, request.app[SERVICES].session_headers, session)  # a header that disagrees
+    session_of(request.headers, services.session_headers, session)  # a header that disagrees
     request[PATH_SESSION] = session
     ctx.fields["session"] = session
     if not rest:
@@ -146,10 +147,9 @@ async def _unprefixed(request: web.Request, rest: str) -> web.StreamResponse:
     return await match.handler(inner)
 
 
-def _require_client(request: web.Request) -> None:
-    ctx = context(request)
+def _require_client(request: web.Request, services: Services, ctx: Context) -> None:
     try:
-        ctx.tenant = request.app[SERVICES].guard.require_client(request.headers, request.query)
+        ctx.tenant = services.guard.require_client(request.headers, request.query)
     except ProjectionistError:
         ctx.route = "unauthenticated"
         raise
@@ -200,7 +200,7 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
     # until the client is known, errors take the shape the request itself speaks: a stranger
     # learns nothing about which named upstreams exist or what format they are
     ctx.fmt = SPEAKS[format_spoken(unquote(raw_path), request.headers, request.query)]
-    _require_client(request)
+    _require_client(request, services, ctx)
     upstream = services.upstreams.get(name)
     if upstream is None:
         ctx.route = "unknown_upstream"
@@ -213,7 +213,7 @@ async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owne
         raise ProjectionistError(f"{request.method} is not forwarded", code=Code.METHOD_NOT_ALLOWED, status=405)
     upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
     own = _route(upstream.format, request.method, unquote(raw_path) if "%" in raw_path else raw_path, upgrade)
-    call = Call.of(request, upstream, raw_path)
+    call = Call.of(request, services, ctx, upstream, raw_path)
     kind = own or "passthrough"
     ctx.route = call.fmt.NAME if call.projected else "files" if own in _FILES else kind
     if services.tracing is not None:  # the middleware ends the span, with the answer's status

@@ -26,7 +26,7 @@ from multidict import CIMultiDict
 
 from ...policy.errors import Code, InvalidRequest, PayloadTooLarge, ProjectionistError
 from .budget import Budget, hold
-from .context import CONTEXT
+from .context import CONTEXT, Context
 
 _WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
@@ -101,16 +101,17 @@ def _one_member(data: memoryview, at: int, wbits: int, limit: int,
     return b"".join(parts), at - len(inflater.unused_data)
 
 
-async def read_raw(request: web.Request, budget: Budget) -> bytes:
-    """The request's body as it came, its bytes held of ``budget`` before it is read: its
-    ``Content-Length``, or, without one, ``client_max_size`` until it is read, then its size."""
+async def read_raw(request: web.Request, budget: Budget, ctx: Context | None = None) -> bytes:
+    """The request's body as it came, its bytes held of ``budget`` (by the request of ``ctx``,
+    its context unless given) before it is read: its ``Content-Length``, or, without one,
+    ``client_max_size`` until it is read, then its size."""
     if not request.body_exists:
         return b""
     limit = request._client_max_size  # noqa: SLF001 (aiohttp keeps it private; it is the app's)
     length = request.content_length
     if length is not None and length > limit:  # aiohttp's own answer, before any byte is held
         raise PayloadTooLarge("request body exceeds the configured client_max_size")
-    held = hold(request[CONTEXT], budget, limit if length is None else length, "body")
+    held = hold(ctx or request[CONTEXT], budget, limit if length is None else length, "body")
     raw = await request.read()
     if length is None:
         held.less(limit - len(raw))
@@ -128,9 +129,12 @@ async def decoded(request: web.Request, raw: bytes, budget: Budget) -> bytes:
     return await asyncio.to_thread(inflate, raw, encoding, limit, lambda size: held.grow(size, "decoded"))
 
 
-async def read_body(request: web.Request, budget: Budget) -> bytes:
+async def read_body(request: web.Request, budget: Budget, ctx: Context | None = None) -> bytes:
     """The whole request body, decoded (``read_raw``, then ``decoded``)."""
-    return await decoded(request, await read_raw(request, budget), budget)
+    raw = await read_raw(request, budget, ctx)
+    if "Content-Encoding" not in request.headers:  # most bodies: nothing to decode
+        return raw
+    return await decoded(request, raw, budget)
 
 
 def _memory_stream(data: bytes) -> aiohttp.StreamReader:
