@@ -1,7 +1,7 @@
 """``projectionist demo``: the keyless, runnable story of a session surviving bad images (proxy layer).
 
-In one process: a temporary data dir, a built-in fake upstream that records and echoes what it
-received, and the real proxy app on loopback. The story: admit images, send, delete one object
+In one process: a temporary data dir, the built-in fake upstream (``fake_upstream``: it records
+what it receives and answers what the model would have seen), and the real proxy app on loopback. The story: admit images, send, delete one object
 and corrupt another, send again (placeholders, two quarantine events), restart, fork, repair and
 recover, a refused recovery, and an image the upstream itself refuses (one ``rejected``
 quarantine, the call sent again, the session carries on). ``--json`` writes the snapshot pinned
@@ -11,7 +11,6 @@ by ``tests/snapshots/``.
 from __future__ import annotations
 
 import base64
-import hashlib
 import secrets
 import socket
 import sys
@@ -27,6 +26,7 @@ from aiohttp import web
 from ..edge.app import create_app
 from ..inbound.services import ADMIN_APP
 from ..config import load_config, with_upstream_urls
+from .fake_upstream import FakeUpstream
 from ...adapters.redact import shorten
 
 IMAGES: dict[str, bytes] = {
@@ -52,38 +52,6 @@ class DemoFailed(Exception):
 def normalize_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The state events, times blanked (records hold latencies: evidence, not the story)."""
     return [{**e, "time": "<time>"} for e in events if not e["type"].endswith("/recorded")]
-
-
-class EchoUpstream:
-    """Records each body it receives and answers with what the model would 'see'; refuses the
-    images in ``refuse`` (by their bytes' id) as OpenAI does."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.refuse: set[str] = set()
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        return app
-
-    async def chat(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        self.bodies.append(body)
-        parts = msgspec.json.decode(body)["messages"][-1]["content"]
-        urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
-        if any(_id_of(base64.b64decode(url.split(",", 1)[1])) in self.refuse for url in urls):
-            return web.json_response({"error": {"message": "Invalid image.", "type": "invalid_request_error",
-                                                "param": None, "code": "invalid_image"}}, status=400)
-        seen = [("an image" if p["type"] == "image_url" else repr(p["text"])) for p in parts]
-        reply = {"id": "chatcmpl-echo", "object": "chat.completion", "created": 0, "model": "echo",
-                 "choices": [{"index": 0, "finish_reason": "stop",
-                              "message": {"role": "assistant", "content": "I see: " + ", ".join(seen)}}]}
-        return web.json_response(reply)
-
-
-def _id_of(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 class Server:
@@ -124,7 +92,7 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
     admin = {"Authorization": f"Bearer {token}"}
     steps: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="projectionist-demo-") as tmp:
-        echo = EchoUpstream()
+        echo = FakeUpstream()
         async with Server(echo.app()) as upstream, aiohttp.ClientSession() as http:
             config = with_upstream_urls(
                 # stamp_ttl 0: the story damages objects behind the proxy's back and shows the very
@@ -244,7 +212,7 @@ Send = Callable[[Server, str, dict[str, Any]], Awaitable[tuple[int, bytes, str]]
 Events = Callable[[Server, str], Awaitable[list[dict[str, Any]]]]
 
 
-async def _refusal(http: aiohttp.ClientSession, proxy: Server, echo: EchoUpstream, send: Send, events: Events,
+async def _refusal(http: aiohttp.ClientSession, proxy: Server, echo: FakeUpstream, send: Send, events: Events,
                    body: dict[str, Any], say: Say) -> dict[str, Any]:
     """Step 9: a new image the upstream refuses joins the images it took before. Only the new one
     is quarantined (``attachment/rejected``, for OpenAI-format upstreams), the call goes again at once, and the
