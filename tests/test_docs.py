@@ -376,14 +376,14 @@ def start(script: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     pytest.fail("the shown command did not answer /healthz within 60 s")
 
 
-def stop(process: subprocess.Popen[str]) -> str:
-    """SIGTERM to the process group started for it (SIGKILL after 20 s); its stderr."""
+def stop(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGTERM to the process group started for it (SIGKILL after 20 s); its stdout and stderr."""
     os.killpg(process.pid, signal.SIGTERM)
     try:
-        return process.communicate(timeout=20)[1]
+        return process.communicate(timeout=20)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        return process.communicate()[1]
+        return process.communicate()
 
 
 def environment_of_serve(group: int) -> dict[str, str]:
@@ -426,7 +426,9 @@ def test_serve_and_an_upload_run_as_shown(tmp_path: Path) -> None:
         assert answer["url"] == f"attachment:{answer['id']}?name=shot.png"
         assert answer["href"] == f"http://127.0.0.1:8787/v1/attachments/{answer['id']}.png?name=shot.png"
     finally:
-        stop(process)
+        printed, _ = stop(process)
+    # what it printed once it listened is what the page shows
+    assert printed == block("docs/operations/config.md", "Where the console is", "text")
 
 
 def test_a_replica_starts_as_shown(tmp_path: Path) -> None:
@@ -440,7 +442,7 @@ def test_a_replica_starts_as_shown(tmp_path: Path) -> None:
         assert status == 503 and body["status"] == "unready", body
         assert body["checks"]["log"] != "ok" and body["checks"]["store"] != "ok"
     finally:
-        stderr = stop(process)
+        _, stderr = stop(process)
     assert "MISSING_EXTRA" not in stderr and '"client_tokens":true' in stderr.replace(" ", "")
 
 

@@ -32,9 +32,10 @@ from ...policy.events import (
 )
 from ...policy.model import short_id as short
 from ...policy.fold import SessionState
+from ..config import CONSOLE_PATH
 from ..sessionlog.summary import SessionSummary
 
-UI: Final = "/admin/ui"
+UI: Final = CONSOLE_PATH
 #: Lines of a body shown per side in the replay view (the rest is cut, and said so).
 MAX_LINES: Final = 4000
 #: Differing paths listed above the replay view's bodies.

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from aiohttp import web
 
 from ...policy.errors import Code, InvalidRequest, ProjectionistError
-from ..config import Config
+from ..config import CONSOLE_PATH, Config, listen_url
 from ..edge.app import admin_site, create_app
 from ..observe.logger import get_logger, redact_url, setup_logging
 
@@ -186,6 +186,25 @@ def listening_fields(config: Config, loop: str, open_proxy: bool) -> dict[str, o
             "workers": config.server.workers}
 
 
+def banner(config: Config, console: str) -> list[str]:
+    """What ``serve`` tells the person who started it, on stdout (stderr is the JSON log): where
+    the proxy and the console are, and why the console will refuse them if no admin token is set."""
+    lines = [f"projectionist serve: the proxy on {listen_url(config.server.host, config.server.port)}"
+             f" (the base URL for clients; {config.server.workers} process"
+             f"{'es' if config.server.workers > 1 else ''})"]
+    if config.admin_token():
+        lines.append(f"projectionist serve: the console on {console} (sign in with the admin token)")
+    else:
+        lines.append(f"projectionist serve: the console on {console}, but no admin token is set, so it answers "
+                     "401 ADMIN_UNAUTHORIZED: set PROJECTIONIST_ADMIN_TOKEN (or --admin-token-file) and restart")
+    return lines
+
+
+def say(lines: list[str]) -> None:
+    """Print to stdout at once (a pipe would otherwise hold the lines until the process ends)."""
+    print("\n".join(lines), flush=True)
+
+
 def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
     """Run the proxy in this process until SIGTERM/SIGINT. Anything that stops it from starting (a
     data dir it cannot use, a log it cannot open, a port it cannot bind) is one ``StartupError``."""
@@ -195,6 +214,8 @@ def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
 
     def listening(loop: str, admin: str) -> None:
         get_logger().info("listening", **listening_fields(config, loop, open_proxy), admin=admin)
+        host, _, port = admin.rpartition(":")
+        say(banner(config, listen_url(host.strip("[]"), int(port)) + CONSOLE_PATH))
 
     run_server(config, listening)
 
