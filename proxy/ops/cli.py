@@ -29,6 +29,7 @@ from ..config import Config, Format, load_config, parse_upstream_spec, with_upst
 from .serve import StartupError, serve
 from .workers import supervise
 from .demo import DemoFailed, run_demo, write_snapshot
+from .fake_upstream import MARKER, FakeUpstream
 from ..call.replay import rebuild, send_and_compare
 from ..observe.logger import setup_logging
 from .tables import sessions_table, timeline_table
@@ -103,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--insecure-open-proxy", action="store_true",
                        help="serve a non-loopback address with no client tokens (anyone who reaches the port "
                             "reads every image and session, and spends any server-held key)")
+    serve.add_argument("--fake-upstream", action="store_true",
+                       help="try the proxy without provider keys: every upstream is a built-in fake provider in "
+                            "this process (canned answers in every format, streamed too); it refuses any image "
+                            f"whose bytes contain {MARKER.decode()!r}, as a provider refuses one")
+    serve.add_argument("--fake-refuse-images", action="store_true",
+                       help="with --fake-upstream: the fake provider refuses every inlined image")
     demo = sub.add_parser("demo", help="play the keyless story of a session surviving bad images",
                           description="Play the keyless story of a session surviving bad images.")
     demo.add_argument("--json", metavar="FILE", help="write the snapshot as JSON to FILE ('-' for stdout)")
@@ -333,9 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         config = config_from_args(args)
         if args.command == "serve":
-            run = supervise if config.server.workers > 1 else serve
-            run(config, insecure_open_proxy=args.insecure_open_proxy)
-            return 0
+            return _serve(args, config)
         code = _admin_verb(args, config)
         sys.stdout.flush()  # a reader that left shows here, inside the try, not at the interpreter's exit
         return code
@@ -349,6 +354,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left (``| head -1``): no traceback, the exit a shell's SIGPIPE gives
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _serve(args: argparse.Namespace, config: Config) -> int:
+    if args.fake_refuse_images and not args.fake_upstream:
+        raise InvalidRequest("--fake-refuse-images needs --fake-upstream", code=Code.INVALID_CONFIG)
+    if not args.fake_upstream:
+        run = supervise if config.server.workers > 1 else serve
+        run(config, insecure_open_proxy=args.insecure_open_proxy)
+        return 0
+    if config.server.workers > 1:  # the fake lives in the serving process: one process only
+        raise InvalidRequest("--fake-upstream serves in one process: drop --workers", code=Code.INVALID_CONFIG)
+    serve(config, insecure_open_proxy=args.insecure_open_proxy, fake=FakeUpstream(refuse_all=args.fake_refuse_images))
+    return 0
 
 
 def _stderr(line: str) -> None:

@@ -38,7 +38,7 @@ MARKER: Final = b"projectionist-refuse"
 #: The model name the answers carry when the request names none.
 MODEL: Final = "fake-model"
 #: The words each provider refuses an image with (the proxy's adapters know them).
-OPENAI_REFUSAL: Final = {"error": {"message": "Invalid image.", "type": "invalid_request_error", "param": None,
+OPENAI_REFUSAL: Final[dict[str, dict[str, Any]]] = {"error": {"message": "Invalid image.", "type": "invalid_request_error", "param": None,
                                    "code": "invalid_image"}}
 GEMINI_REFUSAL: Final = {"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": (
     "Unable to process input image. Please retry or report in "
@@ -188,7 +188,10 @@ class FakeUpstream:
 
     @staticmethod
     def _openai_refusal(path: tuple[str, ...]) -> web.Response:
-        return web.json_response(OPENAI_REFUSAL, status=400)
+        """OpenAI's words, its ``param`` naming the refused part (``messages[0].content[2].image_url``)."""
+        part = path[:path.index("content") + 2] if "content" in path else path
+        param = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in part).lstrip(".")
+        return web.json_response({"error": {**OPENAI_REFUSAL["error"], "param": f"{param}.image_url"}}, status=400)
 
     @staticmethod
     def _anthropic_refusal(path: tuple[str, ...]) -> web.Response:
