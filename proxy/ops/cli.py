@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="play the keyless story of a session surviving bad images",
                           description="Play the keyless story of a session surviving bad images.")
     demo.add_argument("--json", metavar="FILE", help="write the snapshot as JSON to FILE ('-' for stdout)")
+    demo.add_argument("--keep", action="store_true",
+                      help="keep the demo's data dir and print how to serve it and open it in the console")
     sessions = sub.add_parser("sessions", help="list the sessions: events, quarantines, last activity",
                               description="List the sessions, the most recently active first.")
     _common(sessions)
@@ -334,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             setup_logging("warning", json=True)
-            snapshot = asyncio.run(run_demo(print if args.json != "-" else _stderr))
+            snapshot = asyncio.run(run_demo(print if args.json != "-" else _stderr, keep=args.keep))
             if args.json:
                 write_snapshot(snapshot, args.json)
             return 0

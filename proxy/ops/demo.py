@@ -1,21 +1,24 @@
 """``projectionist demo``: the keyless, runnable story of a session surviving bad images (proxy layer).
 
 In one process: a temporary data dir, the built-in fake upstream (``fake_upstream``: it records
-what it receives and answers what the model would have seen), and the real proxy app on loopback. The story: admit images, send, delete one object
-and corrupt another, send again (placeholders, two quarantine events), restart, fork, repair and
-recover, a refused recovery, and an image the upstream itself refuses (one ``rejected``
-quarantine, the call sent again, the session carries on). ``--json`` writes the snapshot pinned
-by ``tests/snapshots/``.
+what it receives and answers what the model would have seen), and the real proxy app on
+loopback. The story: admit images, send, delete one object and corrupt another, send again
+(placeholders, two quarantine events), restart, fork, repair and recover, a refused recovery, and
+an image the upstream itself refuses (one ``rejected`` quarantine, the call sent again, the
+session carries on). ``--json`` writes the snapshot pinned by ``tests/snapshots/``; ``--keep``
+keeps the data dir and prints how to serve it and open it in the console.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +89,42 @@ def _request(ids: dict[str, str]) -> dict[str, Any]:
     return {"model": "demo-model", "messages": [{"role": "user", "content": parts}]}
 
 
-async def run_demo(say: Say = print) -> dict[str, Any]:
-    """Play the whole story; return the snapshot. Raises ``DemoFailed`` if a promise breaks."""
+#: The file of a kept data dir holding the demo's admin token (``serve --admin-token-file``).
+TOKEN_FILE = "admin-token"
+
+
+@contextlib.contextmanager
+def data_dir(keep: bool) -> Iterator[str]:
+    """A fresh temporary data dir, removed at the end unless ``keep``."""
+    path = tempfile.mkdtemp(prefix="projectionist-demo-")
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def kept(path: str) -> list[str]:
+    """How to look at a kept demo's data: the admin verbs, and ``serve`` with its console."""
+    token = Path(path) / TOKEN_FILE
+    return [f"The data is kept in {path}. To look at it:",
+            f"   projectionist timeline {SESSION} --data-dir {path}",
+            f"   projectionist serve --data-dir {path} --admin-token-file {token} --fake-upstream",
+            f"then open the console it prints (http://127.0.0.1:8788/admin/ui) and sign in with the token in {token}."]
+
+
+#: The last line of a demo whose data is gone.
+KEEP_HINT = ("To see this session in the console, run `projectionist demo --keep`: it keeps the data and prints "
+             "how to serve it.")
+
+
+async def run_demo(say: Say = print, *, keep: bool = False) -> dict[str, Any]:
+    """Play the whole story; return the snapshot. Raises ``DemoFailed`` if a promise breaks. With
+    ``keep`` the data dir stays, with the admin token in it, and the last lines say how to open it."""
     token = secrets.token_hex(16)
     admin = {"Authorization": f"Bearer {token}"}
     steps: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="projectionist-demo-") as tmp:
+    with data_dir(keep) as tmp:
         echo = FakeUpstream()
         async with Server(echo.app()) as upstream, aiohttp.ClientSession() as http:
             config = with_upstream_urls(
@@ -121,7 +154,8 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
 
             proxy = Server(create_app(config))
             async with proxy:
-                say(f"projectionist demo: proxy on {proxy.url}, fake upstream on {upstream.url}, data in {tmp}\n")
+                say(f"projectionist demo: proxy on {proxy.url}, console on {proxy.admin_url}/admin/ui, "
+                    f"fake upstream on {upstream.url}, data in {tmp}\n")
                 ids: dict[str, str] = {}
                 admitted = []
                 say("1. admitted three images through POST /v1/attachments:")
@@ -204,7 +238,15 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
     if not all(checks):
         raise DemoFailed(f"a promise broke: {checks}")
     say("\nThe session survived: one missing and one corrupt image and one the upstream refused, no failed "
-        "request, identical bodies after restart and fork, and recovery only after verification.")
+        "request, identical bodies after restart and fork, and recovery only after verification.\n")
+    if keep:
+        token_file = Path(tmp) / TOKEN_FILE
+        token_file.touch(mode=0o600)
+        token_file.write_text(token + "\n")
+        for line in kept(tmp):
+            say(line)
+    else:
+        say(KEEP_HINT)
     return {"steps": steps, "events": {SESSION: final}}
 
 

@@ -38,8 +38,8 @@ MARKER: Final = b"projectionist-refuse"
 #: The model name the answers carry when the request names none.
 MODEL: Final = "fake-model"
 #: The words each provider refuses an image with (the proxy's adapters know them).
-OPENAI_REFUSAL: Final[dict[str, dict[str, Any]]] = {"error": {"message": "Invalid image.", "type": "invalid_request_error", "param": None,
-                                   "code": "invalid_image"}}
+OPENAI_REFUSAL: Final[dict[str, dict[str, Any]]] = {"error": {
+    "message": "Invalid image.", "type": "invalid_request_error", "param": None, "code": "invalid_image"}}
 GEMINI_REFUSAL: Final = {"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": (
     "Unable to process input image. Please retry or report in "
     "https://developers.generativeai.google/guide/troubleshooting")}}
@@ -178,8 +178,9 @@ class FakeUpstream:
         try:
             body = msgspec.json.decode(raw)
         except msgspec.DecodeError:
-            return None, web.json_response({"error": {"message": "the body is not JSON", "type": "invalid_request_error",
-                                                      "param": None, "code": None}}, status=400)
+            return None, web.json_response({"error": {
+                "message": "the body is not JSON", "type": "invalid_request_error", "param": None, "code": None}},
+                status=400)
         for path, data in inlined(body):
             if self.refuse_all or MARKER in data or image_id(data) in self.refuse:
                 self.refusals += 1
@@ -197,9 +198,9 @@ class FakeUpstream:
     def _anthropic_refusal(path: tuple[str, ...]) -> web.Response:
         """Anthropic's words, naming the refused block's place as the API does."""
         block = path[:path.index("source")] if "source" in path else path
-        return web.json_response({"type": "error", "error": {
-            "type": "invalid_request_error", "message": ".".join(block) + ".image.source.base64: Could not process image"},
-            "request_id": "req_fake"}, status=400)
+        message = ".".join(block) + ".image.source.base64: Could not process image"
+        return web.json_response({"type": "error", "error": {"type": "invalid_request_error", "message": message},
+                                  "request_id": "req_fake"}, status=400)
 
     @staticmethod
     def _gemini_refusal(path: tuple[str, ...]) -> web.Response:
