@@ -69,12 +69,12 @@ COVERED: dict[str, str] = {
         "test_a_replica_starts_as_shown",
     "projectionist sessions --data-dir /tmp/wf/data": "test_the_replay_walkthrough_runs_as_shown",
     "projectionist timeline agent-7 --data-dir /tmp/wf/data": "test_the_replay_walkthrough_runs_as_shown",
-    "projectionist replay --session agent-7 --data-dir /tmp/wf/data": "test_the_replay_walkthrough_runs_as_shown",
-    "projectionist replay --session agent-7 --show --data-dir /tmp/wf/data":
+    "projectionist replay agent-7 --data-dir /tmp/wf/data": "test_the_replay_walkthrough_runs_as_shown",
+    "projectionist replay agent-7 --show --data-dir /tmp/wf/data":
         "test_the_replay_walkthrough_runs_as_shown",
-    "projectionist replay --session agent-7 --diff --config debug.toml --data-dir /tmp/wf/data":
+    "projectionist replay agent-7 --diff --config debug.toml --data-dir /tmp/wf/data":
         "test_the_replay_walkthrough_runs_as_shown",
-    "projectionist replay --session agent-7 --seq 1 --data-dir /tmp/wf/data":
+    "projectionist replay agent-7 --seq 1 --data-dir /tmp/wf/data":
         "test_the_replay_walkthrough_runs_as_shown",
 }
 
