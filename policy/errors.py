@@ -78,6 +78,8 @@ class Code(StrEnum):
     NOT_RECORDED = auto()
     BLOB_NOT_FOUND = auto()
     SESSION_NOT_FOUND = auto()
+    CONSOLE_NOT_HERE = auto()
+    SESSION_AMBIGUOUS = auto()
     UPLOAD_NOT_FOUND = auto()
     METHOD_NOT_ALLOWED = auto()
     EXPECTATION_FAILED = auto()
@@ -155,6 +157,7 @@ CODES: Final[dict[str, Entry]] = {
     Code.CSRF_REJECTED: Entry(403),
     Code.UNKNOWN_UPSTREAM: Entry(404), Code.FILE_NOT_FOUND: Entry(404), Code.ROUTE_NOT_FOUND: Entry(404),
     Code.NOT_RECORDED: Entry(404), Code.BLOB_NOT_FOUND: Entry(404), Code.SESSION_NOT_FOUND: Entry(404),
+    Code.CONSOLE_NOT_HERE: Entry(404), Code.SESSION_AMBIGUOUS: Entry(409),
     Code.UPLOAD_NOT_FOUND: Entry(404),
     Code.METHOD_NOT_ALLOWED: Entry(405), Code.EXPECTATION_FAILED: Entry(417),
     Code.SESSION_EXISTS: Entry(409), Code.REPLAY_NEEDS_BODY: Entry(409), Code.REPLAY_NOT_REBUILT: Entry(409),

@@ -56,6 +56,17 @@ def base_url(configured: str) -> URL:
     return url
 
 
+#: Listen addresses that mean every interface: a browser reaches them on this machine as localhost.
+WILDCARDS: Final = frozenset({"", "0.0.0.0", "::"})
+
+
+def listen_url(host: str, port: int) -> str:
+    """The ``http://`` URL a browser on this machine opens for a listen address (an IPv6 host in
+    brackets, every interface as localhost)."""
+    host = "localhost" if host in WILDCARDS else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class ImageLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_bytes: Size = 20 * MiB
     max_pixels: Size = 32 * MiB
@@ -246,6 +257,8 @@ class AdminConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listen: str = "auto"
 
 
+#: Where the console's pages start on its listener.
+CONSOLE_PATH: Final = "/admin/ui"
 _LISTEN: Final = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})")
 
 
@@ -276,6 +289,12 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if match is None or int(match["port"]) > 65535:
             raise InvalidRequest(f"admin.listen must be host:port or auto, not {listen[:80]!r}", code=Code.INVALID_CONFIG)
         return match["host"].strip("[]"), int(match["port"])
+
+    @property
+    def console_url(self) -> str:
+        """The console's page as configured (``[admin] listen``; before the bind, an ``auto`` of
+        port 0 says port 0)."""
+        return listen_url(*self.admin_address) + CONSOLE_PATH
 
     @property
     def store_path(self) -> Path:

@@ -71,12 +71,12 @@ COVERED: dict[str, str] = {
         "test_a_replica_starts_as_shown",
     "projectionist sessions --data-dir /tmp/wf/data": "test_the_replay_walkthrough_runs_as_shown",
     "projectionist timeline agent-7 --data-dir /tmp/wf/data": "test_the_replay_walkthrough_runs_as_shown",
-    "projectionist replay --session agent-7 --data-dir /tmp/wf/data": "test_the_replay_walkthrough_runs_as_shown",
-    "projectionist replay --session agent-7 --show --data-dir /tmp/wf/data":
+    "projectionist replay agent-7 --data-dir /tmp/wf/data": "test_the_replay_walkthrough_runs_as_shown",
+    "projectionist replay agent-7 --show --data-dir /tmp/wf/data":
         "test_the_replay_walkthrough_runs_as_shown",
-    "projectionist replay --session agent-7 --diff --config debug.toml --data-dir /tmp/wf/data":
+    "projectionist replay agent-7 --diff --config debug.toml --data-dir /tmp/wf/data":
         "test_the_replay_walkthrough_runs_as_shown",
-    "projectionist replay --session agent-7 --seq 1 --data-dir /tmp/wf/data":
+    "projectionist replay agent-7 --seq 1 --data-dir /tmp/wf/data":
         "test_the_replay_walkthrough_runs_as_shown",
 }
 
@@ -378,14 +378,14 @@ def start(script: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     pytest.fail("the shown command did not answer /healthz within 60 s")
 
 
-def stop(process: subprocess.Popen[str]) -> str:
-    """SIGTERM to the process group started for it (SIGKILL after 20 s); its stderr."""
+def stop(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGTERM to the process group started for it (SIGKILL after 20 s); its stdout and stderr."""
     os.killpg(process.pid, signal.SIGTERM)
     try:
-        return process.communicate(timeout=20)[1]
+        return process.communicate(timeout=20)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        return process.communicate()[1]
+        return process.communicate()
 
 
 def environment_of_serve(group: int) -> dict[str, str]:
@@ -428,7 +428,9 @@ def test_serve_and_an_upload_run_as_shown(tmp_path: Path) -> None:
         assert answer["url"] == f"attachment:{answer['id']}?name=shot.png"
         assert answer["href"] == f"http://127.0.0.1:8787/v1/attachments/{answer['id']}.png?name=shot.png"
     finally:
-        stop(process)
+        printed, _ = stop(process)
+    # what it printed once it listened is what the page shows
+    assert printed == block("docs/operations/config.md", "Where the console is", "text")
 
 
 def test_a_replica_starts_as_shown(tmp_path: Path) -> None:
@@ -442,7 +444,7 @@ def test_a_replica_starts_as_shown(tmp_path: Path) -> None:
         assert status == 503 and body["status"] == "unready", body
         assert body["checks"]["log"] != "ok" and body["checks"]["store"] != "ok"
     finally:
-        stderr = stop(process)
+        _, stderr = stop(process)
     assert "MISSING_EXTRA" not in stderr and '"client_tokens":true' in stderr.replace(" ", "")
 
 

@@ -133,8 +133,9 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     source = "given"
     if inbound is None:
         if record.inbound_blob is None:
-            raise Conflict("this call was recorded in metadata mode: pass the inbound body (--body)",
-                           code=Code.REPLAY_NEEDS_BODY)
+            raise Conflict('this call was recorded in metadata mode, which keeps no bodies: pass its inbound body '
+                           '(projectionist replay --body FILE), or set record.mode = "full" to replay the calls '
+                           'recorded from then on', code=Code.REPLAY_NEEDS_BODY)
         inbound = await store.get_blob(record.inbound_blob)
         if inbound is None:
             raise NotFound(f"the recorded inbound body {record.inbound_blob[:15]} is gone", code=Code.BLOB_NOT_FOUND)

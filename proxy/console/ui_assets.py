@@ -39,6 +39,8 @@ img.thumb { display: block; width: 80px; height: 80px; object-fit: contain; back
            text-align: center; border: 1px dashed var(--line); }
 ul.refs { margin: 4px 0 0; padding-left: 18px; color: var(--muted); }
 .summary, .pager, .empty { color: var(--muted); }
+.note { color: var(--muted); font-style: italic; }
+.no-replay { color: var(--muted); font-size: smaller; }
 .result { margin-top: 4px; font-size: 12px; }
 button { font: inherit; padding: 4px 12px; border-radius: 4px; border: 1px solid var(--accent); background: var(--accent);
          color: #fff; cursor: pointer; }

@@ -32,11 +32,16 @@ from ...policy.events import (
 )
 from ...policy.model import short_id as short
 from ...policy.fold import SessionState
+from ..config import CONSOLE_PATH
 from ..sessionlog.summary import SessionSummary
 
-UI: Final = "/admin/ui"
+UI: Final = CONSOLE_PATH
 #: Lines of a body shown per side in the replay view (the rest is cut, and said so).
 MAX_LINES: Final = 4000
+#: Why a call shows no replay link.
+NO_REPLAY: Final = ('Calls recorded in "metadata" mode (the default) keep no bodies, so they cannot be replayed. '
+                    'Set record.mode = "full" to replay the calls recorded from then on; '
+                    '`projectionist replay --body FILE` replays one whose inbound body you still have.')
 #: Differing paths listed above the replay view's bodies.
 MAX_PATHS: Final = 200
 
@@ -119,8 +124,15 @@ def session_page(session: str, state: SessionState, events: list[Event], *, firs
         '</span> quarantined</p>'
         f'<section><h2>Quarantined references</h2>{held}</section>'
         f'<section><h2>Fork</h2>{_fork_form(session, state.last_seq)}</section>'
-        f'<section><h2>Timeline</h2>{_pager(session, first, events, state.last_seq)}'
+        f'<section><h2>Timeline</h2>{_pager(session, first, events, state.last_seq)}{_bodiless(events)}'
         f'{_timeline(session, events)}</section>'), csrf=csrf)
+
+
+def _bodiless(events: list[Event]) -> str:
+    """Why the calls of the window recorded without their body offer no replay, once (none: "")."""
+    if not any(isinstance(e, RequestEvent) and e.data.inbound_blob is None for e in events):
+        return ""
+    return f'<p class="note" id="no-replay">{_e(NO_REPLAY)}</p>'
 
 
 def _held(session: str, state: SessionState) -> str:
@@ -190,7 +202,10 @@ def _describe(session: str, event: Event, found: dict[int | str, ResponseRecorde
         refs = "".join(f'<li><code>{_e(ref.path)}</code> <code>{_e(short(ref.attachment_id))}</code> {_e(ref.outcome)}'
                        f'{f" ({_e(ref.failure)})" if ref.failure else ""}{f" as {_e(short(ref.variant))}" if ref.variant else ""}</li>'
                        for ref in r.refs)
-        replay = f'<a class="replay" href="{_e(session_url(session, "/replay", seq=event.seq))}">replay</a>'
+        # a call recorded without its body (metadata mode) cannot be rebuilt: no link that ends in a 409
+        replay = (f'<a class="replay" href="{_e(session_url(session, "/replay", seq=event.seq))}">replay</a>'
+                  if r.inbound_blob is not None else
+                  f'<span class="no-replay" title="{_e(NO_REPLAY)}">no replay: no body kept</span>')
         return "call", (f'<span class="method">{_e(r.method)}</span> <code>{_e(r.path)}</code> → {_e(r.upstream)} '
                         f'({_e(r.adapter)}) <span class="status">{_e(status)}</span> {replay}'
                         f'{f"<ul class=refs>{refs}</ul>" if refs else ""}')

@@ -8,6 +8,7 @@ and keeps one ``Client`` (a connection pool) per upstream for the app's life (``
 from __future__ import annotations
 
 import asyncio
+import html
 import importlib.util
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -18,12 +19,12 @@ from aiohttp import HttpVersion11, web
 from ...adapters import openai_chat
 from ...adapters.registry import SPEAKS
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
-from ..config import Config, TelemetryConfig
+from ..config import CONSOLE_PATH, Config, TelemetryConfig, listen_url
 from ..files import gemini as gemini_files
 from ..console.admin import add_admin_routes
 from ..inbound.auth import Forbidden, Guard, client_unauthorized
 from .middleware import context_middleware, note_started
-from ..inbound.context import context, error_response
+from ..inbound.context import ERROR_CODE_HEADER, context, error_response
 from .readiness import READINESS, Readiness, readyz
 from .routing import HOT_PATHS, dispatch_default, dispatch_named, dispatch_session, format_spoken
 from ..call.inflight import Acceptances, InFlight
@@ -139,10 +140,42 @@ async def owned(request: web.Request) -> web.StreamResponse:
     raise NotFound("no such route", code=Code.ROUTE_NOT_FOUND)
 
 
+async def console_elsewhere(request: web.Request) -> web.StreamResponse:
+    """``/admin`` and anything under it on the proxy's own listener: the console and the admin API
+    listen on theirs (``[admin] listen``), and the answer says where, a 404 ``CONSOLE_NOT_HERE``
+    in the client's error format, or for a browser (``Accept: text/html``) a page linking there.
+    Never forwarded, and behind the client token like every route of this listener. A path
+    that reached this route in another spelling (``/%61dmin``) is no one's typo of the console's
+    address: ``owned`` answers it."""
+    raw = request.raw_path
+    if not (raw == CONSOLE_PREFIX or raw.startswith((CONSOLE_PREFIX + "/", CONSOLE_PREFIX + "?"))):
+        return await owned(request)
+    ctx = context(request)
+    ctx.route, ctx.fmt = "owned", SPEAKS[format_spoken(request.path, request.headers, request.query)]
+    services = request.app[SERVICES]
+    services.guard.require_client(request.headers, request.query)
+    where = services.console_url
+    error = NotFound(f"the console and the admin API are not on the proxy's port: they listen on "
+                     f"{where.removesuffix(CONSOLE_PATH)} ([admin] listen); the console is {where}",
+                     code=Code.CONSOLE_NOT_HERE)
+    if "text/html" not in request.headers.get("Accept", ""):
+        raise error
+    context(request).fields["error_code"] = error.code
+    link = html.escape(where, quote=True)
+    page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>Not here · projectionist</title>'
+            f'</head><body><h1>The console is not on this port</h1><p>The console and the admin API listen on '
+            f'their own address (<code>[admin] listen</code>): <a href="{link}">{link}</a></p></body></html>\n')
+    return web.Response(text=page, status=404, content_type="text/html", headers={
+        ERROR_CODE_HEADER: error.code, "Content-Security-Policy": "default-src 'none'",
+        "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"})
+
+
 #: Any rest of a path, line breaks included (``.*`` would let ``%0a`` fall through to aiohttp's 404).
 ANY = r"[\s\S]*"
 #: Paths the proxy answers itself; everything under them that no route takes is ``owned``.
-OWNED_PREFIXES = ("/admin", "/v1/attachments")
+#: The console's and the admin API's prefix: on the proxy's listener, ``console_elsewhere`` answers it.
+CONSOLE_PREFIX = "/admin"
+OWNED_PREFIXES = (CONSOLE_PREFIX, "/v1/attachments")
 OWNED_PATHS = ("/healthz", "/readyz", "/metrics", *OWNED_PREFIXES)
 #: Routes the middleware leaves alone: no request context, no count, no log line.
 QUIET = frozenset({"healthz", "readyz", "metrics"})
@@ -200,9 +233,9 @@ def create_app(
     router.add_get("/readyz", readyz, allow_head=False, name="readyz")
     router.add_get("/metrics", metrics, allow_head=False, name="metrics")
     for path in OWNED_PATHS:
-        router.add_route("*", path, owned)
+        router.add_route("*", path, console_elsewhere if path == CONSOLE_PREFIX else owned)
     for prefix in OWNED_PREFIXES:
-        router.add_route("*", prefix + "/{tail:" + ANY + "}", owned)
+        router.add_route("*", prefix + "/{tail:" + ANY + "}", console_elsewhere if prefix == CONSOLE_PREFIX else owned)
     for path in HOT_PATHS:  # plain routes resolve by one dict lookup; same dispatch as the catch-all
         router.add_route("*", path, dispatch_default)
     router.add_route("*", "/u/{tail:" + ANY + "}", dispatch_named)
@@ -251,10 +284,12 @@ async def admin_site(app: web.Application, *, reuse_port: bool = False,
         await runner.cleanup()
         raise AdminListenError(f"cannot listen on {host}:{port} for the console ([admin] listen): "
                                f"{exc.strerror or exc}", code=Code.LISTEN_FAILED) from None
+    server = site._server  # noqa: SLF001 (aiohttp keeps the bound sockets there)
+    sockets = getattr(server, "sockets", None) or ()
+    bound = sockets[0].getsockname()[1] if sockets else port
+    services.console_url = listen_url(host, bound) + CONSOLE_PATH
     if on_bound is not None:
-        server = site._server  # noqa: SLF001 (aiohttp keeps the bound sockets there)
-        sockets = getattr(server, "sockets", None) or ()
-        on_bound(host, sockets[0].getsockname()[1] if sockets else port)
+        on_bound(host, bound)
     try:
         yield
     finally:

@@ -108,6 +108,9 @@ class Services:
         self.http_refs = HttpRefs.of(self.config.public_url)
         server = self.config.server
         self.session_headers: tuple[str, ...] = (server.session_header, *server.session_header_aliases)
+        #: Where the console's pages are, for the answer to ``/admin`` on the proxy's own port (the
+        #: edge's ``admin_site`` puts the port it bound here).
+        self.console_url = self.config.console_url
         policy = self.config.policy
         # a render waits for a thread as long as one may take: a request that crosses the many-image
         # rule needs every one of its images rendered, and a store lane's short wait would fail it

@@ -2,9 +2,11 @@
 sessions|timeline|events|quarantine|recover|fork|replay (proxy layer).
 
 Admin verbs work directly on the configured store and log (the log's conditional append makes
-that safe next to a running server), so they need no token and no running proxy. ``timeline``,
-``events`` and ``quarantine`` of a session whose log holds no event exit 1 with
-``SESSION_NOT_FOUND``, as the admin API answers 404.
+that safe next to a running server), so they need no token and no running proxy. Each verb that
+takes a session (as an argument; ``replay`` also as ``--session``, as it once did) finds it as the
+log holds it, or by the name its client gave it when the log holds it under one tenant
+(``<tenant>~name``); a session whose log holds no event exits 1 with ``SESSION_NOT_FOUND``, as the
+admin API answers 404, and a name several tenants have exits 1 with ``SESSION_AMBIGUOUS``.
 """
 
 from __future__ import annotations
@@ -20,15 +22,16 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ...policy.errors import Code, InvalidRequest, ProjectionistError
-from ...policy.model import check_id, check_scoped_session
+from ...policy.errors import Code, Conflict, InvalidRequest, ProjectionistError
+from ...policy.model import TENANT_MARK, check_id, check_scoped_session, is_tenant
 from ...policy.projection import recover
-from ..console.admin import events_view, quarantine_view, session_events, session_state
+from ..console.admin import events_view, no_session, quarantine_view, session_events, session_state
 from ..edge.app import open_log, open_store
 from ..config import Config, Format, load_config, parse_upstream_spec, with_upstreams
 from .serve import StartupError, serve
 from .workers import supervise
 from .demo import DemoFailed, run_demo, write_snapshot
+from .fake_upstream import MARKER, FakeUpstream
 from ..call.replay import rebuild, send_and_compare
 from ..observe.logger import setup_logging
 from .tables import sessions_table, timeline_table
@@ -73,8 +76,12 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+SESSION_HELP = ("session id: as the client sent it (X-Session-Id, /s/{session}/), or as the log holds it "
+                "(<tenant>~<session> with client tokens)")
+
+
 def _session(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("session", help="session id (as the client sent it in X-Session-Id or /s/{session}/)")
+    parser.add_argument("session", help=SESSION_HELP)
 
 
 def _json_flag(parser: argparse.ArgumentParser) -> None:
@@ -104,9 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--insecure-open-proxy", action="store_true",
                        help="serve a non-loopback address with no client tokens (anyone who reaches the port "
                             "reads every image and session, and spends any server-held key)")
+    serve.add_argument("--fake-upstream", action="store_true",
+                       help="try the proxy without provider keys: every upstream is a built-in fake provider in "
+                            "this process (canned answers in every format, streamed too); it refuses any image "
+                            f"whose bytes contain {MARKER.decode()!r}, as a provider refuses one")
+    serve.add_argument("--fake-refuse-images", action="store_true",
+                       help="with --fake-upstream: the fake provider refuses every inlined image")
     demo = sub.add_parser("demo", help="play the keyless story of a session surviving bad images",
                           description="Play the keyless story of a session surviving bad images.")
     demo.add_argument("--json", metavar="FILE", help="write the snapshot as JSON to FILE ('-' for stdout)")
+    demo.add_argument("--keep", action="store_true",
+                      help="keep the demo's data dir and print how to serve it and open it in the console")
     sessions = sub.add_parser("sessions", help="list the sessions: events, quarantines, last activity",
                               description="List the sessions, the most recently active first.")
     _common(sessions)
@@ -134,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Rebuild a recorded call from the log and check its digest; "
                                         "exit 0 when it matches, 3 when it does not.")
     _common(replay)
-    replay.add_argument("--session", required=True, help="session id of the recorded call")
+    replay.add_argument("session", nargs="?", help=SESSION_HELP + ", of the recorded call")
+    replay.add_argument("--session", dest="session_flag", metavar="SESSION",
+                        help="the session as a flag, as older versions took it (the same as the argument)")
     replay.add_argument("--seq", type=int, help="seq of the request/recorded event (default: the last call)")
     replay.add_argument("--request-id", help="the call whose x-projectionist-request-id this was")
     action = replay.add_mutually_exclusive_group()
@@ -232,8 +249,41 @@ def check_data_dir(config: Config) -> None:
 READ_ONLY = 2**62
 
 
+def session_arg(args: argparse.Namespace) -> str:
+    """The session a verb names ('' for ``sessions``): ``replay`` takes it as an argument or, as it
+    did before, as ``--session``; both at once must agree."""
+    given = getattr(args, "session", None) or ""
+    flag = getattr(args, "session_flag", None)
+    if flag is not None and given and flag != given:
+        raise InvalidRequest(f"two sessions named: {given!r} and --session {flag!r}", code=Code.INVALID_REQUEST)
+    given = given or flag or ""
+    if not given and args.command == "replay":
+        raise InvalidRequest("replay needs a session: projectionist replay SESSION", code=Code.INVALID_REQUEST)
+    return check_scoped_session(given) if given else ""
+
+
+async def find_session(log: Log, name: str) -> str:
+    """The id the log holds session ``name`` under: ``name`` itself when it has events; else the one
+    tenant's session of that name (``<tenant>~name``: with client tokens the log scopes each
+    client's sessions). Several tenants' sessions of that name are ``SESSION_AMBIGUOUS``, naming
+    them; none at all is ``SESSION_NOT_FOUND``."""
+    if await log.session_stats(name):
+        return name
+    tail = TENANT_MARK + name
+    scoped = sorted(s.session for s in await log.session_stats()
+                    if s.session.endswith(tail) and is_tenant(s.session[:-len(tail)]))
+    if len(scoped) > 1:
+        raise Conflict(f"{len(scoped)} tenants have a session {name!r}; name one as the log holds it: "
+                       + ", ".join(scoped), code=Code.SESSION_AMBIGUOUS)
+    if not scoped:
+        raise no_session(name)
+    print(f"projectionist: session {name!r} is {scoped[0]!r} in the log", file=sys.stderr)
+    return scoped[0]
+
+
 def _admin_verb(args: argparse.Namespace, config: Config) -> int:
-    session = check_scoped_session(args.session) if hasattr(args, "session") else ""
+    given = session_arg(args)
+    session = given
     check_data_dir(config)
 
     async def sessions(store: Store, log: Log) -> int:
@@ -260,19 +310,22 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
         _print_json(quarantine_view(session, await session_state(log, session)))
         return 0
 
-    async def recover_verb(store: Store, log: Log) -> int:
+    async def recover_verb(store: Store, log: Log) -> int:  # find_session made sure it exists
         result = await recover(check_id(args.attachment_id), store=store, log=log, session_id=session)
         _print_json({"session": session, "attachment_id": args.attachment_id,
                      "recovered": result.event is not None, "event": result.event})
         return 0
 
     async def fork(store: Store, log: Log) -> int:
-        event = await log.fork(session, check_scoped_session(args.new_session), args.at_seq)
-        _print_json({"session": args.new_session, "parent": session, "event": event})
+        new = check_scoped_session(args.new_session)
+        if session != given and TENANT_MARK not in new:  # named without its tenant: the copy is the tenant's too
+            new = check_scoped_session(session.removesuffix(given) + new)
+        event = await log.fork(session, new, args.at_seq)
+        _print_json({"session": new, "parent": session, "event": event})
         return 0
 
     async def replay(store: Store, log: Log) -> int:
-        return await replay_verb(args, config, store, log)
+        return await replay_verb(args, config, store, log, session)
 
     async def prune(store: Store, log: Log) -> int:
         keep_days = args.older_than if args.older_than is not None else config.record.keep_days
@@ -281,7 +334,7 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
                                  code=Code.INVALID_CONFIG)
         if not 0 <= keep_days <= 36500:  # (and not NaN)
             raise InvalidRequest("--older-than must be from 0 to 36500 days", code=Code.INVALID_CONFIG)
-        only = check_scoped_session(args.only) if args.only else None
+        only = await find_session(log, check_scoped_session(args.only)) if args.only else None
         done = await prune_log(log, keep_days, only)
         if args.json:
             _print_json({"keep_days": keep_days, **done._asdict()})
@@ -292,14 +345,21 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
 
     actions = {"sessions": sessions, "timeline": timeline, "events": events, "quarantine": quarantine,
                "recover": recover_verb, "fork": fork, "replay": replay, "prune": prune}
-    return asyncio.run(_with_backends(config, actions[args.command]))
+
+    async def run(store: Store, log: Log) -> int:
+        nonlocal session
+        if session:
+            session = await find_session(log, session)
+        return await actions[args.command](store, log)
+
+    return asyncio.run(_with_backends(config, run))
 
 
-async def replay_verb(args: argparse.Namespace, config: Config, store: Store, log: Log) -> int:
+async def replay_verb(args: argparse.Namespace, config: Config, store: Store, log: Log, session: str) -> int:
     """``projectionist replay``: exit 0 when the rebuilt body matches its record (and, with
     --diff, the new answer matches the recorded one), 3 when it does not."""
     inbound = Path(args.body).read_bytes() if args.body else None
-    rebuilt = await rebuild(log, store, args.session, args.seq, inbound, request_id=args.request_id,
+    rebuilt = await rebuild(log, store, session, args.seq, inbound, request_id=args.request_id,
                             fit=config.policy.fit_images)
     report: dict[str, Any] = rebuilt.summary(show=args.show)
     headers = {name.strip(): value.strip() for name, _, value in (h.partition(":") for h in args.header)}
@@ -353,15 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             setup_logging("warning", json=True)
-            snapshot = asyncio.run(run_demo(print if args.json != "-" else _stderr))
+            snapshot = asyncio.run(run_demo(print if args.json != "-" else _stderr, keep=args.keep))
             if args.json:
                 write_snapshot(snapshot, args.json)
             return 0
         config = config_from_args(args)
         if args.command == "serve":
-            run = supervise if config.server.workers > 1 else serve
-            run(config, insecure_open_proxy=args.insecure_open_proxy)
-            return 0
+            return _serve(args, config)
         code = _admin_verb(args, config)
         sys.stdout.flush()  # a reader that left shows here, inside the try, not at the interpreter's exit
         return code
@@ -375,6 +433,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left (``| head -1``): no traceback, the exit a shell's SIGPIPE gives
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _serve(args: argparse.Namespace, config: Config) -> int:
+    if args.fake_refuse_images and not args.fake_upstream:
+        raise InvalidRequest("--fake-refuse-images needs --fake-upstream", code=Code.INVALID_CONFIG)
+    if not args.fake_upstream:
+        run = supervise if config.server.workers > 1 else serve
+        run(config, insecure_open_proxy=args.insecure_open_proxy)
+        return 0
+    if config.server.workers > 1:  # the fake lives in the serving process: one process only
+        raise InvalidRequest("--fake-upstream serves in one process: drop --workers", code=Code.INVALID_CONFIG)
+    serve(config, insecure_open_proxy=args.insecure_open_proxy, fake=FakeUpstream(refuse_all=args.fake_refuse_images))
+    return 0
 
 
 def _stderr(line: str) -> None:

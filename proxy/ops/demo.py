@@ -1,22 +1,24 @@
 """``projectionist demo``: the keyless, runnable story of a session surviving bad images (proxy layer).
 
-In one process: a temporary data dir, a built-in fake upstream that records and echoes what it
-received, and the real proxy app on loopback. The story: admit images, send, delete one object
-and corrupt another, send again (placeholders, two quarantine events), restart, fork, repair and
-recover, a refused recovery, and an image the upstream itself refuses (one ``rejected``
-quarantine, the call sent again, the session carries on). ``--json`` writes the snapshot pinned
-by ``tests/snapshots/``.
+In one process: a temporary data dir, the built-in fake upstream (``fake_upstream``: it records
+what it receives and answers what the model would have seen), and the real proxy app on
+loopback. The story: admit images, send, delete one object and corrupt another, send again
+(placeholders, two quarantine events), restart, fork, repair and recover, a refused recovery, and
+an image the upstream itself refuses (one ``rejected`` quarantine, the call sent again, the
+session carries on). ``--json`` writes the snapshot pinned by ``tests/snapshots/``; ``--keep``
+keeps the data dir and prints how to serve it and open it in the console.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
+import contextlib
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from aiohttp import web
 from ..edge.app import create_app
 from ..inbound.services import ADMIN_APP
 from ..config import load_config, with_upstream_urls
+from .fake_upstream import FakeUpstream
 from ...adapters.redact import shorten
 
 IMAGES: dict[str, bytes] = {
@@ -52,38 +55,6 @@ class DemoFailed(Exception):
 def normalize_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The state events, times blanked (records hold latencies: evidence, not the story)."""
     return [{**e, "time": "<time>"} for e in events if not e["type"].endswith("/recorded")]
-
-
-class EchoUpstream:
-    """Records each body it receives and answers with what the model would 'see'; refuses the
-    images in ``refuse`` (by their bytes' id) as OpenAI does."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.refuse: set[str] = set()
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        return app
-
-    async def chat(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        self.bodies.append(body)
-        parts = msgspec.json.decode(body)["messages"][-1]["content"]
-        urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
-        if any(_id_of(base64.b64decode(url.split(",", 1)[1])) in self.refuse for url in urls):
-            return web.json_response({"error": {"message": "Invalid image.", "type": "invalid_request_error",
-                                                "param": None, "code": "invalid_image"}}, status=400)
-        seen = [("an image" if p["type"] == "image_url" else repr(p["text"])) for p in parts]
-        reply = {"id": "chatcmpl-echo", "object": "chat.completion", "created": 0, "model": "echo",
-                 "choices": [{"index": 0, "finish_reason": "stop",
-                              "message": {"role": "assistant", "content": "I see: " + ", ".join(seen)}}]}
-        return web.json_response(reply)
-
-
-def _id_of(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 class Server:
@@ -118,13 +89,43 @@ def _request(ids: dict[str, str]) -> dict[str, Any]:
     return {"model": "demo-model", "messages": [{"role": "user", "content": parts}]}
 
 
-async def run_demo(say: Say = print) -> dict[str, Any]:
-    """Play the whole story; return the snapshot. Raises ``DemoFailed`` if a promise breaks."""
+#: The file of a kept data dir holding the demo's admin token (``serve --admin-token-file``).
+TOKEN_FILE = "admin-token"
+
+
+@contextlib.contextmanager
+def data_dir(keep: bool) -> Iterator[str]:
+    """A fresh temporary data dir, removed at the end unless ``keep``."""
+    path = tempfile.mkdtemp(prefix="projectionist-demo-")
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def kept(path: str) -> list[str]:
+    """How to look at a kept demo's data: the admin verbs, and ``serve`` with its console."""
+    token = Path(path) / TOKEN_FILE
+    return [f"The data is kept in {path}. To look at it:",
+            f"   projectionist timeline {SESSION} --data-dir {path}",
+            f"   projectionist serve --data-dir {path} --admin-token-file {token} --fake-upstream",
+            f"then open the console it prints (http://127.0.0.1:8788/admin/ui) and sign in with the token in {token}."]
+
+
+#: The last line of a demo whose data is gone.
+KEEP_HINT = ("To see this session in the console, run `projectionist demo --keep`: it keeps the data and prints "
+             "how to serve it.")
+
+
+async def run_demo(say: Say = print, *, keep: bool = False) -> dict[str, Any]:
+    """Play the whole story; return the snapshot. Raises ``DemoFailed`` if a promise breaks. With
+    ``keep`` the data dir stays, with the admin token in it, and the last lines say how to open it."""
     token = secrets.token_hex(16)
     admin = {"Authorization": f"Bearer {token}"}
     steps: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="projectionist-demo-") as tmp:
-        echo = EchoUpstream()
+    with data_dir(keep) as tmp:
+        echo = FakeUpstream()
         async with Server(echo.app()) as upstream, aiohttp.ClientSession() as http:
             config = with_upstream_urls(
                 # stamp_ttl 0: the story damages objects behind the proxy's back and shows the very
@@ -153,7 +154,8 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
 
             proxy = Server(create_app(config))
             async with proxy:
-                say(f"projectionist demo: proxy on {proxy.url}, fake upstream on {upstream.url}, data in {tmp}\n")
+                say(f"projectionist demo: proxy on {proxy.url}, console on {proxy.admin_url}/admin/ui, "
+                    f"fake upstream on {upstream.url}, data in {tmp}\n")
                 ids: dict[str, str] = {}
                 admitted = []
                 say("1. admitted three images through POST /v1/attachments:")
@@ -236,7 +238,15 @@ async def run_demo(say: Say = print) -> dict[str, Any]:
     if not all(checks):
         raise DemoFailed(f"a promise broke: {checks}")
     say("\nThe session survived: one missing and one corrupt image and one the upstream refused, no failed "
-        "request, identical bodies after restart and fork, and recovery only after verification.")
+        "request, identical bodies after restart and fork, and recovery only after verification.\n")
+    if keep:
+        token_file = Path(tmp) / TOKEN_FILE
+        token_file.touch(mode=0o600)
+        token_file.write_text(token + "\n")
+        for line in kept(tmp):
+            say(line)
+    else:
+        say(KEEP_HINT)
     return {"steps": steps, "events": {SESSION: final}}
 
 
@@ -244,7 +254,7 @@ Send = Callable[[Server, str, dict[str, Any]], Awaitable[tuple[int, bytes, str]]
 Events = Callable[[Server, str], Awaitable[list[dict[str, Any]]]]
 
 
-async def _refusal(http: aiohttp.ClientSession, proxy: Server, echo: EchoUpstream, send: Send, events: Events,
+async def _refusal(http: aiohttp.ClientSession, proxy: Server, echo: FakeUpstream, send: Send, events: Events,
                    body: dict[str, Any], say: Say) -> dict[str, Any]:
     """Step 9: a new image the upstream refuses joins the images it took before. Only the new one
     is quarantined (``attachment/rejected``, for OpenAI-format upstreams), the call goes again at once, and the

@@ -18,9 +18,10 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from aiohttp import web
 
 from ...policy.errors import Code, InvalidRequest, ProjectionistError
-from ..config import Config
+from ..config import CONSOLE_PATH, Config, listen_url
 from ..edge.app import admin_site, create_app
 from ..observe.logger import get_logger, redact_url, setup_logging
+from .fake_upstream import MARKER, FakeUpstream, loopback_socket, pointed_at, serving, url_of
 
 
 def event_loop(choice: str) -> asyncio.AbstractEventLoop:
@@ -186,17 +187,55 @@ def listening_fields(config: Config, loop: str, open_proxy: bool) -> dict[str, o
             "workers": config.server.workers}
 
 
-def serve(config: Config, *, insecure_open_proxy: bool = False) -> None:
+def banner(config: Config, console: str, fake: FakeUpstream | None = None, fake_url: str = "") -> list[str]:
+    """What ``serve`` tells the person who started it, on stdout (stderr is the JSON log): where
+    the proxy and the console are, why the console will refuse them if no admin token is set, and,
+    with ``--fake-upstream``, that no answer comes from a model."""
+    lines = [f"projectionist serve: the proxy on {listen_url(config.server.host, config.server.port)}"
+             f" (the base URL for clients; {config.server.workers} process"
+             f"{'es' if config.server.workers > 1 else ''})"]
+    if config.admin_token():
+        lines.append(f"projectionist serve: the console on {console} (sign in with the admin token)")
+    else:
+        lines.append(f"projectionist serve: the console on {console}, but no admin token is set, so it answers "
+                     "401 ADMIN_UNAUTHORIZED: set PROJECTIONIST_ADMIN_TOKEN (or --admin-token-file) and restart")
+    if fake is not None:
+        refuses = "every inlined image" if fake.refuse_all else \
+            f"every image whose bytes contain {MARKER.decode()!r}"
+        lines.append(f"projectionist serve: FAKE UPSTREAM on {fake_url}: every upstream "
+                     f"({', '.join(config.upstreams)}) is the built-in fake provider, so answers are canned, not "
+                     f"a model's, and no key is needed; it refuses {refuses}")
+    return lines
+
+
+def say(lines: list[str]) -> None:
+    """Print to stdout at once (a pipe would otherwise hold the lines until the process ends)."""
+    print("\n".join(lines), flush=True)
+
+
+def serve(config: Config, *, insecure_open_proxy: bool = False, fake: FakeUpstream | None = None) -> None:
     """Run the proxy in this process until SIGTERM/SIGINT. Anything that stops it from starting (a
-    data dir it cannot use, a log it cannot open, a port it cannot bind) is one ``StartupError``."""
+    data dir it cannot use, a log it cannot open, a port it cannot bind) is one ``StartupError``.
+    With ``fake``, that fake provider serves on a loopback port of this process and every upstream
+    is sent there, with no key."""
+    contexts: list[CleanupCtx] = []
+    fake_url = ""
+    if fake is not None:
+        sock = loopback_socket()
+        fake_url = url_of(sock)
+        config = pointed_at(config, fake_url)
+        contexts.append(serving(fake, sock))
     open_proxy = admit_open_proxy(config, insecure_open_proxy)
     limit_malloc_arenas()
     setup_logging(config.logging.level, config.logging.json)
 
     def listening(loop: str, admin: str) -> None:
-        get_logger().info("listening", **listening_fields(config, loop, open_proxy), admin=admin)
+        get_logger().info("listening", **listening_fields(config, loop, open_proxy), admin=admin,
+                          **({"fake_upstream": fake_url} if fake else {}))
+        host, _, port = admin.rpartition(":")
+        say(banner(config, listen_url(host.strip("[]"), int(port)) + CONSOLE_PATH, fake, fake_url))
 
-    run_server(config, listening)
+    run_server(config, listening, contexts=contexts)
 
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]

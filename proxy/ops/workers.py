@@ -34,7 +34,7 @@ import msgspec
 from ...policy.errors import Code
 from ..config import Config
 from ..observe.logger import get_logger, setup_logging
-from .serve import StartupError, admit_open_proxy, event_loop, listening_fields
+from .serve import StartupError, admit_open_proxy, banner, event_loop, listening_fields, say
 from .worker import Brief, Report
 from ..inbound.resumable import KEY_ENV as UPLOAD_KEY_ENV
 
@@ -136,6 +136,7 @@ class Supervisor:
             if self._until_ready():
                 get_logger().info("listening", **listening_fields(self.config, self.loop, self.open_proxy),
                                   admin="%s:%d" % self.config.admin_address, pids=[w.pid for w in self.workers.values()])
+                say(banner(self.config, self.config.console_url))
                 self._supervise()
         finally:
             self._stop_all()

@@ -261,6 +261,9 @@ async def test_the_replay_view_marks_what_projection_changed(make_harness: MakeH
     gone = ref_id(make_image(color=6))
     assert (await harness.chat("r1", ok, gone)).status == 200
     await sign_in(harness)
+    session = await (await harness.client.get("/admin/ui/sessions/r1")).text()
+    assert '<a class="replay" href="/admin/ui/sessions/r1/replay?seq=' in session  # full mode keeps the body
+    assert "no-replay" not in session
     page = await harness.client.get("/admin/ui/sessions/r1/replay")
     text = await page.text()
     assert page.status == 200, text
@@ -275,9 +278,19 @@ async def test_the_replay_view_marks_what_projection_changed(make_harness: MakeH
 async def test_a_replay_of_a_metadata_record_says_why_it_cannot_show_the_body(make_harness: MakeHarness) -> None:
     harness = await make_harness(**{"record.mode": "metadata"})
     assert (await harness.chat("m1", ref_id(b"none"))).status == 200
+    assert (await harness.chat("m1", ref_id(b"none"))).status == 200
     await sign_in(harness)
+    # the session's page offers no replay that would end in a 409, and says why, once
+    text = await (await harness.client.get("/admin/ui/sessions/m1")).text()
+    calls = re.findall(r'<tr class="ev call" id="seq-\d+">.*?</tr>', text)
+    assert len(calls) == 2 and 'class="replay"' not in text and "/replay" not in text
+    assert all('<span class="no-replay" title="Calls recorded in &quot;metadata&quot; mode' in row for row in calls)
+    assert text.count('<p class="note" id="no-replay">') == 1
+    assert 'Set record.mode = &quot;full&quot; to replay the calls recorded from then on' in text
+    # asked for anyway (an old link), the replay page says the same in its error
     page = await harness.client.get("/admin/ui/sessions/m1/replay")
-    assert page.status == 409 and "REPLAY_NEEDS_BODY" in await page.text()
+    said = await page.text()
+    assert page.status == 409 and "REPLAY_NEEDS_BODY" in said and "record.mode = &quot;full&quot;" in said
     none = await harness.client.get("/admin/ui/sessions/nobody/replay")
     assert none.status == 404 and "NOT_RECORDED" in await none.text()
 

@@ -71,9 +71,11 @@ async def test_serve_projects_records_and_the_admin_verbs_see_it(served: tuple[s
                             headers={"Authorization": "Bearer env-token"}) as resp:
             assert resp.status == 200
             events = (await resp.json())["events"]
-        # the console is not on the proxy's origin: there /admin is a path the proxy owns, never forwarded
+        # the console is not on the proxy's origin: there /admin is a path the proxy owns, never
+        # forwarded, and its answer says where the console is
         async with http.get(f"{base}/admin/sessions/cli/events", headers={"Authorization": "Bearer env-token"}) as resp:
-            assert (resp.status, resp.headers["X-Projectionist-Error-Code"]) == (404, "ROUTE_NOT_FOUND")
+            assert (resp.status, resp.headers["X-Projectionist-Error-Code"]) == (404, "CONSOLE_NOT_HERE")
+            assert f"{proc.admin_url}/admin/ui" in (await resp.json())["error"]["message"]
         async with http.get(f"{proc.admin_url}/v1/models", headers={"Authorization": "Bearer env-token"}) as resp:
             assert resp.status == 404  # and the console's listener proxies nothing
     assert not [r for r in upstream.received if r.path_qs.startswith(("/admin", "/v1/models"))]

@@ -1,6 +1,7 @@
-"""``projectionist timeline|events|quarantine`` of a session whose log holds no event exit 1 with
-``SESSION_NOT_FOUND`` and print nothing, as the admin API answers 404; a known session with
-nothing past ``--after`` is still a session (exit 0, no events)."""
+"""``projectionist timeline|events|quarantine|recover|fork|replay`` of a session whose log holds no
+event exit 1 with ``SESSION_NOT_FOUND``, print nothing and write nothing (``recover`` once exited
+0), as the admin API answers 404; a known session with nothing past ``--after`` is still a
+session (exit 0, no events)."""
 
 from __future__ import annotations
 
@@ -34,12 +35,14 @@ def data(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("verb", [["timeline"], ["timeline", "--json"], ["events"], ["events", "--after", "3"],
-                                  ["quarantine"]])
+                                  ["quarantine"], ["recover", GONE], ["fork", "copy"], ["replay"]])
 def test_a_session_verb_of_an_unknown_session_is_session_not_found(
         data: Path, capsys: pytest.CaptureFixture[str], verb: list[str]) -> None:
     rc = cli.main([verb[0], "nobody", *verb[1:], "--data-dir", str(data)])
     out, err = capsys.readouterr()
     assert rc == 1 and out == "" and "SESSION_NOT_FOUND" in err
+    assert cli.main(["sessions", "--json", "--data-dir", str(data)]) == 0  # and nothing was written
+    assert [s["session"] for s in json.loads(capsys.readouterr().out)["sessions"]] == ["known"]
 
 
 def test_a_known_session_answers_even_with_nothing_past_after(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
