@@ -75,6 +75,7 @@ class Code(StrEnum):
     UNKNOWN_UPSTREAM = auto()
     FILE_NOT_FOUND = auto()
     ROUTE_NOT_FOUND = auto()
+    BASE_URL_MISMATCH = auto()
     NOT_RECORDED = auto()
     BLOB_NOT_FOUND = auto()
     SESSION_NOT_FOUND = auto()
@@ -156,6 +157,8 @@ CODES: Final[dict[str, Entry]] = {
     Code.CLIENT_UNAUTHORIZED: Entry(401), Code.ADMIN_UNAUTHORIZED: Entry(401), Code.ADMIN_REQUIRED: Entry(403),
     Code.CSRF_REJECTED: Entry(403),
     Code.UNKNOWN_UPSTREAM: Entry(404), Code.FILE_NOT_FOUND: Entry(404), Code.ROUTE_NOT_FOUND: Entry(404),
+    # the upstream answered 404 to a path one /v1 off: the client's base URL or the upstream's url
+    Code.BASE_URL_MISMATCH: Entry(404),
     Code.NOT_RECORDED: Entry(404), Code.BLOB_NOT_FOUND: Entry(404), Code.SESSION_NOT_FOUND: Entry(404),
     Code.CONSOLE_NOT_HERE: Entry(404), Code.SESSION_AMBIGUOUS: Entry(409),
     Code.UPLOAD_NOT_FOUND: Entry(404),

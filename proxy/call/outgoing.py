@@ -19,6 +19,7 @@ from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from ...adapters.base import WireFormat
+from ...policy.errors import UpstreamError
 from .relay import forward_headers
 from ..upstream.target import Upstream
 
@@ -157,3 +158,28 @@ def _refused(token: str) -> bool:
             except ValueError:
                 return False
     return False
+
+
+def naming(error: UpstreamError, upstream: Upstream) -> UpstreamError:
+    """``error`` saying which upstream it is about: its name and base URL (never a credential)."""
+    return UpstreamError(f"{error.message} (upstream {upstream.name!r} at {upstream.base.shown})", code=error.code,
+                         status=error.status, retryable=error.retryable)
+
+
+#: Path prefixes of the routes whose version is not /v1 (Gemini's, uploads): never one /v1 off.
+_OTHER_VERSIONS: Final = ("/v1beta", "/v1alpha", "/upload/")
+
+
+def base_url_mistake(raw_path: str, upstream: Upstream, public_url: str) -> str | None:
+    """What a 404 of the upstream to ``raw_path`` most likely means, when the path is one /v1 off
+    (the upstream's url ending in /v1 and the client's path starting with it again; or a client
+    whose base URL lacks /v1 on an OpenAI or Anthropic upstream), else None. Asked only of a 404."""
+    where = f"upstream {upstream.name!r} at {upstream.base.shown}"
+    if upstream.base.path.endswith("/v1") and (raw_path == "/v1" or raw_path.startswith("/v1/")):
+        return (f"the {where} answered 404 to {upstream.base.path}{raw_path}: its url ends in /v1 and the "
+                f"client's path starts with /v1 too; drop /v1 from [upstreams.{upstream.name}] url")
+    if (upstream.format in ("openai", "anthropic") and not upstream.base.path.endswith("/v1")
+            and not raw_path.startswith(("/v1/", *_OTHER_VERSIONS)) and raw_path != "/v1"):
+        return (f"the {where} answered 404 to {raw_path}, which has no /v1: set the client's base URL to "
+                f"{public_url}/v1 (the SDKs' own bases end in /v1)")
+    return None

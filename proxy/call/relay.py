@@ -22,7 +22,7 @@ from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
-from ...policy.errors import Code, UpstreamError
+from ...policy.errors import Code, NotFound, UpstreamError
 from ..observe.logger import get_logger
 from ..inbound.context import Timing
 from ..upstream.transport import Answer, ClientError, PoolTimeout, Transport
@@ -138,6 +138,7 @@ async def relay(
     observer: Observer | None = None,
     screen: Screen | None = None,
     write_timeout: float = WRITE_TIMEOUT,
+    on_404: Callable[[], str | None] | None = None,
 ) -> web.StreamResponse:
     """Send one request upstream and stream its response back unchanged (minus hop-by-hop).
 
@@ -145,9 +146,14 @@ async def relay(
     time until the response starts minus the upstream's time to its headers. With a ``screen``,
     a refusal is read whole first, and if the screen says so the call is sent again, with the
     body it gives: the screen judges each such answer (``Screen.answered``) and bounds how often
-    it sends; the one it keeps goes back, or the first refusal as it came."""
+    it sends; the one it keeps goes back, or the first refusal as it came. A 404 that ``on_404``
+    explains (a base URL one /v1 off) is the proxy's own ``BASE_URL_MISMATCH`` saying so."""
     started = time.perf_counter()
     answer = await _send(session, request.method, url, body, headers)
+    if answer.status == 404 and on_404 is not None and (mistake := on_404()) is not None:
+        timing.status = 404
+        answer.release()
+        raise NotFound(mistake, code=Code.BASE_URL_MISMATCH)
     preread: bytes | None = None
     try:
         timing.headers_s = time.perf_counter() - started

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from functools import partial
 from collections.abc import Iterator
 from typing import Final
 
@@ -18,10 +19,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from ...adapters.responses import tokens
-from ...policy.errors import ProjectionistError
+from ...policy.errors import ProjectionistError, UpstreamError
 from ..observe.logger import ms
 from .call import Call
-from .outgoing import outgoing_headers, target_url
+from .outgoing import base_url_mistake, naming, outgoing_headers, target_url
 from .project import MODEL_MAX, Prepared
 from .read import Inbound
 from .record import Meter, Recorder
@@ -78,11 +79,14 @@ async def relay_body(
     try:
         response = await relay(request, upstream.session, url, body, headers, timing,
                                request_id=ctx.request_id, observer=recorder or meter, screen=screen,
-                               write_timeout=services.config.server.write_timeout)
+                               write_timeout=services.config.server.write_timeout,
+                               on_404=partial(_mistake, call))
     except ProjectionistError as error:
         recorder = screen.recorder if screen is not None else recorder
         if recorder is not None:
             recorder.failed(error.code)
+        if isinstance(error, UpstreamError):
+            raise naming(error, upstream) from None
         raise
     except asyncio.CancelledError:
         recorder = screen.recorder if screen is not None else recorder
@@ -100,6 +104,11 @@ async def relay_body(
     if recorder is not None:
         recorder.finished(response.status)
     return response
+
+
+def _mistake(call: Call) -> str | None:
+    """``base_url_mistake`` of ``call`` (asked only when its upstream answered 404)."""
+    return base_url_mistake(call.raw_path, call.upstream, call.services.config.public_url)
 
 
 def report_usage(call: Call, meter: Meter) -> None:

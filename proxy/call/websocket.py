@@ -55,7 +55,7 @@ from ..upstream.target import Upstream
 from ..upstream.transport import ClientError
 from ..upstream.websocket import Refused, UpstreamSocket, connect
 from .call import Call
-from .outgoing import Withheld, outgoing_headers, target_url
+from .outgoing import Withheld, naming, outgoing_headers, target_url
 from .relay import client_error
 from .websocket_calls import ROUTE, Calls
 
@@ -124,9 +124,9 @@ async def relay(call: Call) -> web.StreamResponse:
                 max_message=server.websocket_max_message, heartbeat=server.websocket_heartbeat))
         except Refused as refused:
             status = refused.status if refused.status in PASSED_ON else 502
-            raise UpstreamError(str(refused), code=Code.UPGRADE_REFUSED, status=status) from None
+            raise naming(UpstreamError(str(refused), code=Code.UPGRADE_REFUSED, status=status), upstream) from None
         except (ClientError, TimeoutError) as exc:
-            raise (client_error(exc) or UpstreamError("upstream unreachable")) from None
+            raise naming(client_error(exc) or UpstreamError("upstream unreachable"), upstream) from None
         client = web.WebSocketResponse(
             protocols=(leg.protocol,) if leg.protocol else (), autoping=True, heartbeat=server.websocket_heartbeat,
             max_msg_size=server.websocket_max_message, compress=False, decode_text=False)

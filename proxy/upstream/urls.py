@@ -82,6 +82,16 @@ class Base:
         #: exception is never cached, so a refused path is refused again).
         self._joined = functools.lru_cache(maxsize=self.JOINED_KEPT)(self._join)
 
+    @property
+    def path(self) -> str:
+        """The base's path, without a trailing slash ('' for none)."""
+        return self._path
+
+    @property
+    def shown(self) -> str:
+        """The base as an error may show it: scheme, host, port and path; never a user or password."""
+        return str(self.url.with_user(None))
+
     def join(self, path: str, query: str = "") -> URL:
         """The outgoing URL for a client ``path`` (checked here) and raw ``query``."""
         return self._joined(path, query)
