@@ -195,6 +195,28 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         assert any(f"../{image.name}" in p.read_text() for p in DOCS.rglob("*.md")), image.name
 
 
+def test_key_names_in_the_reference_tables_are_never_broken_mid_word(tmp_path: Path) -> None:
+    """The newcomer read ``client_max_`` / ``size``: in a real browser at a narrow window, every key
+    and default of the configuration reference is one line, and no code block is cut at the edge."""
+    from tests.browser import chromium
+
+    built = mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode == 0, built.stderr[-5000:]
+    with chromium(900, 1200) as driver:
+        for page in ("reference/config", "reference/errors", "operations/admin", "clients"):
+            driver.get((tmp_path / "site" / page / "index.html").as_uri())
+            broken = driver.execute_script(
+                "return [...document.querySelectorAll('td:first-child code, td:nth-child(2) code')]"
+                ".filter(c => c.getClientRects().length > 1).map(c => c.textContent)")
+            assert broken == [], (page, broken)
+            cut = driver.execute_script(
+                "return [...document.querySelectorAll('pre > code')].filter(c => c.scrollWidth > c.clientWidth + 1"
+                " && getComputedStyle(c).overflowX !== 'auto').length")
+            assert cut == 0, page
+            if page == "reference/config":
+                assert driver.execute_script("return document.querySelectorAll('td:first-child code').length") > 50
+
+
 def test_a_broken_link_or_anchor_fails_the_strict_build(tmp_path: Path) -> None:
     """The validation settings of mkdocs.yml make --strict refuse what a reader would find broken."""
     for broken in ("[gone](no-such-page.md)", "[gone](clients.md#no-such-heading)"):

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ..observe.tracing import Tracing
 
 
-#: The drivers each backend's extra installs: ``pip install 'projectionist[s3]'``, ``[postgres]``.
+#: The drivers each backend's extra installs: ``pip install -e '.[s3]'`` in a checkout, ``[postgres]``.
 EXTRAS: Final = {"s3": ("aiobotocore", "botocore"), "postgres": ("asyncpg",)}
 
 
@@ -57,7 +57,7 @@ def needs_extra(extra: str, setting: str) -> None:
     for module in EXTRAS[extra]:
         if importlib.util.find_spec(module) is None:
             raise ProjectionistError(f"{setting} needs the {extra} extra ({module} is not installed): "
-                                     f"pip install 'projectionist[{extra}]'", code=Code.MISSING_EXTRA)
+                                     f"pip install -e '.[{extra}]' in projectionist's checkout", code=Code.MISSING_EXTRA)
 
 
 def open_store(config: Config, environ: Mapping[str, str] = os.environ) -> Store:
@@ -103,7 +103,7 @@ def open_tracing(telemetry: TelemetryConfig) -> Tracing | None:
         from ..observe.tracing import Tracing
     except ImportError:
         raise InvalidRequest("telemetry.otlp_endpoint needs the OpenTelemetry packages: "
-                             "pip install 'projectionist[otel]'", code=Code.INVALID_CONFIG) from None
+                             "pip install -e '.[otel]' in projectionist's checkout", code=Code.INVALID_CONFIG) from None
     return Tracing(telemetry.otlp_endpoint, telemetry.service_name)
 
 

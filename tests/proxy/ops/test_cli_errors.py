@@ -262,4 +262,4 @@ def test_a_backend_without_its_extra_is_one_line_naming_it(tmp_path: Path, text:
                "from projectionist.proxy.ops.cli import main\n"
                f"sys.exit(main(['serve', '--config', {str(path)!r}, '--data-dir', {str(tmp_path / 'd')!r}, '--port', '0']))")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    one_line_error(done.returncode, done.stderr, "MISSING_EXTRA", f"projectionist[{extra}]", driver)
+    one_line_error(done.returncode, done.stderr, "MISSING_EXTRA", f"pip install -e '.[{extra}]'", driver)
