@@ -140,8 +140,9 @@ async def post_recover(request: web.Request) -> web.StreamResponse:
     app = request.app[SERVICES]
     sid = request.match_info["sid"]
     attachment_id = check_id(request.match_info["aid"])
+    state = await session_state(app.log, sid)  # a session with no event: 404, nothing written (as the CLI)
     result = await recover(attachment_id, store=app.store, log=app.log, session_id=sid, lock=app.log.lock(sid),
-                           state=app.log.state(sid))
+                           state=state)
     context(request).fields.update(recovered=result.event is not None)
     return _json({"session": sid, "attachment_id": attachment_id, "recovered": result.event is not None,
                   "event": result.event})

@@ -348,3 +348,10 @@ def add_ui_routes(router: web.UrlDispatcher) -> None:
     router.add_get(f"{base}/replay", _page(replay), allow_head=False, name="ui.replay")
     router.add_post(f"{base}/attachments/{{aid}}/recover", _action(admin.post_recover), name="ui.recover")
     router.add_post(f"{base}/fork", _action(admin.post_fork), name="ui.fork")
+    for n, entry in enumerate(("/", "/admin", "/admin/", f"{UI}/")):  # where a newcomer types its address
+        router.add_get(entry, _to_console, allow_head=False, name=f"ui.entry{n}")
+
+
+async def _to_console(request: web.Request) -> web.StreamResponse:
+    """The console's own address for the ones a person types first (the listener's root)."""
+    raise web.HTTPSeeOther(UI)

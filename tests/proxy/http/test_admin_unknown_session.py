@@ -82,3 +82,11 @@ async def test_the_answers_stay_behind_the_admin_token(harness: Harness) -> None
         assert resp.status == 401 and (await resp.json())["error"]["code"] == "ADMIN_UNAUTHORIZED"
         resp = await harness.client.get(path, headers=ADMIN, params={"after": "-1"} if "events" in path else {})
         assert resp.status == (400 if "events" in path else 404)
+
+
+async def test_recovering_in_a_session_that_does_not_exist_is_its_404_and_writes_nothing(harness: Harness) -> None:
+    """The console's Recover button and the admin API, as the CLI: no session, no recovery."""
+    aid = await harness.admit(make_image(color=5))
+    resp = await harness.client.post(f"/admin/sessions/nobody/attachments/{aid}/recover", headers=ADMIN)
+    assert resp.status == 404 and (await resp.json())["error"]["code"] == "SESSION_NOT_FOUND"
+    assert await harness.events("nobody") == []
