@@ -107,6 +107,7 @@ class Code(StrEnum):
     STORE_BUSY = auto()
     UPLOADS_BUSY = auto()
     MEMORY_BUSY = auto()
+    BODY_TIMEOUT = auto()
     LOG_CORRUPT = auto()
     UNCLASSIFIED_ERROR = auto()
     # how projectionist was started (STARTUP_CODES)
@@ -182,6 +183,8 @@ CODES: Final[dict[str, Entry]] = {
     Code.SESSION_CONTENDED: Entry(503), Code.STORE_BUSY: Entry(503), Code.UPLOADS_BUSY: Entry(503),
     # the requests under way hold as many bytes as the proxy's memory budget allows
     Code.MEMORY_BUSY: Entry(503),
+    # the client sent no byte of the body the proxy reads for [server] body_timeout
+    Code.BODY_TIMEOUT: Entry(408),
     Code.LOG_CORRUPT: Entry(503, "the session log holds a damaged event; see the proxy log"),
     Code.UNCLASSIFIED_ERROR: Entry(500, "internal error; see the proxy log"),
 }

@@ -114,6 +114,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: a request is 503 ``MEMORY_BUSY``. At least twice the larger of ``client_max_size`` and
     #: ``websocket_max_message`` (one request's body and what it decodes to).
     memory_budget: Size = 1024 * MiB
+    #: Seconds a client may send no byte of a body the proxy reads (a projected call's, an
+    #: upload's); past it the request is 408 ``BODY_TIMEOUT`` and its bytes are given back.
+    body_timeout: Seconds = 60.0
 
 
 class S3Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -19,6 +19,7 @@ from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from ...adapters.base import WireFormat
+from ...adapters.registry import projecting
 from ...policy.errors import UpstreamError
 from .relay import forward_headers
 from ..upstream.target import Upstream
@@ -170,16 +171,19 @@ def naming(error: UpstreamError, upstream: Upstream) -> UpstreamError:
 _OTHER_VERSIONS: Final = ("/v1beta", "/v1alpha", "/upload/")
 
 
-def base_url_mistake(raw_path: str, upstream: Upstream, public_url: str) -> str | None:
+def base_url_mistake(method: str, raw_path: str, upstream: Upstream, public_url: str) -> str | None:
     """What a 404 of the upstream to ``raw_path`` most likely means, when the path is one /v1 off
     (the upstream's url ending in /v1 and the client's path starting with it again; or a client
-    whose base URL lacks /v1 on an OpenAI or Anthropic upstream), else None. Asked only of a 404."""
+    whose base URL lacks /v1 calling one of the proxy's own routes, chat or messages, on an OpenAI
+    or Anthropic upstream), else None. Asked only of a 404. Any other path (Azure's deployments,
+    a provider's own extras) keeps the upstream's 404 as it came."""
     where = f"upstream {upstream.name!r} at {upstream.base.shown}"
     if upstream.base.path.endswith("/v1") and (raw_path == "/v1" or raw_path.startswith("/v1/")):
         return (f"the {where} answered 404 to {upstream.base.path}{raw_path}: its url ends in /v1 and the "
                 f"client's path starts with /v1 too; drop /v1 from [upstreams.{upstream.name}] url")
     if (upstream.format in ("openai", "anthropic") and not upstream.base.path.endswith("/v1")
-            and not raw_path.startswith(("/v1/", *_OTHER_VERSIONS)) and raw_path != "/v1"):
+            and not raw_path.startswith(("/v1/", *_OTHER_VERSIONS)) and raw_path != "/v1"
+            and projecting(upstream.format, method, raw_path) is not None):
         return (f"the {where} answered 404 to {raw_path}, which has no /v1: set the client's base URL to "
                 f"{public_url}/v1 (the SDKs' own bases end in /v1)")
     return None

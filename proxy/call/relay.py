@@ -152,8 +152,14 @@ async def relay(
     answer = await _send(session, request.method, url, body, headers)
     if answer.status == 404 and on_404 is not None and (mistake := on_404()) is not None:
         timing.status = 404
-        answer.release()
-        raise NotFound(mistake, code=Code.BASE_URL_MISMATCH)
+        try:
+            said, _ = await _read_some(answer, 1024)
+        except UpstreamError:
+            said = b""
+        finally:
+            answer.release()
+        words = said.decode("utf-8", "replace")[:300].replace("\n", " ").strip()
+        raise NotFound(f"{mistake}; the upstream said: {words}" if words else mistake, code=Code.BASE_URL_MISMATCH)
     preread: bytes | None = None
     try:
         timing.headers_s = time.perf_counter() - started

@@ -108,7 +108,7 @@ async def relay_body(
 
 def _mistake(call: Call) -> str | None:
     """``base_url_mistake`` of ``call`` (asked only when its upstream answered 404)."""
-    return base_url_mistake(call.raw_path, call.upstream, call.services.config.public_url)
+    return base_url_mistake(call.request.method, call.raw_path, call.upstream, call.services.config.public_url)
 
 
 def report_usage(call: Call, meter: Meter) -> None:

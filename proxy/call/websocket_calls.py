@@ -292,6 +292,10 @@ class Calls:
             get_logger().exception("unhandled_error", request_id=call.ctx.request_id, route=ROUTE)
             await self.refuse(InternalError("internal error; see the proxy log"), lane or lane_of(data), call)
             return
+        except BaseException:  # cancelled (the socket ended while it was prepared): no turn holds its bytes
+            if call.ctx.held is not None:
+                call.ctx.held.release()
+            raise
         if lane is None:
             lane = lane_of(data, prepared.built.tree, inbound.read[1] if inbound.read is not None else None)
         if lane not in self.lanes and len(self.lanes) >= MAX_OPEN:  # each open call holds its message

@@ -22,7 +22,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 
 from ...policy.errors import NOT_FOUND, AttachmentError, Code, InvalidRequest, ProjectionistError
 from ...policy.model import ATTACHMENTS_PATH, EXTENSION_OF, StoredImage, check_id, split_extension
-from ..inbound.bodies import encoding_of, form_parts, parse_form, read_body
+from ..inbound.bodies import Coming, encoding_of, form_parts, parse_form, read_body
 from ..inbound.budget import Budget, hold
 from ..inbound.context import context
 from ..inbound.services import SERVICES
@@ -75,7 +75,8 @@ async def read_upload(request: web.Request, limit: int, budget: Budget,
                 reader = await request.multipart()
             except (BadHttpMessage, ValueError, AssertionError):
                 raise InvalidRequest("malformed multipart body", code=Code.INVALID_MULTIPART) from None
-            _, upload = await form_parts(reader, limit, field)
+            async with Coming(budget.idle) as coming:
+                _, upload = await form_parts(reader, limit, field, coming)
         if upload is None:
             raise InvalidRequest(f"multipart upload needs a {field!r} file part", code=Code.MISSING_FILE)
         return upload

@@ -35,7 +35,7 @@ from aiohttp import web
 from ...adapters import gemini
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import ID_PREFIX, check_id
-from ..inbound.bodies import read_body
+from ..inbound.bodies import read_body, read_raw
 from ..inbound.budget import hold
 from ..inbound.context import context, error_response
 from ..call.call import Call
@@ -181,8 +181,9 @@ async def _chunk(request: web.Request) -> web.Response:
             raise InvalidRequest("another chunk of this upload is being received", code=Code.INVALID_UPLOAD)
         upload.receiving = True
         try:
-            hold(context(request), services.budget, length, "body")
-            chunk = await request.content.readexactly(length)  # at most the declared size
+            chunk = await read_raw(request, services.budget)  # held, at most the declared size, kept coming
+            if len(chunk) != length:
+                raise asyncio.IncompleteReadError(chunk, length)
             if "finalize" not in commands:  # a part in the store; the last chunk is only joined to them
                 received = await uploads.receive(store, upload, parts, chunk)
         except asyncio.IncompleteReadError:
@@ -191,6 +192,7 @@ async def _chunk(request: web.Request) -> web.Response:
             upload.receiving = False
     if "finalize" not in commands:
         return web.Response(headers={STATUS: "active", "X-Goog-Upload-Size-Received": str(received)})
+    hold(context(request), services.budget, upload.size, "body")  # the whole file, joined from its parts
     data = await uploads.finish(store, token, upload, parts, chunk)  # closed now, whatever admission says
     visible = services.visible
     try:

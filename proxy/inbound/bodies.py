@@ -112,9 +112,27 @@ async def read_raw(request: web.Request, budget: Budget, ctx: Context | None = N
     if length is not None and length > limit:  # aiohttp's own answer, before any byte is held
         raise PayloadTooLarge("request body exceeds the configured client_max_size")
     held = hold(ctx or request[CONTEXT], budget, limit if length is None else length, "body")
-    raw = await request.read()
+    # most bodies came with their headers; one still on its way must keep coming
+    raw = await request.read() if request.content.is_eof() else await _read_coming(request, limit, budget.idle)
     if length is None:
         held.less(limit - len(raw))
+    return raw
+
+
+async def _read_coming(request: web.Request, limit: int, idle: float) -> bytes:
+    """The rest of a body still on its way, as ``request.read()`` reads it, except that ``idle``
+    seconds without a byte end it: 408 ``BODY_TIMEOUT``."""
+    chunks: list[bytes] = []
+    size = 0
+    async with Coming(idle) as coming:
+        while chunk := await request.content.readany():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge("request body exceeds the configured client_max_size")
+            chunks.append(chunk)
+            coming.came()
+    raw = b"".join(chunks)
+    request._read_bytes = raw  # noqa: SLF001 (what request.read() and post() give back after their own read)
     return raw
 
 
@@ -145,8 +163,9 @@ def _memory_stream(data: bytes) -> aiohttp.StreamReader:
     return stream
 
 
-async def read_part(part: BodyPartReader, limit: int) -> bytes:
-    """One multipart part, refusing more than ``limit`` bytes; the loop runs between chunks."""
+async def read_part(part: BodyPartReader, limit: int, coming: Coming | None = None) -> bytes:
+    """One multipart part, refusing more than ``limit`` bytes; the loop runs between chunks, and
+    each chunk puts ``coming``'s deadline off by its idle seconds."""
     chunks: list[bytes] = []
     size = 0
     while chunk := await part.read_chunk():
@@ -154,8 +173,36 @@ async def read_part(part: BodyPartReader, limit: int) -> bytes:
         if size > limit:
             raise PayloadTooLarge(f"the file exceeds {limit} bytes", code=Code.IMAGE_TOO_LARGE)
         chunks.append(chunk)
+        if coming is not None:
+            coming.came()
         await asyncio.sleep(0)
     return b"".join(chunks)
+
+
+class Coming:
+    """A body that is read as it comes, ``idle`` seconds at most without a byte (``BODY_TIMEOUT``)."""
+
+    def __init__(self, idle: float) -> None:
+        self.idle = idle
+        self._deadline: asyncio.Timeout | None = None
+        self._loop = asyncio.get_running_loop()
+
+    async def __aenter__(self) -> Coming:
+        self._deadline = asyncio.timeout(self.idle)
+        await self._deadline.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._deadline is not None
+        try:
+            await self._deadline.__aexit__(*exc)  # type: ignore[arg-type]
+        except TimeoutError:
+            raise ProjectionistError(f"the client sent no byte of its body for {self.idle:g} s",
+                                     code=Code.BODY_TIMEOUT, status=408, retryable=False) from None
+
+    def came(self) -> None:
+        assert self._deadline is not None
+        self._deadline.reschedule(self._loop.time() + self.idle)
 
 
 async def parse_form(content_type: str, raw: bytes, limit: int,
@@ -173,7 +220,8 @@ async def parse_form(content_type: str, raw: bytes, limit: int,
     return await form_parts(reader, limit, field)
 
 
-async def form_parts(reader: MultipartReader, limit: int, field: str = "file") -> tuple[dict[str, str], Upload | None]:
+async def form_parts(reader: MultipartReader, limit: int, field: str = "file",
+                     coming: Coming | None = None) -> tuple[dict[str, str], Upload | None]:
     fields: dict[str, str] = {}
     upload: Upload | None = None
     try:
@@ -181,9 +229,9 @@ async def form_parts(reader: MultipartReader, limit: int, field: str = "file") -
             if not isinstance(part, BodyPartReader):
                 continue
             if upload is None and (part.filename is not None or part.name == field):
-                upload = (await read_part(part, limit), part.headers.get("Content-Type"), part.filename)
+                upload = (await read_part(part, limit, coming), part.headers.get("Content-Type"), part.filename)
             elif part.name is not None and part.filename is None:
-                fields[part.name] = (await read_part(part, 64 * 1024)).decode("utf-8", "replace")
+                fields[part.name] = (await read_part(part, 64 * 1024, coming)).decode("utf-8", "replace")
             else:
                 await part.release()
     except (BadHttpMessage, ValueError, AssertionError):  # aiohttp's words for a malformed body

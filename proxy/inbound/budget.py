@@ -37,10 +37,13 @@ class MemoryBusy(Unavailable):
 
 class Budget:
     """``limit`` bytes, shared by every request of the process; ``held`` are taken now.
-    ``refused`` counts refusals by what was refused (``body``, ``decoded``, ``built``, ``message``)."""
+    ``refused`` counts refusals by what was refused (``body``, ``decoded``, ``built``, ``message``).
+    ``idle``: the seconds a request may send no byte of a body it holds (``bodies.read_raw``), so
+    a client that declares a body and never sends it cannot keep its bytes held."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, idle: float = 60.0) -> None:
         self.limit = limit
+        self.idle = idle
         self.held = 0
         self.refused: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -60,34 +63,45 @@ class Budget:
 
 class Held:
     """The bytes one request holds of a ``Budget``: ``grow`` as more come, ``release`` at its end
-    (once; later calls do nothing). On the path of every call: few steps each."""
+    (once; later calls do nothing). A released ``Held`` grows no more: a decode on a worker thread
+    that outlives its request (cancelled, the client gone) is refused its next step instead of
+    holding bytes no one will give back. On the path of every call: few steps each."""
 
-    __slots__ = ("_budget", "size")
+    __slots__ = ("_budget", "size", "open")
 
     def __init__(self, budget: Budget, size: int = 0) -> None:
         self._budget = budget
         self.size = size
+        self.open = True
 
     def grow(self, size: int, what: str) -> None:
-        if size > 0:
-            self._budget._add(size, what)  # noqa: SLF001 (the two are one piece)
+        if size <= 0:
+            return
+        budget = self._budget
+        with budget._lock:  # noqa: SLF001 (the two are one piece)
+            if not self.open:
+                raise MemoryBusy("the request ended: its bytes were given back")
+            if budget.held + size > budget.limit:
+                budget.refused[what] += 1
+                raise MemoryBusy(SPENT)
+            budget.held += size
             self.size += size
 
     def less(self, size: int) -> None:
         """Give back ``size`` of the bytes held (at most all of them)."""
-        size = min(size, self.size)
-        if size > 0:
-            self.size -= size
-            with self._budget._lock:  # noqa: SLF001
-                self._budget.held -= size
+        budget = self._budget
+        with budget._lock:  # noqa: SLF001
+            size = min(size, self.size)
+            if size > 0:
+                self.size -= size
+                budget.held -= size
 
     def release(self) -> None:
-        size = self.size
-        if size:
+        budget = self._budget
+        with budget._lock:  # noqa: SLF001
+            self.open = False
+            budget.held -= self.size
             self.size = 0
-            budget = self._budget
-            with budget._lock:  # noqa: SLF001
-                budget.held -= size
 
 
 def hold(ctx: Context, budget: Budget, size: int, what: str) -> Held:

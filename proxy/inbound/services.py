@@ -120,7 +120,7 @@ class Services:
         #: The identity of the images clients inline themselves, kept for the bytes that come back.
         self.identities = Identities(policy.inline_cache_bytes, sniff=image_facts)
         self.uploads = Uploads()
-        self.budget = self.metrics.budget = Budget(server.memory_budget)
+        self.budget = self.metrics.budget = Budget(server.memory_budget, server.body_timeout)
         #: What each tenant admitted, and so may list, read and reference.
         self.visible = Visible(self.store, self.reader)
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -334,13 +334,15 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
                                  code=Code.INVALID_CONFIG)
         if not 0 <= keep_days <= 36500:  # (and not NaN)
             raise InvalidRequest("--older-than must be from 0 to 36500 days", code=Code.INVALID_CONFIG)
-        only = await find_session(log, check_scoped_session(args.only)) if args.only else None
+        # an empty --session "$SID" is an error, never every session
+        only = await find_session(log, check_scoped_session(args.only)) if args.only is not None else None
         done = await prune_log(log, keep_days, only)
         if args.json:
             _print_json({"keep_days": keep_days, **done._asdict()})
         else:
             print(f"pruned {done.records} records in {done.sessions} sessions older than {keep_days:g} days: "
-                  f"{done.bytes_before} bytes -> {done.bytes_after}")
+                  f"{done.bytes_before} bytes -> {done.bytes_after}"
+                  + (f"; {done.damaged} damaged rows left as they are (see the log)" if done.damaged else ""))
         return 0
 
     actions = {"sessions": sessions, "timeline": timeline, "events": events, "quarantine": quarantine,

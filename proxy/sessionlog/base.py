@@ -34,6 +34,8 @@ class Pruned(NamedTuple):
     sessions: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+    #: Rows that do not decode: left as they are (a read of them says ``LOG_CORRUPT``), the rest pruned.
+    damaged: int = 0
 
     def __add__(self, other: object) -> Pruned:
         assert isinstance(other, Pruned)
@@ -138,7 +140,8 @@ _stamp: Final = msgspec.json.Decoder(_Stamp)
 
 def pruned_row(seq: int, body: bytes) -> bytes | None:
     """A row of one record or several (``join_records``, the last at ``seq``) with every record
-    in it pruned (``pruned_record``), in the row's own shape; None when it holds none to prune."""
+    in it pruned (``pruned_record``), in the row's own shape; None when it holds none to prune.
+    ``msgspec.DecodeError`` for a row that does not decode."""
     parts = split_records(body)
     if all(part.startswith(PRUNED_PREFIX) for part in parts):
         return None

@@ -254,12 +254,18 @@ class PostgresLog:
             async def tx(conn: Any, after: tuple[str, int] = after) -> tuple[Pruned, set[str], tuple[str, int]]:
                 async with conn.transaction():
                     rows = await conn.fetch(self._sql["prunable"], *after, session, before)
-                    pruned = [(row[0], row[1], pruned_row(row[1], row[2]), len(row[2])) for row in rows]
+                    pruned, damaged = [], 0
+                    for row in rows:
+                        try:
+                            pruned.append((row[0], row[1], pruned_row(row[1], row[2]), len(row[2])))
+                        except (msgspec.DecodeError, TypeError):  # damaged: left as it is, for an operator
+                            get_logger().warning("prune_skipped_damaged_row", session=row[0], seq=row[1])
+                            damaged += 1
                     todo = [(s, seq, new, size) for s, seq, new, size in pruned if new is not None]
                     if todo:
                         await conn.execute(self._sql["prune"], [t[0] for t in todo], [t[1] for t in todo],
                                            [t[2] for t in todo])
-                    step = Pruned(len(todo), 0, sum(t[3] for t in todo), sum(len(t[2]) for t in todo if t[2]))
+                    step = Pruned(len(todo), 0, sum(t[3] for t in todo), sum(len(t[2]) for t in todo if t[2]), damaged)
                     return step, {t[0] for t in todo}, (rows[-1][0], rows[-1][1]) if len(rows) == PRUNE_ROWS else ("", 0)
 
             step, seen, after = await self._run(tx)

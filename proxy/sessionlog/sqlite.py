@@ -33,6 +33,8 @@ from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
+import msgspec
+
 from ...policy.errors import AppendConflict, Code, Conflict, InvalidRequest, Unavailable
 from ...policy.ports import StateRead
 from ..faults import FAILED, OS_FAULTS, Table, describe, map_exceptions
@@ -326,7 +328,12 @@ class SqliteLog:
         rows = conn.execute(_PRUNABLE, (*after, session, before)).fetchall()
         done, seen = Pruned(), set()
         for rowid, session_id, seq, body in rows:
-            new = pruned_row(seq, bytes(body))
+            try:
+                new = pruned_row(seq, bytes(body))
+            except (msgspec.DecodeError, TypeError):  # damaged: left as it is, for an operator to mend
+                get_logger().warning("prune_skipped_damaged_row", session=session_id, seq=seq)
+                done += Pruned(damaged=1)
+                continue
             if new is None:
                 continue
             conn.execute(_PRUNE, (new, rowid))

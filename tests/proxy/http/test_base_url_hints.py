@@ -60,6 +60,8 @@ async def test_a_client_base_url_without_v1_is_told_the_base_to_use(make_harness
     assert resp.status == 404 and resp.headers["x-projectionist-error-code"] == "BASE_URL_MISMATCH"
     body = await resp.json()
     assert "has no /v1" in body["error"]["message"] and "/v1 (the SDKs' own bases" in body["error"]["message"]
+    assert body["error"]["message"].endswith('the upstream said: {"error": {"message": "Not found", '
+                                             '"type": "invalid_request_error"}}')  # its words are kept
     # in the client's own format: an Anthropic client gets Anthropic's error shape
     resp = await harness.client.post("/messages", json={"model": "c", "max_tokens": 5, **CHAT},
                                      headers={"anthropic-version": "2023-06-01"})
@@ -69,7 +71,10 @@ async def test_a_client_base_url_without_v1_is_told_the_base_to_use(make_harness
     resp = await harness.client.get("/v1/no/such/thing")
     assert resp.status == 404 and "x-projectionist-error-code" not in resp.headers
     assert (await resp.json())["error"]["message"] == "Not found"
-    assert seen[:2] == ["/chat/completions", "/messages"]
+    # nor is a 404 on a path that is none of the proxy's routes (Azure's deployments, a provider's extras)
+    resp = await harness.client.post("/openai/deployments/gone/chat/completions", json=CHAT)
+    assert resp.status == 404 and "x-projectionist-error-code" not in resp.headers
+    assert seen[:2] == ["/chat/completions", "/messages"] and seen[-1] == "/openai/deployments/gone/chat/completions"
 
 
 async def test_a_path_without_v1_that_the_upstream_serves_goes_on(make_harness: MakeHarness, upstream: Any) -> None:

@@ -250,3 +250,33 @@ def test_a_budget_smaller_than_one_request_is_a_config_error(make_config: Callab
     with pytest.raises(ProjectionistError) as info:
         make_config(**{"server.memory_budget": 64 * 1024 * KiB})  # client_max_size is 64 MiB
     assert info.value.code == "INVALID_CONFIG" and "server.memory_budget" in info.value.message
+
+
+async def test_a_declared_body_that_never_comes_is_timed_out_and_gives_its_bytes_back(
+        make_harness: MakeHarness) -> None:
+    """A client that declares a body and sends none of it cannot keep the budget it holds (the red
+    team's slow-body note): ``body_timeout`` seconds without a byte are a 408 ``BODY_TIMEOUT``."""
+    harness = await make_harness(**{**SMALL, "server.body_timeout": 0.5})
+    budget = budget_of(harness)
+    never = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b'{"model": "m", '  # then nothing, for ever
+        await never.wait()
+
+    resp = await asyncio.wait_for(harness.client.post(
+        "/v1/chat/completions", data=stalled(),
+        headers={"Content-Type": "application/json", "Content-Length": str(900 * KiB)}), timeout=10)
+    assert resp.status == 408 and resp.headers["x-projectionist-error-code"] == "BODY_TIMEOUT"
+    assert budget.held == 0 and harness.upstream.received == []
+
+    async def slow() -> AsyncIterator[bytes]:  # a slow client that keeps sending is not cut
+        body = chat(64 * KiB)
+        for at in range(0, len(body), 8 * KiB):
+            yield body[at:at + 8 * KiB]
+            await asyncio.sleep(0.1)
+
+    resp = await harness.client.post("/v1/chat/completions", data=slow(),
+                                     headers={"Content-Type": "application/json", "Content-Length": str(64 * KiB)})
+    assert resp.status == 200 and harness.upstream.last.body == chat(64 * KiB)
+    assert budget.held == 0

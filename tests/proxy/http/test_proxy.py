@@ -243,10 +243,14 @@ async def test_recovering_a_corrupt_object_is_refused_with_its_code(harness: Har
 
 
 async def test_recovering_a_reference_that_is_not_quarantined_appends_nothing(harness: Harness) -> None:
-    aid = await harness.admit(color=11)
+    aid, gone = await harness.admit(color=11), await harness.admit(color=111)
+    await harness.remove(gone)
+    assert (await harness.chat(SID, aid, gone)).status == 200  # the session exists: one quarantine
+    before = await harness.events(SID)
+    assert len(before) == 1
     resp = await harness.client.post(f"/admin/sessions/{SID}/attachments/{aid}/recover", headers=ADMIN)
     assert resp.status == 200 and (await resp.json())["recovered"] is False
-    assert await harness.events(SID) == []
+    assert await harness.events(SID) == before
 
 
 @pytest.mark.parametrize("apps", [1, 2], ids=["one-app", "two-apps-one-data-dir"])

@@ -111,6 +111,12 @@ async def test_names_that_are_not_spelled_literally_are_refused_in_the_openai_sh
     assert attempted == [] and lanes.upstream.received == []
 
 
+async def test_the_consoles_root_is_answered_locally_too(lanes: Harness, attempted: list[URL]) -> None:
+    resp = await lanes.client.get("/admin", headers=ADMIN, allow_redirects=False)
+    assert resp.status == 303 and resp.headers["Location"] == "/admin/ui"  # the console's listener's own
+    assert attempted == [] and lanes.upstream.received == []
+
+
 @pytest.mark.parametrize("path", REFUSED_TAILS)
 @pytest.mark.parametrize("method", ["GET", "POST"])
 async def test_paths_with_dot_segments_in_any_encoding_are_refused(
@@ -182,7 +188,7 @@ def test_a_joined_url_kept_for_reuse_is_the_one_joined_anew_and_a_refused_path_s
 
 @pytest.mark.parametrize(("method", "path"), [
     ("POST", "/admin/sessions"), ("DELETE", "/admin/sessions/s1"), ("POST", "/admin/sesions/s1/fork"),
-    ("DELETE", "/admin/sessions/s1/events"), ("GET", "/admin"), ("PUT", "/admin/x/y/z"),
+    ("DELETE", "/admin/sessions/s1/events"), ("GET", "/admin/x"), ("PUT", "/admin/x/y/z"),
     ("PUT", "/v1/attachments/sha256:abc"), ("GET", "/v1/attachments/sha256:abc/x"), ("DELETE", "/v1/attachments"),
     ("POST", "/healthz"), ("PUT", "/metrics"),
     ("POST", "/readyz"), ("GET", "/readyz/x"),
