@@ -63,21 +63,23 @@ def recordable_headers(headers: MultiMapping[str]) -> tuple[tuple[str, str], ...
     """The headers a call went upstream with, in order, minus every one that ``is_credential``:
     what its record keeps, so replay sends the same (and the configured key again)."""
     kept = []
-    for name, value in headers.items():
-        pair = (str(name), str(value))
-        if pair in _RECORDABLE:
-            kept.append(pair)
+    for pair in headers.items():
+        known = _RECORDABLE.get(pair)  # a name is an ``istr``: it hashes and compares as its str
+        if known is not None:
+            kept.append(known)
         elif not is_credential(*pair):
-            kept.append(pair)
+            known = (str(pair[0]), str(pair[1]))
+            kept.append(known)
             if len(_RECORDABLE) >= RECORDABLE_KEPT:
                 _RECORDABLE.clear()
-            _RECORDABLE.add(pair)
+            _RECORDABLE[known] = known
     return tuple(kept)
 
 
-#: Headers found to be no credential, remembered (a client sends the same few again and again, and
-#: the two patterns cost ~3 µs a header); a credential is never kept here, only looked at again.
-_RECORDABLE: set[tuple[str, str]] = set()
+#: Headers found to be no credential, remembered as plain strs (a client sends the same few again
+#: and again, and the two patterns cost ~3 µs a header); a credential is never kept here, only
+#: looked at again.
+_RECORDABLE: dict[tuple[str, str], tuple[str, str]] = {}
 RECORDABLE_KEPT: Final = 4096
 
 

@@ -70,7 +70,7 @@ class Recording:
         self.batch_wait = batch_wait
         self.hold = hold
         #: Calls in flight whose request record is held back for their outcome (see ``start``),
-        #: in the order they started, with the loop time each hold runs out; one timer (the
+        #: in the order they started, with the monotonic time each hold runs out; one timer (the
         #: sweep) releases those whose hold ran out, not one timer per call.
         self._held: dict[Recorder, float] = {}
         self._sweep_at: asyncio.TimerHandle | None = None
@@ -101,26 +101,25 @@ class Recording:
         # a body sent unchanged (nothing projected) was hashed already: its projected digest is its own
         inbound = described.projected_digest if projection is None else described.inbound_digest or sha256_id(raw)
         log_seq = projection.state.last_seq if projection is not None else 0
-        recorder = Recorder(self, call, _Request(inbound, described, log_seq, raw if self.mode == "full" else None))
+        recorder = Recorder(self, call, inbound, described, log_seq, raw if self.mode == "full" else None)
         if self.hold <= 0:
             recorder.release()
             return recorder
-        loop = asyncio.get_running_loop()
-        self._held[recorder] = loop.time() + self.hold
+        # the monotonic clock, as the loop's own: the sweep alone needs the loop, and only one at a time
+        self._held[recorder] = time.monotonic() + self.hold
         if self._sweep_at is None:
-            self._sweep_at = loop.call_later(self.hold, self._sweep)
+            self._sweep_at = asyncio.get_running_loop().call_later(self.hold, self._sweep)
         return recorder
 
     def _sweep(self) -> None:
         """Queue the request records whose hold ran out (the oldest first), and look again when
         the next one runs out."""
         self._sweep_at = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = time.monotonic()
         expired: list[Recorder] = []
         for recorder, until in self._held.items():  # oldest first: stop at the first still held
             if until > now:
-                self._sweep_at = loop.call_at(until, self._sweep)
+                self._sweep_at = asyncio.get_running_loop().call_later(until - now, self._sweep)
                 break
             expired.append(recorder)
         for recorder in expired:
@@ -302,16 +301,6 @@ class _Pending(msgspec.Struct, gc=False):
     blobs: tuple[bytes, ...] = ()
 
 
-class _Request(msgspec.Struct, frozen=True, gc=False):
-    """What a call's request record says beyond ``CallInfo``, kept until the record is made
-    (once: with the call's outcome in it, or alone when the hold runs out)."""
-
-    inbound: str
-    described: Described
-    log_seq: int
-    raw: bytes | None  # ``full`` mode: the inbound body, stored as a blob
-
-
 class CallInfo(msgspec.Struct, frozen=True, gc=False):
     """What a record says about the call itself: ``headers`` are the ones it went upstream with,
     never a key, token or cookie (``outgoing.recordable_headers``)."""
@@ -358,48 +347,56 @@ class Meter:
 
 class Recorder(Meter):
     """Watches one recorded call's response and queues its ``response/recorded`` event once the
-    call ended (``finished``, ``failed``, ``cancelled``): never in the request's wait."""
+    call ended (``finished``, ``failed``, ``cancelled``): never in the request's wait. It holds
+    what the request record says beyond ``call`` until that record is made: once, with the
+    call's outcome in it, or alone when the hold runs out (``release``)."""
 
-    __slots__ = ("recording", "call", "full", "recorded", "held")
+    __slots__ = ("recording", "call", "full", "recorded", "held", "inbound", "described", "log_seq", "raw")
 
-    def __init__(self, recording: Recording, call: CallInfo, request: _Request) -> None:
+    def __init__(self, recording: Recording, call: CallInfo, inbound: str, described: Described, log_seq: int,
+                 raw: bytes | None) -> None:
         full = recording.mode == "full"
         super().__init__(recording.max_response_bytes if full else USAGE_SCAN_BYTES)
         self.recording = recording
         self.call = call
         self.full = full
         self.recorded = False
-        #: The request record's parts, while it is held back for the call's outcome.
-        self.held: _Request | None = request
+        #: Whether the request record is still held back for the call's outcome.
+        self.held = True
+        self.inbound = inbound
+        self.described = described
+        self.log_seq = log_seq
+        self.raw = raw  # ``full`` mode: the inbound body, stored as a blob
 
     def release(self) -> None:
         """Queue the held request record alone (no hold, the hold ran out, or the app is closing)."""
-        held, self.held = self.held, None
-        if held is None:
+        if not self.held:
             return
+        self.held = False
         self.recording._held.pop(self, None)
-        self.recording._put(self._pending(held, None, ()))
+        self.recording._put(self._pending(None, ()))
 
-    def _pending(self, request: _Request, response: ResponseRecorded | None, blobs: tuple[bytes, ...]) -> _Pending:
-        """The request record of ``request``, with ``response`` in it (one row for the call)."""
-        call, described = self.call, request.described
+    def _pending(self, response: ResponseRecorded | None, blobs: tuple[bytes, ...]) -> _Pending:
+        """The request record, with ``response`` in it (one row for the call)."""
+        call, described, raw = self.call, self.described, self.raw
         data = RequestRecorded(
             request_id=call.request_id, route=call.route, adapter=call.fmt.NAME, upstream=call.upstream,
-            method=call.method, path=call.path, log_seq=request.log_seq,
-            inbound_digest=request.inbound, projected_digest=described.projected_digest,
+            method=call.method, path=call.path, log_seq=self.log_seq,
+            inbound_digest=self.inbound, projected_digest=described.projected_digest,
             refs=described.refs, shape=described.shape, public_urls=described.public_urls,
             # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
             # is recorded by its spliced digest: ``describe.spliced_id``)
-            inbound_blob=sha256_id(request.raw) if request.raw is not None else None,
+            inbound_blob=sha256_id(raw) if raw is not None else None,
             response=response, headers=call.headers,
         )
-        blobs = blobs if request.raw is None else (request.raw, *blobs)  # full mode: the inbound body first
+        if raw is not None:  # full mode: the inbound body first
+            blobs = (raw, *blobs)
         return _Pending(call.session_id, call.request_id, data, blobs)
 
     def discard(self) -> None:
         """The call was never sent (built again, it proved the same as the one refused): nothing is recorded."""
         self.recorded = True
-        self.held = None
+        self.held = False
         self.recording._held.pop(self, None)
 
     def finished(self, status: int) -> None:
@@ -425,12 +422,12 @@ class Recorder(Meter):
                                 self.reported(self.call.fmt)[0] if status is not None else None,
                                 error_code, sha256_id(body) if keep else None, self.capture.truncated)
         blobs = (body,) if keep else ()
-        held, self.held = self.held, None
-        if held is None:  # its request record was queued on its own: this one names it
+        if not self.held:  # its request record was queued on its own: this one names it
             self.recording._put(_Pending(self.call.session_id, self.call.request_id, data, blobs))
             return
+        self.held = False
         self.recording._held.pop(self, None)
-        self.recording._put(self._pending(held, data, blobs))
+        self.recording._put(self._pending(data, blobs))
 
 
 class Capture:
