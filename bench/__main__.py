@@ -401,11 +401,11 @@ class Bench:
         url = projectionist.base + CHAT
         asyncio.run(scenarios.probe(url, body.read_bytes(), headers, count=1))  # quarantines all ten
         sid = scenarios.QUARANTINED_SESSION
-        events = asyncio.run(scenarios.quarantine_events(projectionist.base, sid, self.token))
+        events = asyncio.run(scenarios.quarantine_events(projectionist.admin_base, sid, self.token))
         before, note = asyncio.run(scenarios.store_reads(projectionist.base))
         self.measure_group("quarantined", 16, [Target("projectionist", projectionist, body, headers)])
         after, _ = asyncio.run(scenarios.store_reads(projectionist.base))
-        events_after = asyncio.run(scenarios.quarantine_events(projectionist.base, sid, self.token))
+        events_after = asyncio.run(scenarios.quarantine_events(projectionist.admin_base, sid, self.token))
         delta = after - before if after is not None and before is not None else None
         self.results.extras["quarantined_store_reads"] = {
             "before": before, "after": after, "delta": delta, "note": note if delta is None else f"counters: {note}",

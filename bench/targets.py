@@ -45,6 +45,11 @@ class Proc:
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def admin_base(self) -> str:
+        """projectionist's console and admin API: its own listener, on the port after the proxy's."""
+        return f"http://127.0.0.1:{self.port + 1}"
+
     def log_tail(self, lines: int = 8) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
