@@ -18,6 +18,9 @@ SSE with a delta per word:
 - ``POST /v1/responses``: a Response with one assistant message (the SSE sequence
   ``response.created`` ... ``response.completed``).
 - ``GET /v1/models``: a models list (OpenAI's ``data`` and Codex's own ``models`` key).
+- Gemini (Gemini CLI): ``POST /v1beta/models/MODEL:generateContent`` and
+  ``:streamGenerateContent`` (SSE with ``alt=sse``) answer the text; ``:countTokens`` a count;
+  ``GET /v1beta/models`` a list.
 - Anything else: 404.
 
 Every request is recorded (``received``: a ``Seen`` with method, path with query, headers, the
@@ -38,6 +41,9 @@ call inlining one is answered with its provider's error, in the shapes of ``test
   image. ...","type":"invalid_request_error","param":null,"code":"invalid_image_format"}}``;
   named: ``param`` is the part's place, ``messages[3].content[1].image_url``,
   ``input[1].content[0].image_url``.
+- Gemini: 400 ``{"error":{"code":400,"message":"Unable to process input image. ...","status":
+  "INVALID_ARGUMENT"}}``; named: the message opens with Google's ``Invalid value at
+  'contents[0].parts[1].inline_data': ``.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
+from tests.fake_gemini import gemini_response
 from tests.fake_responses import USAGE, response_object
 from tests.limits import anthropic_refusal
 from tests.refusing import inlined, refusal
@@ -112,6 +119,34 @@ def openai_place(path: tuple[str, ...]) -> str:
     return out
 
 
+def gemini_place(path: tuple[str, ...]) -> str:
+    """``contents[0].parts[1].inline_data`` for the image at ``contents/0/parts/1/inline_data/data``."""
+    block = path[:-1] if path and path[-1] == "data" else path
+    out = ""
+    for step in block:
+        out += f"[{step}]" if step.isdigit() else (f".{step}" if out else step)
+    return out
+
+
+def is_model_call(path: str) -> bool:
+    """A route that carries images: the model calls of every format."""
+    return path in MODEL_ROUTES or path.startswith("/v1beta/models/") and path.endswith(("generateContent",
+                                                                                         "GenerateContent"))
+
+
+def filled(schema: dict[str, Any]) -> Any:
+    """A value that a JSON schema (Gemini's spelling, ``STRING``, ``OBJECT``, ...) accepts: each
+    property filled, the first of an enum, a number in the middle of a 1-100 score."""
+    kind = str(schema.get("type", "OBJECT")).upper()
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if kind == "OBJECT":
+        return {name: filled(sub) for name, sub in (schema.get("properties") or {}).items()}
+    if kind == "ARRAY":
+        return [filled(schema.get("items") or {"type": "STRING"})]
+    return {"STRING": "scripted", "INTEGER": 50, "NUMBER": 50, "BOOLEAN": False}.get(kind)
+
+
 def words(text: str) -> list[str]:
     """``text`` as streamed: a piece per word, each but the last with its space."""
     pieces = text.split(" ")
@@ -147,6 +182,9 @@ class ScriptedUpstream:
     enforce: bool = False
     limit_refusals: list[str] = field(default_factory=list)
     refused: dict[str, bool] = field(default_factory=dict)
+    #: Refuse every inlined image, whatever its bytes (None: only ``refused``); the value says
+    #: whether the refusal names the place. For agents that re-encode an image before sending it.
+    refuse_any: bool | None = None
     #: The field of the image source a named Anthropic refusal points at.
     anthropic_field: str = "base64"
     refusals: int = 0
@@ -162,6 +200,8 @@ class ScriptedUpstream:
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/responses", self.responses)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1beta/models/{call}", self.gemini)
+        app.router.add_get("/v1beta/models", self.gemini_models)
         app.router.add_route("*", "/{tail:.*}", self.other)
         return app
 
@@ -185,11 +225,12 @@ class ScriptedUpstream:
             if found is not None:
                 self.limit_refusals.append(found[1]["error"]["message"])
                 return web.json_response(found[1], status=found[0])
-        if self.refused and request.method == "POST" and request.path in MODEL_ROUTES:
-            hit = next(((path, found) for path, found in seen.images if found in self.refused), None)
+        if (self.refused or self.refuse_any is not None) and request.method == "POST" and is_model_call(request.path):
+            hit = next(((path, found) for path, found in seen.images
+                        if found in self.refused or self.refuse_any is not None), None)
             if hit is not None:
                 self.refusals += 1
-                return self.refusal(request.path, hit[0], self.refused[hit[1]])
+                return self.refusal(request.path, hit[0], self.refused.get(hit[1], bool(self.refuse_any)))
         return await handler(request)
 
     async def _answered(self, request: web.Request, response: web.StreamResponse) -> None:
@@ -206,6 +247,8 @@ class ScriptedUpstream:
         doc = msgspec.json.decode(unnamed.text or "{}")
         if route.startswith("/v1/messages"):
             doc["error"]["message"] = f"{anthropic_place(path, self.anthropic_field)}: {doc['error']['message']}"
+        elif route.startswith("/v1beta/"):
+            doc["error"]["message"] = f"Invalid value at '{gemini_place(path)}': {doc['error']['message']}"
         else:
             doc["error"]["param"] = openai_place(path)
         return web.json_response(doc, status=unnamed.status)
@@ -316,6 +359,37 @@ class ScriptedUpstream:
             {"type": "response.completed", "response": dict(done, usage=copy.deepcopy(USAGE))},
         ]
         return await sse(request, (dict(ev, sequence_number=seq) for seq, ev in enumerate(events)), named=True)
+
+    # -- Gemini ----------------------------------------------------------------------------------
+
+    async def gemini(self, request: web.Request) -> web.StreamResponse:
+        model, _, method = request.match_info["call"].partition(":")
+        if method == "countTokens":
+            return web.json_response({"totalTokens": 42})
+        if method not in ("generateContent", "streamGenerateContent"):
+            return await self.other(request)
+        if method == "generateContent":
+            config = self._body(request).get("generationConfig") or {}
+            schema = config.get("responseJsonSchema") or config.get("responseSchema")
+            if config.get("responseMimeType") == "application/json" and isinstance(schema, dict):
+                # Gemini CLI's side calls (its model router, its next-speaker check) ask for JSON
+                text = msgspec.json.encode(filled(schema)).decode()
+                return web.json_response(gemini_response(model, text))
+            return web.json_response(gemini_response(model, self.answer))
+        pieces = words(self.answer)
+        chunks = [gemini_response(model, piece, finish=None, usage=False) for piece in pieces[:-1]]
+        chunks.append(gemini_response(model, pieces[-1]))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in chunks:
+            await resp.write(b"data: " + msgspec.json.encode(chunk) + b"\r\n\r\n")
+        await resp.write_eof()
+        return resp
+
+    async def gemini_models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"models": [{"name": f"models/{m}", "displayName": m,
+                                              "supportedGenerationMethods": ["generateContent", "countTokens"]}
+                                             for m in ("gemini-2.5-pro", "gemini-2.5-flash")]})
 
     # -- the rest --------------------------------------------------------------------------------
 

