@@ -633,9 +633,9 @@ def test_the_client_versions_shown_are_the_ones_tested() -> None:
     table = section("README.md", "Protected with nothing but a base URL")
     assert f"Claude Code ({', '.join((*agents.CLAUDE_CODE_VERSIONS, agents.CURRENT_CLAUDE_CODE))})" in table
     for package, version, _ in agents.MORE_AGENTS:
-        named = {"@google/gemini-cli": "Gemini CLI", "@qwen-code/qwen-code": "Qwen Code"}.get(package)
-        if named is not None:
-            assert f"{named} ({version})" in table, package
+        named = {"@google/gemini-cli": "Gemini CLI", "@qwen-code/qwen-code": "Qwen Code", "opencode-ai": "OpenCode",
+                 "@mariozechner/pi-coding-agent": "pi", "cline": "Cline CLI"}[package]
+        assert f"{named} ({version})" in table, package
     assert f"Codex CLI ({agents.CODEX_VERSION})" in table and f"aider ({aider.AIDER})" in table
     clients = section("docs/clients.md", "Third-party clients")
     shown = dict(re.findall(r"^\| `?([\w-]+)`?(?: \(CLI\))? ([\d.]+)", clients.replace("LiteLLM", "litellm"), re.M))

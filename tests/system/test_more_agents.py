@@ -24,6 +24,7 @@ These start real agents (seconds each): they run in a CI step of their own (the 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,8 @@ class Agent:
     #: second turn drops a ``<system-reminder>`` part from the first user message, which starts a
     #: new derived session today (issue 41, item 1), so its next turn meets the image anew.
     keeps_session: bool = True
+    #: Whether the agent can send an image headless at all.
+    images: bool = True
     #: Whether the agent sends the image re-encoded (other bytes than the file's).
     reencodes: bool = False
     #: ``script(scripted, shot)``: what the scripted upstream answers this agent with (a tool call).
@@ -137,7 +140,67 @@ QWEN_CODE: Final = Agent(
     main=lambda call: str(((call.body or {}).get("messages") or [{}])[0].get("content")).startswith("You are Qwen Code"),
 )
 
-AGENTS: Final = {a.name: a for a in (GEMINI, CLAUDE_CODE, QWEN_CODE)}
+def _pi_models(home: Path, url: str) -> None:
+    folder = home / ".pi" / "agent"
+    folder.mkdir(parents=True, exist_ok=True)
+    # a provider of its own (pi's models.json): Chat Completions at the proxy, a model that takes images
+    (folder / "models.json").write_text(json.dumps({"providers": {"proxy": {
+        "baseUrl": f"{url}/v1", "api": "openai-completions", "apiKey": "sk-dummy",
+        "models": [{"id": "gpt-4o", "input": ["text", "image"]}]}}}))
+
+
+PI: Final = Agent(
+    "pi",
+    # ``@shot.png`` on the command line: pi inlines it as an ``image_url`` part
+    lambda prompt, first: [str(agents.agent(agents.PI)), "-p", *(() if first else ("-c",)), "--provider", "proxy",
+                           "--model", "gpt-4o", *(("@shot.png",) if first else ()), prompt],
+    lambda url: {},
+    _pi_models,
+)
+
+def _opencode_config(home: Path, url: str) -> None:
+    folder = home / ".config" / "opencode"
+    folder.mkdir(parents=True, exist_ok=True)
+    # a provider of its own, OpenAI-compatible at the proxy, a model that takes attachments
+    model = {"name": "gpt-4o", "attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}
+    (folder / "opencode.json").write_text(json.dumps({
+        "provider": {"proxy": {"npm": "@ai-sdk/openai-compatible", "name": "proxy",
+                               "options": {"baseURL": f"{url}/v1", "apiKey": "sk-dummy"},
+                               "models": {"gpt-4o": model}}},
+        "autoupdate": False, "share": "disabled"}))
+
+
+OPENCODE: Final = Agent(
+    "opencode",
+    # ``-f shot.png``: the file attached to the message, inlined as an ``image_url`` part
+    lambda prompt, first: [str(agents.agent(agents.OPENCODE)), "run", *(() if first else ("-c",)),
+                           "-m", "proxy/gpt-4o", prompt, *(("-f", "shot.png") if first else ())],
+    lambda url: {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"},
+    _opencode_config,
+    main=lambda call: bool((call.body or {}).get("tools")),  # the other one names the session
+)
+
+def _cline_auth(home: Path, url: str) -> None:
+    # its own command writes the provider: OpenAI-compatible at the proxy
+    done = subprocess.run([str(agents.agent(agents.CLINE)), "auth", "-p", "openai", "-k", "sk-dummy", "-m", "gpt-4o",
+                           "-b", f"{url}/v1"], env={**agents.quiet_env(home), "HOME": str(home)},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+CLINE: Final = Agent(
+    "cline",
+    # headless it cannot attach an image: an ``@shot.png`` mention reads "Cannot read binary file
+    # into context", so only its plain turn is tried
+    lambda prompt, first: [str(agents.agent(agents.CLINE)), f"{prompt} @shot.png"],
+    lambda url: {},
+    _cline_auth,
+    images=False,
+)
+
+AGENTS: Final = {a.name: a for a in (GEMINI, CLAUDE_CODE, QWEN_CODE, PI, OPENCODE, CLINE)}
+#: The agents that send an image headless: the refusal tests.
+IMAGING: Final = [name for name, agent in AGENTS.items() if agent.images]
 
 
 @pytest.fixture
@@ -195,6 +258,19 @@ def model_calls(scripted: ScriptedUpstream, start: int = 0) -> list[Seen]:
     return [s for s in scripted.received[start:] if s.method == "POST" and is_model_call(s.path)]
 
 
+def shape(call: Seen) -> tuple[Any, ...]:
+    """What tells one logical call from another: its path, its messages' count and roles, its tools."""
+    body = call.body if isinstance(call.body, dict) else {}
+    turns = body.get("messages") or body.get("contents") or []
+    return (call.path, tuple(t.get("role") for t in turns if isinstance(t, dict)),
+            json.dumps(body.get("tools"), sort_keys=True), json.dumps(body.get("system"))[:200])
+
+
+def shows_placeholder(call: Seen, image: str) -> bool:
+    """Whether the rejection placeholder of ``image`` is anywhere in ``call``'s body."""
+    return placeholder(image).search(json.dumps(call.body)) is not None
+
+
 def part_of(place: tuple[str, ...]) -> tuple[str, ...]:
     """The content part an image value sits in, in every format: ``.../parts/2/inlineData/data``
     -> ``.../parts/2`` (Gemini), and as ``block_of`` says for the others."""
@@ -216,6 +292,9 @@ def has_placeholder(call: Seen, place: tuple[str, ...], image_id: str, agent: Ag
 @pytest.mark.parametrize("name", list(AGENTS))
 async def test_a_plain_turn_through_the_proxy(name: str, scripted: ScriptedUpstream, make_proxy: MakeProxy,
                                               tmp_path: Path) -> None:
+    """Only a base URL: the turn ends with the scripted answer, every call the agent made was
+    answered 2xx (model lists, token counts, side calls), a model call streamed, and the
+    screenshot went upstream as the agent sent it."""
     agent = AGENTS[name]
     live = await make_proxy()
     shot = Shot(tmp_path)
@@ -224,15 +303,17 @@ async def test_a_plain_turn_through_the_proxy(name: str, scripted: ScriptedUpstr
     assert scripted.received, "nothing reached the upstream"
     assert [(s.path_qs, s.status) for s in scripted.received if not 200 <= s.status < 300] == []
     calls = model_calls(scripted)
-    image = sent(calls)
-    assert image == shot.id or agent.reencodes, "the screenshot was not sent as it is"
     assert any(c.path_qs.endswith("alt=sse") or (c.body or {}).get("stream") for c in calls), \
         "no model call streamed"
-    events = await all_events(live)
-    assert rejections(events) == []
+    assert rejections(await all_events(live)) == []
+    if agent.images:
+        image = sent(calls)
+        assert image == shot.id or agent.reencodes, "the screenshot was not sent as it is"
+    else:
+        assert not any(c.images for c in calls)
 
 
-@pytest.mark.parametrize("name", list(AGENTS))
+@pytest.mark.parametrize("name", IMAGING)
 async def test_control_the_refusal_without_the_proxy(name: str, scripted: ScriptedUpstream, tmp_path: Path) -> None:
     """Straight at the scripted upstream the refusal fails the run as users report it (the harness
     can fail); an agent that rescues itself (Claude Code 2.1.3xx, Qwen Code) finishes, after its own refused
@@ -264,8 +345,8 @@ def rescued(calls: list[Seen], image: str, agent: Agent) -> list[Seen]:
     at once with the rejection placeholder in the image's place."""
     refused = [(i, path) for i, c in enumerate(calls) for path, found in c.images
                if found == image and c.status == 400]
-    for i, place in refused:
-        again = next((c for c in calls[i + 1:] if c.path == calls[i].path), None)
+    for i, place in refused:  # its re-send: the next call of its shape (agents send calls side by side)
+        again = next((c for c in calls[i + 1:] if shape(c) == shape(calls[i])), None)
         assert again is not None, f"the refused call to {calls[i].path} was not sent again"
         assert again.status == 200 and has_placeholder(again, place, image, agent), at(again.body, part_of(place)[:2])
     return [calls[i] for i, _ in refused]
@@ -291,14 +372,20 @@ async def rescued_first_turn(agent: Agent, live: Harness, scripted: ScriptedUpst
     image = sent(calls)
     refused = rescued(calls, image, agent)
     assert refused and scripted.refusals == len(refused), outcome(rc, out, err)
-    assert any(agent.main(c) for c in refused), "the agent's own model call was never refused"
+    # the agent's own call got the placeholder: once refused and sent again, or before it was sent
+    # at all when a side call of the same session was refused first (OpenCode's title)
+    assert all(c.status == 400 for c in calls if agent.main(c) and carrying([c], image))
+    assert any(agent.main(c) and c.status == 200 and shows_placeholder(c, image) for c in calls), \
+        "the agent's own call never went with the placeholder"
     met = one_each(await all_events(live), image)
-    assert len(met) == len(refused)
+    # a session may meet two refusals at once, its calls sent side by side (OpenCode's title and
+    # turn): one transition still, one event
+    assert 1 <= len(met) <= len(refused)
     return image, met, len(refused)
 
 
 @pytest.mark.parametrize("named", [False, True], ids=["plain", "named"])
-@pytest.mark.parametrize("name", list(AGENTS))
+@pytest.mark.parametrize("name", IMAGING)
 async def test_the_proxy_rescues_a_refused_image(name: str, named: bool, scripted: ScriptedUpstream,
                                                  make_proxy: MakeProxy, tmp_path: Path) -> None:
     """The run exits 0 with the scripted answer; every call refused for the image went again at
@@ -310,7 +397,7 @@ async def test_the_proxy_rescues_a_refused_image(name: str, named: bool, scripte
     await rescued_first_turn(AGENTS[name], await make_proxy(), scripted, Shot(tmp_path), named)
 
 
-@pytest.mark.parametrize("name", [name for name, agent in AGENTS.items() if agent.keeps_session])
+@pytest.mark.parametrize("name", [name for name in IMAGING if AGENTS[name].keeps_session])
 async def test_the_next_turn_never_sends_the_refused_image(name: str, scripted: ScriptedUpstream,
                                                            make_proxy: MakeProxy, tmp_path: Path) -> None:
     """On the next turn of the same conversation the agent re-sends its history with the image:
@@ -332,4 +419,4 @@ async def test_the_next_turn_never_sends_the_refused_image(name: str, scripted: 
     assert [(s.path_qs, s.status) for s in scripted.received[start:] if not 200 <= s.status < 400
             and s not in again] == []
     later = one_each(await all_events(live), image)
-    assert met <= later and len(later - met) == len(again)
+    assert met <= later and len(later - met) <= len(again)
