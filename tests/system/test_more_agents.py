@@ -34,6 +34,7 @@ import pytest
 
 from projectionist.proxy.config import Config
 from projectionist.proxy.edge.app import create_app, open_log, open_store
+from projectionist.proxy.inbound.services import SERVICES
 from tests import agents, netns
 from tests.agent_upstream import ANSWER, ScriptedUpstream, Seen, is_model_call
 from tests.conftest import Harness, routed_client
@@ -258,6 +259,12 @@ def model_calls(scripted: ScriptedUpstream, start: int = 0) -> list[Seen]:
     return [s for s in scripted.received[start:] if s.method == "POST" and is_model_call(s.path)]
 
 
+def refused_routes(live: Harness) -> list[tuple[str, str, str]]:
+    """What the proxy answered the agent with a 4xx or 5xx of its own, by (route, status, upstream)."""
+    return [key for key, n in live.app[SERVICES].metrics.requests.items()
+            if n and key[1][:1] in ("4", "5") and not key[0].startswith("admin")]
+
+
 def shape(call: Seen) -> tuple[Any, ...]:
     """What tells one logical call from another: its path, its messages' count and roles, its tools."""
     body = call.body if isinstance(call.body, dict) else {}
@@ -302,6 +309,7 @@ async def test_a_plain_turn_through_the_proxy(name: str, scripted: ScriptedUpstr
     assert rc == 0 and ANSWER in out, outcome(rc, out, err)
     assert scripted.received, "nothing reached the upstream"
     assert [(s.path_qs, s.status) for s in scripted.received if not 200 <= s.status < 300] == []
+    assert refused_routes(live) == []  # nor did the proxy refuse a route it answers itself
     calls = model_calls(scripted)
     assert any(c.path_qs.endswith("alt=sse") or (c.body or {}).get("stream") for c in calls), \
         "no model call streamed"
