@@ -78,9 +78,9 @@ class Agent:
     #: drop it and send the call again): then the proxy must not break that rescue, and records
     #: the refusal.
     self_rescues: bool = False
-    #: Whether the agent's next turn extends its first as the proxy derives sessions: Qwen Code's
-    #: second turn drops a ``<system-reminder>`` part from the first user message, which starts a
-    #: new derived session today (issue 41, item 1), so its next turn meets the image anew.
+    #: Whether the agent's next turn extends its first as the proxy derives sessions (Qwen Code's
+    #: second turn drops a ``<system-reminder>`` part from the first user message: the derived
+    #: session leaves such parts out, so it holds).
     keeps_session: bool = True
     #: Whether the agent can send an image headless at all.
     images: bool = True
@@ -137,7 +137,6 @@ QWEN_CODE: Final = Agent(
     path=lambda: [agents.node22_bin()],
     reencodes=True,
     self_rescues=True,  # 0.24.4 sends a refused call again with the image's part as text
-    keeps_session=False,
     main=lambda call: str(((call.body or {}).get("messages") or [{}])[0].get("content")).startswith("You are Qwen Code"),
 )
 

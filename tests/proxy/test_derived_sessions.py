@@ -1,0 +1,70 @@
+"""The derived session (``proxy.call.sessions.derived``) of a conversation whose client rewrites
+its reminder parts between turns (Qwen Code drops its date reminder on turn 2), and what still
+starts a new one."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from multidict import CIMultiDict
+
+from projectionist.adapters import anthropic_messages, gemini, openai_chat
+from projectionist.proxy.call.sessions import derived
+
+REMINDERS = ["<system-reminder>\nThe following tools are reachable: read_file\n</system-reminder>",
+             "<system-reminder>\nThe current date is: Sunday, December 6, 2026.\n</system-reminder>"]
+
+
+def chat(reminders: list[str], prompt: str = "Describe the screenshot @shot.png", *, turns: int = 1,
+         system: str = "You are Qwen Code") -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": r} for r in reminders]
+    parts += [{"type": "text", "text": prompt}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": parts}]
+    for n in range(1, turns):
+        messages += [{"role": "assistant", "content": f"answer {n}"}, {"role": "user", "content": f"question {n}"}]
+    return {"model": "gpt-4o", "messages": messages}
+
+
+KEY = CIMultiDict({"Authorization": "Bearer sk-one"})
+
+
+def session(body: dict[str, Any], headers: CIMultiDict[str] = KEY, fmt: Any = openai_chat) -> str:
+    found = derived(fmt, headers, body, {})
+    assert found is not None and found.source == "derived"
+    return found.id
+
+
+def test_a_dropped_or_changed_reminder_keeps_the_session() -> None:
+    first = session(chat(REMINDERS))
+    assert session(chat(REMINDERS[:1], turns=2)) == first  # Qwen Code's second turn: the date dropped
+    assert session(chat([REMINDERS[0], REMINDERS[1].replace("Sunday, December 6", "Monday, December 7")],
+                        turns=3)) == first
+    assert session(chat([], turns=2)) == first
+
+
+def test_what_starts_a_new_session() -> None:
+    first = session(chat(REMINDERS))
+    assert session(chat(REMINDERS, prompt="Describe the other screenshot")) != first  # the user's words
+    assert session(chat(REMINDERS, system="You are a memory extraction subagent")) != first  # a side call
+    assert session(chat(REMINDERS), CIMultiDict({"Authorization": "Bearer sk-two"})) != first  # another key
+    # a part that merely mentions a reminder, or holds more than one block and text, is the conversation's
+    body = chat(REMINDERS)
+    body["messages"][1]["content"][0]["text"] += " and then some words of the user"
+    assert session(body) != first
+    body = chat(REMINDERS)
+    body["messages"][1]["content"][0]["extra"] = "kept"
+    assert session(body) != first
+
+
+def test_the_same_rule_in_the_other_formats() -> None:
+    messages = {"model": "claude", "max_tokens": 10, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": r} for r in REMINDERS] + [{"type": "text", "text": "look"}]}]}
+    dropped = copy.deepcopy(messages)
+    del dropped["messages"][0]["content"][1]
+    assert session(messages, fmt=anthropic_messages) == session(dropped, fmt=anthropic_messages)
+    contents = {"contents": [{"role": "user", "parts": [{"text": r} for r in REMINDERS] + [{"text": "look"}]}]}
+    dropped = copy.deepcopy(contents)
+    del dropped["contents"][0]["parts"][1]
+    assert session(contents, fmt=gemini) == session(dropped, fmt=gemini)
+    assert session(contents, fmt=gemini) != session(messages, fmt=anthropic_messages)
