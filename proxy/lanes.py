@@ -20,8 +20,10 @@ once, and these rules:
   its place back the same way while its caller goes on waiting for it, within ``stuck_max``: so
   a request whose eight images all hang does not fill an eight-place lane for everyone until
   their ``timeout``;
-- a call with a ``key`` (the object it reads) whose earlier call is still stuck never takes a
-  place: it times out at once (a retry of a hung read must not hold a second thread);
+- a call with a ``key`` (the object and the kind of read) whose earlier call is still stuck
+  never takes a place: it joins that call, waiting for its outcome up to its own ``timeout``
+  from its own start (a hung object holds one thread, however many ask for it; a caller that
+  gives up on it is no failed read, and the next one waits its own full time before it is);
 - the threads are daemons: a process asked to stop never waits for a blocked ``open``/``read``.
 """
 
@@ -75,7 +77,8 @@ class Lane:
         self.stuck = 0
         self.stuck_max = 4 * size if stuck_max is None else stuck_max
         self.slow_after = slow_after
-        self._stuck_keys: dict[str, int] = {}
+        #: The stuck call of each key, which later calls of that key join.
+        self._stuck_keys: dict[str, _Job[Any]] = {}
         self.busy = 0
         self._room = asyncio.Semaphore(size)
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
@@ -90,8 +93,10 @@ class Lane:
         """Run ``fn`` on one of the lane's threads; see the module docstring for the rules."""
         if self._closed:
             raise RuntimeError(f"lane {self.name!r} is closed")
-        if key is not None and key in self._stuck_keys:
-            raise TimeoutError(f"the {self.name} lane's earlier call for this object is still stuck")
+        if key is not None:
+            stuck = self._stuck_keys.get(key)
+            if stuck is not None:
+                return await self._join(stuck, timeout)
         if self._room.locked():  # (a free place is taken at once, without a task to wait in)
             try:
                 await asyncio.wait_for(self._room.acquire(), self.queue_timeout)
@@ -110,9 +115,10 @@ class Lane:
                 slow = loop.call_later(self.slow_after, self._slow, job)
             limit = self.timeout if timeout is None else timeout
             if limit is None:
-                return await job.done
+                return await asyncio.shield(job.done)
             async with asyncio.timeout_at(loop.time() + limit):
-                return await job.done  # (cancelled with its caller: ``_finish`` then sets nothing)
+                # shielded: a caller that leaves does not cancel the outcome a later caller may join
+                return await asyncio.shield(job.done)
         except BaseException:
             if not job.done.done() or job.done.cancelled():  # timed out or cancelled: the thread keeps its place
                 job.abandoned = True
@@ -124,6 +130,15 @@ class Lane:
         finally:
             if slow is not None:
                 slow.cancel()
+
+    async def _join(self, job: _Job[_T], timeout: float | None) -> _T:
+        """Wait for a stuck call's outcome, for at most this caller's own ``timeout``."""
+        limit = self.timeout if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                return await asyncio.shield(job.done)
+        except TimeoutError:
+            raise TimeoutError(f"the {self.name} lane's call for this object ran past its timeout") from None
 
     def _slow(self, job: _Job[Any]) -> None:
         """A call still running after ``slow_after``: within ``stuck_max``, its place goes back
@@ -159,7 +174,7 @@ class Lane:
         """A started call that its caller left: remember its object; within ``stuck_max``, give
         its place back and start a thread to stand for the blocked one."""
         if job.key is not None:
-            self._stuck_keys[job.key] = self._stuck_keys.get(job.key, 0) + 1
+            self._stuck_keys.setdefault(job.key, job)
         if not job.freed and self.stuck <= self.stuck_max and not self._closed:
             self._give_back(job)
 
@@ -173,17 +188,15 @@ class Lane:
     def _finish(self, job: _Job[Any], result: Any, error: BaseException | None) -> None:
         if job.abandoned or job.slow:
             self.stuck -= 1
-            if job.key is not None and job.started and job.key in self._stuck_keys:
-                self._stuck_keys[job.key] -= 1
-                if not self._stuck_keys[job.key]:
-                    del self._stuck_keys[job.key]
+            if job.key is not None and self._stuck_keys.get(job.key) is job:
+                del self._stuck_keys[job.key]
         if not job.done.done():
             if error is not None:
                 job.done.set_exception(error)
+                if job.abandoned:
+                    job.done.exception()  # retrieved: whoever joins it still gets it
             else:
                 job.done.set_result(result)
-        elif error is not None and not job.done.cancelled():
-            job.done.exception()  # retrieved: nobody is waiting for it any more
         if job.freed:  # its place was given back when it got stuck; one thread too many now
             self._jobs.put(None)
         else:

@@ -232,12 +232,12 @@ class FilesystemStore:
     async def read_image(self, attachment_id: str) -> StoredImage:
         """Return the verified image or raise ``AttachmentError`` (see ``policy.ports``)."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        return await self._read(partial(self._load, hex_digest), attachment_id)
+        return await self._read(partial(self._load, hex_digest), attachment_id, "image")
 
     async def read_stamped(self, attachment_id: str) -> tuple[StoredImage, str | None]:
         """``read_image`` plus the object's stamp taken before the read (see ``stamp``)."""
         hex_digest = check_id(attachment_id)[len(ID_PREFIX):]
-        return await self._read(partial(self._load_stamped, hex_digest), attachment_id)
+        return await self._read(partial(self._load_stamped, hex_digest), attachment_id, "stamped")
 
     async def stamps(self, attachment_ids: Sequence[str]) -> list[str | None]:
         """Cheap tokens that change whenever an object or its record is replaced, rewritten or
@@ -246,13 +246,14 @@ class FilesystemStore:
         hexes = [check_id(aid)[len(ID_PREFIX):] for aid in attachment_ids]
         return await self.stamp_lane.run(lambda: [self._stamp_sync(h) for h in hexes])
 
-    async def _read(self, fn: Callable[[], _T], attachment_id: str) -> _T:
+    async def _read(self, fn: Callable[[], _T], attachment_id: str, kind: str) -> _T:
         """A verified read on the read lane, and its boundary: an object that is not there is
         ``ATTACHMENT_NOT_FOUND``; any other OS fault, or no answer within ``read_timeout``,
-        ``ATTACHMENT_READ_FAILED``. ``_load`` raises damage as ``ATTACHMENT_CORRUPT`` itself."""
+        ``ATTACHMENT_READ_FAILED``. ``_load`` raises damage as ``ATTACHMENT_CORRUPT`` itself.
+        A read of ``kind`` of an object whose earlier one is stuck joins it (no second thread)."""
         with map_exceptions(OS_ERRORS, READ_FAILED, short_id(attachment_id), missing=NOT_FOUND,
                             attachment_id=attachment_id):
-            return await self.reads.run(fn, key=attachment_id)  # a retry of a stuck read takes no thread
+            return await self.reads.run(fn, key=f"{kind}:{attachment_id}")
 
     async def stat(self, attachment_id: str) -> AttachmentMeta | None:
         """The admission record of a present object, without reading or verifying its bytes."""

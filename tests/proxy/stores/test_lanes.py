@@ -101,7 +101,7 @@ async def test_what_hangs_costs_only_itself_up_to_stuck_max() -> None:
                 await lane.run(hung, key=key)
         assert lane.stuck == 3 and lane.in_use == 0
         assert [await lane.run(lambda: n) for n in range(4)] == [0, 1, 2, 3]  # both places still work
-        with pytest.raises(TimeoutError):  # a retry of a stuck object: at once, no thread taken
+        with pytest.raises(TimeoutError):  # a retry of a stuck object joins it for its own timeout: no thread
             await lane.run(lambda: "never runs", key="b")
         assert hung.calls == 3
         with pytest.raises(TimeoutError):  # a fourth: past stuck_max it keeps its place
@@ -201,4 +201,34 @@ async def test_a_cancelled_caller_of_a_running_call_frees_its_place_when_the_cal
     with contextlib.suppress(asyncio.CancelledError, OSError):
         await failing
     assert await lane.run(lambda: "free") == "free"
+    lane.close()
+
+
+async def test_a_call_of_a_stuck_object_joins_it_for_its_own_time() -> None:
+    """A caller that leaves a hung call (cancelled) is no failure of it; the next caller of that
+    object joins the call still blocked and gets its outcome when it comes within the joiner's
+    own timeout, counted from the joiner's start; no second thread ever runs for it."""
+    lane = Lane("reads", 2, timeout=0.5, queue_timeout=0.3)
+    hung = Blocker()
+    first = asyncio.create_task(lane.run(hung, key="a"))
+    await hung.wait_entered()
+    first.cancel()  # the client gave up
+    await asyncio.gather(first, return_exceptions=True)
+    assert lane.stuck == 1
+    loop = asyncio.get_running_loop()
+    joined = asyncio.create_task(lane.run(lambda: "never runs", key="a"))
+    await asyncio.sleep(0.3)
+    assert not joined.done()  # waiting, not failed at once
+    loop.call_later(0.1, hung.release.set)  # the read comes back within the joiner's 0.5 s
+    assert await joined == "late"
+    assert hung.calls == 1
+    hung.release.clear()
+    timed = asyncio.create_task(lane.run(hung, key="b"))
+    with pytest.raises(TimeoutError):
+        await timed  # a hung read runs out of time: the caller's own timeout
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        await lane.run(lambda: "never runs", key="b")
+    assert loop.time() - started >= 0.45 and hung.calls == 2  # its own full timeout, then a failure
+    hung.release.set()
     lane.close()
