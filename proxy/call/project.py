@@ -25,10 +25,11 @@ from ...policy.events import Rejected
 from ...policy.fold import SessionState
 from ...policy.model import ImageRef, Inlined, Placeholder, StoredImage
 from ...policy.ports import AttachmentStore
-from ...policy.projection import Projection, ProjectionContext, project
+from ...policy.projection import Projection, ProjectionContext, project, reject
 from ..inbound.budget import hold
 from ..sessionlog.cached import CachedLog
 from .inflight import Carrying
+from . import refusals
 from .prepare import Asked, Built, build
 from .call import Call
 from .outgoing import outgoing_headers, readable_codings, recordable_headers, recorded_path
@@ -97,7 +98,7 @@ async def prepare(call: Call, inbound: Inbound, *, sending: Outgoing | None = No
     if inbound.session_id and built.images:
         screen = Resend(call.services, call.fmt, inbound.session_id, built, list(projecting.refs), recorder,
                         projecting.again, ctx.fields, ctx.tenant, upstream=call.upstream.name, model=model,
-                        probing=probing)
+                        probing=probing, scope=projecting.scope)
     return Prepared(built, projecting.headers, recorder, screen, projecting.in_flight)
 
 
@@ -119,6 +120,7 @@ class _Projecting:
         #: The calls in flight that carry this call's body (``send`` adds them; a re-send updates them).
         self.in_flight: list[Carrying] = []
         self.attempts = 1
+        self._scope: str | None = None
 
     async def run(self, asked: Asked, assume: tuple[Rejected, ...] = (), state: SessionState | None = None
                   ) -> Projection:
@@ -130,6 +132,8 @@ class _Projecting:
         call, session_id = self.call, self.inbound.session_id
         services = call.services
         policy = services.config.policy
+        if session_id and state is None and (refs or asked.inline):
+            await self._tenant_refusals(session_id, asked)
         fresh = state or (services.log.fresh(session_id) if session_id else None)
         store = RequestImages(self.store, asked.inline, asked.load, refs) if asked.inline else self.store
         return await project(refs, ProjectionContext(
@@ -151,6 +155,30 @@ class _Projecting:
             assume=assume,
             request_bytes=asked.size,
         ))
+
+    @property
+    def scope(self) -> str:
+        """The tenant's refusals session (``refusals``): found once, for calls with images only."""
+        if self._scope is None:
+            self._scope = refusals.scope_of(self.call.ctx.tenant, self.call.request.headers)
+        return self._scope
+
+    async def _tenant_refusals(self, session_id: str, asked: Asked) -> None:
+        """The refusals of this tenant that hold for the images of ``asked`` on this format
+        (``refusals``), recorded in this session when it does not hold them yet, before the
+        projection reads its state: the images go as their placeholders, with no refused call."""
+        call = self.call
+        log = call.services.log
+        ids = {ref.id for ref in asked.refs} | {image.id for image in asked.inline}
+        found = await refusals.standing(log, self.scope, call.fmt.FORMAT, ids)
+        state = log.state(session_id)
+        held = state.rejected if state is not None else {}
+        wanted = tuple(r for r in found if (r.format, r.attachment_id) not in held)
+        if not wanted:
+            return
+        _, new = await reject(wanted, log=log, session_id=session_id, lock=log.lock(session_id), state=state)
+        if new:
+            call.ctx.fields["tenant_rejected"] = len(new)
 
     async def built(self, attempt: int, assume: tuple[Rejected, ...] = (), record: bool = True,
                     state: SessionState | None = None) -> tuple[Built, Recorder | None]:

@@ -64,6 +64,7 @@ from ...policy.projection import learn, reject
 from ..inbound.bodies import inflate
 from ..observe.logger import get_logger
 from ..upstream.identity import decoded_bytes
+from . import refusals
 from .prepare import Built, carried, foreign, linked
 from .record import Recorder
 from .relay import SCREEN_MAX, Observer, Verdict
@@ -104,8 +105,10 @@ class Resend:
     def __init__(self, services: Services, fmt: WireFormat, session_id: str, built: Built, refs: list[ImageRef],
                  recorder: Recorder | None, rebuild: Rebuild, fields: dict[str, object],
                  tenant: str | None = None, *, upstream: str = "", model: str | None = None,
-                 probing: bool = False) -> None:
+                 probing: bool = False, scope: str = "") -> None:
         self.services = services
+        #: The tenant's refusals session, where an exact refusal is shared ("": none).
+        self.scope = scope
         #: The client's tenant: the refused bytes it inlined are admitted for it.
         self.tenant = tenant
         self.fmt = fmt
@@ -213,6 +216,7 @@ class Resend:
         except ProjectionistError as error:
             self._not_recorded(error)
             return None
+        await self._share(new)
         services.metrics.rejections["resent"] += 1
         services.metrics.quarantines["rejected"] += len(new)
         self.fields.update(rejection="resent", suspects=len(ids), rejected=len(new))
@@ -304,6 +308,20 @@ class Resend:
         _, new = await reject(wanted, log=log, session_id=self.session_id, lock=log.lock(self.session_id),
                               state=log.state(self.session_id))
         return new
+
+    async def _share(self, new: tuple[Quarantine | Rejected, ...]) -> None:
+        """An exact refusal of bytes, for every session of this tenant (``refusals.share``); best
+        effort: this session's own record stands whatever becomes of it."""
+        exact = [q for q in new if isinstance(q, Rejected)]
+        if not exact or not self.scope:
+            return
+        try:
+            shared = await refusals.share(self.services.log, self.scope, exact)
+        except ProjectionistError as error:
+            get_logger().warning("refusal_not_shared", code=error.code, session=self.session_id)
+            return
+        if shared:
+            self.fields["shared"] = shared
 
     def _not_recorded(self, error: ProjectionistError) -> None:
         self.services.metrics.rejections["failed"] += 1

@@ -110,12 +110,12 @@ def derived(fmt: WireFormat, headers: MultiMapping[str], body: Any, images: Mapp
     if opening is None:
         return None
     digest = hashlib.sha256()
-    digest.update(fmt.FORMAT.encode() + b"\0" + _credentials(headers).encode())
+    digest.update(fmt.FORMAT.encode() + b"\0" + credentials(headers).encode())
     digest.update(b"\0\0" + _encoder.encode(_standing(opening, images)))
     return Found("derived:" + digest.hexdigest()[:32], "derived")
 
 
-def _credentials(headers: MultiMapping[str]) -> str:
+def credentials(headers: MultiMapping[str]) -> str:
     """A short digest of the credential headers a request carries (never the credentials)."""
     digest = hashlib.sha256()
     for name in _CREDENTIALS:
@@ -162,7 +162,7 @@ def _scoped(prefix: str, value: str, headers: MultiMapping[str]) -> str:
     if not (len(value) <= _VALUE_MAX and is_session_id(session)):
         session = prefix + "sha256-" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
     if prefix[:-1] in SHARED:
-        session += "@" + _credentials(headers)
+        session += "@" + credentials(headers)
     return session
 
 

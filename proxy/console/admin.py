@@ -21,6 +21,7 @@ from ...policy.fold import SessionState
 from ...policy.model import check_id, check_scoped_session
 from ...policy.ports import SessionLog
 from ...policy.projection import recover, refresh
+from ..call import refusals
 from ..inbound.bodies import read_body
 from ..inbound.context import Handler, context
 from ..inbound.services import SERVICES, Services
@@ -143,9 +144,11 @@ async def post_recover(request: web.Request) -> web.StreamResponse:
     state = await session_state(app.log, sid)  # a session with no event: 404, nothing written (as the CLI)
     result = await recover(attachment_id, store=app.store, log=app.log, session_id=sid, lock=app.log.lock(sid),
                            state=state)
+    # the operator vouched for the bytes: the tenant's refusal of them goes too (``call.refusals``)
+    lifted = await refusals.lift(app.store, app.log, app.log.inner, sid, attachment_id) if result.event else 0
     context(request).fields.update(recovered=result.event is not None)
     return _json({"session": sid, "attachment_id": attachment_id, "recovered": result.event is not None,
-                  "event": result.event})
+                  "tenant_lifted": lifted, "event": result.event})
 
 
 async def post_fork(request: web.Request) -> web.StreamResponse:

@@ -32,6 +32,7 @@ from .serve import StartupError, serve
 from .workers import supervise
 from .demo import DemoFailed, run_demo, write_snapshot
 from .fake_upstream import MARKER, FakeUpstream
+from ..call import refusals
 from ..call.replay import rebuild, send_and_compare
 from ..observe.logger import setup_logging
 from .tables import sessions_table, timeline_table
@@ -312,8 +313,9 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
 
     async def recover_verb(store: Store, log: Log) -> int:  # find_session made sure it exists
         result = await recover(check_id(args.attachment_id), store=store, log=log, session_id=session)
+        lifted = await refusals.lift(store, log, log, session, args.attachment_id) if result.event is not None else 0
         _print_json({"session": session, "attachment_id": args.attachment_id,
-                     "recovered": result.event is not None, "event": result.event})
+                     "recovered": result.event is not None, "tenant_lifted": lifted, "event": result.event})
         return 0
 
     async def fork(store: Store, log: Log) -> int:

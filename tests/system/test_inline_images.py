@@ -191,9 +191,11 @@ def aid_absent(received: Received, data: bytes) -> bool:
 
 
 async def sessions_listed(harness: Harness) -> list[str]:
+    """The conversations the log holds (not the tenant's refusals, ``~refusals``, listed too)."""
     resp = await harness.client.get("/admin/sessions", headers=ADMIN)
     assert resp.status == 200, await resp.text()
-    return [s["session"] for s in (await resp.json())["sessions"]]
+    return [s["session"] for s in (await resp.json())["sessions"]
+            if not s["session"].startswith("~refusals")]
 
 
 def request_lines(logs: Sequence[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
@@ -827,7 +829,10 @@ async def test_the_request_line_tells_what_became_of_the_clients_images(make_har
     assert derived["rejection"] == "resent" and derived["session_source"] == "derived"
     assert (derived["client_images"], derived["client_placeholders"]) == (2, 1)
     assert claude["session"] == "claude-code:cc-1" and claude["session_source"] == "claude-code"
-    assert claude["rejection"] == "resent" and (claude["client_images"], claude["client_placeholders"]) == (2, 1)
+    # the same bytes to the same format in another session of the tenant: its placeholder before the
+    # call, from the tenant's refusals (``call.refusals``), with no refused round trip
+    assert claude.get("tenant_rejected") == 1 and "rejection" not in claude
+    assert (claude["client_images"], claude["client_placeholders"]) == (2, 1)
     assert plain["session"] == "plain" and "session_source" not in plain
 
 

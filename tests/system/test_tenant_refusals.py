@@ -1,0 +1,131 @@
+"""A refusal of an image's bytes holds for every session of the tenant (issue 41, item 2;
+``proxy.call.refusals``). Once a format refused some bytes exactly, another session of the same
+tenant carrying them to that format gets its own ``attachment/rejected`` and the placeholder before
+the call, with no refused round trip; another tenant (or, without tenants, another credential)
+gains nothing; each session's own log rebuilds its calls byte for byte; an operator's recovery
+lifts it for the tenant; a guess (a refusal put down to two images) is never shared."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+from projectionist.proxy.call.replay import rebuild
+from projectionist.proxy.inbound.services import SERVICES
+from tests.conftest import ADMIN, BACKENDS, Harness
+from tests.imaging import ref_id
+from tests.system.refusals.hostile import chat_body
+from tests.system.test_inline_images import data_url, placeholder, png, rejected
+
+MakeHarness = Callable[..., Awaitable[Harness]]
+RECORDING = {"record.mode": "metadata"}
+ALICE = {"Authorization": "Bearer tok-alice"}
+BOB = {"Authorization": "Bearer tok-bob"}
+
+
+async def send(harness: Harness, session: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+    resp = await harness.client.post("/v1/chat/completions", data=msgspec.json.encode(body),
+                                     headers={"Content-Type": "application/json", "X-Session-Id": session,
+                                              **(headers or {})})
+    assert resp.status == 200, await resp.text()
+    return harness.upstream.last.json()
+
+
+def texts(body: dict[str, Any]) -> list[str]:
+    return [p.get("text") for m in body["messages"] for p in m["content"] if isinstance(m["content"], list)
+            and p.get("type") == "text"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+async def test_a_refusal_holds_for_every_session_of_the_tenant(make_harness: MakeHarness, backend: Any) -> None:
+    harness = await make_harness(**RECORDING)
+    bad = png(110)
+    aid = ref_id(bad)
+    harness.upstream.refused[aid] = False
+    body = chat_body(inline=[data_url(bad)])
+    await send(harness, "first", body)
+    assert harness.upstream.refusals == 1
+    # another session, the same bytes, the same format: the placeholder before the call
+    sent = await send(harness, "second", body)
+    assert harness.upstream.refusals == 1 and placeholder(aid) in texts(sent)
+    assert rejected(await harness.events("first")) == [(aid, "openai")]
+    assert rejected(await harness.events("second")) == [(aid, "openai")]  # its own event, in its own log
+    # its call rebuilds byte for byte from its own log alone
+    log = harness.app[SERVICES].log
+    [request] = [e for e in await log.read("second") if type(e).__name__ == "RequestEvent"]
+    assert (await rebuild(log, harness.store, "second", request.seq, msgspec.json.encode(body))).matches
+    # a restarted proxy on the same data: the same bytes for a third session, still no refusal
+    restarted = await make_harness(harness.app[SERVICES].config)
+    assert await send(restarted, "third", body) == sent
+    assert harness.upstream.refusals == 1
+
+
+async def test_another_tenant_gains_nothing(make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROJECTIONIST_TENANT_TOKENS", "alice:tok-alice bob:tok-bob")
+    harness = await make_harness(**RECORDING)
+    bad = png(111)
+    harness.upstream.refused[ref_id(bad)] = False
+    body = chat_body(inline=[data_url(bad)])
+    await send(harness, "s", body, ALICE)
+    await send(harness, "s2", body, ALICE)
+    assert harness.upstream.refusals == 1
+    await send(harness, "s", body, BOB)  # bob's call reaches the provider, refused and rescued on its own
+    assert harness.upstream.refusals == 2
+
+
+async def test_without_tenants_another_credential_gains_nothing(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**RECORDING)
+    bad = png(112)
+    harness.upstream.refused[ref_id(bad)] = False
+    body = chat_body(inline=[data_url(bad)])
+    await send(harness, "a1", body, {"Authorization": "Bearer sk-alice-own"})
+    await send(harness, "a2", body, {"Authorization": "Bearer sk-alice-own"})
+    assert harness.upstream.refusals == 1
+    await send(harness, "b1", body, {"Authorization": "Bearer sk-bob-own"})
+    assert harness.upstream.refusals == 2
+
+
+async def test_a_refusal_holds_only_for_the_format_that_refused(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**RECORDING)
+    bad = png(113)
+    aid = ref_id(bad)
+    harness.upstream.refused[aid] = False
+    await send(harness, "chat", chat_body(inline=[data_url(bad)]))
+    messages = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data_url(bad)[22:]}}]}]}
+    resp = await harness.client.post("/v1/messages", json=messages, headers={"X-Session-Id": "messages"})
+    assert resp.status == 200, await resp.text()
+    assert harness.upstream.refusals == 2  # anthropic never refused those bytes: it was asked
+    assert rejected(await harness.events("messages")) == [(aid, "anthropic")]
+
+
+async def test_an_operators_recovery_lifts_it_for_the_tenant(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**RECORDING)
+    bad = png(114)
+    aid = ref_id(bad)
+    harness.upstream.refused[aid] = False
+    body = chat_body(inline=[data_url(bad)])
+    await send(harness, "first", body)
+    await harness.app[SERVICES].recording.drain()
+    await harness.admit(bad)  # the refused bytes, in the store for the operator's full verification
+    resp = await harness.client.post(f"/admin/sessions/first/attachments/{aid}/recover", headers=ADMIN)
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["tenant_lifted"] == 1
+    del harness.upstream.refused[aid]  # the provider takes the bytes now
+    sent = await send(harness, "later", body)
+    assert placeholder(aid) not in texts(sent) and rejected(await harness.events("later")) == []
+
+
+async def test_a_refusal_put_down_to_two_images_is_never_shared(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**RECORDING)
+    one, two = png(115), png(116)
+    harness.upstream.refused[ref_id(one)] = False  # an unnamed refusal: both new images are suspects
+    body = chat_body(inline=[data_url(one), data_url(two)])
+    await send(harness, "first", body)
+    assert harness.upstream.refusals == 1 and len(rejected(await harness.events("first"))) == 2
+    await send(harness, "second", body)
+    assert harness.upstream.refusals == 2  # a guess about two images stays in its session
