@@ -33,10 +33,11 @@ from ...policy.projection import recover, reject
 from ...policy.transitions import refresh
 from ..sessionlog.base import Log
 from ..sessionlog.cached import CachedLog
-from .sessions import credentials
+from .sessions import RESERVED, credentials
 
-#: The id of the refusals session (behind a tenant's name and ``~`` when there is one).
-SCOPE: Final = "~refusals"
+#: The id of the refusals session (behind a tenant's name and ``~`` when there is one); no
+#: client may name a session so (``sessions.RESERVED``).
+SCOPE: Final = RESERVED
 
 
 def scope_of(tenant: str | None, headers: MultiMapping[str]) -> str:

@@ -177,9 +177,16 @@ def session_of(headers: MultiMapping[str], names: tuple[str, ...], in_path: str 
     return checked(found).id if found is not None else None
 
 
+#: Session ids the proxy keeps for itself (a tenant's refusals: ``call.refusals``), never a client's.
+RESERVED: Final = "~refusals"
+
+
 def checked(found: Found) -> Found:
     """``found``, whose id is a valid session id (a header's value is checked: 400
-    ``INVALID_SESSION_ID``; every other source makes valid ids)."""
+    ``INVALID_SESSION_ID``; every other source makes valid ids) and none the proxy keeps for
+    itself (``RESERVED``: a client naming it would write into its tenant's refusals)."""
     if found.source == "header":
         check_session_id(found.id)
+    if found.id.startswith(RESERVED):
+        raise InvalidRequest(f"session ids starting with {RESERVED} are the proxy's own", code=Code.INVALID_SESSION_ID)
     return found

@@ -60,6 +60,11 @@ async def test_a_refusal_holds_for_every_session_of_the_tenant(make_harness: Mak
     # a restarted proxy on the same data: the same bytes for a third session, still no refusal
     restarted = await make_harness(harness.app[SERVICES].config)
     assert await send(restarted, "third", body) == sent
+    # and a fork of the second session decides the same from its own copy
+    forked = await restarted.client.post("/admin/sessions/second/fork", json={"new_session_id": "forked"},
+                                         headers=ADMIN)
+    assert forked.status in (200, 201), await forked.text()
+    assert await send(restarted, "forked", body) == sent
     assert harness.upstream.refusals == 1
 
 
@@ -129,3 +134,13 @@ async def test_a_refusal_put_down_to_two_images_is_never_shared(make_harness: Ma
     assert harness.upstream.refusals == 1 and len(rejected(await harness.events("first"))) == 2
     await send(harness, "second", body)
     assert harness.upstream.refusals == 2  # a guess about two images stays in its session
+
+
+@pytest.mark.parametrize("named", ["~refusals", "~refusals@0123456789ab"])
+async def test_no_client_names_the_refusals_session(make_harness: MakeHarness, named: str) -> None:
+    harness = await make_harness(**RECORDING)
+    for how in ({"X-Session-Id": named}, None):
+        path = "/v1/chat/completions" if how else f"/s/{named}/v1/chat/completions"
+        resp = await harness.client.post(path, json=chat_body(inline=[data_url(png(117))]), headers=how or {})
+        assert resp.status == 400 and (await resp.json())["error"]["code"] == "INVALID_SESSION_ID"
+    assert harness.upstream.received == []
