@@ -23,21 +23,30 @@ once, and these rules:
 - a call with a ``key`` (the object and the kind of read) whose earlier call is still stuck
   never takes a place: it joins that call, waiting for its outcome up to its own ``timeout``
   from its own start (a hung object holds one thread, however many ask for it; a caller that
-  gives up on it is no failed read, and the next one waits its own full time before it is);
+  gives up on it is no failed read, and the next one waits its own full time before it is). A
+  request (``WAITER``: set once per request) that already waited a full ``timeout`` on that
+  very call is not made to wait again: its immediate retry fails at once;
 - the threads are daemons: a process asked to stop never waits for a blocked ``open``/``read``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from ..policy.errors import Code, Unavailable
 
 _T = TypeVar("_T")
+
+
+#: The request a lane call is made for (an object that can be weakly referred to, set once per
+#: request; the tasks it starts inherit it): a request that waited out a stuck call's timeout once never waits for it again.
+WAITER: contextvars.ContextVar[object | None] = contextvars.ContextVar("lane_waiter", default=None)
 
 
 class Busy(Unavailable):
@@ -47,7 +56,7 @@ class Busy(Unavailable):
 
 
 class _Job(Generic[_T]):
-    __slots__ = ("fn", "loop", "started", "done", "abandoned", "freed", "key", "slow")
+    __slots__ = ("fn", "loop", "started", "done", "abandoned", "freed", "key", "slow", "waited_out")
 
     def __init__(self, fn: Callable[[], _T], loop: asyncio.AbstractEventLoop, key: str | None = None) -> None:
         self.fn = fn
@@ -59,6 +68,9 @@ class _Job(Generic[_T]):
         self.freed = False  # stuck, and its place given back (a new thread took it)
         self.key = key
         self.slow = False  # still running past ``slow_after``: counted in ``stuck``
+        #: The requests (``WAITER``) that waited a full timeout on this call (weakly: a request
+        #: that ended is forgotten, never mistaken for a later one).
+        self.waited_out: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class Lane:
@@ -119,7 +131,9 @@ class Lane:
             async with asyncio.timeout_at(loop.time() + limit):
                 # shielded: a caller that leaves does not cancel the outcome a later caller may join
                 return await asyncio.shield(job.done)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, TimeoutError):
+                _waited_out(job)
             if not job.done.done() or job.done.cancelled():  # timed out or cancelled: the thread keeps its place
                 job.abandoned = True
                 if not job.slow:  # a slow call is counted already
@@ -132,12 +146,17 @@ class Lane:
                 slow.cancel()
 
     async def _join(self, job: _Job[_T], timeout: float | None) -> _T:
-        """Wait for a stuck call's outcome, for at most this caller's own ``timeout``."""
+        """Wait for a stuck call's outcome, for at most this caller's own ``timeout`` (at once
+        when this caller's request waited it out already)."""
+        waiter = WAITER.get()
+        if waiter is not None and waiter in job.waited_out:
+            raise TimeoutError(f"the {self.name} lane's call for this object ran past its timeout")
         limit = self.timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
                 return await asyncio.shield(job.done)
         except TimeoutError:
+            _waited_out(job)
             raise TimeoutError(f"the {self.name} lane's call for this object ran past its timeout") from None
 
     def _slow(self, job: _Job[Any]) -> None:
@@ -207,6 +226,13 @@ class Lane:
         self._closed = True
         for _ in self._threads:
             self._jobs.put(None)
+
+
+def _waited_out(job: _Job[Any]) -> None:
+    """The request of the caller at hand waited a full timeout on ``job``."""
+    waiter = WAITER.get()
+    if waiter is not None:
+        job.waited_out.add(waiter)
 
 
 def _store_busy(message: str) -> Exception:

@@ -26,6 +26,7 @@ from ...policy.fold import SessionState
 from ...policy.model import ImageRef, Inlined, Placeholder, StoredImage
 from ...policy.ports import AttachmentStore
 from ...policy.projection import Projection, ProjectionContext, project, reject
+from .. import lanes
 from ..inbound.budget import hold
 from ..sessionlog.cached import CachedLog
 from .inflight import Carrying
@@ -132,6 +133,8 @@ class _Projecting:
         call, session_id = self.call, self.inbound.session_id
         services = call.services
         policy = services.config.policy
+        if refs:  # this request's reads: a stuck read it waited out once, it never waits for again
+            lanes.WAITER.set(self)
         if session_id and state is None and (refs or asked.inline):
             await self._tenant_refusals(session_id, asked)
         fresh = state or (services.log.fresh(session_id) if session_id else None)
@@ -160,7 +163,8 @@ class _Projecting:
     def scope(self) -> str:
         """The tenant's refusals session (``refusals``): found once, for calls with images only."""
         if self._scope is None:
-            self._scope = refusals.scope_of(self.call.ctx.tenant, self.call.request.headers)
+            request = self.call.request
+            self._scope = refusals.scope_of(self.call.ctx.tenant, request.headers, request.query)
         return self._scope
 
     async def _tenant_refusals(self, session_id: str, asked: Asked) -> None:

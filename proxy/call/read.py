@@ -65,6 +65,6 @@ def _session(call: Call, raw: bytes) -> tuple[sessions.Found | None, Read | None
     found = sessions.from_body(fmt, tree, request.headers)
     if found is None and (client or services.config.policy.url_images and fetched(fmt, tree, services.http_refs)):
         # images of its own, or URLs the provider fetches: a session derived from its opening
-        found = sessions.derived(fmt, request.headers, tree, {id(c.value): aid for c, aid in client})
+        found = sessions.derived(fmt, request.headers, tree, {id(c.value): aid for c, aid in client}, request.query)
     # references alone keep the sessionless policy
     return found, read

@@ -40,19 +40,23 @@ from .sessions import RESERVED, credentials
 SCOPE: Final = RESERVED
 
 
-def scope_of(tenant: str | None, headers: MultiMapping[str]) -> str:
+def scope_of(tenant: str | None, headers: MultiMapping[str], query: MultiMapping[str] | None = None) -> str:
     """The refusals session of ``tenant``; without one (no client tokens), of the credential the
-    request carries (``@`` and its short digest, as a derived session is scoped): clients that
-    bring their own provider keys never share what they learnt."""
-    return scoped_session(tenant, SCOPE) if tenant is not None else f"{SCOPE}@{credentials(headers)}"
+    request carries, in its headers or its query (``@`` and its short digest, as a derived
+    session is scoped): clients that bring their own provider keys never share what they learnt."""
+    return scoped_session(tenant, SCOPE) if tenant is not None else f"{SCOPE}@{credentials(headers, query)}"
 
 
-def _scopes_of(session_id: str, known: Iterable[str]) -> list[str]:
-    """The refusals sessions among ``known`` that a recovery in ``session_id`` lifts: its tenant's,
-    and, for a session of no tenant, those of every credential (the operator vouched for the bytes)."""
+def _scopes_of(session_id: str, known: Iterable[str], tenants: bool) -> list[str]:
+    """The refusals sessions among ``known`` that a recovery in ``session_id`` lifts: with client
+    tokens naming tenants (``tenants``), its tenant's; without, those of every credential (the
+    operator vouched for the bytes). Whether there are tenants is the deployment's, never read
+    off the shape of a session id (a client may name one ``a~b``)."""
+    if not tenants:
+        return [s for s in known if s != session_id and s.startswith(SCOPE + "@")]
     tenant, mark, _ = session_id.partition(TENANT_MARK)
     own = scoped_session(tenant, SCOPE) if mark and is_tenant(tenant) else None
-    return [s for s in known if s != session_id and (s == own or own is None and s.startswith(SCOPE + "@"))]
+    return [s for s in known if s != session_id and s == own]
 
 
 async def standing(log: CachedLog, scope: str, upstream_format: str, ids: Iterable[str]) -> list[Rejected]:
@@ -75,13 +79,14 @@ async def share(log: CachedLog, scope: str, rejected: Sequence[Rejected]) -> int
     return len(new)
 
 
-async def lift(store: AttachmentStore, log: SessionLog, index: Log, session_id: str, attachment_id: str) -> int:
+async def lift(store: AttachmentStore, log: SessionLog, index: Log, session_id: str, attachment_id: str, *,
+               tenants: bool) -> int:
     """After an operator recovered ``attachment_id`` in ``session_id``: lift the refusals of it that
     the tenant's refusals sessions hold too (each after the same full verification; the append is
     conditional, as every transition's). How many it lifted."""
     known = [stats.session for stats in await index.session_stats() if stats.session.startswith(SCOPE)
              or TENANT_MARK + SCOPE in stats.session]
     lifted = 0
-    for scope in _scopes_of(session_id, known):
+    for scope in _scopes_of(session_id, known, tenants):
         lifted += (await recover(attachment_id, store=store, log=log, session_id=scope)).event is not None
     return lifted

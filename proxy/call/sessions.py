@@ -34,6 +34,7 @@ from multidict import MultiMapping
 from ...adapters.base import WireFormat
 from ...policy.errors import Code, InvalidRequest
 from ...policy.model import check_session_id, is_session_id
+from .outgoing import CREDENTIAL_QUERY
 
 #: Headers in which clients name their own session, and the source each one's session is named by.
 CLIENT_HEADERS: Final = (
@@ -103,24 +104,32 @@ def from_body(fmt: WireFormat, body: Any, headers: MultiMapping[str]) -> Found |
     return Found(_scoped(source + ":", value, headers), source)
 
 
-def derived(fmt: WireFormat, headers: MultiMapping[str], body: Any, images: Mapping[int, str]) -> Found | None:
+def derived(fmt: WireFormat, headers: MultiMapping[str], body: Any, images: Mapping[int, str],
+            query: MultiMapping[str] | None = None) -> Found | None:
     """Rule 4: a session derived from the conversation's opening (None: the format has none).
-    ``images`` maps the id of each inlined image's JSON string in ``body`` to its identity."""
+    ``images`` maps the id of each inlined image's JSON string in ``body`` to its identity;
+    ``query`` the request's query, whose credential parameters scope it too."""
     opening = fmt.opening(body)
     if opening is None:
         return None
     digest = hashlib.sha256()
-    digest.update(fmt.FORMAT.encode() + b"\0" + credentials(headers).encode())
+    digest.update(fmt.FORMAT.encode() + b"\0" + credentials(headers, query).encode())
     digest.update(b"\0\0" + _encoder.encode(_standing(opening, images)))
     return Found("derived:" + digest.hexdigest()[:32], "derived")
 
 
-def credentials(headers: MultiMapping[str]) -> str:
-    """A short digest of the credential headers a request carries (never the credentials)."""
+def credentials(headers: MultiMapping[str], query: MultiMapping[str] | None = None) -> str:
+    """A short digest of the credentials a request carries (never the credentials): its
+    credential headers and, given ``query``, the credential parameters of its query (Gemini's
+    ``?key=``)."""
     digest = hashlib.sha256()
     for name in _CREDENTIALS:
         for value in headers.getall(name, ()):
             digest.update(b"\0" + name.encode() + b"\0" + value.encode("utf-8", "surrogateescape"))
+    if query:
+        for name in sorted(CREDENTIAL_QUERY):
+            for value in query.getall(name, ()):
+                digest.update(b"\0?" + name.encode() + b"\0" + value.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:12]
 
 
@@ -138,7 +147,8 @@ def _reminder(node: Any) -> bool:
     if not isinstance(text, str):
         return False
     text = text.strip()
-    return text.startswith("<system-reminder>") and text.endswith("</system-reminder>")
+    return (text.startswith("<system-reminder>") and text.endswith("</system-reminder>")
+            and text.count("<system-reminder>") == 1 and text.count("</system-reminder>") == 1)
 
 
 def _standing(node: Any, images: Mapping[int, str]) -> Any:

@@ -145,7 +145,8 @@ async def post_recover(request: web.Request) -> web.StreamResponse:
     result = await recover(attachment_id, store=app.store, log=app.log, session_id=sid, lock=app.log.lock(sid),
                            state=state)
     # the operator vouched for the bytes: the tenant's refusal of them goes too (``call.refusals``)
-    lifted = await refusals.lift(app.store, app.log, app.log.inner, sid, attachment_id) if result.event else 0
+    lifted = await refusals.lift(app.store, app.log, app.log.inner, sid, attachment_id,
+                                 tenants=app.guard.clients_required) if result.event else 0
     context(request).fields.update(recovered=result.event is not None)
     return _json({"session": sid, "attachment_id": attachment_id, "recovered": result.event is not None,
                   "tenant_lifted": lifted, "event": result.event})

@@ -313,7 +313,8 @@ def _admin_verb(args: argparse.Namespace, config: Config) -> int:
 
     async def recover_verb(store: Store, log: Log) -> int:  # find_session made sure it exists
         result = await recover(check_id(args.attachment_id), store=store, log=log, session_id=session)
-        lifted = await refusals.lift(store, log, log, session, args.attachment_id) if result.event is not None else 0
+        lifted = await refusals.lift(store, log, log, session, args.attachment_id,
+                                     tenants=bool(config.tenants())) if result.event is not None else 0
         _print_json({"session": session, "attachment_id": args.attachment_id,
                      "recovered": result.event is not None, "tenant_lifted": lifted, "event": result.event})
         return 0

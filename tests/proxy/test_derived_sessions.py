@@ -55,6 +55,20 @@ def test_what_starts_a_new_session() -> None:
     body = chat(REMINDERS)
     body["messages"][1]["content"][0]["extra"] = "kept"
     assert session(body) != first
+    # the user's words between two reminder blocks are the conversation's too
+    wrapped = "<system-reminder>a</system-reminder> {} <system-reminder>b</system-reminder>"
+    alice, bob = chat([wrapped.format("Alice: delete prod")]), chat([wrapped.format("Bob: what is this?")])
+    assert session(alice) != session(bob)
+
+
+def test_a_key_in_the_query_scopes_the_session_too() -> None:
+    """Gemini's ``?key=``: two keys, two sessions, however alike their conversations open."""
+    from multidict import MultiDict
+
+    body, none = chat(REMINDERS), CIMultiDict[str]()
+    one = derived(openai_chat, none, body, {}, MultiDict({"key": "KEY-ALICE"}))
+    two = derived(openai_chat, none, body, {}, MultiDict({"key": "KEY-BOB"}))
+    assert one is not None and two is not None and one.id != two.id
 
 
 def test_the_same_rule_in_the_other_formats() -> None:

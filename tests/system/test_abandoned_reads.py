@@ -46,3 +46,19 @@ async def test_requests_abandoned_before_the_read_timeout_record_nothing(make_ha
         assert await quarantined(harness, "impatient") == set() and reads.stuck == 1
     finally:
         unhang(fifo)
+
+
+async def test_a_request_that_waits_out_a_hung_read_is_not_made_to_wait_again(make_harness: MakeHarness) -> None:
+    """Its immediate retry (a READ_FAILED gets one) would join the read it waited out: it fails at
+    once instead, so the request answers after one read timeout, not two."""
+    harness = await make_harness(**{"store.read_timeout": READ_TIMEOUT, "store.lanes": LANES})
+    hung = await harness.admit(make_image(color=71))
+    fifo = hang_with_a_fifo(harness, hung)
+    try:
+        started = time.monotonic()
+        status, _, _ = await send(harness, "once", hung)
+        waited = time.monotonic() - started
+        assert status == 200 and READ_TIMEOUT <= waited < 1.6 * READ_TIMEOUT, waited
+        assert await quarantined(harness, "once") == {hung}
+    finally:
+        unhang(fifo)

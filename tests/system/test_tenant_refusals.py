@@ -144,3 +144,30 @@ async def test_no_client_names_the_refusals_session(make_harness: MakeHarness, n
         resp = await harness.client.post(path, json=chat_body(inline=[data_url(png(117))]), headers=how or {})
         assert resp.status == 400 and (await resp.json())["error"]["code"] == "INVALID_SESSION_ID"
     assert harness.upstream.received == []
+
+
+async def test_a_gemini_key_in_the_query_is_a_credential_of_its_own(make_harness: MakeHarness, upstream: Any) -> None:
+    from tests.system.test_inline_images import gemini_body
+
+    harness = await make_harness(**RECORDING, **{"upstreams.gemini": {"format": "gemini", "url": upstream.url}})
+    bad = png(118)
+    harness.upstream.refused[ref_id(bad)] = False
+    for key, refusals in (("KEY-ALICE", 1), ("KEY-ALICE", 1), ("KEY-BOB", 2)):
+        resp = await harness.client.post(f"/v1beta/models/m:generateContent?key={key}", json=gemini_body(bad),
+                                         headers={"X-Session-Id": f"{key}-{refusals}-{len(harness.upstream.received)}"})
+        assert resp.status == 200, await resp.text()
+        assert harness.upstream.refusals == refusals, key
+
+
+async def test_without_tenants_a_session_named_like_a_tenants_lifts_on_recovery(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**RECORDING)
+    bad = png(119)
+    aid = ref_id(bad)
+    harness.upstream.refused[aid] = False
+    body = chat_body(inline=[data_url(bad)])
+    await send(harness, "foo~bar", body)
+    await harness.admit(bad)
+    resp = await harness.client.post(f"/admin/sessions/foo~bar/attachments/{aid}/recover", headers=ADMIN)
+    assert resp.status == 200 and (await resp.json())["tenant_lifted"] == 1, await resp.text()
+    del harness.upstream.refused[aid]
+    assert placeholder(aid) not in texts(await send(harness, "foo~bar", body))
