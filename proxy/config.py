@@ -212,6 +212,9 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_references: Size = 1000
     parallel_reads: Size = 8
     retryable_probe_after: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    #: Seconds a refusal shared across a tenant's sessions holds for a session that has not met
+    #: it yet (``call.refusals``); past it that session tries the image once more. 0: for ever.
+    refusal_reprobe_after: Annotated[float, msgspec.Meta(ge=0)] = 7 * 86400.0
     probe_wait: Seconds = 2.0
     max_projected_bytes: Size = 64 * MiB
     #: Variants rendered at once (CPU; a render at the pixel limits can hold hundreds of MB).

@@ -174,7 +174,8 @@ class _Projecting:
         call = self.call
         log = call.services.log
         ids = {ref.id for ref in asked.refs} | {image.id for image in asked.inline}
-        found = await refusals.standing(log, self.scope, call.fmt.FORMAT, ids)
+        found = await refusals.standing(log, self.scope, call.fmt.FORMAT, ids,
+                                        reprobe_after=call.services.config.policy.refusal_reprobe_after)
         state = log.state(session_id)
         held = state.rejected if state is not None else {}
         wanted = tuple(r for r in found if (r.format, r.attachment_id) not in held)

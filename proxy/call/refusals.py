@@ -15,22 +15,27 @@ Never across tenants: each tenant's refusals are its own session, which no other
 can reach (nor, without tenants, another credential). Refusals about the context of the images (the many-image rule, a model that takes none)
 are rules about a target, never shared here. An operator's recovery of the image in any session
 of the tenant (the admin API, ``projectionist recover``) lifts it in the tenant's log too, and so
-does a recovery in the refusals session itself.
+does a recovery in the refusals session itself. And no refusal hides an image for ever: one
+recorded more than ``[policy] refusal_reprobe_after`` ago no longer holds for a session that has
+not met it yet; that session sends the image once more, and a refusal of it again records it anew.
 """
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Final
 
-from ...policy.events import Rejected
-from ...policy.fold import EMPTY
+from ...policy.events import RecoveredEvent, Rejected, RejectedEvent
+from ...policy.fold import EMPTY, SessionState
 from multidict import MultiMapping
 
 from ...policy.model import TENANT_MARK, is_tenant, scoped_session
 from ...policy.ports import AttachmentStore, SessionLog
-from ...policy.projection import recover, reject
-from ...policy.transitions import refresh
+from ...policy.projection import recover
+from ...policy.transitions import refresh, transition
 from ..sessionlog.base import Log
 from ..sessionlog.cached import CachedLog
 from .sessions import RESERVED, credentials
@@ -59,23 +64,73 @@ def _scopes_of(session_id: str, known: Iterable[str], tenants: bool) -> list[str
     return [s for s in known if s != session_id and s == own]
 
 
-async def standing(log: CachedLog, scope: str, upstream_format: str, ids: Iterable[str]) -> list[Rejected]:
-    """The tenant's refusals of ``ids`` by upstreams of ``upstream_format`` (its cached fold when
-    the log's watch vouches for it, else read)."""
+#: When each refusal of each refusals session was recorded (epoch seconds), per log, as far as
+#: its last seq: read once, then only what is new (a refusals session holds a few events).
+_RECORDED: weakref.WeakKeyDictionary[CachedLog, dict[str, tuple[int, dict[tuple[str, str], float]]]] = \
+    weakref.WeakKeyDictionary()
+
+
+async def _state(log: CachedLog, scope: str) -> SessionState:
+    """The refusals session's fold: cached when the log's watch vouches for it, else read."""
     state = log.fresh(scope)
-    if state is None:
-        state = await refresh(log, scope, log.state(scope) or EMPTY)
+    return state if state is not None else await refresh(log, scope, log.state(scope) or EMPTY)
+
+
+async def _recorded(log: CachedLog, scope: str, state: SessionState) -> dict[tuple[str, str], float]:
+    """When each standing refusal of ``scope`` was (last) recorded, by (format, attachment id)."""
+    known = _RECORDED.setdefault(log, {})
+    last, times = known.get(scope, (0, {}))
+    if state.last_seq > last:
+        times = dict(times)
+        for event in await log.read(scope, last):
+            if isinstance(event, RejectedEvent):
+                times[(event.data.format, event.data.attachment_id)] = _epoch(event.time)
+            elif isinstance(event, RecoveredEvent):
+                times = {key: at for key, at in times.items() if key[1] != event.data.attachment_id}
+            last = max(last, event.seq)
+        known[scope] = (last, times)
+    return times
+
+
+def _epoch(value: str) -> float:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return 0.0  # an unreadable time: as old as can be, so the image is tried again
+    return (parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+async def standing(log: CachedLog, scope: str, upstream_format: str, ids: Iterable[str], *,
+                   reprobe_after: float = 0.0) -> list[Rejected]:
+    """The tenant's refusals of ``ids`` by upstreams of ``upstream_format``, but those recorded
+    more than ``reprobe_after`` seconds ago (0: none is): the image is tried again then, and a
+    refusal of it again records it anew (``share``)."""
+    state = await _state(log, scope)
     if not state.rejected:
         return []
-    return [found for aid in ids if (found := state.rejected.get((upstream_format, aid))) is not None]
+    found = [hit for aid in ids if (hit := state.rejected.get((upstream_format, aid))) is not None]
+    if not found or reprobe_after <= 0:
+        return found
+    times = await _recorded(log, scope, state)
+    cutoff = time.time() - reprobe_after
+    return [r for r in found if times.get((r.format, r.attachment_id), 0.0) >= cutoff]
 
 
-async def share(log: CachedLog, scope: str, rejected: Sequence[Rejected]) -> int:
-    """Record the exact ones of ``rejected`` in the tenant's refusals log, once: how many it appended."""
+async def share(log: CachedLog, scope: str, rejected: Sequence[Rejected], *, reprobe_after: float = 0.0) -> int:
+    """Record the exact ones of ``rejected`` in the tenant's refusals log, once, and anew where the
+    standing one is older than ``reprobe_after``: how many it appended."""
     exact = tuple(r for r in rejected if r.suspects == 1)
     if not exact:
         return 0
-    _, new = await reject(exact, log=log, session_id=scope, lock=log.lock(scope), state=log.state(scope))
+    state = await _state(log, scope)
+    times = await _recorded(log, scope, state) if reprobe_after > 0 and state.rejected else {}
+    cutoff = time.time() - reprobe_after
+
+    def missing(now: SessionState) -> list[Rejected]:
+        return [r for r in exact if (r.format, r.attachment_id) not in now.rejected
+                or reprobe_after > 0 and times.get((r.format, r.attachment_id), 0.0) < cutoff]
+
+    _, new, _ = await transition(log, scope, state, log.lock(scope), "sharing a refusal", missing)
     return len(new)
 
 

@@ -316,7 +316,8 @@ class Resend:
         if not exact or not self.scope:
             return
         try:
-            shared = await refusals.share(self.services.log, self.scope, exact)
+            shared = await refusals.share(self.services.log, self.scope, exact,
+                                          reprobe_after=self.services.config.policy.refusal_reprobe_after)
         except ProjectionistError as error:
             get_logger().warning("refusal_not_shared", code=error.code, session=self.session_id)
             return

@@ -171,3 +171,31 @@ async def test_without_tenants_a_session_named_like_a_tenants_lifts_on_recovery(
     assert resp.status == 200 and (await resp.json())["tenant_lifted"] == 1, await resp.text()
     del harness.upstream.refused[aid]
     assert placeholder(aid) not in texts(await send(harness, "foo~bar", body))
+
+
+async def test_a_shared_refusal_is_tried_again_after_the_reprobe_period(make_harness: MakeHarness) -> None:
+    """No refusal hides an image for ever: past ``[policy] refusal_reprobe_after`` a session that
+    has not met it sends the image once more; refused again, the refusal is recorded anew and holds
+    for the next sessions; accepted, the image goes on."""
+    import asyncio
+
+    harness = await make_harness(**RECORDING, **{"policy.refusal_reprobe_after": 0.5})
+    bad = png(120)
+    aid = ref_id(bad)
+    harness.upstream.refused[aid] = False
+    body = chat_body(inline=[data_url(bad)])
+    await send(harness, "first", body)
+    await send(harness, "second", body)
+    assert harness.upstream.refusals == 1
+    await asyncio.sleep(0.6)
+    await send(harness, "third", body)  # past the period: the provider is asked again, and refuses
+    assert harness.upstream.refusals == 2
+    await send(harness, "fourth", body)  # recorded anew: it holds again
+    assert harness.upstream.refusals == 2
+    assert rejected(await harness.events("fourth")) == [(aid, "openai")]
+    await send(harness, "second", body)  # a session keeps its own decision
+    assert harness.upstream.refusals == 2
+    await asyncio.sleep(0.6)
+    del harness.upstream.refused[aid]  # the provider takes the bytes now
+    sent = await send(harness, "fifth", body)
+    assert placeholder(aid) not in texts(sent) and rejected(await harness.events("fifth")) == []
