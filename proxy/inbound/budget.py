@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from ...policy.errors import Code, Unavailable
 
-if TYPE_CHECKING:
-    from .context import Context
 
 #: What a client reads of a refusal.
 SPENT: Final = "the proxy holds as many request bytes as its memory budget allows; retry"
@@ -104,7 +102,13 @@ class Held:
             self.size = 0
 
 
-def hold(ctx: Context, budget: Budget, size: int, what: str) -> Held:
+class Holder(Protocol):
+    """What keeps a request's ``Held`` (its ``inbound.context.Context``)."""
+
+    held: Held | None
+
+
+def hold(ctx: Holder, budget: Budget, size: int, what: str) -> Held:
     """``size`` more bytes held by the request of ``ctx`` (released at its end); ``MemoryBusy``
     when they do not fit."""
     held = ctx.held

@@ -16,14 +16,11 @@ import threading
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, GCCollector, PlatformCollector,
                                ProcessCollector, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-
-if TYPE_CHECKING:
-    from ..inbound.budget import Budget
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: Distinct ``model`` label values one app admits (models come from clients and upstreams);
@@ -89,6 +86,14 @@ class OpCounter:
         return sum(self.snapshot().values())
 
 
+class BudgetReading(Protocol):
+    """What the metrics read of the memory budget (``inbound.budget.Budget``)."""
+
+    held: int
+    limit: int
+    refused: Counter[str]
+
+
 class Metrics:
     def __init__(self) -> None:
         #: Answers by (route, status, upstream name; "" for the proxy's own routes).
@@ -110,7 +115,7 @@ class Metrics:
         self.unfetched: Counter[str] = Counter()
         self.variants_pinned = 0
         #: The memory budget of the requests under way (``inbound.budget``; the services set it).
-        self.budget: Budget | None = None
+        self.budget: BudgetReading | None = None
         self.errors_after_start = 0
         self.projection = Histogram()
         #: Time to the upstream's response headers, by upstream name.
