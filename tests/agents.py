@@ -187,6 +187,27 @@ def codex_builtin_config(codex_home: Path, base_url: str, *, model: str = "gpt-5
     return config
 
 
+def reap(marker: str) -> list[int]:
+    """Kill (SIGKILL) every process whose command line holds ``marker`` (a test's own temporary
+    folder): daemons an agent leaves behind in a session of their own (Cline's CLI starts a hub
+    daemon that outlives its run and its process group). Returns their pids."""
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            try:
+                os.kill(int(entry.name), 9)
+            except ProcessLookupError:
+                continue
+            killed.append(int(entry.name))
+    return killed
+
+
 async def run_agent(argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout: float = 180.0,
                     *, home: Path | None = None) -> tuple[int, str, str]:
     """Run an agent CLI to the end: (returncode, stdout, stderr). ``HOME`` is a fresh temporary

@@ -254,6 +254,7 @@ async def run(agent: Agent, url: str, shot: Shot, scripted: ScriptedUpstream, *,
         argv = netns.isolated(agent.argv(PROMPT if first else NEXT_PROMPT, first), [bridge])
         return await agents.run_agent(argv, env, shot.cwd, timeout=240)
     finally:
+        agents.reap(str(shot.cwd))  # what the agent left running (Cline's hub daemon), and its namespace with it
         await bridge.stop()
 
 
