@@ -5,19 +5,20 @@ new image of the call: ``Rejected.suspects == 1``), the refusal is about those b
 format, not about the session that sent them. ``share`` records it in the tenant's own refusals
 log, a session of the log like any other (``scope_of``: ``~refusals``, behind the tenant's name
 when client tokens name tenants; without them ``~refusals@`` and a digest of the request's
-credential, as derived sessions are scoped), durably and once. Every later call of any session of the same
-tenant that carries those bytes to that format finds it (``standing``) before it is built: its
-session gets an ``attachment/rejected`` of its own, durably, and the image its placeholder, with
-no refused round trip. Each session's own log then holds what its calls were built from, so
-restart, fork and replay stay byte-identical without the tenant's log.
+credential, as derived sessions are scoped), durably and once. Every later call of any session
+of the same tenant that carries those bytes to that format finds it (``standing``) before it is
+built: its session gets an ``attachment/rejected`` of its own, durably, and the image its
+placeholder, with no refused round trip. Each session's own log then holds what its calls were
+built from, so restart, fork and replay stay byte-identical without the tenant's log.
 
 Never across tenants: each tenant's refusals are its own session, which no other tenant's name
-can reach (nor, without tenants, another credential). Refusals about the context of the images (the many-image rule, a model that takes none)
-are rules about a target, never shared here. An operator's recovery of the image in any session
-of the tenant (the admin API, ``projectionist recover``) lifts it in the tenant's log too, and so
-does a recovery in the refusals session itself. And no refusal hides an image for ever: one
-recorded more than ``[policy] refusal_reprobe_after`` ago no longer holds for a session that has
-not met it yet; that session sends the image once more, and a refusal of it again records it anew.
+can reach (nor, without tenants, another credential). Refusals about the context of the images
+(the many-image rule, a model that takes none) are rules about a target, never shared here. An
+operator's recovery of the image in any session of the tenant (the admin API, ``projectionist
+recover``) lifts it in the tenant's log too, and so does a recovery in the refusals session
+itself. And no refusal hides an image for ever: one recorded more than ``[policy]
+refusal_reprobe_after`` ago no longer holds for a session that has not met it yet; that session
+sends the image once more, and a refusal of it again records it anew.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from ...policy.events import RecoveredEvent, Rejected, RejectedEvent
-from ...policy.fold import EMPTY, SessionState
 from multidict import MultiMapping
 
+from ...policy.events import RecoveredEvent, Rejected, RejectedEvent
+from ...policy.fold import EMPTY, SessionState
 from ...policy.model import TENANT_MARK, is_tenant, scoped_session
 from ...policy.ports import AttachmentStore, SessionLog
 from ...policy.projection import recover
@@ -52,16 +53,16 @@ def scope_of(tenant: str | None, headers: MultiMapping[str], query: MultiMapping
     return scoped_session(tenant, SCOPE) if tenant is not None else f"{SCOPE}@{credentials(headers, query)}"
 
 
-def _scopes_of(session_id: str, known: Iterable[str], tenants: bool) -> list[str]:
-    """The refusals sessions among ``known`` that a recovery in ``session_id`` lifts: with client
-    tokens naming tenants (``tenants``), its tenant's; without, those of every credential (the
-    operator vouched for the bytes). Whether there are tenants is the deployment's, never read
-    off the shape of a session id (a client may name one ``a~b``)."""
+async def _scopes_of(session_id: str, index: Log, tenants: bool) -> list[str]:
+    """The refusals sessions a recovery in ``session_id`` lifts: with client tokens naming tenants
+    (``tenants``), its tenant's; without, those of every credential the log holds (the operator
+    vouched for the bytes). Whether there are tenants is the deployment's, never read off the
+    shape of a session id (a client may name one ``a~b``)."""
     if not tenants:
-        return [s for s in known if s != session_id and s.startswith(SCOPE + "@")]
+        return [stats.session for stats in await index.session_stats() if stats.session.startswith(SCOPE + "@")]
     tenant, mark, _ = session_id.partition(TENANT_MARK)
     own = scoped_session(tenant, SCOPE) if mark and is_tenant(tenant) else None
-    return [s for s in known if s != session_id and s == own]
+    return [own] if own is not None and own != session_id else []
 
 
 #: When each refusal of each refusals session was recorded (epoch seconds), per log, as far as
@@ -139,9 +140,7 @@ async def lift(store: AttachmentStore, log: SessionLog, index: Log, session_id: 
     """After an operator recovered ``attachment_id`` in ``session_id``: lift the refusals of it that
     the tenant's refusals sessions hold too (each after the same full verification; the append is
     conditional, as every transition's). How many it lifted."""
-    known = [stats.session for stats in await index.session_stats() if stats.session.startswith(SCOPE)
-             or TENANT_MARK + SCOPE in stats.session]
     lifted = 0
-    for scope in _scopes_of(session_id, known, tenants):
+    for scope in await _scopes_of(session_id, index, tenants):
         lifted += (await recover(attachment_id, store=store, log=log, session_id=scope)).event is not None
     return lifted
