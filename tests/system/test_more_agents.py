@@ -48,6 +48,7 @@ from tests.system.test_agent_clients import (
     outcome,
     placeholder,
     rejections,
+    scripted,  # noqa: F401  (the fixture: the scripted upstream on loopback)
 )
 
 pytestmark = [pytest.mark.agents, pytest.mark.timeout(600),
@@ -204,14 +205,6 @@ CLINE: Final = Agent(
 AGENTS: Final = {a.name: a for a in (GEMINI, CLAUDE_CODE, QWEN_CODE, PI, OPENCODE, CLINE)}
 #: The agents that send an image headless: the refusal tests.
 IMAGING: Final = [name for name, agent in AGENTS.items() if agent.images]
-
-
-@pytest.fixture
-async def scripted(aiohttp_server: Any) -> ScriptedUpstream:
-    fake = ScriptedUpstream()
-    server = await aiohttp_server(fake.app(), host="127.0.0.1")
-    fake.url = str(server.make_url("")).rstrip("/")
-    return fake
 
 
 MakeProxy = Callable[[], Awaitable[Harness]]

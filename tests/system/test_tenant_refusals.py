@@ -34,6 +34,13 @@ async def send(harness: Harness, session: str, body: dict[str, Any], headers: di
     return harness.upstream.last.json()
 
 
+def refused(harness: Harness, color: int) -> tuple[bytes, str, dict[str, Any]]:
+    """An image the upstream refuses (its place unnamed): its bytes, its id, a chat inlining it."""
+    bad = png(color)
+    harness.upstream.refused[ref_id(bad)] = False
+    return bad, ref_id(bad), chat_body(inline=[data_url(bad)])
+
+
 def texts(body: dict[str, Any]) -> list[str]:
     return [p.get("text") for m in body["messages"] for p in m["content"] if isinstance(m["content"], list)
             and p.get("type") == "text"]
@@ -42,10 +49,7 @@ def texts(body: dict[str, Any]) -> list[str]:
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 async def test_a_refusal_holds_for_every_session_of_the_tenant(make_harness: MakeHarness, backend: Any) -> None:
     harness = await make_harness(**RECORDING)
-    bad = png(110)
-    aid = ref_id(bad)
-    harness.upstream.refused[aid] = False
-    body = chat_body(inline=[data_url(bad)])
+    _, aid, body = refused(harness, 110)
     await send(harness, "first", body)
     assert harness.upstream.refusals == 1
     # another session, the same bytes, the same format: the placeholder before the call
@@ -71,9 +75,7 @@ async def test_a_refusal_holds_for_every_session_of_the_tenant(make_harness: Mak
 async def test_another_tenant_gains_nothing(make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROJECTIONIST_TENANT_TOKENS", "alice:tok-alice bob:tok-bob")
     harness = await make_harness(**RECORDING)
-    bad = png(111)
-    harness.upstream.refused[ref_id(bad)] = False
-    body = chat_body(inline=[data_url(bad)])
+    _, _, body = refused(harness, 111)
     await send(harness, "s", body, ALICE)
     await send(harness, "s2", body, ALICE)
     assert harness.upstream.refusals == 1
@@ -83,9 +85,7 @@ async def test_another_tenant_gains_nothing(make_harness: MakeHarness, monkeypat
 
 async def test_without_tenants_another_credential_gains_nothing(make_harness: MakeHarness) -> None:
     harness = await make_harness(**RECORDING)
-    bad = png(112)
-    harness.upstream.refused[ref_id(bad)] = False
-    body = chat_body(inline=[data_url(bad)])
+    _, _, body = refused(harness, 112)
     await send(harness, "a1", body, {"Authorization": "Bearer sk-alice-own"})
     await send(harness, "a2", body, {"Authorization": "Bearer sk-alice-own"})
     assert harness.upstream.refusals == 1
@@ -110,10 +110,7 @@ async def test_a_refusal_holds_only_for_the_format_that_refused(make_harness: Ma
 
 async def test_an_operators_recovery_lifts_it_for_the_tenant(make_harness: MakeHarness) -> None:
     harness = await make_harness(**RECORDING)
-    bad = png(114)
-    aid = ref_id(bad)
-    harness.upstream.refused[aid] = False
-    body = chat_body(inline=[data_url(bad)])
+    bad, aid, body = refused(harness, 114)
     await send(harness, "first", body)
     await harness.app[SERVICES].recording.drain()
     await harness.admit(bad)  # the refused bytes, in the store for the operator's full verification
@@ -161,10 +158,7 @@ async def test_a_gemini_key_in_the_query_is_a_credential_of_its_own(make_harness
 
 async def test_without_tenants_a_session_named_like_a_tenants_lifts_on_recovery(make_harness: MakeHarness) -> None:
     harness = await make_harness(**RECORDING)
-    bad = png(119)
-    aid = ref_id(bad)
-    harness.upstream.refused[aid] = False
-    body = chat_body(inline=[data_url(bad)])
+    bad, aid, body = refused(harness, 119)
     await send(harness, "foo~bar", body)
     await harness.admit(bad)
     resp = await harness.client.post(f"/admin/sessions/foo~bar/attachments/{aid}/recover", headers=ADMIN)
@@ -180,10 +174,7 @@ async def test_a_shared_refusal_is_tried_again_after_the_reprobe_period(make_har
     import asyncio
 
     harness = await make_harness(**RECORDING, **{"policy.refusal_reprobe_after": 0.5})
-    bad = png(120)
-    aid = ref_id(bad)
-    harness.upstream.refused[aid] = False
-    body = chat_body(inline=[data_url(bad)])
+    _, aid, body = refused(harness, 120)
     await send(harness, "first", body)
     await send(harness, "second", body)
     assert harness.upstream.refusals == 1
