@@ -14,7 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from . import anthropic_messages
-from .base import Carried, Json, Linked, Site
+from .base import Json, Slot
 from ..policy.model import NO_HTTP, HttpRefs
 from ..policy.profile import Rejection
 
@@ -49,37 +49,18 @@ def usage(doc: Json) -> dict[str, Any] | None:
 
 def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:
     """0: a batch holds many requests, each under the image limits on its own, so no one count
-    of the body applies (``find_refs`` still finds every reference in every request)."""
+    of the body applies (``find_slots`` still finds every image in every request)."""
     return 0
 
 
-def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
+def find_slots(body: Json, http: HttpRefs = NO_HTTP) -> list[Slot]:
+    """The image slots of every request of the batch (``anthropic_messages``), in document order."""
     requests = body.get("requests") if isinstance(body, dict) else None
-    sites: list[Site] = []
+    slots: list[Slot] = []
     for request in requests if isinstance(requests, list) else ():
         if isinstance(request, dict):
-            sites += anthropic_messages.find_refs(request.get("params"), http)
-    return sites
-
-
-def find_inline(body: Json) -> list[Carried]:
-    """The images the client inlined in every request of the batch (``anthropic_messages``)."""
-    requests = body.get("requests") if isinstance(body, dict) else None
-    found: list[Carried] = []
-    for request in requests if isinstance(requests, list) else ():
-        if isinstance(request, dict):
-            found += anthropic_messages.find_inline(request.get("params"))
-    return found
-
-
-def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
-    """The images the provider fetches by URL in every request of the batch (``anthropic_messages``)."""
-    requests = body.get("requests") if isinstance(body, dict) else None
-    found: list[Linked] = []
-    for request in requests if isinstance(requests, list) else ():
-        if isinstance(request, dict):
-            found += anthropic_messages.find_urls(request.get("params"), http)
-    return found
+            slots += anthropic_messages.find_slots(request.get("params"), http)
+    return slots
 
 
 def session_hint(body: Json) -> tuple[str, str] | None:

@@ -6,7 +6,7 @@ with such a file source, in message content and nested in ``tool_result.content`
 becomes a ``base64`` source (a ``document`` block becomes an ``image`` block: attachments are
 images, and only an image block carries one); a placeholder becomes a ``text`` block
 (``cache_control`` kept, so prompt-cache breakpoints stay where the client put them). An ``image``
-block with an ``http(s)`` ``url`` source is an image the provider fetches itself (``find_urls``).
+block with an ``http(s)`` ``url`` source is an image the provider fetches itself (``find_slots``).
 ``PROFILE`` is what the API accepts in images; ``rejection`` reads its answers refusing one, or
 failing to download one.
 """
@@ -22,7 +22,7 @@ from typing import Any, Final
 import msgspec
 
 from .base import (SCAN_CHARS, Carried, ContextAnswers, FetchAnswers, Inline, Inliner, Json, Known, KnownContext,
-                   KnownFetch, Linked, PlainInline, Site, content_lists, error_object, known_pattern, part_pointer,
+                   KnownFetch, Linked, PlainInline, Site, Slot, content_lists, error_object, known_pattern, part_pointer,
                    patch)
 from .responses import member
 from ..policy.linked import is_web_url
@@ -157,37 +157,29 @@ def _image_blocks(body: Json) -> Iterator[tuple[list[Json], int, dict[str, Any]]
         yield from _scan(content)
 
 
-def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
-    """Every image reference in ``body``, in document order, tool results included."""
-    return [Site(blocks, index, ref) for blocks, index, block in _image_blocks(body)
-            if (ref := _source_ref(block.get("source"), http)) is not None]
+def _slot(blocks: list[Json], index: int, block: dict[str, Any], http: HttpRefs) -> Slot | None:
+    """The image ``block`` is: a reference (a ``url`` or ``file`` source), one the client inlined
+    (an ``image`` block's ``base64`` source), one the provider fetches (an ``image`` block's
+    ``http(s)`` ``url`` source: a ``document`` block's URL is a PDF's), or None."""
+    source = block.get("source")
+    ref = _source_ref(source, http)
+    if ref is not None:
+        return Site(blocks, index, ref)
+    if block.get("type") != "image" or not isinstance(source, dict):
+        return None
+    kind = source.get("type")
+    if kind == "base64" and isinstance(data := source.get("data"), str):
+        declared = source.get("media_type")
+        return Carried(blocks, index, source, "data", data, data, declared=declared if isinstance(declared, str) else None)
+    if kind == "url" and isinstance(url := source.get("url"), str) and is_web_url(url) and http.rest(url) is None:
+        return Linked(blocks, index, url)
+    return None
 
 
-def find_inline(body: Json) -> list[Carried]:
-    """Every image the client inlined itself: an ``image`` block with a ``base64`` source, tool
-    results included, in document order."""
-    found: list[Carried] = []
-    for blocks, index, block in _image_blocks(body):
-        source = block.get("source")
-        if block.get("type") == "image" and isinstance(source, dict) and source.get("type") == "base64" \
-                and isinstance(data := source.get("data"), str):
-            declared = source.get("media_type")
-            found.append(Carried(blocks, index, source, "data", data, data,
-                                 declared=declared if isinstance(declared, str) else None))
-    return found
-
-
-def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
-    """Every image the provider fetches itself: an ``image`` block whose source is a ``url`` that
-    is ``http(s)`` and no reference under ``http``'s bases, tool results included, in document
-    order (a ``document`` block's URL is a PDF's, not an image's)."""
-    found: list[Linked] = []
-    for blocks, index, block in _image_blocks(body):
-        source = block.get("source")
-        if block.get("type") == "image" and isinstance(source, dict) and source.get("type") == "url" \
-                and isinstance(url := source.get("url"), str) and is_web_url(url) and http.rest(url) is None:
-            found.append(Linked(blocks, index, url))
-    return found
+def find_slots(body: Json, http: HttpRefs = NO_HTTP) -> list[Slot]:
+    """Every image slot of ``body``, tool results included, in document order."""
+    return [slot for blocks, index, block in _image_blocks(body)
+            if (slot := _slot(blocks, index, block, http)) is not None]
 
 
 #: Claude Code's ``metadata.user_id``: ``user_<hex>_account_<uuid or nothing>_session_<uuid>``.

@@ -1,9 +1,12 @@
 """Shared pieces of the adapters: reference sites, in-place patching, the adapter shape, reading
 image rejections (adapters layer).
 
-A ``Site`` points at one image part inside a decoded body (the list that holds it and its index),
-so rendering replaces exactly that slot and every other field survives unchanged. A ``Carried`` is
-an image the client inlined itself, a ``Linked`` one the provider fetches by URL.
+An image slot is one image part inside a decoded body (the list or object that holds it and its
+index or key), so rendering replaces exactly that part and every other field survives unchanged.
+A slot is one of three kinds (``Slot``, a union tagged by ``KIND``): a ``Site`` carries a
+reference, a ``Carried`` an image the client inlined itself, a ``Linked`` one the provider fetches
+by URL. Each adapter has one finder of them, ``find_slots``; ``refs``, ``inlined`` and ``links``
+pick one kind.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import pybase64
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, ClassVar, Final, Literal, Protocol
 
 from ..policy.linked import Unfetched
 from ..policy.model import HttpRefs, ImageRef, Outcome, Resolved, StoredImage
@@ -62,6 +65,7 @@ class Site:
     ``ref``. ``host`` is set when the slot is nested inside an element of an enclosing list (that
     list and the element's index), for formats whose nested slots cannot hold text."""
 
+    KIND: ClassVar[Literal["referenced"]] = "referenced"
     parent: Any
     index: int | str
     ref: ImageRef
@@ -76,6 +80,7 @@ class Carried:
     sha256 of the decoded bytes) is the proxy's to compute. ``declared`` is the media type the
     client labelled it with (None: it said none)."""
 
+    KIND: ClassVar[Literal["inlined"]] = "inlined"
     parent: Any
     index: int | str
     holder: Any
@@ -96,6 +101,7 @@ class Linked:
     goes, as for a ``Site``), ``url`` the ``http(s)`` URL the part names. Its identity
     (``policy.linked.url_id``) is the proxy's to compute."""
 
+    KIND: ClassVar[Literal["linked"]] = "linked"
     parent: Any
     index: int | str
     url: str
@@ -104,6 +110,25 @@ class Linked:
     def site(self, ref: ImageRef) -> Site:
         """This part as a ``Site`` carrying ``ref`` (its identity), for ``render``."""
         return Site(self.parent, self.index, ref, self.host)
+
+
+#: One image slot of a body, of any kind.
+Slot = Site | Carried | Linked
+
+
+def refs(slots: Sequence[Slot]) -> list[Site]:
+    """The slots that carry a reference, in document order."""
+    return [slot for slot in slots if isinstance(slot, Site)]
+
+
+def inlined(slots: Sequence[Slot]) -> list[Carried]:
+    """The slots that carry an image the client inlined itself, in document order."""
+    return [slot for slot in slots if isinstance(slot, Carried)]
+
+
+def links(slots: Sequence[Slot]) -> list[Linked]:
+    """The slots that carry an image the provider fetches by URL, in document order."""
+    return [slot for slot in slots if isinstance(slot, Linked)]
 
 
 #: What opens the base64 of a ``data:`` URL, after its media type.
@@ -146,9 +171,7 @@ class WireFormat(Protocol):
     @property
     def PROFILE(self) -> Profile: ...
 
-    def find_refs(self, body: Json, http: HttpRefs = ...) -> list[Site]: ...
-    def find_inline(self, body: Json) -> list[Carried]: ...
-    def find_urls(self, body: Json, http: HttpRefs = ...) -> list[Linked]: ...
+    def find_slots(self, body: Json, http: HttpRefs = ...) -> list[Slot]: ...
     def session_hint(self, body: Json) -> tuple[str, str] | None: ...
     def opening(self, body: Json) -> Json: ...
     def render(self, sites: list[Site], outcomes: tuple[Outcome, ...], inline: Inliner = ...) -> None: ...

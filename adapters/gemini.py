@@ -7,7 +7,7 @@ other fields, such as ``thoughtSignature``, kept); inside a function response, w
 carry data, it becomes a text part right after that function response in the enclosing content. Errors use Google's ``{error: {code, status}}`` shape
 with the stable code as an ``ErrorInfo.reason``. A ``file_uri`` that is an ``http(s)`` image URL
 outside Google (not the Files API's, not YouTube's) is an image the provider fetches itself
-(``find_urls``). ``PROFILE`` is what the API accepts in images; ``rejection`` reads its answers
+(``find_slots``). ``PROFILE`` is what the API accepts in images; ``rejection`` reads its answers
 refusing one, or failing to fetch one. ``file_object`` is an admitted attachment as the Files
 API's ``File`` resource.
 """
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
-from .base import (SCAN_CHARS, Carried, FetchAnswers, Host, Inline, Inliner, Json, Known, KnownFetch, Linked,
+from .base import (SCAN_CHARS, Carried, FetchAnswers, Host, Inline, Inliner, Json, Known, KnownFetch, Linked, Slot,
                    PlainInline, Site, error_object, inliner, insert_after, known_pattern, part_pointer)
 from .responses import member
 from ..policy.linked import is_web_url, url_name
@@ -121,13 +121,6 @@ def _uri(part: dict[str, Any]) -> str | None:
     return uri if isinstance(uri, str) else None
 
 
-def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
-    """Every ``attachment:`` (or ``http`` reference) file URI in ``body["contents"]``, function
-    responses included."""
-    return [Site(parts, index, ref, host) for parts, index, part, host in _parts(body)
-            if (uri := _uri(part)) is not None and (ref := parse_url_ref(uri, http)) is not None]
-
-
 def _fetched_image(part: dict[str, Any], uri: str, http: HttpRefs) -> bool:
     """A file URI the provider fetches itself that names an image: ``http(s)``, no reference,
     not Google's own, and an ``image/`` type (or, with no type given, an image file's name)."""
@@ -144,24 +137,27 @@ def _fetched_image(part: dict[str, Any], uri: str, http: HttpRefs) -> bool:
     return mime.lower().startswith("image/") if isinstance(mime, str) else url_name(uri) is not None
 
 
-def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
-    """Every image the provider fetches itself: a ``file_data`` part whose ``file_uri`` is an
-    ``http(s)`` image URL outside Google (``_fetched_image``), function responses included, in
-    document order."""
-    return [Linked(parts, index, uri, host) for parts, index, part, host in _parts(body)
-            if (uri := _uri(part)) is not None and _fetched_image(part, uri, http)]
+def _slot(parts: list[Json], index: int, part: dict[str, Any], host: Host | None, http: HttpRefs) -> Slot | None:
+    """The image ``part`` is: a reference (an ``attachment:`` or ``http`` file URI), one the client
+    inlined (``inline_data``, or ``inlineData``, of an ``image/`` type), one the provider fetches (a
+    ``file_data`` part's ``http(s)`` image URL outside Google: ``_fetched_image``), or None."""
+    uri = _uri(part)
+    if uri is not None:
+        ref = parse_url_ref(uri, http)
+        if ref is not None:
+            return Site(parts, index, ref, host)
+        return Linked(parts, index, uri, host) if _fetched_image(part, uri, http) else None
+    data = _either(part, "inline_data", "inlineData")
+    mime = _either(data, "mime_type", "mimeType") if isinstance(data, dict) else None
+    if isinstance(mime, str) and mime.lower().startswith("image/") and isinstance(b64 := data.get("data"), str):
+        return Carried(parts, index, data, "data", b64, b64, host, mime)
+    return None
 
 
-def find_inline(body: Json) -> list[Carried]:
-    """Every image the client inlined itself: ``inline_data`` (or ``inlineData``) of an
-    ``image/`` type, function responses included, in document order."""
-    found: list[Carried] = []
-    for parts, index, part, host in _parts(body):
-        data = _either(part, "inline_data", "inlineData")
-        mime = _either(data, "mime_type", "mimeType") if isinstance(data, dict) else None
-        if isinstance(mime, str) and mime.lower().startswith("image/") and isinstance(b64 := data.get("data"), str):
-            found.append(Carried(parts, index, data, "data", b64, b64, host, mime))
-    return found
+def find_slots(body: Json, http: HttpRefs = NO_HTTP) -> list[Slot]:
+    """Every image slot of ``body["contents"]``, function responses included, in document order."""
+    return [slot for parts, index, part, host in _parts(body)
+            if (slot := _slot(parts, index, part, host, http)) is not None]
 
 
 def session_hint(body: Json) -> tuple[str, str] | None:

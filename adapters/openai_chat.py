@@ -5,7 +5,7 @@ including ``tool`` messages, and in ``file.file_id`` of ``file`` parts (``sha256
 resolved image becomes a ``data:`` URL (``detail`` and other keys kept; a ``file`` part becomes an
 ``image_url`` part, the one shape that carries an image); a placeholder becomes a ``text`` part.
 An ``image_url`` part whose URL is ``http(s)`` is an image the provider fetches itself
-(``find_urls``). ``PROFILE`` and ``rejection`` (what the API accepts in images, and its answers
+(``find_slots``). ``PROFILE`` and ``rejection`` (what the API accepts in images, and its answers
 refusing one or failing to download one) serve the Responses adapter too.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from .base import (NO_IMAGES_STATUSES, SCAN_CHARS, Carried, ContextAnswers, FetchAnswers, Inline, Inliner, Json,
-                   Known, KnownContext, KnownFetch, Linked, PlainInline, Site, content_lists, data_url_base64,
+                   Known, KnownContext, KnownFetch, Linked, PlainInline, Site, Slot, content_lists, data_url_base64,
                    data_url_type, error_object, known_pattern, opening_messages, part_pointer, patch)
 from .responses import member
 from ..policy.linked import Unfetched, is_web_url
@@ -167,36 +167,28 @@ def _ref(part: dict[str, Any], http: HttpRefs) -> ImageRef | None:
     return parse_url_ref(url, http) if isinstance(url, str) else None
 
 
-def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
-    """Every image reference in ``body`` (``attachment:`` or ``http``'s URLs, ``sha256:`` file
-    ids), in document order."""
-    return [Site(content, index, ref) for content, index, part in _image_parts(body)
-            if (ref := _ref(part, http)) is not None]
+def _slot(content: list[Json], index: int, part: dict[str, Any], http: HttpRefs) -> Slot | None:
+    """The image ``part`` is: a reference (``attachment:`` or ``http``'s URLs, a ``sha256:`` file
+    id), one the client inlined (a base64 ``data:`` URL), one the provider fetches (an ``http(s)``
+    URL), or None (a provider's own file, any other string)."""
+    ref = _ref(part, http)
+    if ref is not None:
+        return Site(content, index, ref)
+    slot = part.get("image_url")
+    holder, key = (slot, "url") if isinstance(slot, dict) else (part, "image_url")
+    url = holder.get(key)
+    if not isinstance(url, str):
+        return None
+    if (data := data_url_base64(url)) is not None:
+        return Carried(content, index, holder, key, url, data, declared=data_url_type(url))
+    return Linked(content, index, url) if is_web_url(url) and http.rest(url) is None else None
 
 
-def find_inline(body: Json) -> list[Carried]:
-    """Every image the client inlined itself: an ``image_url`` part whose URL is a base64
-    ``data:`` URL, in document order."""
-    found: list[Carried] = []
-    for content, index, part in _image_parts(body):
-        slot = part.get("image_url")
-        holder, key = (slot, "url") if isinstance(slot, dict) else (part, "image_url")
-        url = holder.get(key)
-        if isinstance(url, str) and (data := data_url_base64(url)) is not None:
-            found.append(Carried(content, index, holder, key, url, data, declared=data_url_type(url)))
-    return found
-
-
-def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
-    """Every image the provider fetches itself: an ``image_url`` part whose URL is ``http(s)``
-    and no reference under ``http``'s bases, in document order."""
-    found: list[Linked] = []
-    for content, index, part in _image_parts(body):
-        slot = part.get("image_url")
-        url = slot.get("url") if isinstance(slot, dict) else slot
-        if isinstance(url, str) and is_web_url(url) and http.rest(url) is None:
-            found.append(Linked(content, index, url))
-    return found
+def find_slots(body: Json, http: HttpRefs = NO_HTTP) -> list[Slot]:
+    """Every image slot of ``body`` (``image_url`` and ``file`` parts of any message's content,
+    ``tool`` messages too), in document order."""
+    return [slot for content, index, part in _image_parts(body)
+            if (slot := _slot(content, index, part, http)) is not None]
 
 
 def session_hint(body: Json) -> tuple[str, str] | None:

@@ -8,7 +8,7 @@ resolved image becomes a ``data:`` URL (``detail`` kept; an ``input_file`` becom
 ``input_image``, the shape that carries an image, with ``detail: "auto"``). A placeholder becomes
 ``input_text``; a screenshot slot cannot hold text, so there it becomes a blank 1x1 image and the
 text follows the item as a user message. An ``input_image`` (or screenshot) whose ``image_url`` is
-``http(s)`` is an image the provider fetches itself (``find_urls``).
+``http(s)`` is an image the provider fetches itself (``find_slots``).
 Errors, auth, image limits and image refusals are OpenAI's, shared with the Chat Completions adapter.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from . import openai_chat
-from .base import (Carried, Host, Inliner, Json, Linked, PlainInline, Site, data_url_base64, data_url_type, inliner,
+from .base import (Carried, Host, Inliner, Json, Linked, PlainInline, Site, Slot, data_url_base64, data_url_type, inliner,
                    insert_after, opening_messages)
 from .responses import member
 from ..policy.linked import is_web_url
@@ -105,32 +105,25 @@ def _slots(body: Json) -> Iterator[_Slot]:
             yield from ((nested, index, part, "input_image", None) for index, part in enumerate(nested))
 
 
-def find_refs(body: Json, http: HttpRefs = NO_HTTP) -> list[Site]:
-    """Every image reference in ``input`` and ``prompt.variables``, in document order."""
-    return [Site(parent, index, ref, host) for parent, index, part, kind, host in _slots(body)
-            if (ref := _ref(part, kind, http)) is not None]
+def _slot(parent: Any, index: int | str, part: Json, kind: str, host: Host | None, http: HttpRefs) -> Slot | None:
+    """The image at one place: a reference (``_ref``), one the client inlined (an ``input_image``
+    or computer screenshot whose ``image_url`` is a base64 ``data:`` URL), one the provider fetches
+    (its ``image_url`` is ``http(s)`` and no reference under ``http``'s bases), or None."""
+    ref = _ref(part, kind, http)
+    if ref is not None:
+        return Site(parent, index, ref, host)
+    url = part.get("image_url") if _is(part, kind) else None
+    if not isinstance(url, str):
+        return None
+    if (data := data_url_base64(url)) is not None:
+        return Carried(parent, index, part, "image_url", url, data, host, data_url_type(url))
+    return Linked(parent, index, url, host) if is_web_url(url) and http.rest(url) is None else None
 
 
-def find_inline(body: Json) -> list[Carried]:
-    """Every image the client inlined itself: an ``input_image`` (or computer screenshot) whose
-    ``image_url`` is a base64 ``data:`` URL, in document order."""
-    found: list[Carried] = []
-    for parent, index, part, kind, host in _slots(body):
-        url = part.get("image_url") if _is(part, kind) else None
-        if isinstance(url, str) and (data := data_url_base64(url)) is not None:
-            found.append(Carried(parent, index, part, "image_url", url, data, host, data_url_type(url)))
-    return found
-
-
-def find_urls(body: Json, http: HttpRefs = NO_HTTP) -> list[Linked]:
-    """Every image the provider fetches itself: an ``input_image`` (or computer screenshot) whose
-    ``image_url`` is ``http(s)`` and no reference under ``http``'s bases, in document order."""
-    found: list[Linked] = []
-    for parent, index, part, kind, host in _slots(body):
-        url = part.get("image_url") if _is(part, kind) else None
-        if isinstance(url, str) and is_web_url(url) and http.rest(url) is None:
-            found.append(Linked(parent, index, url, host))
-    return found
+def find_slots(body: Json, http: HttpRefs = NO_HTTP) -> list[Slot]:
+    """Every image slot of ``input`` and ``prompt.variables``, in document order."""
+    return [slot for parent, index, part, kind, host in _slots(body)
+            if (slot := _slot(parent, index, part, kind, host, http)) is not None]
 
 
 def session_hint(body: Json) -> tuple[str, str] | None:

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from projectionist.adapters import anthropic_messages, openai_chat
-from projectionist.adapters.base import Site
+from projectionist.adapters.base import Site, refs
 from projectionist.policy.errors import READ_FAILED, AttachmentError
 from projectionist.policy.events import Quarantine
 from projectionist.policy.fold import placeholder
@@ -108,7 +108,7 @@ def outcomes_for(sites: list[Site]) -> tuple[Outcome, ...]:
 
 def project(adapter: ModuleType, request: Any) -> tuple[Any, list[Site]]:
     body = copy.deepcopy(request)
-    sites = adapter.find_refs(body)
+    sites = refs(adapter.find_slots(body))
     adapter.render(sites, outcomes_for(sites))
     return body, sites
 

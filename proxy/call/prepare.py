@@ -16,11 +16,12 @@ from typing import Any, Final, NamedTuple, NoReturn
 
 import msgspec
 
-from ...adapters.base import Carried, Linked, Site, WireFormat
+from ...adapters.base import Carried, Linked, Site, Slot, WireFormat
+from ...adapters.base import inlined as inlined_of, links as links_of, refs as refs_of
 from ...policy.decide import held_urls
 from ...policy.errors import AttachmentError, Code, InvalidRequest, PayloadTooLarge
 from ...policy.linked import url_id, url_name
-from ...policy.model import NO_HTTP, HttpRefs, ImageRef, Inlined, Placeholder, Resolved
+from ...policy.model import NO_HTTP, HttpRefs, ImageRef, Inlined, Outcome, Placeholder, Resolved
 from ...policy.projection import Projection
 from ..stores.cache import inline as inline_of
 from .describe import (
@@ -195,9 +196,9 @@ def may_hold_urls(fmt: WireFormat, raw: bytes) -> bool:
 
 
 def fetched(fmt: WireFormat, tree: Any, http: HttpRefs = NO_HTTP) -> list[Linked]:
-    """The images of ``tree`` the provider fetches by URL (``find_urls``), at most
-    ``MAX_CLIENT_IMAGES`` of them (the rest go as they came)."""
-    return fmt.find_urls(tree, http)[:MAX_CLIENT_IMAGES]
+    """The images of ``tree`` the provider fetches by URL, at most ``MAX_CLIENT_IMAGES`` of them
+    (the rest go as they came)."""
+    return links_of(_slots(fmt, tree, http))[:MAX_CLIENT_IMAGES]
 
 
 def may_hold_refs(raw: bytes) -> bool:
@@ -242,81 +243,222 @@ async def build(fmt: WireFormat, raw: bytes, run: Projector, *, describe: bool =
     More than ``max_references`` distinct references is the client's error, refused before
     anything is read; so is a body whose inlined images would pass ``max_projected_bytes`` (one
     image referenced a thousand times is a thousand copies), refused before it is built."""
-    client: list[tuple[Carried, str]] = []
-    if identities is not None and read is not None:  # read by the caller already (its session)
-        scanned, tree, client = read
-    elif identities is not None and may_hold_inline(raw):  # (a scan of megabytes of base64 costs less)
-        scanned, tree, client = read_images(fmt, raw, identities)
-    else:
-        scanned = None
-        if read is None and not may_hold_refs(raw) and not (url_images and may_hold_urls(fmt, raw)):
-            return Built(raw, None, (of_raw(raw) if shape_unchanged else of_unchanged(raw)) if describe else None)
-        if read is None and max_references is not None and raw.count(b"sha256:") > max_references \
-                and len(set(_RAW_ID.findall(raw))) > max_references:  # refused before it is decoded
-            _too_many(max_references)
-        tree = read[1] if read is not None else decode_json(raw)
-    sites = _refs(fmt, tree, http)
-    links = fetched(fmt, tree, http) if url_images else []
-    if not sites and not client and not links:
-        return Built(raw, None, (of_decoded(raw, tree) if shape_unchanged else of_unchanged(raw))
-                     if describe else None, tree)
-    if max_references is not None and len({site.ref.id for site in sites}) > max_references:
+    asked = _Options(describe, shape_unchanged, max_references, http, identities, url_images)
+    body = _read(fmt, raw, asked, read)
+    if body is None:  # nothing in it can change
+        return Built(raw, None, _unchanged(raw, None, asked))
+    found = _find(fmt, body.tree, http, body.client, url_images)
+    if not found.sites and not found.client and not found.links:
+        return Built(raw, None, _unchanged(raw, body.tree, asked), body.tree)
+    if max_references is not None and len({site.ref.id for site in found.sites}) > max_references:
         _too_many(max_references)
-    complete = scanned if scanned is not None and scanned.complete else None
-    payload = _payload_of(raw, complete, client)
-    inline = fit.inlined(client, identities, payload, complete, raw) if identities is not None else []
-    images = _image_count(fmt, tree, http, sites, bool(inline))
-    projection = await run(Asked([site.ref for site in sites], images, inline, tree, fit.loader(payload), len(raw)))
-    _check_projected(projection, max_projected_bytes)
-    held = projection.inline or tuple(None for _ in client)
-    link_refs = [ImageRef(url_id(link.url), url_name(link.url)) for link in links]
-    held_links = held_urls(link_refs, projection.state, fmt.FORMAT, projection.vision)
-    sent = tuple(aid for (_, aid), outcome in zip(client, held) if not isinstance(outcome, Placeholder))
-    forms = {image.id: image.form for image, outcome in zip(inline, held) if outcome is None and image.form}
+    decided = await _ask(fmt, raw, body, found, run, asked, max_projected_bytes)
     # the inbound digest, without hashing the base64 the client sends again every turn
-    inbound = digest_of(raw, scanned, client) if describe else None
-    if not sites and all(o is None for o in held) and all(h is None for h in held_links):  # all as they came
-        records = client_records(site_paths(tree, [f.site(ImageRef(a)) for f, a in client]) if describe else [],
-                                 client, held)
-        described = (of_decoded(raw, tree, records, inbound) if shape_unchanged else
-                     of_unchanged(raw, records, inbound)) if describe else None
-        kept_values: dict[int, tuple[Any, str]] = {id(found.value): (found.value, aid) for found, aid in client}
-        return Built(raw, projection, described, tree, kept_values, sent, payload=payload,
-                     urls=_urls(links, link_refs, held_links), total=images, forms=forms)
-    if complete is not None:  # to change: the whole body, with its base64
+    inbound = digest_of(raw, body.scanned, body.client) if describe else None
+    if not found.sites and decided.unchanged:  # every image as it came
+        return _as_they_came(raw, body.tree, found, decided, asked, inbound)
+    tree = body.tree
+    if body.complete:  # to change: the whole body, with its base64
         tree = decode_json(raw)
-        client = identified(fmt, tree, identities.of) if identities is not None else []
-        sites = fmt.find_refs(tree, http)
-        links = fmt.find_urls(tree, http)[:MAX_CLIENT_IMAGES] if url_images else []  # as ``fetched``
-        link_refs = [ImageRef(url_id(link.url), url_name(link.url)) for link in links]
-    client_sites = [found.site(ImageRef(aid)) for found, aid in client]
-    link_sites = [link.site(ref) for link, ref in zip(links, link_refs)]
-    # before rendering moves anything
-    paths = site_paths(tree, [*sites, *client_sites, *link_sites]) if describe else []
-    records = (ref_records(sites, paths, projection.outcomes) + client_records(paths[len(sites):], client, held)
-               + link_records(paths[len(sites) + len(client_sites):], link_sites, held_links))
+        found = _find(fmt, tree, http, identified(fmt, tree, identities.of) if identities is not None else [],
+                      url_images)
+    return _rendered(fmt, raw, tree, found, decided, asked, inbound)
+
+
+class _Options(NamedTuple):
+    """How ``build`` was asked to build (its keyword arguments, but the projected bytes' limit)."""
+
+    describe: bool
+    shape_unchanged: bool
+    max_references: int | None
+    http: HttpRefs
+    identities: Identities | None
+    url_images: bool
+
+
+class _Body(NamedTuple):
+    """A body as ``build`` reads it: its scan (None: not scanned), its structure (the scan's small
+    document, or the whole body decoded) and the client's own images with their identities."""
+
+    scanned: Scanned | None
+    tree: Any
+    client: list[tuple[Carried, str]]
+
+    @property
+    def complete(self) -> bool:
+        """Whether the scan accounts for every run of base64 (``tree`` is its small document)."""
+        return self.scanned is not None and self.scanned.complete
+
+
+class _Found(NamedTuple):
+    """A body's image slots by kind, in document order: the references, the client's own images
+    with their identities, and the images the provider fetches with theirs (``link_refs``)."""
+
+    sites: list[Site]
+    client: list[tuple[Carried, str]]
+    links: list[Linked]
+    link_refs: list[ImageRef]
+
+
+class _Decided(NamedTuple):
+    """What the policy made of every slot: ``projection`` (the references' outcomes), ``held``
+    (each client image's: None, as it came), ``held_links`` (each linked image's: None, as it
+    came); ``sent`` the ids of the client images that go as images, ``forms`` the spelling of each
+    sent as it came (``Built.forms``)."""
+
+    projection: Projection
+    inline: list[Inlined]
+    held: tuple[Any, ...]
+    held_links: tuple[Placeholder | None, ...]
+    sent: tuple[str, ...]
+    forms: dict[str, str]
+    #: The base64 of one of the client's images by identity (``Built.payload``).
+    payload: Callable[[str], Any]
+    #: How many images the body holds in all (``Built.total``).
+    images: int
+
+    @property
+    def unchanged(self) -> bool:
+        """Whether every client image and every linked image goes as it came."""
+        return all(o is None for o in self.held) and all(h is None for h in self.held_links)
+
+
+def _unchanged(raw: bytes, tree: Any, asked: _Options) -> Described | None:
+    """The record's view of a body sent as the original bytes (a shape only for replay)."""
+    if not asked.describe:
+        return None
+    if not asked.shape_unchanged:
+        return of_unchanged(raw)
+    return of_raw(raw) if tree is None else of_decoded(raw, tree)
+
+
+def _read(fmt: WireFormat, raw: bytes, asked: _Options, read: Read | None) -> _Body | None:
+    """``raw`` read for its images: scanned when it may carry the client's own (or as the caller
+    read it already, for its session), else decoded; None when the raw pre-checks find nothing
+    that could change. More distinct references than allowed is refused before decoding."""
+    if asked.identities is not None and read is not None:  # read by the caller already (its session)
+        return _Body(*read)
+    if asked.identities is not None and may_hold_inline(raw):  # (a scan of megabytes of base64 costs less)
+        return _Body(*read_images(fmt, raw, asked.identities))
+    if read is not None:
+        return _Body(None, read[1], [])
+    if not may_hold_refs(raw) and not (asked.url_images and may_hold_urls(fmt, raw)):
+        return None
+    limit = asked.max_references
+    if limit is not None and raw.count(b"sha256:") > limit and len(set(_RAW_ID.findall(raw))) > limit:
+        _too_many(limit)
+    return _Body(None, decode_json(raw), [])
+
+
+def _find(fmt: WireFormat, tree: Any, http: HttpRefs, client: list[tuple[Carried, str]], url_images: bool) -> _Found:
+    """The image slots of ``tree`` (``fmt.find_slots``, once): its references, ``client`` (the
+    client's images as the scan or ``identified`` found them) and, with ``url_images``, the images
+    the provider fetches, at most ``MAX_CLIENT_IMAGES`` of them (the rest go as they came)."""
+    slots = _slots(fmt, tree, http)
+    fetched_here = links_of(slots)[:MAX_CLIENT_IMAGES] if url_images else []  # as ``fetched``
+    return _Found(refs_of(slots), client, fetched_here,
+                  [ImageRef(url_id(link.url), url_name(link.url)) for link in fetched_here])
+
+
+async def _ask(fmt: WireFormat, raw: bytes, body: _Body, found: _Found, run: Projector, asked: _Options,
+               max_projected_bytes: int | None) -> _Decided:
+    """Runs the policy on ``found`` (``run``): what each slot becomes."""
+    complete = body.scanned if body.complete else None
+    payload = _payload_of(raw, complete, found.client)
+    identities = asked.identities
+    inline = fit.inlined(found.client, identities, payload, complete, raw) if identities is not None else []
+    images = _image_count(fmt, body.tree, asked.http, found.sites, bool(inline))
+    projection = await run(Asked([site.ref for site in found.sites], images, inline, body.tree, fit.loader(payload),
+                                 len(raw)))
+    _check_projected(projection, max_projected_bytes)
+    return _decide(fmt, found, projection, inline, payload, images)
+
+
+def _decide(fmt: WireFormat, found: _Found, projection: Projection, inline: list[Inlined],
+            payload: Callable[[str], Any], images: int) -> _Decided:
+    """Each slot's outcome, from the projection and the quarantines that hold for linked images."""
+    held = projection.inline or tuple(None for _ in found.client)
+    held_links = held_urls(found.link_refs, projection.state, fmt.FORMAT, projection.vision)
+    sent = tuple(aid for (_, aid), outcome in zip(found.client, held) if not isinstance(outcome, Placeholder))
+    forms = {image.id: image.form for image, outcome in zip(inline, held) if outcome is None and image.form}
+    return _Decided(projection, inline, held, held_links, sent, forms, payload, images)
+
+
+def _records(tree: Any, found: _Found, decided: _Decided) -> tuple[Any, ...]:
+    """The record of each slot, at its JSON pointer in ``tree`` as the client sent it (before
+    rendering moves anything): references, then the client's images, then linked images."""
+    client_sites = [carried_image.site(ImageRef(aid)) for carried_image, aid in found.client]
+    link_sites = [link.site(ref) for link, ref in zip(found.links, found.link_refs)]
+    paths = site_paths(tree, [*found.sites, *client_sites, *link_sites])
+    after_refs, after_client = len(found.sites), len(found.sites) + len(client_sites)
+    return (ref_records(found.sites, paths, decided.projection.outcomes)
+            + client_records(paths[after_refs:], found.client, decided.held)
+            + link_records(paths[after_client:], link_sites, decided.held_links))
+
+
+def _as_they_came(raw: bytes, tree: Any, found: _Found, decided: _Decided, asked: _Options,
+                  inbound: str | None) -> Built:
+    """A body with no reference whose images all go as they came: the original bytes."""
+    described = None
+    if asked.describe:
+        records = _records(tree, found, decided)
+        described = (of_decoded(raw, tree, records, inbound) if asked.shape_unchanged else
+                     of_unchanged(raw, records, inbound))
+    kept_values: dict[int, tuple[Any, str]] = {id(found_image.value): (found_image.value, aid)
+                                               for found_image, aid in found.client}
+    return Built(raw, decided.projection, described, tree, kept_values, decided.sent, payload=decided.payload,
+                 urls=_urls(found.links, found.link_refs, decided.held_links), total=decided.images,
+                 forms=decided.forms)
+
+
+def _rendered(fmt: WireFormat, raw: bytes, tree: Any, found: _Found, decided: _Decided, asked: _Options,
+              inbound: str | None) -> Built:
+    """``tree`` with every slot that changes rendered (its image, its variant, its placeholder),
+    encoded once; the client's images sent as they came are kept as their JSON strings."""
+    http = asked.http
+    records = _records(tree, found, decided) if asked.describe else ()
     # replay must find the same references: the record keeps the public URLs that made some of them
-    via_http = describe and bool(sites) and bool(http.bases) and len(fmt.find_refs(tree)) != len(sites)
-    seen: dict[int, tuple[Any, str]] = {}
-    for (found, aid), outcome in zip(client, held):
-        if outcome is None:  # sent as it came; recorded as its identity
-            kept = found.holder[found.key] = ClientImage(found.value, aid)
-            seen[id(kept)] = (kept, aid)
+    via_http = asked.describe and bool(found.sites) and bool(http.bases) \
+        and len(refs_of(fmt.find_slots(tree))) != len(found.sites)
+    seen = _kept(found.client, decided.held)
     # a variant stands for its original: rejections and records speak of the reference's id
-    origin = {id(o.image): site.ref.id for site, o in zip(sites, projection.outcomes) if isinstance(o, Resolved)}
-    client_outcomes, respelled = fit.client_outcomes(client, held, inline, origin)
-    changed = [*sites, *(site for site, outcome in zip(client_sites, held) if outcome is not None),
-               *(site for site, outcome in zip(link_sites, held_links) if outcome is not None)]
-    outcomes = (*projection.outcomes, *client_outcomes, *(outcome for outcome in held_links if outcome is not None))
+    origin = {id(o.image): site.ref.id for site, o in zip(found.sites, decided.projection.outcomes)
+              if isinstance(o, Resolved)}
+    client_outcomes, respelled = fit.client_outcomes(found.client, decided.held, decided.inline, origin)
+    changed, outcomes = _changes(found, decided, client_outcomes)
     before = fmt.count_images(tree, http)
     fmt.render(changed, outcomes, lambda image: _Tracked(respelled.get(id(image)) or inline_of(image),
                                                          origin.get(id(image), image.id), seen))
     # a placeholder takes its image part away, unless the slot must hold an image (a blank one)
     blanks = fmt.count_images(tree, http) - before + sum(isinstance(o, Placeholder) for o in outcomes)
-    described = of_tree(tree, records, http.bases if via_http else (), inbound) if describe else None
-    return Built(UPSTREAM.encode(tree), projection, described, tree, seen, sent,
-                 sum(isinstance(o, Placeholder) for o in held), payload, blanks,
-                 _urls(links, link_refs, held_links), images, forms)
+    described = of_tree(tree, records, http.bases if via_http else (), inbound) if asked.describe else None
+    return Built(UPSTREAM.encode(tree), decided.projection, described, tree, seen, decided.sent,
+                 sum(isinstance(o, Placeholder) for o in decided.held), decided.payload, blanks,
+                 _urls(found.links, found.link_refs, decided.held_links), decided.images, decided.forms)
+
+
+def _kept(client: list[tuple[Carried, str]], held: tuple[Any, ...]) -> dict[int, tuple[Any, str]]:
+    """Each client image sent as it came, put back in its holder as a ``ClientImage`` (it goes
+    upstream as it came, and is recorded as its identity), by object id."""
+    seen: dict[int, tuple[Any, str]] = {}
+    for (found_image, aid), outcome in zip(client, held):
+        if outcome is None:
+            kept = found_image.holder[found_image.key] = ClientImage(found_image.value, aid)
+            seen[id(kept)] = (kept, aid)
+    return seen
+
+
+def _changes(found: _Found, decided: _Decided, client_outcomes: list[Outcome]
+             ) -> tuple[list[Site], tuple[Outcome, ...]]:
+    """The slots that change and the outcome each renders: every reference, the client's images
+    and the linked images that do not go as they came."""
+    client_sites = [carried_image.site(ImageRef(aid)) for (carried_image, aid), outcome
+                    in zip(found.client, decided.held) if outcome is not None]
+    link_sites = [link.site(ref) for link, ref, outcome in zip(found.links, found.link_refs, decided.held_links)
+                  if outcome is not None]
+    link_outcomes = tuple(outcome for outcome in decided.held_links if outcome is not None)
+    return [*found.sites, *client_sites, *link_sites], (*decided.projection.outcomes, *client_outcomes,
+                                                        *link_outcomes)
 
 
 def _image_count(fmt: WireFormat, tree: Any, http: HttpRefs, sites: list[Site], inlined: bool) -> int:
@@ -344,10 +486,10 @@ def _urls(links: list[Linked], refs: list[ImageRef], held: tuple[Placeholder | N
     return {id(link.url): (link.url, ref.id) for link, ref, outcome in zip(links, refs, held) if outcome is None}
 
 
-def _refs(fmt: WireFormat, tree: Any, http: HttpRefs) -> list[Site]:
-    """``fmt.find_refs``; a malformed reference's error names its place in the body too."""
+def _slots(fmt: WireFormat, tree: Any, http: HttpRefs) -> list[Slot]:
+    """``fmt.find_slots``; a malformed reference's error names its place in the body too."""
     try:
-        return fmt.find_refs(tree, http)
+        return fmt.find_slots(tree, http)
     except AttachmentError as error:
         if error.value is None:
             raise
@@ -398,7 +540,7 @@ def read_images(fmt: WireFormat, raw: bytes, identities: Identities) -> Read:
 def scan_body(fmt: WireFormat, raw: bytes, identities: Identities) -> Scanned | None:
     """``raw``'s client-inlined images found without decoding their base64 (``scan.scan``)."""
     return scan(fmt, raw, identities.of_run, identities.of,
-                lambda f, tree: f.find_inline(tree)[:MAX_CLIENT_IMAGES])
+                lambda f, tree: inlined_of(f.find_slots(tree))[:MAX_CLIENT_IMAGES])
 
 
 def digest_of(raw: bytes, scanned: Scanned | None, client: list[tuple[Carried, str]]) -> str:
@@ -442,7 +584,7 @@ def identified(fmt: WireFormat, decoded: Any, identify: Callable[[str], str | No
     """The images the client inlined in ``decoded`` whose base64 gives an identity (others go as
     they came: the provider judges them), at most ``MAX_CLIENT_IMAGES`` of them."""
     found: list[tuple[Carried, str]] = []
-    for carried_image in fmt.find_inline(decoded)[:MAX_CLIENT_IMAGES]:
+    for carried_image in inlined_of(fmt.find_slots(decoded))[:MAX_CLIENT_IMAGES]:
         aid = identify(carried_image.data)
         if aid is not None:
             found.append((carried_image, aid))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from projectionist.adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
-from projectionist.adapters.base import WireFormat
+from projectionist.adapters.base import WireFormat, refs
 from projectionist.adapters.registry import ADAPTERS
 from tests.paths import GOLDEN
 
@@ -98,7 +98,7 @@ CASES: list[tuple[WireFormat, Any, int]] = [
 @pytest.mark.parametrize(("adapter", "body", "count"), CASES, ids=lambda v: getattr(v, "NAME", ""))
 def test_every_image_part_is_counted_whatever_its_source(adapter: WireFormat, body: Any, count: int) -> None:
     assert adapter.count_images(body) == count
-    assert count > len(adapter.find_refs(body)) > 0
+    assert count > len(refs(adapter.find_slots(body))) > 0
 
 
 @pytest.mark.parametrize("adapter", list(ADAPTERS.values()), ids=lambda a: a.NAME)
@@ -112,20 +112,20 @@ def test_a_batch_counts_no_images_of_its_own() -> None:
     """A batch's requests are each under the limits on their own: no one count of the body applies."""
     batch = {"requests": [{"custom_id": "a", "params": ANTHROPIC}, {"custom_id": "b", "params": ANTHROPIC}]}
     assert anthropic_batches.count_images(batch) == 0
-    assert len(anthropic_batches.find_refs(batch)) == 2 * len(anthropic_messages.find_refs(ANTHROPIC))
+    assert len(refs(anthropic_batches.find_slots(batch))) == 2 * len(refs(anthropic_messages.find_slots(ANTHROPIC)))
 
 
 @pytest.mark.parametrize("name", [n for n in ADAPTERS if n != "anthropic_batches"])
 def test_no_fewer_than_the_references_in_a_golden_request(name: str) -> None:
     adapter = ADAPTERS[name]
     body = json.loads((GOLDEN / f"{name}.request.json").read_text(encoding="utf-8"))
-    refs = len(adapter.find_refs(body))
-    assert refs > 0 and adapter.count_images(body) >= refs
+    found = len(refs(adapter.find_slots(body)))
+    assert found > 0 and adapter.count_images(body) >= found
 
 
 def test_no_fewer_than_the_references_in_each_request_of_the_golden_batch() -> None:
     batch = json.loads((GOLDEN / "anthropic_batches.request.json").read_text(encoding="utf-8"))
     params = [request["params"] for request in batch["requests"]]
-    assert sum(len(anthropic_messages.find_refs(p)) for p in params) > 0
+    assert sum(len(refs(anthropic_messages.find_slots(p))) for p in params) > 0
     for body in params:
-        assert anthropic_messages.count_images(body) >= len(anthropic_messages.find_refs(body))
+        assert anthropic_messages.count_images(body) >= len(refs(anthropic_messages.find_slots(body)))

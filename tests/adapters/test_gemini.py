@@ -11,6 +11,7 @@ from projectionist.policy.errors import NOT_FOUND, READ_FAILED
 from projectionist.policy.events import Quarantine
 from projectionist.policy.fold import placeholder
 from projectionist.policy.model import ImageRef, Outcome, Resolved, StoredImage, Placeholder
+from projectionist.adapters.base import refs
 from tests.golden_gemini import BLUE, BLUE_ID, GONE2_ID, GONE_ID, RED, RED_ID, golden
 from tests.paths import GOLDEN
 
@@ -19,7 +20,7 @@ from tests.paths import GOLDEN
 
 def test_golden_adapter_renders_the_exact_projected_body() -> None:
     body = msgspec.json.decode((GOLDEN / "gemini.request.json").read_bytes())
-    sites = gemini.find_refs(body)
+    sites = refs(gemini.find_slots(body))
     assert [(s.ref.id, s.ref.name, s.host is not None) for s in sites] == [
         (RED_ID, "before.png", False), (BLUE_ID, None, False), (GONE_ID, "gone.png", False),
         (RED_ID, None, True), (GONE2_ID, "crop.png", True),
@@ -57,7 +58,7 @@ def test_function_response_left_without_images_loses_its_empty_parts_list() -> N
         {"functionResponse": {"name": "shot", "response": {"ok": True},
                               "parts": [{"fileData": {"fileUri": f"attachment:{GONE_ID}", "mimeType": "image/png"}}]}},
         {"text": "after"}]}]}
-    sites = adapter.find_refs(body)
+    sites = refs(adapter.find_slots(body))
     assert [s.ref for s in sites] == [ImageRef(GONE_ID)]
     adapter.render(sites, (Missing("not_found", "[gone]"),))
     assert body["contents"][0]["parts"] == [
@@ -69,6 +70,6 @@ def test_placeholder_part_keeps_its_non_data_fields() -> None:
     from projectionist.policy.model import Placeholder as Missing
 
     body = {"contents": [{"parts": [{"thoughtSignature": "sig", "fileData": {"fileUri": f"attachment:{GONE_ID}"}}]}]}
-    sites = adapter.find_refs(body)
+    sites = refs(adapter.find_slots(body))
     adapter.render(sites, (Missing("not_found", "[gone]"),))
     assert body["contents"][0]["parts"] == [{"thoughtSignature": "sig", "text": "[gone]"}]

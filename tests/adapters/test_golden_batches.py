@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 
 from projectionist.adapters import anthropic_batches
+from projectionist.adapters.base import refs
 from tests.golden_chat import (
     BLUE, GREEN, RED, UPDATE, A, B, C, F, M, Path_, at, differing_paths, dump, load, project,
 )
@@ -52,7 +53,7 @@ def test_projection_matches_the_golden_file() -> None:
 
 def test_sites_are_found_in_document_order_with_names() -> None:
     request = load(NAME, "request")
-    sites = anthropic_batches.find_refs(request)
+    sites = refs(anthropic_batches.find_slots(request))
     assert [(s.ref.id, s.ref.name) for s in sites] == [(aid, name) for _, aid, name in SITES]
     for site, (path, _, _) in zip(sites, SITES):
         assert site.parent is at(request, path[:-1]) and site.index == path[-1]
@@ -89,7 +90,7 @@ def test_only_the_reference_slots_change_and_unknown_fields_survive() -> None:
     for key in ("model", "max_tokens", "system", "tools"):
         for before, after in zip(load(NAME, "request")["requests"], projected["requests"]):
             assert after["params"].get(key) == before["params"].get(key)
-    assert anthropic_batches.find_refs(projected) == []  # every reference became bytes or text
+    assert refs(anthropic_batches.find_slots(projected)) == []  # every reference became bytes or text
 
 
 def test_anthropic_batches_shapes() -> None:

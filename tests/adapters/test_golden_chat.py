@@ -18,6 +18,7 @@ import json
 import pytest
 
 from projectionist.adapters import anthropic_messages, openai_chat
+from projectionist.adapters.base import refs
 from tests.golden_chat import (
     BLUE, CASES, GREEN, HEALTHY, RED, UPDATE, A, B, C, F, M, at, differing_paths, dump, load, project,
 )
@@ -40,7 +41,7 @@ def test_projection_matches_the_golden_file(name: str) -> None:
 def test_sites_are_found_in_document_order_with_names(name: str) -> None:
     adapter, expected = CASES[name]
     request = load(name, "request")
-    sites = adapter.find_refs(request)
+    sites = refs(adapter.find_slots(request))
     assert [(s.ref.id, s.ref.name) for s in sites] == [(aid, nm) for _, aid, nm in expected]
     for site, (path, _, _) in zip(sites, expected):
         assert site.parent is at(request, path[:-1]) and site.index == path[-1]
@@ -62,7 +63,7 @@ def test_only_the_reference_slots_change_and_unknown_fields_survive(name: str) -
         if key in request:
             assert projected[key] == request[key]
     assert projected["messages"][1 if name == "openai_chat" else 0]["x_message_meta"] == {"client_msg_id": "m-1"}
-    assert adapter.find_refs(projected) == []  # every reference became bytes or text
+    assert refs(adapter.find_slots(projected)) == []  # every reference became bytes or text
 
 
 def test_openai_chat_shapes() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from projectionist.adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
-from projectionist.adapters.base import WireFormat
+from projectionist.adapters.base import WireFormat, refs
 from projectionist.policy.errors import AttachmentError
 from projectionist.policy.model import NO_HTTP, HttpRefs, ImageRef, Placeholder, Resolved, StoredImage, parse_url_ref
 
@@ -118,11 +118,11 @@ def _url_bodies(url: str) -> list[tuple[WireFormat, dict[str, Any]]]:
 def test_every_format_finds_and_renders_the_http_form(index: int) -> None:
     url = f"{BASE}/v1/attachments/{ID}?name=x.png"
     fmt, body = _url_bodies(url)[index]
-    assert [s.ref for s in fmt.find_refs(body, HTTP)] == [ImageRef(ID, "x.png")]
-    assert fmt.find_refs(body) == [] and fmt.find_refs(body, NO_HTTP) == []
+    assert [s.ref for s in refs(fmt.find_slots(body, HTTP))] == [ImageRef(ID, "x.png")]
+    assert refs(fmt.find_slots(body)) == [] and refs(fmt.find_slots(body, NO_HTTP)) == []
     as_attachment = _url_bodies(f"attachment:{ID}?name=x.png")[index][1]
     for tree, http in ((body, HTTP), (as_attachment, NO_HTTP)):  # rendered exactly like the attachment: form
-        fmt.render(fmt.find_refs(tree, http), (Resolved(IMAGE),))
+        fmt.render(refs(fmt.find_slots(tree, http)), (Resolved(IMAGE),))
     assert body == as_attachment
     assert "cG5n" in str(body) and url not in str(body)
 
@@ -131,7 +131,7 @@ def test_every_format_finds_and_renders_the_http_form(index: int) -> None:
 def test_lookalikes_stay_untouched_in_every_format(index: int) -> None:
     fmt, body = _url_bodies(f"http://127.0.0.1:8787.evil/v1/attachments/{ID}")[index]
     before = copy.deepcopy(body)
-    assert fmt.find_refs(body, HTTP) == []
+    assert refs(fmt.find_slots(body, HTTP)) == []
     assert body == before
 
 
@@ -149,7 +149,7 @@ def test_chat_file_part_becomes_an_image_url_part() -> None:
         {"type": "file", "file": {"file_id": "file-abc"}},             # the provider's own file
         {"type": "file", "file": {"file_id": ID}},
     ]}]}
-    sites = openai_chat.find_refs(body)
+    sites = refs(openai_chat.find_slots(body))
     assert [(s.index, s.ref) for s in sites] == [(0, ImageRef(ID)), (2, ImageRef(ID))]
     assert openai_chat.count_images(body) == 2
     openai_chat.render(sites, (Resolved(IMAGE), Placeholder("not_found", "[gone]")))
@@ -165,7 +165,7 @@ def test_responses_input_file_becomes_an_input_image() -> None:
                                      {"type": "input_file", "file_id": "file-abc"}]},
         {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file", "file_id": ID}]},
     ]}
-    sites = openai_responses.find_refs(body)
+    sites = refs(openai_responses.find_slots(body))
     assert len(sites) == 3 and openai_responses.count_images(body) == 3
     openai_responses.render(sites, (Resolved(IMAGE), Resolved(IMAGE), Placeholder("corrupt", "[bad]")))
     image = {"type": "input_image", "image_url": DATA_URL, "detail": "auto"}
@@ -181,7 +181,7 @@ def test_anthropic_document_with_an_attachment_file_becomes_an_image_block() -> 
         {"type": "document", "source": {"type": "file", "file_id": "file_011"}},
         {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "document", "source": {"type": "file", "file_id": ID}}]},
     ]}]}
-    sites = anthropic_messages.find_refs(body)
+    sites = refs(anthropic_messages.find_slots(body))
     assert len(sites) == 2 and anthropic_messages.count_images(body) == 2
     anthropic_messages.render(sites, (Resolved(IMAGE), Placeholder("not_found", "[gone]")))
     content = body["messages"][0]["content"]
@@ -198,5 +198,5 @@ def test_anthropic_document_with_an_attachment_file_becomes_an_image_block() -> 
 def test_a_malformed_attachment_file_id_is_the_clients_error(fmt: WireFormat, part: dict[str, Any]) -> None:
     key = "messages" if fmt is openai_chat else "input"
     with pytest.raises(AttachmentError) as info:
-        fmt.find_refs({key: [{"role": "user", "content": [part]}]})
+        refs(fmt.find_slots({key: [{"role": "user", "content": [part]}]}))
     assert info.value.code == "INVALID_ATTACHMENT_REF"

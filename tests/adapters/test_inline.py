@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from projectionist.adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
-from projectionist.adapters.base import WireFormat, data_url_base64
+from projectionist.adapters.base import WireFormat, data_url_base64, inlined
 from projectionist.policy.model import ImageRef, Placeholder
 
 B64 = base64.b64encode(b"\x89PNG a client's own image bytes").decode()
@@ -57,7 +57,7 @@ CASES = [(openai_chat, chat, 2), (openai_responses, responses, 3), (anthropic_me
 @pytest.mark.parametrize(("fmt", "body", "count"), CASES, ids=lambda v: getattr(v, "NAME", ""))
 def test_every_base64_image_is_found_with_its_place_and_its_value(fmt: WireFormat, body: Any, count: int) -> None:
     tree = body()
-    found = fmt.find_inline(tree)
+    found = inlined(fmt.find_slots(tree))
     assert len(found) == count
     for image in found:
         assert image.data == B64
@@ -68,20 +68,20 @@ def test_every_base64_image_is_found_with_its_place_and_its_value(fmt: WireForma
 @pytest.mark.parametrize(("fmt", "body", "count"), CASES, ids=lambda v: getattr(v, "NAME", ""))
 def test_a_placeholder_replaces_the_part_and_nothing_else(fmt: WireFormat, body: Any, count: int) -> None:
     tree = body()
-    found = fmt.find_inline(tree)
+    found = inlined(fmt.find_slots(tree))
     sites = [image.site(ImageRef("sha256:" + "a" * 64)) for image in found]
     fmt.render(sites, tuple(Placeholder("rejected", f"[gone {i}]") for i in range(len(sites))))
     text = json.dumps(tree)
     assert B64 not in text or fmt is gemini  # gemini: the pdf part is no image and stays
     assert all(f"[gone {i}]" in text for i in range(len(sites)))
     # a screenshot slot cannot hold text: it holds the blank image, the text follows it
-    assert [image.value for image in fmt.find_inline(tree)] == ([openai_responses.BLANK_PNG]
+    assert [image.value for image in inlined(fmt.find_slots(tree))] == ([openai_responses.BLANK_PNG]
                                                                 if fmt is openai_responses else [])
 
 
 def test_a_batch_finds_the_images_of_every_request() -> None:
     body = {"requests": [{"custom_id": "a", "params": anthropic()}, {"custom_id": "b", "params": anthropic()}]}
-    assert len(anthropic_batches.find_inline(body)) == 4
+    assert len(inlined(anthropic_batches.find_slots(body))) == 4
     assert anthropic_batches.opening(body) is None and anthropic_batches.session_hint(body) is None
 
 

@@ -12,6 +12,7 @@ import os
 from projectionist.adapters import openai_responses
 from projectionist.policy.model import ImageRef, Resolved, Placeholder
 from projectionist.policy.projection import ProjectionContext, project
+from projectionist.adapters.base import refs
 from tests.fakes import CountingStore
 from tests.golden_responses import (
     A, B, GOLDEN_PROJECTED, GONE, PNG_A, PNG_B, data_url, golden_projected, golden_request, not_found_text, stored,
@@ -24,7 +25,7 @@ from tests.memory import MemoryLog, MemoryStore
 async def test_golden_find_refs_and_render_through_the_policy() -> None:
     original = golden_request()
     body = copy.deepcopy(original)
-    sites = openai_responses.find_refs(body)
+    sites = refs(openai_responses.find_slots(body))
     # document order: message content (A named, B file_id, GONE named), the function_call_output's
     # output list (A again, GONE again by file_id), the last message (B again); nothing else.
     assert [s.ref for s in sites] == [
@@ -68,10 +69,10 @@ async def test_golden_find_refs_and_render_through_the_policy() -> None:
 
 async def test_golden_render_with_hand_built_outcomes_matches_the_pinned_body() -> None:
     body = golden_request()
-    sites = openai_responses.find_refs(body)
+    sites = refs(openai_responses.find_slots(body))
     gone = Placeholder("not_found", not_found_text(GONE, "gone shot.png"))
     outcomes = (Resolved(stored(PNG_A)), Resolved(stored(PNG_B)), gone, Resolved(stored(PNG_A)), gone,
                 Resolved(stored(PNG_B)))
     openai_responses.render(sites, outcomes)
     assert body == golden_projected()
-    assert openai_responses.find_refs(body) == []  # a projected body holds no reference any more
+    assert refs(openai_responses.find_slots(body)) == []  # a projected body holds no reference any more

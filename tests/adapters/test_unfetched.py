@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from projectionist.adapters import anthropic_batches, anthropic_messages, gemini, openai_chat, openai_responses
-from projectionist.adapters.base import FetchAnswers, KnownFetch, WireFormat
+from projectionist.adapters.base import FetchAnswers, KnownFetch, WireFormat, links
 from projectionist.adapters.registry import ADAPTERS
 from projectionist.policy.model import HttpRefs
 from projectionist.policy.profile import Rejection
@@ -147,11 +147,11 @@ def test_chat_finds_image_urls_the_provider_fetches() -> None:
             {"type": "text", "text": "https://not.an.image/"}]},
         {"role": "tool", "tool_call_id": "t", "content": [
             {"type": "image_url", "image_url": {"url": "https://proxy.example/other/x.png"}}]}]}
-    found = openai_chat.find_urls(body, PROXY)
+    found = links(openai_chat.find_slots(body, PROXY))
     assert [(link.url, link.index) for link in found] == [
         (SIGNED, 0), ("HTTP://legacy.example/a.png", 4), ("https://proxy.example/other/x.png", 0)]
     assert found[0].parent is body["messages"][0]["content"]
-    assert openai_chat.find_urls(body)[1].url == REF_URL  # without the proxy's URL it is an ordinary URL
+    assert links(openai_chat.find_slots(body))[1].url == REF_URL  # without the proxy's URL it is an ordinary URL
 
 
 def test_responses_finds_input_images_and_screenshots() -> None:
@@ -163,7 +163,7 @@ def test_responses_finds_input_images_and_screenshots() -> None:
         {"type": "function_call_output", "call_id": "f", "output": [
             {"type": "input_image", "image_url": "https://tools.example/chart.webp"}]}],
         "prompt": {"id": "p", "variables": {"logo": {"type": "input_image", "image_url": "https://cdn.example/l.gif"}}}}
-    found = openai_responses.find_urls(body)
+    found = links(openai_responses.find_slots(body))
     assert [link.url for link in found] == ["https://cdn.example/l.gif", SIGNED, "https://shots.example/1.png",
                                             "https://tools.example/chart.webp"]
     assert found[2].host == (body["input"], 1)  # a screenshot slot cannot hold text
@@ -177,9 +177,9 @@ def test_anthropic_finds_url_sources_of_image_blocks_only() -> None:
         {"type": "image", "source": {"type": "file", "file_id": "file_011"}},
         {"type": "tool_result", "tool_use_id": "t", "content": [
             {"type": "image", "source": {"type": "url", "url": "https://tools.example/t.png"}}]}]}]}
-    assert [link.url for link in anthropic_messages.find_urls(body)] == [SIGNED, "https://tools.example/t.png"]
+    assert [link.url for link in links(anthropic_messages.find_slots(body))] == [SIGNED, "https://tools.example/t.png"]
     batch = {"requests": [{"custom_id": "a", "params": body}, {"custom_id": "b", "params": body}]}
-    assert len(anthropic_batches.find_urls(batch)) == 4
+    assert len(links(anthropic_batches.find_slots(batch))) == 4
 
 
 def test_gemini_finds_image_uris_outside_google() -> None:
@@ -195,7 +195,7 @@ def test_gemini_finds_image_uris_outside_google() -> None:
         {"function_response": {"name": "f", "response": {}, "parts": [
             {"file_data": {"file_uri": "https://storage.googleapis.com/b/signed.png", "mime_type": "image/png"}}]}}]
     body = {"contents": [{"role": "user", "parts": parts}]}
-    found = gemini.find_urls(body)
+    found = links(gemini.find_slots(body))
     assert [link.url for link in found] == [SIGNED, "https://cdn.example/a.jpg",
                                             "https://storage.googleapis.com/b/signed.png"]
     assert found[2].host == (parts, 7)
@@ -204,5 +204,5 @@ def test_gemini_finds_image_uris_outside_google() -> None:
 @pytest.mark.parametrize("adapter", [ADAPTERS[name] for name in sorted(ADAPTERS)], ids=sorted(ADAPTERS))
 def test_every_adapter_finds_nothing_in_a_body_that_is_no_request(adapter: WireFormat) -> None:
     for body in (None, 7, "", [], {}, {"messages": "x"}, {"contents": [None]}, {"input": [{"type": 3}]}):
-        assert adapter.find_urls(body) == []
+        assert links(adapter.find_slots(body)) == []
     assert adapter.URL_MARKERS and all(isinstance(marker, bytes) for marker in adapter.URL_MARKERS)

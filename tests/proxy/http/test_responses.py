@@ -293,7 +293,7 @@ async def test_computer_call_output_screenshot_reference_is_inlined(harness: Har
         await client.responses.create(model="computer-use-preview", input=request_input)  # type: ignore[arg-type]
     output = harness.upstream.last.json()["input"][1]["output"]
     assert output == {"type": "computer_screenshot", "image_url": data_url(PNG_A)}, (
-        "PRODUCT GAP adapters/openai_responses.py find_refs: a computer_call_output screenshot "
+        "PRODUCT GAP adapters/openai_responses.py find_slots: a computer_call_output screenshot "
         f"reference reached the upstream unprojected: {output}")
 
 
@@ -308,7 +308,7 @@ async def test_custom_tool_call_output_image_list_is_projected(harness: Harness)
     output = harness.upstream.last.json()["input"][1]["output"]
     assert output == [{"type": "input_image", "detail": "auto", "image_url": data_url(PNG_A)},
                       {"type": "input_text", "text": not_found_text(GONE)}], (
-        "PRODUCT GAP adapters/openai_responses.py find_refs: custom_tool_call_output.output images "
+        "PRODUCT GAP adapters/openai_responses.py find_slots: custom_tool_call_output.output images "
         f"reached the upstream unprojected: {output}")
 
 
@@ -320,7 +320,7 @@ async def test_prompt_variable_image_reference_is_inlined(harness: Harness) -> N
     variables = harness.upstream.last.json()["prompt"]["variables"]
     assert variables == {"screen": {"type": "input_image", "detail": "auto", "image_url": data_url(PNG_A)},
                          "topic": "diffs"}, (
-        "PRODUCT GAP adapters/openai_responses.py find_refs: an input_image prompt variable "
+        "PRODUCT GAP adapters/openai_responses.py find_slots: an input_image prompt variable "
         f"reached the upstream unprojected: {variables}")
 
 
