@@ -18,11 +18,12 @@ from typing import assert_never
 
 import msgspec
 
-from .decide import Ask, Done, Fail, Lift, Pin, Progress, Read, Record, Sessionless, Vary, at_once, decide, names_of
+from .decide import (Ask, Done, Fail, Lift, Pin, Progress, Read, Record, Sessionless, Vary, at_once, decide, held_urls,
+                     names_of)
 from .errors import AttachmentError, Code, Conflict, Unavailable
 from .events import Learnt, Quarantine, Recovered, RecoveredEvent, Rejected, Variant
 from .fold import EMPTY, SessionState, assuming
-from .model import ImageRef, Inlined, InlineOutcome, Outcome, StoredImage, check_id
+from .model import ImageRef, Inlined, InlineOutcome, Outcome, Placeholder, StoredImage, check_id
 from .ports import AttachmentStore, SessionLog, Varier
 from .probe import Prober
 from .profile import Profile, takes_images
@@ -68,6 +69,9 @@ class ProjectionContext(msgspec.Struct, frozen=True, kw_only=True):
     assume: tuple[Rejected, ...] = ()
     #: The size of the body as the client sent it (0: not known), for a limit of bytes per request.
     request_bytes: int = 0
+    #: The images the provider fetches by URL (each its ``linked.url_id`` and display name): never
+    #: read, only held by what the session learnt of them (``decide.held_urls``).
+    links: Sequence[ImageRef] = ()
 
     @property
     def recording(self) -> bool:
@@ -76,8 +80,9 @@ class ProjectionContext(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Projection(msgspec.Struct, frozen=True):
-    """What one request's references became; ``outcomes`` align with the input references,
-    ``inline`` with the images the client inlined (``ProjectionContext.inline``)."""
+    """What each image slot of one request became: ``outcomes`` align with the input references,
+    ``inline`` with the images the client inlined (``ProjectionContext.inline``: None, as it came),
+    ``links`` with the images the provider fetches (``ProjectionContext.links``: None, as it came)."""
 
     outcomes: tuple[Outcome, ...]
     state: SessionState
@@ -89,6 +94,7 @@ class Projection(msgspec.Struct, frozen=True):
     inline: tuple[InlineOutcome, ...] = ()
     #: Whether the model the request goes to takes images (no ``no_images`` rule learnt for it).
     vision: bool = True
+    links: tuple[Placeholder | None, ...] = ()
 
 
 class Recovery(msgspec.Struct, frozen=True):
@@ -128,7 +134,17 @@ async def project(refs: Sequence[ImageRef], context: ProjectionContext) -> Proje
     ``parallel`` bounds this request's reads in flight at once; with a ``prober``, a retryable
     quarantine whose probe is due is read once more and, if the read verifies, lifted
     (``attachment/recovered``, ``automatic``) before the projection, in the same request.
+    The images the provider fetches (``links``) are never read: each is held by the final state.
     """
+    projection = await _project(refs, context)
+    if not context.links:
+        return projection
+    held = held_urls(context.links, projection.state, context.upstream_format or "", projection.vision)
+    return msgspec.structs.replace(projection, links=held)
+
+
+async def _project(refs: Sequence[ImageRef], context: ProjectionContext) -> Projection:
+    """``project`` but for the images the provider fetches."""
     if not refs and not context.inline and not context.recording:
         return Projection((), context.state or EMPTY)
     if context.session_id is not None and context.log is None:

@@ -10,7 +10,7 @@ placeholders, errors) is made here, before the upstream call, so before the firs
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 import re
 from typing import Any, Final, NamedTuple, NoReturn
 
@@ -18,7 +18,6 @@ import msgspec
 
 from ...adapters.base import Carried, Linked, Site, Slot, WireFormat
 from ...adapters.base import inlined as inlined_of, links as links_of, refs as refs_of
-from ...policy.decide import held_urls
 from ...policy.errors import AttachmentError, Code, InvalidRequest, PayloadTooLarge
 from ...policy.linked import url_id, url_name
 from ...policy.model import NO_HTTP, HttpRefs, ImageRef, Inlined, Outcome, Placeholder, Resolved
@@ -61,6 +60,8 @@ class Asked(NamedTuple):
     load: Callable[[str], bytes | None]
     #: The body's size as the client sent it (what a limit of bytes per request counts).
     size: int = 0
+    #: The images the provider fetches by URL, each as its identity (``policy.linked.url_id``).
+    links: Sequence[ImageRef] = ()
 
 
 #: Runs the policy on what a body asks.
@@ -369,16 +370,16 @@ async def _ask(fmt: WireFormat, raw: bytes, body: _Body, found: _Found, run: Pro
     inline = fit.inlined(found.client, identities, payload, complete, raw) if identities is not None else []
     images = _image_count(fmt, body.tree, asked.http, found.sites, bool(inline))
     projection = await run(Asked([site.ref for site in found.sites], images, inline, body.tree, fit.loader(payload),
-                                 len(raw)))
+                                 len(raw), found.link_refs))
     _check_projected(projection, max_projected_bytes)
-    return _decide(fmt, found, projection, inline, payload, images)
+    return _decide(found, projection, inline, payload, images)
 
 
-def _decide(fmt: WireFormat, found: _Found, projection: Projection, inline: list[Inlined],
+def _decide(found: _Found, projection: Projection, inline: list[Inlined],
             payload: Callable[[str], Any], images: int) -> _Decided:
-    """Each slot's outcome, from the projection and the quarantines that hold for linked images."""
+    """Each slot's outcome, as the projection gives one for every slot (None: as it came)."""
     held = projection.inline or tuple(None for _ in found.client)
-    held_links = held_urls(found.link_refs, projection.state, fmt.FORMAT, projection.vision)
+    held_links = projection.links or tuple(None for _ in found.links)
     sent = tuple(aid for (_, aid), outcome in zip(found.client, held) if not isinstance(outcome, Placeholder))
     forms = {image.id: image.form for image, outcome in zip(inline, held) if outcome is None and image.form}
     return _Decided(projection, inline, held, held_links, sent, forms, payload, images)

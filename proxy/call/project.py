@@ -157,6 +157,7 @@ class _Projecting:
             model=requested_model(call.fmt, call.raw_path, asked.tree),
             assume=assume,
             request_bytes=asked.size,
+            links=asked.links,
         ))
 
     @property

@@ -156,7 +156,7 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
         return await project(asked.refs, ProjectionContext(
             store=source, log=None, session_id=None, sessionless="fail", state=state, upstream_format=fmt.FORMAT,
             profile=fmt.PROFILE, images=asked.images, inline=asked.inline, fit=fit, upstream=record.upstream,
-            model=requested_model(fmt, record.path, asked.tree), request_bytes=asked.size))
+            model=requested_model(fmt, record.path, asked.tree), request_bytes=asked.size, links=asked.links))
 
     base = Rebuilt(session, event.seq, record, source, matches=False, response=response)
     try:

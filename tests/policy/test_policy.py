@@ -121,3 +121,20 @@ async def test_a_projection_with_no_reference_gives_the_log_s_state_and_reads_no
     alone = await project([], ProjectionContext(store=env.store, log=None, session_id=None))
     assert alone.state is EMPTY
     assert env.store.reads == {} and len(await env.log.read("s-none")) == 1
+
+
+async def test_a_projection_gives_one_outcome_per_linked_image_from_the_log_without_reading_it(env: Env) -> None:
+    """The images the provider fetches by URL are slots of the request too: ``project`` returns an
+    outcome for each (its quarantine's placeholder, or None: as it came), from the refreshed state,
+    and never reads, locks or records for them."""
+    gone, kept = "sha256:" + "cd" * 32, "sha256:" + "ef" * 32
+    await env.log.append("s-links", None, [Quarantine(gone, "not_found", False, "cat.png", url=True, suspects=1)])
+    found = await project([], ProjectionContext(
+        store=env.store, log=env.log, session_id="s-links", state=EMPTY, upstream_format="openai",
+        lock=_NoLock(), links=[ImageRef(kept, "dog.png"), ImageRef(gone, "cat.png")]))  # type: ignore[arg-type]
+    assert found.outcomes == () and found.reads == 0 and found.recorded == ()
+    assert found.links[0] is None
+    assert found.links[1] is not None and found.links[1].failure == "not_found" and "cat.png" in found.links[1].text
+    without = await project([], ProjectionContext(store=env.store, log=env.log, session_id="s-links"))
+    assert without.links == ()  # no linked image, no outcome
+    assert env.store.reads == {} and len(await env.log.read("s-links")) == 1
