@@ -224,3 +224,49 @@ def test_the_placeholder_names_the_row(failure: str) -> None:
     shown = of(failure).name
     assert placeholder_text(ImageRef(A), of(failure).name) == f"[image unavailable: {shown} (sha256:aaaaaaaa)]"
     assert shown == (failure if failure in FAILURES else "unavailable")
+
+
+# --- a newer version's kind ----------------------------------------------------------------------
+
+def raw_quarantine(seq: int, failure: str, retryable: bool = True, name: str = "a.png") -> bytes:
+    """An ``attachment/quarantine`` event as a newer replica writes it."""
+    return (b'{"type":"attachment/quarantine","seq":%d,"time":"2026-01-01T00:00:00.000Z","data":{"attachment_id":"%s",'
+            b'"failure":"%s","retryable":%s,"name":"%s"}}') % (seq, A.encode(), failure.encode(),
+                                                               b"true" if retryable else b"false", name.encode())
+
+
+def test_an_older_reader_tolerates_a_kind_a_newer_version_recorded() -> None:
+    """It decodes (no LOG_CORRUPT), is kept as written, and reads as ``unavailable``: the generic
+    placeholder, never probed or lifted by a probe though the newer version called it retryable."""
+    raw = raw_quarantine(1, FUTURE)
+    event = decode_event(raw)
+    assert isinstance(event, QuarantineEvent) and event.data.failure == FUTURE and event.data.kind == "unavailable"
+    assert encode_event(event) == raw  # kept as written, byte for byte
+    state = fold([event])
+    assert Prober(60, now=lambda: THEN + timedelta(hours=1)).due(state, [A]) == frozenset()
+    step = decide(Ask([ImageRef(A), ImageRef(B)], recording=True, upstream_format="openai"),
+                  Progress(state, {B: image(B)}))
+    assert step == Done((Placeholder("unavailable", '[image unavailable: unavailable; "a.png" (sha256:aaaaaaaa)]'),
+                         Resolved(image(B))))
+    # a checkpoint this version writes restates it unchanged, for the newer replica to read
+    checkpoint = checkpoint_of(state)
+    assert checkpoint.quarantined[0].quarantine.failure == FUTURE
+    again = decode_event(encode_event(envelope(2, "t", checkpoint)))
+    assert fold([again], state).quarantined[A] == event.data
+
+
+def test_a_newer_kind_decodes_as_fast_and_every_known_one_encodes_as_before() -> None:
+    decoder = msgspec.json.Decoder(Quarantine)
+    for failure in get_args(StoreFailure):
+        written = Quarantine(A, failure, FAILURES[failure].retryable)
+        raw = b'{"attachment_id":"%s","failure":"%s","retryable":%s}' % (
+            A.encode(), failure.encode(), b"true" if FAILURES[failure].retryable else b"false")
+        assert msgspec.json.encode(written) == raw and decoder.decode(raw) == written
+    with pytest.raises(msgspec.ValidationError):  # a missing field is still a damaged event
+        decoder.decode(b'{"attachment_id":"%s","retryable":false}' % A.encode())
+
+
+def test_a_row_the_table_lacks_is_unavailable_and_kind_is_total() -> None:
+    assert of(FUTURE) is UNAVAILABLE and of("") is UNAVAILABLE
+    assert all(of(name) is row for name, row in FAILURES.items())
+    assert isinstance(UNAVAILABLE, Kind) and not UNAVAILABLE.retryable and not UNAVAILABLE.probed
