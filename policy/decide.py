@@ -25,11 +25,11 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from .errors import CORRUPT, INVALID_REF, NOT_FOUND, READ_FAILED, AttachmentError
+from .errors import INVALID_REF, AttachmentError
 from .events import Quarantine, Rejected, Variant
+from .failures import NO_IMAGE, by_code
 from .fold import EMPTY, SessionState, placeholder, placeholder_text
-from .model import (ImageFacts, ImageRef, Inlined, InlineOutcome, StoreFailure, Outcome, Placeholder, Resolved,
-                    Respelled, StoredImage)
+from .model import ImageFacts, ImageRef, Inlined, InlineOutcome, Outcome, Placeholder, Resolved, Respelled, StoredImage
 from .budget import within
 from .profile import Profile, breaks, takes_images, under
 
@@ -38,11 +38,13 @@ Sessionless = Literal["fail", "placeholder"]
 #: one request may not hold it for minutes; past this many, its misfits go as they came this time
 #: (each later request makes the next ones, and pins stay).
 MAX_VARIED: Final = 64
-FAILURE: Final[dict[str, StoreFailure]] = {NOT_FOUND: "not_found", CORRUPT: "corrupt", READ_FAILED: "read_failed"}
 
 
 def _quarantine_for(error: AttachmentError, attachment_id: str, name: str | None) -> Quarantine:
-    return Quarantine(attachment_id, FAILURE[error.code], retryable=error.code == READ_FAILED, name=name)
+    """The quarantine a store failure asks for: its kind and whether it is retryable, from its row."""
+    row = by_code(error.code)
+    assert row is not None, error.code  # a bad reference fails the request before (``_failed``)
+    return Quarantine(attachment_id, row.name, retryable=row.retryable, name=name)
 
 
 class Read(msgspec.Struct, frozen=True):
@@ -230,7 +232,7 @@ class _View:
         one for each fitted image whose bytes are no image (not recorded yet)."""
         found = tuple(_quarantine_for(error, aid, self.names[aid]) for aid, error in self.failures.items())
         quarantined = self.progress.state.quarantined
-        return found + tuple(Quarantine(aid, "corrupt", retryable=False, inline=True)
+        return found + tuple(Quarantine(aid, NO_IMAGE.name, retryable=NO_IMAGE.retryable, inline=True)
                              for aid, image in self.fitted.items()
                              if image.facts.media_type is None and aid not in quarantined)
 
@@ -316,7 +318,7 @@ def _outcome(view: _View, ref: ImageRef, unrecorded: Mapping[str, Quarantine]) -
     A model that takes no images gets the placeholder of each."""
     quarantine = view.progress.state.standing(ref.id, view.ask.upstream_format) or unrecorded.get(ref.id)
     if quarantine is not None:
-        return Placeholder(quarantine.failure, placeholder(ref, quarantine))
+        return Placeholder(quarantine.kind, placeholder(ref, quarantine))
     if not view.vision:
         return Placeholder("unsupported", placeholder_text(ref, "unsupported"))
     variant = view.pins[ref.id]
@@ -353,7 +355,7 @@ def _placeholder(image: Inlined, held: Quarantine | Rejected | None) -> Placehol
     ref = ImageRef(image.id)
     if held is None:
         return Placeholder("unsupported", placeholder_text(ref, "unsupported"))
-    return Placeholder(held.failure, placeholder(ref, held))
+    return Placeholder(held.kind, placeholder(ref, held))
 
 
 def _as_it_is(image: Inlined) -> InlineOutcome:
@@ -413,7 +415,7 @@ def held_urls(refs: Sequence[ImageRef], state: SessionState, upstream_format: st
     for ref in refs:
         held = state.standing(ref.id, upstream_format)
         if held is not None:
-            outcomes.append(Placeholder(held.failure, placeholder(ref, held)))
+            outcomes.append(Placeholder(held.kind, placeholder(ref, held)))
         else:
             outcomes.append(None if vision else Placeholder("unsupported", placeholder_text(ref, "unsupported")))
     return tuple(outcomes)

@@ -13,7 +13,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from .model import StoreFailure
+from .failures import FAILURES, Failure, of
 
 QUARANTINE: Final = "attachment/quarantine"
 RECOVERED: Final = "attachment/recovered"
@@ -33,15 +33,30 @@ class Quarantine(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     probe reads it; ``suspects`` is how many URL images that answer was put down to. With
     ``inline``, bytes a client inlined that decode as no image (``corrupt``, found before any
     upstream saw them): they are no image wherever they come from, so it holds for a reference
-    to them too."""
+    to them too.
+
+    ``failure`` is a row of the failure table (``failures.StoreFailure`` when this version wrote
+    it), decoded as a plain string: a kind a newer version wrote is kept as written and read as
+    ``unavailable`` (``kind``), never as a corrupt log."""
 
     attachment_id: str
-    failure: StoreFailure
+    failure: str
     retryable: bool
     name: str | None = None
     url: bool = False
     suspects: int = 0
     inline: bool = False
+
+    @property
+    def kind(self) -> Failure:
+        """``failure`` as this version reads it: itself, or ``unavailable`` for a kind it does not know."""
+        return of(self.failure).name
+
+    @property
+    def probed(self) -> bool:
+        """Whether a due probe reads the image again: its kind is probed, the event says it is
+        retryable, and it is no URL image (the provider fetches that, never the proxy)."""
+        return self.retryable and of(self.failure).probed and not self.url
 
 
 class Rejected(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
@@ -65,8 +80,12 @@ class Rejected(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
         return "rejected"
 
     @property
+    def kind(self) -> Literal["rejected"]:
+        return "rejected"
+
+    @property
     def retryable(self) -> bool:
-        return False
+        return FAILURES["rejected"].retryable
 
 
 class Recovered(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):

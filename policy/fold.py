@@ -226,11 +226,12 @@ def checkpoint_of(state: SessionState) -> Checkpoint:
 def placeholder(ref: ImageRef, quarantine: Quarantine | Rejected) -> str:
     """The text that stands in for an unavailable image.
 
-    Names the failure class, the display name when known (the reference's own name first, else
+    Names the failure class (its row's name in the failure table: ``unavailable`` for a kind this
+    version does not know), the display name when known (the reference's own name first, else
     the one recorded with the quarantine; JSON-quoted) and the id prefix ``sha256:`` + 8 hex.
     Example: ``[image unavailable: not_found; "shot.png" (sha256:1a2b3c4d)]``.
     """
-    return placeholder_text(ref, quarantine.failure, quarantine.name)
+    return placeholder_text(ref, quarantine.kind, quarantine.name)
 
 
 def placeholder_text(ref: ImageRef, failure: Failure, recorded_name: str | None = None) -> str:

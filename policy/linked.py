@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Final, Literal
+from typing import Final
 from urllib.parse import unquote, urlsplit
 
-#: What a provider's "could not fetch" answer says of a URL: gone for good (404, expired, access
-#: denied, a URL it will not fetch) or not read this time (a timeout, a transient fault).
-Unfetched = Literal["not_found", "read_failed"]
+# What a provider's "could not fetch" answer says of a URL: the ``fetched`` rows of the failure table.
+from .failures import Unfetched as Unfetched
 
 #: Separates URL identities from content identities (the sha256 of an image's bytes).
 _PREFIX: Final = b"projectionist image url v1\0"

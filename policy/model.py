@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import builtins
 import re
-from typing import Final, Literal
+from typing import Final
 from urllib.parse import parse_qsl
 
 import msgspec
 
 from .errors import INVALID_REF, AttachmentError, Code, InvalidRequest
-
-#: The store's three failures: what an ``attachment/quarantine`` event can say.
-StoreFailure = Literal["not_found", "corrupt", "read_failed"]
-#: Why an image is unavailable: a store failure, ``rejected`` (an upstream refused it),
-#: ``unsupported`` (the model it goes to takes no images: a rule learnt for that upstream and model)
-#: or ``over_limit`` (the request would pass its provider's images or bytes per request; the oldest
-#: images the client inlined give way).
-Failure = Literal["not_found", "corrupt", "read_failed", "rejected", "unsupported", "over_limit"]
+# Why an image is unavailable (``Failure``): a store failure (``StoreFailure``), ``rejected`` (an
+# upstream refused it), ``unsupported`` (the model it goes to takes no images: a rule learnt for
+# that upstream and model), ``over_limit`` (the request would pass its provider's images or bytes
+# per request; the oldest images the client inlined give way) or ``unavailable`` (a kind a newer
+# version recorded). Each is a row of ``failures.FAILURES``, which says what each does.
+from .failures import Failure as Failure, StoreFailure as StoreFailure
 
 ID_PREFIX: Final = "sha256:"
 URL_SCHEME: Final = "attachment:"

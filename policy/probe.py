@@ -13,9 +13,9 @@ from .fold import SessionState
 class Prober:
     """When a retryable quarantine gets its probe: ``after`` seconds after the quarantine's event,
     and after a failed probe, another full ``after`` later (this process remembers, for up to
-    ``capacity`` objects). ``after`` of 0 turns probing off. ``not_found`` and ``corrupt``
-    quarantines are never probed: only an operator's verified recovery lifts those; nor is a URL
-    image's (``Quarantine.url``): the proxy never fetches it."""
+    ``capacity`` objects). ``after`` of 0 turns probing off. Only a kind the failure table says is
+    ``probed`` (``read_failed``) is: only an operator's verified recovery lifts the others; nor is
+    a URL image's (``Quarantine.url``): the proxy never fetches it (``Quarantine.probed``)."""
 
     def __init__(self, after: float, *, now: Callable[[], datetime] | None = None,
                  monotonic: Callable[[], float] = time.monotonic, capacity: int = 10_000) -> None:
@@ -32,8 +32,8 @@ class Prober:
         found = set()
         for aid in ids:
             quarantine = state.quarantined.get(aid)
-            if quarantine is None or not quarantine.retryable or quarantine.url:
-                continue  # a URL's image is the provider's to fetch: no store read can probe it
+            if quarantine is None or not quarantine.probed:
+                continue  # a kind never probed, or a URL's image: the provider's to fetch, never a store read's
             failed = self._failed.get(aid)
             if failed is not None and clock - failed < self.after:
                 continue

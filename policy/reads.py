@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Sequence
 
 from .errors import READ_FAILED, AttachmentError, InternalError, ProjectionistError, Unavailable
+from .failures import retried
 from .model import StoredImage
 from .ports import AttachmentStore
 
@@ -28,9 +29,10 @@ async def read_once(store: AttachmentStore, attachment_id: str) -> StoredImage |
 
 
 async def _read(store: AttachmentStore, attachment_id: str) -> tuple[StoredImage | AttachmentError, int]:
-    """One verified read; a READ_FAILED gets exactly one immediate retry. Cancellation propagates."""
+    """One verified read; a retryable failure (READ_FAILED) gets exactly one immediate retry.
+    Cancellation propagates."""
     result = await read_once(store, attachment_id)
-    if isinstance(result, AttachmentError) and result.code == READ_FAILED:
+    if isinstance(result, AttachmentError) and retried(result.code):
         return await read_once(store, attachment_id), 2
     return result, 1
 

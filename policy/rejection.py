@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from .events import Event, Learnt, Quarantine, Rejected, RequestEvent, ResponseEvent, ResponseRecorded
+from .failures import FAILURES
 from .profile import Rejection
 
 
@@ -130,11 +131,11 @@ def unreachable(rejection: Rejection, linked: Sequence[tuple[str, str, str]]) ->
 
 def unfetched(rejection: Rejection, ids: Sequence[str], names: Mapping[str, str | None]) -> tuple[Quarantine, ...]:
     """The ``attachment/quarantine`` events (``url``) that record ``rejection``, a "could not
-    fetch" answer, for the URL images ``ids``: its failure, retryable when it was ``read_failed``."""
-    if rejection.failure == "rejected":
+    fetch" answer, for the URL images ``ids``: its failure, retryable as its row says (``read_failed``)."""
+    row = FAILURES[rejection.failure]
+    if not row.fetched:
         raise ValueError("a refusal of an image's content is recorded by ``quarantines``")
-    failure = rejection.failure
-    return tuple(Quarantine(aid, failure, retryable=failure == "read_failed", name=names.get(aid), url=True,
+    return tuple(Quarantine(aid, row.name, retryable=row.retryable, name=names.get(aid), url=True,
                             suspects=len(ids)) for aid in ids)
 
 

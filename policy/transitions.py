@@ -117,11 +117,12 @@ async def pin(log: SessionLog, session_id: str, state: SessionState, variants: S
 async def lift(
     log: SessionLog, session_id: str, state: SessionState, images: Sequence[StoredImage], lock: Lock
 ) -> tuple[SessionState, tuple[str, ...]]:
-    """Append ``attachment/recovered`` (``automatic``) for the images whose retryable quarantine
-    still stands; the loser of a race re-folds and finds it lifted already (one transition)."""
+    """Append ``attachment/recovered`` (``automatic``) for the images whose probed quarantine
+    (``Quarantine.probed``) still stands; the loser of a race re-folds and finds it lifted already
+    (one transition)."""
     def missing(now: SessionState) -> list[Recovered]:
         return [Recovered(i.id, i.bytes, i.media_type, i.width, i.height, automatic=True) for i in images
-                if (quarantine := now.quarantined.get(i.id)) is not None and quarantine.retryable]
+                if (quarantine := now.quarantined.get(i.id)) is not None and quarantine.probed]
 
     state, new, _ = await transition(log, session_id, state, lock, "lifting quarantines", missing)
     return state, tuple(r.attachment_id for r in new)

@@ -55,6 +55,7 @@ from ...policy import rejection as attribution
 from ...policy.decide import names_of
 from ...policy.errors import ProjectionistError
 from ...policy.events import Quarantine, Rejected
+from ...policy.failures import FAILURES
 from ...policy.fold import SessionState
 from ...policy.evidence import Evidence, Probe, Settle, Unproven
 from ...policy.linked import url_name
@@ -153,7 +154,7 @@ class Resend:
             if self.probing and status == 400 and not self._about_something_else(content_type, body, encoding):
                 return await self._unknown(status, content_type, body, encoding)
             return None
-        if found.failure != "rejected":
+        if FAILURES[found.failure].fetched:  # the provider could not fetch a URL image
             return await self._unfetched(found, status, content_type, body)
         if found.context is not None:
             again = await self._learn(found, status, content_type, body)

@@ -29,7 +29,6 @@ from PIL import Image
 
 from ...adapters.redact import shorten
 from ...policy.errors import (
-    READ_FAILED,
     AttachmentError,
     Code,
     InvalidRequest,
@@ -37,6 +36,7 @@ from ...policy.errors import (
     ProjectionistError,
     Unauthorized,
 )
+from ...policy.failures import retried
 from ...policy.fold import EMPTY
 from ...policy.model import check_id, check_scoped_session, short_id
 from ...policy.projection import refresh
@@ -316,7 +316,7 @@ async def thumbnail(request: web.Request) -> web.StreamResponse:
     try:
         image = await services.store.read_image(attachment_id)
     except AttachmentError as error:
-        if error.code == READ_FAILED:
+        if retried(error.code):  # a transient failure: 503, try again
             raise
         raise NotFound(f"no verified bytes for {attachment_id[:15]} ({error.code})", code=Code.FILE_NOT_FOUND) from None
     try:  # Pillow's work on the variants lane: bounded, timed, never the default executor

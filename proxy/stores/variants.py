@@ -23,13 +23,12 @@ from typing import Final, TypeVar
 from PIL import Image, ImageOps
 
 from ...policy.errors import (
-    CORRUPT,
-    NOT_FOUND,
     AttachmentError,
     ImageRejected,
     ProjectionistError,
     Unavailable,
 )
+from ...policy.failures import LASTING
 from ...policy.model import ID_PREFIX, StoredImage
 from ...policy.ports import AttachmentStore
 from ...policy.profile import Profile, breaks
@@ -297,7 +296,7 @@ class Variants:
         try:
             variant = await self.reader.read_image(variant_id)
         except AttachmentError as exc:
-            if exc.code in (NOT_FOUND, CORRUPT):
+            if exc.code in LASTING:  # gone or damaged for good; a transient failure propagates
                 return None
             raise
         if breaks(profile, variant.media_type, variant.bytes, variant.width, variant.height, images) is not None:

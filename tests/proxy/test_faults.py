@@ -322,3 +322,19 @@ def test_faults_is_a_leaf() -> None:
     assert ours == {"projectionist", "projectionist.policy", "projectionist.policy.errors"} | {
         name for name in ours if name.startswith("projectionist.policy.errors.")}
     assert {name.split(".")[0] for name in names - ours} <= set(sys.stdlib_module_names)
+
+
+def test_the_boundaries_codes_are_the_failure_tables() -> None:
+    """A leaf, ``faults`` keeps its own set of the codes only a missing object may become: it is
+    the failure table's lasting store failures, and a retryable one is what every fault may become."""
+    from projectionist.policy.failures import BY_CODE, LASTING
+    from projectionist.proxy import faults
+
+    assert faults._QUARANTINING == LASTING
+    for code, row in BY_CODE.items():
+        if row.retryable:
+            assert faults._check(code) == code
+        else:
+            assert faults._check(code, quarantining=True) == code
+            with pytest.raises(ValueError, match="only a missing object"):
+                faults._check(code)
