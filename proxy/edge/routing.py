@@ -1,7 +1,10 @@
 """Routing: which upstream a request goes to, and whether it is projected or passed through (proxy layer).
 
 ``/u/{name}/...`` goes to the named upstream with the prefix removed (the name spelled literally
-in the raw path); a rest that names a path the proxy owns (``/u/openai/admin/...``) is never sent. Any other path goes to a default upstream, by this rule, first match wins:
+in the raw path); a rest that names a path the proxy owns (``/u/openai/admin/...``) is never sent. Any other path
+goes to the default upstream named after the format it speaks, by the hints each format's adapter declares
+(``adapters.facts.Spoken``, asked in the registry's order: ``adapters.registry.SPOKEN``), first match wins.
+The shipped adapters declare:
 
 1. an ``anthropic-version`` header, or a path under ``/v1/messages``: ``anthropic``;
 2. a path under ``/v1beta/``, ``/v1alpha/`` or ``/upload/``, a Gemini model method
@@ -37,7 +40,8 @@ from aiohttp import web
 from multidict import MultiDict, MultiDictProxy, MultiMapping
 from yarl import URL
 
-from ...adapters.registry import SPEAKS
+from ...adapters.facts import Spoken
+from ...adapters.registry import SPEAKS, SPOKEN
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import check_session_id
 from ..call import websocket
@@ -51,7 +55,6 @@ from ..inbound.context import Context, context
 from ..inbound.services import SERVICES, Services
 from ..upstream.urls import check_path
 
-_GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")
 #: Busy un-prefixed paths, registered as plain routes so aiohttp resolves them without a pattern scan.
 HOT_PATHS: Final = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 #: Methods that may go upstream (TRACE and CONNECT never do: an echo of the headers would hand
@@ -68,12 +71,23 @@ ATTACHMENTS: Final = "/v1/attachments"
 
 def format_spoken(path: str, headers: MultiMapping[str], query: MultiMapping[str]) -> str:
     """The format a request speaks, by the rule in this module's docstring (its default upstream)."""
-    if "anthropic-version" in headers or path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return "anthropic"
-    if (path.startswith(("/v1beta/", "/v1alpha/", "/upload/")) or _GEMINI_METHOD.fullmatch(path)
-            or "x-goog-api-key" in headers or "key" in query):
-        return "gemini"
-    return "openai"
+    for name, spoken in SPOKEN:
+        if spoken.otherwise or _claims(spoken, path, headers, query):
+            return name
+    raise AssertionError("no format claims every other request")  # never: ``registry.index`` refuses that
+
+
+def _claims(spoken: Spoken, path: str, headers: MultiMapping[str], query: MultiMapping[str]) -> bool:
+    """Whether one of a format's hints is in the request (plain loops: every request asks)."""
+    if path in spoken.paths or path.startswith(spoken.prefixes):
+        return True
+    for header in spoken.headers:
+        if header in headers:
+            return True
+    for parameter in spoken.query:
+        if parameter in query:
+            return True
+    return spoken.pattern is not None and spoken.pattern.fullmatch(path) is not None
 
 
 @functools.lru_cache(maxsize=256)
