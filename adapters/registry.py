@@ -8,6 +8,7 @@ format's name. ``index`` fills them in place: whoever imported a table holds the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Final
 
@@ -28,6 +29,9 @@ FORMATS: Final[dict[str, FormatFacts]] = {}
 #: The formats a request that names no upstream may speak, with their hints, in the order they
 #: are asked: the one that claims every other request (``Spoken.otherwise``) last.
 SPOKEN: Final[list[tuple[str, Spoken]]] = []
+#: What the headers and the query of a request may still say of its format (``claims``): each
+#: format that may, with the header names and the query parameters that would claim it.
+Claims = tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
 
 
 def index(modules: Iterable[WireFormat]) -> None:
@@ -46,6 +50,7 @@ def index(modules: Iterable[WireFormat]) -> None:
     FORMATS.update((name, adapter.FACTS) for name, adapter in speaks.items())
     spoken = [(name, facts.spoken) for name, facts in FORMATS.items() if facts.spoken is not None]
     SPOKEN[:] = sorted(spoken, key=lambda entry: entry[1].otherwise)
+    claims.cache_clear()
 
 
 def check(adapters: Iterable[WireFormat], speaks: dict[str, WireFormat]) -> None:
@@ -62,7 +67,22 @@ def check(adapters: Iterable[WireFormat], speaks: dict[str, WireFormat]) -> None
         raise ValueError("a format whose upstream signs each request has no WebSocket route")
 
 
-index(MODULES)
+
+@functools.lru_cache(maxsize=256)
+def claims(path: str) -> tuple[Claims, str]:
+    """What ``path`` says of the format a request to it speaks, by the hints in ``SPOKEN``'s
+    order: the first format whose path hints claim it (else the one that claims every other
+    request), and the formats before it that the request's headers or query may still claim
+    (``Claims``). A pure function of the path and the tables, asked of every request that names
+    no upstream: the answers for the latest 256 paths are kept (``index`` forgets them)."""
+    before: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
+    for name, spoken in SPOKEN:
+        if (spoken.otherwise or path in spoken.paths or path.startswith(spoken.prefixes)
+                or (spoken.pattern is not None and spoken.pattern.fullmatch(path) is not None)):
+            return tuple(before), name
+        if spoken.headers or spoken.query:
+            before.append((name, spoken.headers, spoken.query))
+    raise AssertionError("no format claims every other request")  # never: ``check`` refuses that
 
 
 def projecting(upstream_format: str, method: str, path: str) -> WireFormat | None:
@@ -74,3 +94,6 @@ def projecting(upstream_format: str, method: str, path: str) -> WireFormat | Non
         if adapter.FORMAT == upstream_format and adapter.PATHS.fullmatch(path):
             return adapter
     return None
+
+
+index(MODULES)

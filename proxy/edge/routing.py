@@ -40,8 +40,7 @@ from aiohttp import web
 from multidict import MultiDict, MultiDictProxy, MultiMapping
 from yarl import URL
 
-from ...adapters.facts import Spoken
-from ...adapters.registry import SPEAKS, SPOKEN
+from ...adapters.registry import FORMATS, SPEAKS, claims
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import check_session_id
 from ..call import websocket
@@ -70,24 +69,18 @@ ATTACHMENTS: Final = "/v1/attachments"
 
 
 def format_spoken(path: str, headers: MultiMapping[str], query: MultiMapping[str]) -> str:
-    """The format a request speaks, by the rule in this module's docstring (its default upstream)."""
-    for name, spoken in SPOKEN:
-        if spoken.otherwise or _claims(spoken, path, headers, query):
-            return name
-    raise AssertionError("no format claims every other request")  # never: ``registry.index`` refuses that
-
-
-def _claims(spoken: Spoken, path: str, headers: MultiMapping[str], query: MultiMapping[str]) -> bool:
-    """Whether one of a format's hints is in the request (plain loops: every request asks)."""
-    if path in spoken.paths or path.startswith(spoken.prefixes):
-        return True
-    for header in spoken.headers:
-        if header in headers:
-            return True
-    for parameter in spoken.query:
-        if parameter in query:
-            return True
-    return spoken.pattern is not None and spoken.pattern.fullmatch(path) is not None
+    """The format a request speaks, by the rule in this module's docstring (its default upstream):
+    what its path says (``registry.claims``, kept per path), unless a header or a query parameter
+    of a format asked before claims it. Plain loops: every request asks, twice."""
+    before, found = claims(path)
+    for name, names, parameters in before:
+        for header in names:
+            if header in headers:
+                return name
+        for parameter in parameters:
+            if parameter in query:
+                return name
+    return found
 
 
 @functools.lru_cache(maxsize=256)
@@ -179,6 +172,9 @@ ROUTES: Final[Mapping[str, Route]] = {
     "websocket": websocket.relay,
 }
 _FILES: Final = frozenset({"files", "gemini_files"})
+#: The proxy's own Files API routes, by the kind of Files API a format declares (``Files.kind``).
+FILES_APIS: Final[Mapping[str, tuple[Callable[[str, str, str], bool], str]]] = {
+    "multipart": (files.handles, "files"), "resumable": (gemini_files.handles, "gemini_files")}
 
 
 def check_name(raw: str) -> str:
@@ -194,11 +190,12 @@ def _route(upstream_format: str, method: str, path: str, upgrade: bool) -> str |
     file APIs, or a WebSocket (an upgrade on a route that has none is the client's error: never
     a plain call)."""
     if not upgrade:
-        if files.handles(upstream_format, method, path):
-            return "files"
-        if gemini_files.handles(upstream_format, method, path):
-            return "gemini_files"
-        return None
+        facts = FORMATS.get(upstream_format)
+        api = facts.files if facts is not None else None
+        if api is None:
+            return None
+        handles, route = FILES_APIS[api.kind]
+        return route if handles(upstream_format, method, path) else None
     if websocket.serves(upstream_format, path) is None:
         raise InvalidRequest("this route has no WebSocket; send the call without Upgrade",
                              code=Code.UPGRADE_NOT_SUPPORTED)
