@@ -15,6 +15,7 @@ import msgspec
 
 from . import anthropic_messages
 from .base import Json, Slot
+from .facts import CallFacts
 from ..policy.model import NO_HTTP, HttpRefs
 from ..policy.profile import Rejection
 
@@ -26,10 +27,13 @@ INLINE_MARKERS: Final = anthropic_messages.INLINE_MARKERS
 URL_MARKERS: Final = anthropic_messages.URL_MARKERS
 render = anthropic_messages.render
 error_body = anthropic_messages.error_body
-upstream_auth = anthropic_messages.upstream_auth
+sign = anthropic_messages.sign
 PATHS: Final = re.compile(r"(?:/v1)?/messages/batches")
 VOLATILE: Final = frozenset({"id", "created_at", "expires_at", "ended_at", "cancel_initiated_at",
                              "archived_at", "results_url"})
+FACTS: Final = anthropic_messages.FACTS
+#: A batch is no generation of its own (its requests are, later): no operation.
+CALLS: Final = CallFacts()
 #: The Messages API's image limits; "Batch API: 256 MB" per request (10^6-byte MB, the safe side).
 #: Anthropic's, with the batch size limit. The many-image rule is per message request, and a batch
 #: body holds many: counted across the batch it would shrink images no request has too many of.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -24,6 +24,7 @@ import msgspec
 from .base import (SCAN_CHARS, Carried, ContextAnswers, FetchAnswers, Inline, Inliner, Json, Known, KnownContext,
                    KnownFetch, Linked, PlainInline, Site, Slot, content_lists, error_object, known_pattern, part_pointer,
                    patch)
+from .facts import CallFacts, Files, FormatFacts, Spoken
 from .responses import member
 from ..policy.linked import is_web_url
 from ..policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
@@ -39,6 +40,11 @@ INLINE_MARKERS: Final = (b'"data":',)
 URL_MARKERS: Final = (b'"url"',)
 PATHS: Final = re.compile(r"(?:/v1)?/messages(?:/count_tokens)?")
 VOLATILE: Final = frozenset({"id", "request_id"})
+#: The ``anthropic`` format: its SDKs send ``anthropic-version``; a Files API that takes any image.
+FACTS: Final = FormatFacts(
+    FORMAT, url="https://api.anthropic.com", provider="anthropic", files=Files("multipart"), v1_paths=True,
+    spoken=Spoken(headers=("anthropic-version",), paths=("/v1/messages",), prefixes=("/v1/messages/",)))
+CALLS: Final = CallFacts(operation="chat", counting=("count_tokens",))
 
 _TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
@@ -274,8 +280,9 @@ def rejection(status: int, doc: Json) -> Rejection | None:
     return Rejection(message, site, fetch or "rejected")
 
 
-def upstream_auth(api_key: str) -> dict[str, str]:
-    return {"x-api-key": api_key}
+def sign(method: str, url: str, headers: Mapping[str, str], body: bytes | None, credential: str) -> dict[str, str]:
+    """The key in ``x-api-key`` (it reads nothing of the request)."""
+    return {"x-api-key": credential}
 
 
 def usage(doc: Json) -> dict[str, Any] | None:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 from .base import (SCAN_CHARS, Carried, FetchAnswers, Host, Inline, Inliner, Json, Known, KnownFetch, Linked, Slot,
                    PlainInline, Site, error_object, inliner, insert_after, known_pattern, part_pointer)
+from .facts import CallFacts, Files, FormatFacts, Spoken
 from .responses import member
 from ..policy.linked import is_web_url, url_name
 from ..policy.model import ID_PREFIX, NO_HTTP, URL_SCHEME, HttpRefs, Outcome, Resolved, parse_url_ref
@@ -37,6 +38,15 @@ INLINE_MARKERS: Final = (b'"data":',)
 URL_MARKERS: Final = (b"file_uri", b"fileUri")
 PATHS: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:(?:generateContent|streamGenerateContent|countTokens)")
 VOLATILE: Final = frozenset({"responseId", "createTime"})
+#: The ``gemini`` format: its paths are versioned ``v1beta``/``v1alpha`` (or name a model method),
+#: its SDKs send ``x-goog-api-key`` or ``?key=``; its Files API takes resumable uploads.
+FACTS: Final = FormatFacts(
+    FORMAT, url="https://generativelanguage.googleapis.com", provider="gcp.gemini", files=Files("resumable"),
+    spoken=Spoken(headers=("x-goog-api-key",), query=("key",), prefixes=("/v1beta/", "/v1alpha/", "/upload/"),
+                  pattern=re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")))
+#: The model is named in the path (``/models/{model}:generateContent``), not in the body.
+CALLS: Final = CallFacts(operation="generate_content", counting=(":countTokens",),
+                         model_path=re.compile(r"/models/([^/:]+):"))
 #: The ``File`` name of an admitted attachment: this prefix and the id's hex digest.
 FILE_NAME_PREFIX: Final = "files/sha256-"
 #: Keys of a part that carry or describe its data: dropped when the part becomes placeholder text.
@@ -256,8 +266,9 @@ def rejection(status: int, doc: Json) -> Rejection | None:
     return Rejection(message, part_pointer(path.group(1), _ROOTS, _KEYS) if path else None, fetch or "rejected")
 
 
-def upstream_auth(api_key: str) -> dict[str, str]:
-    return {"x-goog-api-key": api_key}
+def sign(method: str, url: str, headers: Mapping[str, str], body: bytes | None, credential: str) -> dict[str, str]:
+    """The key in ``x-goog-api-key`` (it reads nothing of the request)."""
+    return {"x-goog-api-key": credential}
 
 
 def usage(doc: Json) -> dict[str, Any] | None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from .base import (NO_IMAGES_STATUSES, SCAN_CHARS, Carried, ContextAnswers, FetchAnswers, Inline, Inliner, Json,
                    Known, KnownContext, KnownFetch, Linked, PlainInline, Site, Slot, content_lists, data_url_base64,
                    data_url_type, error_object, known_pattern, opening_messages, part_pointer, patch)
+from .facts import CallFacts, Files, FormatFacts, Socket, Spoken
 from .responses import member
 from ..policy.linked import Unfetched, is_web_url
 from ..policy.model import ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, parse_file_id, parse_url_ref
@@ -36,6 +37,14 @@ URL_MARKERS: Final = (b'"image_url"',)
 PATHS: Final = re.compile(r"(?:/v1)?/chat/completions")
 #: Response members that differ on every call by design.
 VOLATILE: Final = frozenset({"id", "created", "system_fingerprint"})
+#: The ``openai`` format: the default upstream of requests no other format claims; the Responses
+#: WebSocket mode and Realtime; a Files API that takes ``purpose=vision`` images and lists files.
+FACTS: Final = FormatFacts(
+    FORMAT, url="https://api.openai.com", spoken=Spoken(otherwise=True), provider="openai",
+    sockets=(Socket(re.compile(r"(?:/v1)?/responses"), "responses"),
+             Socket(re.compile(r"(?:/v1)?/realtime"), "realtime")),
+    files=Files("multipart", purpose="vision", lists=True), v1_paths=True)
+CALLS: Final = CallFacts(operation="chat")
 
 _TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 409: "invalid_request_error", 413: "invalid_request_error",
@@ -287,8 +296,9 @@ def _message(doc: Json, error: dict[str, Any] | None) -> Any:
     return error.get("message")
 
 
-def upstream_auth(api_key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"}
+def sign(method: str, url: str, headers: Mapping[str, str], body: bytes | None, credential: str) -> dict[str, str]:
+    """The key as a bearer token (it reads nothing of the request)."""
+    return {"Authorization": f"Bearer {credential}"}
 
 
 def usage(doc: Json) -> dict[str, Any] | None:

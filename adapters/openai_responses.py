@@ -21,6 +21,7 @@ from typing import Any, Final
 from . import openai_chat
 from .base import (Carried, Host, Inliner, Json, Linked, PlainInline, Site, Slot, data_url_base64, data_url_type, inliner,
                    insert_after, opening_messages)
+from .facts import CallFacts
 from .responses import member
 from ..policy.linked import is_web_url
 from ..policy.model import (ID_PREFIX, NO_HTTP, HttpRefs, ImageRef, Outcome, Resolved, parse_file_id,
@@ -33,11 +34,13 @@ AUTH_QUERY: Final[tuple[str, ...]] = ()
 INLINE_MARKERS: Final = openai_chat.INLINE_MARKERS
 URL_MARKERS: Final = (b'"input_image"', b'"computer_screenshot"')
 error_body = openai_chat.error_body
-upstream_auth = openai_chat.upstream_auth
+sign = openai_chat.sign
 rejection = openai_chat.rejection
 PROFILE: Final = openai_chat.PROFILE
 PATHS: Final = re.compile(r"(?:/v1)?/responses(?:/compact|/input_tokens)?")
 VOLATILE: Final = frozenset({"id", "created_at", "item_id", "response_id", "sequence_number"})
+FACTS: Final = openai_chat.FACTS
+CALLS: Final = CallFacts(operation="chat", counting=("/input_tokens", "/compact"))
 
 
 def usage(doc: Json) -> dict[str, Any] | None:

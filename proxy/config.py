@@ -20,12 +20,14 @@ from typing import Annotated, Final, Literal
 import msgspec
 from yarl import URL
 
+from ..adapters.registry import FORMATS
 from ..policy.errors import Code, InvalidRequest
 from ..policy.model import is_tenant
 from .config_explain import explain
 
-Format = Literal["openai", "anthropic", "gemini"]
-FORMATS: tuple[Format, ...] = ("openai", "anthropic", "gemini")
+#: An upstream format: one the adapters' registry holds (``adapters.registry.FORMATS``), checked
+#: when the config is loaded (``check_formats``), so a format added there is one here.
+Format = str
 
 MiB = 1024 * 1024
 #: Value constraints: a size of at least one byte, a count that may be zero, a positive duration.
@@ -248,11 +250,8 @@ class TelemetryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def _default_upstreams() -> dict[str, UpstreamConfig]:
-    return {
-        "openai": UpstreamConfig("openai", "https://api.openai.com"),
-        "anthropic": UpstreamConfig("anthropic", "https://api.anthropic.com"),
-        "gemini": UpstreamConfig("gemini", "https://generativelanguage.googleapis.com"),
-    }
+    """One upstream per format that has a default base URL, named after its format."""
+    return {name: UpstreamConfig(name, facts.url) for name, facts in FORMATS.items() if facts.url}
 
 
 class AdminConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -400,6 +399,7 @@ def load_config(path: str | Path | None = None, **overrides: object) -> Config:
     except msgspec.ValidationError as exc:
         flags = {k: v for k, v in FLAGS.items() if overrides.get(k) is not None}
         raise InvalidRequest(explain(exc, Config, path=path, flags=flags), code=Code.INVALID_CONFIG) from None
+    check_formats(config, path)
     config = msgspec.structs.replace(config, upstreams={**_default_upstreams(), **config.upstreams})
     check_upstreams(config)
     check_budget(config.server)
@@ -430,6 +430,16 @@ def check_budget(server: ServerConfig) -> None:
         raise InvalidRequest(f"server.memory_budget ({server.memory_budget} bytes) must be at least twice the larger "
                              f"of client_max_size and websocket_max_message ({2 * largest} bytes)",
                              code=Code.INVALID_CONFIG)
+
+
+def check_formats(config: Config, path: str | Path | None = None) -> None:
+    """Every upstream names a format of the registry: said as msgspec says a value outside a
+    fixed set (``explain``: where, which key, the valid values)."""
+    for upstream in config.upstreams.values():
+        if upstream.format not in FORMATS:
+            said = msgspec.ValidationError(f"Invalid enum value {upstream.format!r}; valid values: "
+                                           f"{', '.join(map(repr, FORMATS))} - at `$.upstreams[...].format`")
+            raise InvalidRequest(explain(said, Config, path=path), code=Code.INVALID_CONFIG)
 
 
 def check_upstreams(config: Config) -> None:

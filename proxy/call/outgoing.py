@@ -3,7 +3,9 @@
 The URL is the upstream's configured base plus the validated client path (``upstream.urls``);
 the query goes as the client wrote it, pair by pair, minus what ``filter_query`` refuses. The
 client's own credentials are forwarded unless the upstream has a configured key; then the
-format's auth headers and query parameters (Gemini's ``?key=``) are replaced by it. What the
+format's auth headers and query parameters (Gemini's ``?key=``) are replaced by what its
+adapter's ``sign`` makes of the key: here, for a format whose ``sign`` reads the key alone; right
+before each send (``upstream.signing``), for one that signs the request itself. What the
 ``Withheld`` says is the proxy's own (client tokens, the admin token, its session and token
 headers) is never forwarded, in whatever header or query parameter it came.
 """
@@ -19,7 +21,7 @@ from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from ...adapters.base import WireFormat
-from ...adapters.registry import projecting
+from ...adapters.registry import FORMATS, projecting
 from ...policy.errors import UpstreamError
 from .relay import forward_headers
 from ..upstream.target import Upstream
@@ -127,8 +129,8 @@ def outgoing_headers(incoming: MultiMapping[str], fmt: WireFormat, upstream: Ups
                      withheld: Withheld) -> CIMultiDict[str]:
     drop = withheld.withheld_headers(incoming)
     if upstream.api_key:
-        return forward_headers(incoming, drop=drop | frozenset(fmt.AUTH_HEADERS),
-                               replace=fmt.upstream_auth(upstream.api_key))
+        signed = None if fmt.FACTS.signs_request else fmt.sign("", "", incoming, None, upstream.api_key)
+        return forward_headers(incoming, drop=drop | frozenset(fmt.AUTH_HEADERS), replace=signed)
     return forward_headers(incoming, drop=drop)
 
 
@@ -176,14 +178,15 @@ _OTHER_VERSIONS: Final = ("/v1beta", "/v1alpha", "/upload/")
 def base_url_mistake(method: str, raw_path: str, upstream: Upstream, public_url: str) -> str | None:
     """What a 404 of the upstream to ``raw_path`` most likely means, when the path is one /v1 off
     (the upstream's url ending in /v1 and the client's path starting with it again; or a client
-    whose base URL lacks /v1 calling one of the proxy's own routes, chat or messages, on an OpenAI
-    or Anthropic upstream), else None. Asked only of a 404. Any other path (Azure's deployments,
-    a provider's own extras) keeps the upstream's 404 as it came."""
+    whose base URL lacks /v1 calling one of the proxy's own routes, chat or messages, on an upstream
+    whose format's paths sit under /v1: OpenAI's, Anthropic's), else None. Asked only of a 404.
+    Any other path (Azure's deployments, a provider's own extras) keeps the upstream's 404 as it came."""
     where = f"upstream {upstream.name!r} at {upstream.base.shown}"
     if upstream.base.path.endswith("/v1") and (raw_path == "/v1" or raw_path.startswith("/v1/")):
         return (f"the {where} answered 404 to {upstream.base.path}{raw_path}: its url ends in /v1 and the "
                 f"client's path starts with /v1 too; drop /v1 from [upstreams.{upstream.name}] url")
-    if (upstream.format in ("openai", "anthropic") and not upstream.base.path.endswith("/v1")
+    facts = FORMATS.get(upstream.format)
+    if (facts is not None and facts.v1_paths and not upstream.base.path.endswith("/v1")
             and not raw_path.startswith(("/v1/", *_OTHER_VERSIONS)) and raw_path != "/v1"
             and projecting(upstream.format, method, raw_path) is not None):
         return (f"the {where} answered 404 to {raw_path}, which has no /v1: set the client's base URL to "

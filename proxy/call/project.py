@@ -10,7 +10,6 @@ as attempt 2, from the log (the refused images are placeholders by then).
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,8 +37,6 @@ from .read import Inbound
 from .record import CallInfo, Recorder
 from .resend import Resend
 
-#: The model a Gemini method's path names (``/v1beta/models/{model}:generateContent``).
-_GEMINI_MODEL: Final = re.compile(r"/models/([^/:]+):")
 #: The longest model name the log line and the span repeat.
 MODEL_MAX: Final = 128
 
@@ -268,10 +265,12 @@ class RequestImages:
 
 
 def requested_model(fmt: WireFormat, raw_path: str, tree: object) -> str | None:
-    """The model a request names where it costs nothing to find: Gemini's path, or the body the
-    projection decoded anyway (a body that was not decoded is not decoded for this)."""
-    if fmt.FORMAT == "gemini":
-        found = _GEMINI_MODEL.search(raw_path)
+    """The model a request names where it costs nothing to find: the path, for a format that
+    names it there (``CallFacts.model_path``: Gemini's), or the body the projection decoded anyway
+    (a body that was not decoded is not decoded for this)."""
+    in_path = fmt.CALLS.model_path
+    if in_path is not None:
+        found = in_path.search(raw_path)
         model: object = unquote(found[1]) if found is not None else None
     else:
         model = tree.get("model") if isinstance(tree, dict) else None

@@ -211,11 +211,11 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
     own = upstream is not None and (not upstream_url or upstream_url.rstrip("/") == configured.rstrip("/"))
     key = config.upstream_key(record.upstream) if own else ""
     if key:
-        for name, value in fmt.upstream_auth(key).items():
+        for name, value in fmt.sign(record.method, str(url), outgoing, rebuilt.body, key).items():
             outgoing[name] = value
     for name, value in check_headers(headers or {}).items():
         outgoing[name] = value
-    settings = upstream or UpstreamConfig(format="openai", url=upstream_url or configured)  # its defaults
+    settings = upstream or UpstreamConfig(format=fmt.FORMAT, url=upstream_url or configured)  # its defaults
     if record.route == WEBSOCKET:  # its message went on a WebSocket: it goes on one again
         return await exchange(url, outgoing, rebuilt.body, connect_timeout=settings.connect_timeout,
                               read_timeout=settings.read_timeout, max_message=config.server.websocket_max_message)

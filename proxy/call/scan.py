@@ -107,9 +107,9 @@ def scan(fmt: WireFormat, raw: bytes, identify: Callable[[bytes, int, int], str 
          identify_text: Callable[[str], str | None],
          find: Callable[[WireFormat, Any], list[Carried]]) -> Scanned | None:
     """``raw`` scanned as the module docstring says; None when it holds no run at all (the caller
-    decodes it, or needs not). ``find`` gives the client's images of a decoded body (the adapter's
-    ``find_inline``, bounded by the caller); an image left in place (short, or JSON-escaped) gets
-    its identity from its decoded text (``identify_text``). The small document must be JSON, or
+    decodes it, or needs not). ``find`` gives the client's images of a decoded body (the inlined
+    ones of the adapter's ``find_slots``, bounded by the caller); an image left in place (short,
+    or JSON-escaped) gets its identity from its decoded text (``identify_text``). The small document must be JSON, or
     the body is the client's error (``INVALID_JSON``), as for any body."""
     cuts = runs(raw, fmt.INLINE_MARKERS)
     if cuts is None:

@@ -1,7 +1,8 @@
 """The WebSocket relay: a client's socket on a route its provider serves over WebSocket, relayed
 frame by frame to the configured upstream (proxy layer, call sublayer).
 
-Two routes have one, on OpenAI-format upstreams: the Responses WebSocket mode (``/v1/responses``),
+The routes with one are the ones the upstream's format declares (``adapters.facts.Socket``). Two
+have one, on OpenAI-format upstreams: the Responses WebSocket mode (``/v1/responses``),
 where each ``response.create`` is a projected call (``websocket_calls``), and Realtime
 (``/v1/realtime``), relayed unchanged. The trust rules are HTTP's: the edge checked the client's
 token at the upgrade; the upstream leg goes to the configured base plus the checked path, with
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import unquote
@@ -48,6 +48,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
 from ...adapters import openai_responses
+from ...adapters.registry import FORMATS
 from ...policy.errors import Code, InvalidRequest, ProjectionistError, UpstreamError
 from ..inbound.budget import MemoryBusy
 from ..observe.logger import get_logger
@@ -59,9 +60,6 @@ from .outgoing import Withheld, naming, outgoing_headers, target_url
 from .relay import client_error
 from .websocket_calls import ROUTE, Calls
 
-#: The routes with a WebSocket, by upstream format: the kind of socket each one is.
-SOCKETS: Final = {"openai": ((re.compile(r"(?:/v1)?/responses"), "responses"),
-                             (re.compile(r"(?:/v1)?/realtime"), "realtime"))}
 #: Upstream statuses a refused upgrade passes on (a client acts on them); any other is a 502.
 PASSED_ON: Final = frozenset({401, 403, 404, 426, 429})
 #: The subprotocol prefix Realtime's browser clients carry their API key in.
@@ -72,9 +70,10 @@ _UNSENDABLE: Final = frozenset({1005, 1006, 1015})
 
 def serves(upstream_format: str, path: str) -> str | None:
     """The kind of WebSocket a path of ``upstream_format`` has (``responses``, ``realtime``), if any."""
-    for pattern, kind in SOCKETS.get(upstream_format, ()):
-        if pattern.fullmatch(path):
-            return kind
+    facts = FORMATS.get(upstream_format)
+    for socket in facts.sockets if facts is not None else ():
+        if socket.path.fullmatch(path):
+            return socket.kind
     return None
 
 

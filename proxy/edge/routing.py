@@ -1,7 +1,10 @@
 """Routing: which upstream a request goes to, and whether it is projected or passed through (proxy layer).
 
 ``/u/{name}/...`` goes to the named upstream with the prefix removed (the name spelled literally
-in the raw path); a rest that names a path the proxy owns (``/u/openai/admin/...``) is never sent. Any other path goes to a default upstream, by this rule, first match wins:
+in the raw path); a rest that names a path the proxy owns (``/u/openai/admin/...``) is never sent. Any other path
+goes to the default upstream named after the format it speaks, by the hints each format's adapter declares
+(``adapters.facts.Spoken``, asked in the registry's order: ``adapters.registry.SPOKEN``), first match wins.
+The shipped adapters declare:
 
 1. an ``anthropic-version`` header, or a path under ``/v1/messages``: ``anthropic``;
 2. a path under ``/v1beta/``, ``/v1alpha/`` or ``/upload/``, a Gemini model method
@@ -37,7 +40,7 @@ from aiohttp import web
 from multidict import MultiDict, MultiDictProxy, MultiMapping
 from yarl import URL
 
-from ...adapters.registry import SPEAKS
+from ...adapters.registry import FORMATS, SPEAKS, claims
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import check_session_id
 from ..call import websocket
@@ -51,7 +54,6 @@ from ..inbound.context import Context, context
 from ..inbound.services import SERVICES, Services
 from ..upstream.urls import check_path
 
-_GEMINI_METHOD: Final = re.compile(r"/v1(?:beta|alpha)?/models/[^/:]+:[A-Za-z]+")
 #: Busy un-prefixed paths, registered as plain routes so aiohttp resolves them without a pattern scan.
 HOT_PATHS: Final = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 #: Methods that may go upstream (TRACE and CONNECT never do: an echo of the headers would hand
@@ -67,13 +69,18 @@ ATTACHMENTS: Final = "/v1/attachments"
 
 
 def format_spoken(path: str, headers: MultiMapping[str], query: MultiMapping[str]) -> str:
-    """The format a request speaks, by the rule in this module's docstring (its default upstream)."""
-    if "anthropic-version" in headers or path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return "anthropic"
-    if (path.startswith(("/v1beta/", "/v1alpha/", "/upload/")) or _GEMINI_METHOD.fullmatch(path)
-            or "x-goog-api-key" in headers or "key" in query):
-        return "gemini"
-    return "openai"
+    """The format a request speaks, by the rule in this module's docstring (its default upstream):
+    what its path says (``registry.claims``, kept per path), unless a header or a query parameter
+    of a format asked before claims it. Plain loops: every request asks, twice."""
+    before, found = claims(path)
+    for name, names, parameters in before:
+        for header in names:
+            if header in headers:
+                return name
+        for parameter in parameters:
+            if parameter in query:
+                return name
+    return found
 
 
 @functools.lru_cache(maxsize=256)
@@ -165,6 +172,9 @@ ROUTES: Final[Mapping[str, Route]] = {
     "websocket": websocket.relay,
 }
 _FILES: Final = frozenset({"files", "gemini_files"})
+#: The proxy's own Files API routes, by the kind of Files API a format declares (``Files.kind``).
+FILES_APIS: Final[Mapping[str, tuple[Callable[[str, str, str], bool], str]]] = {
+    "multipart": (files.handles, "files"), "resumable": (gemini_files.handles, "gemini_files")}
 
 
 def check_name(raw: str) -> str:
@@ -180,11 +190,12 @@ def _route(upstream_format: str, method: str, path: str, upgrade: bool) -> str |
     file APIs, or a WebSocket (an upgrade on a route that has none is the client's error: never
     a plain call)."""
     if not upgrade:
-        if files.handles(upstream_format, method, path):
-            return "files"
-        if gemini_files.handles(upstream_format, method, path):
-            return "gemini_files"
-        return None
+        facts = FORMATS.get(upstream_format)
+        api = facts.files if facts is not None else None
+        if api is None:
+            return None
+        handles, route = FILES_APIS[api.kind]
+        return route if handles(upstream_format, method, path) else None
     if websocket.serves(upstream_format, path) is None:
         raise InvalidRequest("this route has no WebSocket; send the call without Upgrade",
                              code=Code.UPGRADE_NOT_SUPPORTED)

@@ -1,6 +1,7 @@
 """Gemini Files API compatibility: resumable uploads of images become attachments (proxy layer).
 
-On a ``gemini``-format upstream (also under ``/u/{name}/``):
+On an upstream whose format's Files API is ``resumable`` (``adapters.facts.Files``: ``gemini``'s;
+also under ``/u/{name}/``):
 
 - ``POST /upload/{version}/files`` with ``X-Goog-Upload-Protocol: resumable`` and
   ``X-Goog-Upload-Command: start`` whose declared type (``X-Goog-Upload-Header-Content-Type``) is
@@ -33,6 +34,7 @@ import msgspec
 from aiohttp import web
 
 from ...adapters import gemini
+from ...adapters.registry import FORMATS
 from ...policy.errors import Code, InvalidRequest, NotFound, ProjectionistError
 from ...policy.model import ID_PREFIX, check_id
 from ..inbound.bodies import read_body, read_raw
@@ -56,7 +58,8 @@ STATUS: Final = "X-Goog-Upload-Status"
 
 
 def handles(upstream_format: str, method: str, path: str) -> bool:
-    if upstream_format != "gemini":
+    facts = FORMATS.get(upstream_format)
+    if facts is None or facts.files is None or facts.files.kind != "resumable":
         return False
     if method == "POST":
         return START_PATH.fullmatch(path) is not None

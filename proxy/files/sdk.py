@@ -1,10 +1,12 @@
 """Files API compatibility: SDK uploads of images become attachments (proxy layer).
 
-The rule, for ``POST /v1/files`` (and ``/u/{name}/v1/files``) on an OpenAI- or Anthropic-format upstream:
+The rule, for ``POST /v1/files`` (and ``/u/{name}/v1/files``) on an upstream whose format has a
+``multipart`` Files API (``adapters.facts.Files``: OpenAI's and Anthropic's), whose shapes are its
+speaking adapter's (``file_object``, ``file_deleted``):
 
-- OpenAI: a multipart upload with ``purpose=vision`` whose file is a png, jpeg, gif or webp image
-  (by its magic bytes) is admitted into the attachment store;
-- Anthropic: a multipart upload whose file is such an image is admitted;
+- OpenAI: a multipart upload with ``purpose=vision`` (the format's ``Files.purpose``) whose file
+  is a png, jpeg, gif or webp image (by its magic bytes) is admitted into the attachment store;
+- Anthropic (no ``purpose``): a multipart upload whose file is such an image is admitted;
 - anything else (other purposes, non-images, non-multipart bodies, bodies larger than
   ``store.limits.max_bytes`` + 64 KiB, which could never be admitted) is forwarded unchanged to the
   upstream's own Files API. Bodies over ``server.client_max_size`` are streamed through uninspected too.
@@ -14,7 +16,7 @@ An admitted file's id is its attachment id (``sha256:<hex>``): it works as a Res
 and ``GET .../content`` on a ``sha256:`` id are answered from the store; other ids pass through.
 ``DELETE`` of an attachment needs the admin token: it changes history for every session.
 
-``GET /v1/files`` on an OpenAI-format upstream lists the upstream's files (its page fetched with the
+``GET /v1/files`` on an OpenAI-format upstream (``Files.lists``) lists the upstream's files (its page fetched with the
 client's own auth, as the pass-through would) followed by the admitted images as ``purpose=vision``
 files. The merged order: the upstream's pages come first, in its own ``order``; once its last page
 (``has_more: false``) is reached the rest of that page and the pages after it are admitted images,
@@ -29,14 +31,15 @@ from __future__ import annotations
 import asyncio
 import mimetypes
 import re
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
 
-from ...adapters import anthropic_messages, openai_chat
 from ...adapters.base import FilesFormat
+from ...adapters.facts import Files
+from ...adapters.registry import FORMATS, SPEAKS
 from ...policy.errors import Code, ImageRejected, InvalidRequest, NotFound, UpstreamError
 from ...policy.model import ID_PREFIX, check_id
 from ..stores.admission import IMAGE_TOO_LARGE, header_info
@@ -62,11 +65,20 @@ NO_FILES_API: Final = frozenset({404, 405})
 
 def handles(upstream_format: str, method: str, path: str) -> bool:
     match = FILES_PATH.fullmatch(path)
-    if upstream_format not in ("openai", "anthropic") or match is None:
+    if match is None:
+        return False
+    files = _api(upstream_format)
+    if files is None or files.kind != "multipart":
         return False
     if match["id"] is None:
-        return method == "POST" or (method == "GET" and upstream_format == "openai")
+        return method == "POST" or (method == "GET" and files.lists)
     return method == "GET" or (method == "DELETE" and not match["content"])
+
+
+def _api(upstream_format: str) -> Files | None:
+    """The Files API of ``upstream_format`` (its facts'), if it has one."""
+    facts = FORMATS.get(upstream_format)
+    return facts.files if facts is not None else None
 
 
 def _is_image(data: bytes) -> bool:
@@ -90,7 +102,8 @@ def file_object(upstream_format: str, meta: AttachmentMeta) -> dict[str, Any]:
 
 
 def _files(upstream_format: str) -> FilesFormat:
-    return anthropic_messages if upstream_format == "anthropic" else openai_chat
+    """The adapter that speaks for ``upstream_format``, which has a Files API (``handles``)."""
+    return cast(FilesFormat, SPEAKS[upstream_format])
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
@@ -133,7 +146,8 @@ async def _upload(call: Call) -> web.StreamResponse:
     raw = await read_raw(request, app.budget)  # forwarded as it came, if it is not an image to admit
     form = await decoded(request, raw, app.budget)
     fields, upload = await parse_form(request.headers["Content-Type"], form, limit)
-    wanted = upstream.format == "anthropic" or fields.get("purpose") == "vision"
+    purpose = _purpose(upstream.format)
+    wanted = not purpose or fields.get("purpose") == purpose
     if not wanted or upload is None or not _is_image(upload[0]):
         context(request).fields.update(files="forwarded")
         return await relay_body(call, raw)
@@ -152,7 +166,8 @@ async def _list(call: Call) -> web.StreamResponse:
     """The upstream's files, then the admitted images (the rule in the module docstring)."""
     request = call.request
     query = request.query
-    if query.get("purpose", "vision") not in ("", "vision"):
+    purpose = _purpose(call.upstream.format)
+    if query.get("purpose", purpose) not in ("", purpose):
         return await relay_unchanged(call)
     limit = _limit(query.get("limit"))
     after = query.get("after") or None
@@ -170,7 +185,14 @@ async def _list(call: Call) -> web.StreamResponse:
     room = min(limit - len(theirs), LIST_MAX)
     ours = await request.app[SERVICES].visible.list(context(request).tenant, after, room + 1)
     context(request).fields.update(files="listed", listed=min(len(ours), room))
-    return _json(_page(theirs + [file_object("openai", meta) for meta in ours[:room]], len(ours) > room))
+    listed = [file_object(call.upstream.format, meta) for meta in ours[:room]]
+    return _json(_page(theirs + listed, len(ours) > room))
+
+
+def _purpose(upstream_format: str) -> str:
+    """The ``purpose`` an image upload names to be admitted ('': any)."""
+    files = _api(upstream_format)
+    return files.purpose if files is not None else ""
 
 
 def _limit(raw: str | None) -> int:

@@ -10,6 +10,8 @@ one, with the GenAI semantic conventions' attributes (``gen_ai.provider.name`` a
 backends, ``gen_ai.system``; ``gen_ai.operation.name``, ``gen_ai.request.model``,
 ``gen_ai.response.model``, ``gen_ai.usage.*``), HTTP ones and the request id; a child span per
 projection. The span's context goes upstream as the ``traceparent``. Never bodies, keys or tokens.
+The provider's and the operation's names are the adapters' facts (``FormatFacts.provider``,
+``CallFacts.operation``), read from the registry.
 """
 
 from __future__ import annotations
@@ -26,13 +28,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-#: ``gen_ai.provider.name`` (and ``gen_ai.system``) by upstream format; an OpenAI-compatible
-#: upstream of another provider is still "openai" here: the proxy knows formats, not vendors.
-PROVIDERS: Final = {"openai": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini"}
-#: ``gen_ai.operation.name`` by route (adapter name); token counting and batches have none.
-OPERATIONS: Final = {"openai_chat": "chat", "openai_responses": "chat", "anthropic_messages": "chat",
-                     "gemini": "generate_content"}
-_NOT_GENERATION: Final = ("count_tokens", ":countTokens", "/input_tokens", "/compact")
+from ...adapters.registry import ADAPTERS, FORMATS
+
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 
 
@@ -56,8 +53,10 @@ class Tracing:
              upstream_format: str, request_id: str) -> CallSpan:
         """Start the span of one proxied call (``incoming``: the request's headers, for its
         ``traceparent``; ``path``: the raw path, never the query)."""
-        operation = None if path.endswith(_NOT_GENERATION) else OPERATIONS.get(route)
-        provider = PROVIDERS.get(upstream_format, upstream_format)
+        operation = _operation(route, path)
+        facts = FORMATS.get(upstream_format)
+        # an OpenAI-compatible upstream of another provider is still "openai": the proxy knows formats, not vendors
+        provider = (facts.provider or upstream_format) if facts is not None else upstream_format
         attributes: dict[str, str] = {
             "gen_ai.provider.name": provider, "gen_ai.system": provider,
             "http.request.method": method, "url.path": path,
@@ -72,6 +71,15 @@ class Tracing:
     def close(self) -> None:
         """Export what is batched and stop (blocks: call it off the event loop)."""
         self.provider.shutdown()
+
+
+def _operation(route: str, path: str) -> str | None:
+    """``gen_ai.operation.name`` of a call on ``route`` (a projected call's is its adapter's name):
+    its adapter's operation, none for token counting, for batches, for a route of no adapter."""
+    adapter = ADAPTERS.get(route)
+    if adapter is None or path.endswith(adapter.CALLS.counting):
+        return None
+    return adapter.CALLS.operation
 
 
 class CallSpan:

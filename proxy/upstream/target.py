@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...adapters.registry import FORMATS, SPEAKS
 from .client import Client
+from .signing import Signing
 from .transport import MAX_CONNECTIONS, Kind, Transport
 from .urls import Base
 
@@ -41,7 +43,13 @@ class Upstream:
         self.base = Base(self.url)
 
     def open_transport(self) -> Transport:
-        return open_transport(self.transport, self.connect_timeout, self.read_timeout, self.max_connections)
+        """Its transport; for a format whose upstream signs each request (and a configured key),
+        one that signs them as they go (``signing``)."""
+        opened = open_transport(self.transport, self.connect_timeout, self.read_timeout, self.max_connections)
+        facts = FORMATS.get(self.format)
+        if self.api_key and facts is not None and facts.signs_request:
+            return Signing(opened, SPEAKS[self.format], self.api_key, self.base)
+        return opened
 
     @property
     def session(self) -> Transport:

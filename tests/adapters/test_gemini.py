@@ -45,7 +45,7 @@ def test_adapter_error_body_is_googles_shape() -> None:
     assert body == {"error": {"code": 422, "message": "gone", "status": "FAILED_PRECONDITION", "details": [
         {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": NOT_FOUND, "domain": "projectionist"}]}}
     assert gemini.error_body(READ_FAILED, "x", 503)["error"]["status"] == "UNAVAILABLE"
-    assert gemini.upstream_auth("k") == {"x-goog-api-key": "k"}
+    assert gemini.sign("POST", "https://x/v1beta/models/m:generateContent", {}, b"{}", "k") == {"x-goog-api-key": "k"}
 
 
 # --- placeholders in place of image parts -------------------------------------------------------

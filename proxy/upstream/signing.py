@@ -1,0 +1,49 @@
+"""Requests signed as they go: a ``Transport`` that has a format's ``sign`` authenticate each
+request to its upstream (proxy layer, upstream sublayer).
+
+A format whose upstream signs requests (``FormatFacts.signs_request``: a signature over the
+method, URL, headers and body, as AWS's SigV4) cannot have its auth set with the other headers,
+before the body is built: its upstream's transport is wrapped in ``Signing``, which asks the
+adapter's ``sign`` right before each send, with the bytes that go (a live call, a re-send with
+another body, a replay through the running app's transport). A body streamed through unread (a
+pass-through) is signed as None. Only a request to the upstream's own base is signed: a replay
+to another URL through this transport goes as it is, as it gets no configured key either.
+Formats whose ``sign`` reads the key alone never come here (``Upstream.open_transport``).
+"""
+
+from __future__ import annotations
+
+from multidict import CIMultiDict
+from yarl import URL
+
+from ...adapters.base import WireFormat
+from .transport import Answer, Body, Transport
+from .urls import Base
+
+
+class Signing:
+    """``inner``, with ``fmt.sign`` setting its headers on every request under ``base``."""
+
+    def __init__(self, inner: Transport, fmt: WireFormat, credential: str, base: Base) -> None:
+        self.inner = inner
+        self.fmt = fmt
+        self._credential = credential
+        self._origin = base.url.origin()
+        self._path = base.path
+
+    def _own(self, url: URL) -> bool:
+        """Whether ``url`` is under the upstream's base (its origin, and its path's prefix)."""
+        path = url.raw_path
+        return url.origin() == self._origin and (path == self._path or path.startswith(self._path + "/"))
+
+    async def send(self, method: str, url: URL, *, headers: CIMultiDict[str], body: Body = None) -> Answer:
+        if self._own(url):
+            signed = self.fmt.sign(method, str(url), headers, body if isinstance(body, bytes) else None,
+                                   self._credential)
+            headers = CIMultiDict(headers)
+            for name, value in signed.items():
+                headers[name] = value
+        return await self.inner.send(method, url, headers=headers, body=body)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
