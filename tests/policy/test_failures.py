@@ -15,7 +15,7 @@ import pytest
 from projectionist.policy import failures
 from projectionist.policy.budget import within
 from projectionist.policy.decide import Ask, Done, Progress, Read, Record, decide
-from projectionist.policy.errors import ATTACHMENT_CODES, INVALID_REF, READ_FAILED, AttachmentError
+from projectionist.policy.errors import ATTACHMENT_CODES, INVALID_REF, AttachmentError
 from projectionist.policy.events import (QUARANTINE, REJECTED, Learnt, Quarantine, QuarantineEvent, Rejected,
                                          decode_event, encode_event, envelope, event_type)
 from projectionist.policy.failures import (BY_CODE, FAILURES, LASTING, NO_IMAGE, UNAVAILABLE, Failure, Kind,
