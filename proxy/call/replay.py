@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import msgspec
 from multidict import CIMultiDict
+from yarl import URL
 
 from ...adapters.registry import ADAPTERS
 from ...adapters.responses import documents
@@ -190,50 +191,70 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
     opened as the upstream's configuration says and closed after; with the headers the live call
     went with (its record's, credentials left out), then the key, then ``headers``. So the
     method, path, headers and body on the wire are the live call's, credentials aside. A call
-    made on a WebSocket (route ``websocket``) goes on a WebSocket of its own, its handshake with
-    those headers: its events come back as its record keeps them (``data:`` lines)."""
+    made on a WebSocket (route ``websocket``) goes on a WebSocket of its own, which the same
+    transport opens, its handshake with those headers: its events come back as its record keeps
+    them (``data:`` lines)."""
     if rebuilt.body is None:
         raise Conflict(f"nothing to send: {rebuilt.reason}", code=Code.REPLAY_NOT_REBUILT)
     record = rebuilt.request
     upstream = config.upstreams.get(record.upstream)
     configured = upstream.url if upstream else ""
-    if not (upstream_url or configured):
-        raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code=Code.UNKNOWN_UPSTREAM)
-    try:
-        base = Base(upstream_url or configured)
-    except InvalidRequest as error:
-        raise InvalidRequest(f"upstream URL: {error.message}", code=Code.INVALID_REQUEST) from None
-    path, _, query = record.path.partition("?")
-    url = base.join(path, query)
-    fmt = ADAPTERS[record.adapter]
-    outgoing: CIMultiDict[str] = CIMultiDict(record.headers or {"Content-Type": "application/json"})
+    url = _target(record, upstream_url or configured)
     # The configured key goes only to the configured upstream: an override URL gets no key.
     own = upstream is not None and (not upstream_url or upstream_url.rstrip("/") == configured.rstrip("/"))
-    key = config.upstream_key(record.upstream) if own else ""
-    if key:
-        for name, value in fmt.upstream_auth(key).items():
-            outgoing[name] = value
-    for name, value in check_headers(headers or {}).items():
-        outgoing[name] = value
+    outgoing = _outgoing(record, config, own, headers or {})
     settings = upstream or UpstreamConfig(format="openai", url=upstream_url or configured)  # its defaults
-    if record.route == WEBSOCKET:  # its message went on a WebSocket: it goes on one again
-        return await exchange(url, outgoing, rebuilt.body, connect_timeout=settings.connect_timeout,
-                              read_timeout=settings.read_timeout, max_message=config.server.websocket_max_message)
     opened = None
     if transport is None:
         transport = opened = open_transport(settings.transport, settings.connect_timeout, settings.read_timeout, 1)
     try:
-        with upstream_errors():
-            answer = await transport.send(record.method, url, headers=outgoing, body=rebuilt.body)
-            try:
-                data = await answer.read()
-                encoding = answer.headers.get("Content-Encoding", "").strip().lower()
-                return answer.status, answer.headers.get("Content-Type", ""), _decoded(data, encoding, config)
-            finally:
-                answer.release()
+        if record.route == WEBSOCKET:  # its message went on a WebSocket: it goes on one again
+            return await exchange(transport, url, outgoing, rebuilt.body, read_timeout=settings.read_timeout,
+                                  max_message=config.server.websocket_max_message)
+        return await _answered(transport, record.method, url, outgoing, rebuilt.body, config)
     finally:
         if opened is not None:
             await opened.aclose()
+
+
+def _target(record: RequestRecorded, base: str) -> URL:
+    """The URL the recorded call goes to under ``base`` (its upstream's, or the one asked for)."""
+    if not base:
+        raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code=Code.UNKNOWN_UPSTREAM)
+    try:
+        parsed = Base(base)
+    except InvalidRequest as error:
+        raise InvalidRequest(f"upstream URL: {error.message}", code=Code.INVALID_REQUEST) from None
+    path, _, query = record.path.partition("?")
+    return parsed.join(path, query)
+
+
+def _outgoing(record: RequestRecorded, config: Config, own: bool, headers: dict[str, str]) -> CIMultiDict[str]:
+    """The headers the call goes with: its record's, then the configured key when it goes to its
+    ``own`` upstream, then the ``headers`` a user asked for (``check_headers``)."""
+    fmt = ADAPTERS[record.adapter]
+    outgoing: CIMultiDict[str] = CIMultiDict(record.headers or {"Content-Type": "application/json"})
+    key = config.upstream_key(record.upstream) if own else ""
+    if key:
+        for name, value in fmt.upstream_auth(key).items():
+            outgoing[name] = value
+    for name, value in check_headers(headers).items():
+        outgoing[name] = value
+    return outgoing
+
+
+async def _answered(transport: Transport, method: str, url: URL, outgoing: CIMultiDict[str], body: bytes,
+                    config: Config) -> tuple[int, str, bytes]:
+    """One HTTP call through ``transport``: the answer's status, content type and whole body (as
+    its client read it: ``_decoded``)."""
+    with upstream_errors():
+        answer = await transport.send(method, url, headers=outgoing, body=body)
+        try:
+            data = await answer.read()
+            encoding = answer.headers.get("Content-Encoding", "").strip().lower()
+            return answer.status, answer.headers.get("Content-Type", ""), _decoded(data, encoding, config)
+        finally:
+            answer.release()
 
 
 def _decoded(data: bytes, encoding: str, config: Config) -> bytes:

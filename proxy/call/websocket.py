@@ -8,7 +8,8 @@ token at the upgrade; the upstream leg goes to the configured base plus the chec
 the headers ``outgoing_headers`` makes (the configured key instead of the client's, none of the
 proxy's own) and the subprotocols the client offered minus any credential they carry
 (Realtime's ``openai-insecure-api-key.*`` when the upstream has a key, anything holding a proxy
-token). The upstream leg is opened first: a refusal of the upgrade (``UPGRADE_REFUSED``), a
+token). The upstream leg is opened first, by the upstream's transport (``Transport.websocket``,
+the one its HTTP calls go through): a refusal of the upgrade (``UPGRADE_REFUSED``), a
 connection that fails, or a 101 that does not come within the upstream's ``connect_timeout``
 (``UPSTREAM_TIMEOUT``: the handshake is part of connecting) is an HTTP error in the route's
 format, before the client's 101.
@@ -52,8 +53,7 @@ from ...policy.errors import Code, InvalidRequest, ProjectionistError, UpstreamE
 from ..inbound.budget import MemoryBusy
 from ..observe.logger import get_logger
 from ..upstream.target import Upstream
-from ..upstream.transport import ClientError
-from ..upstream.websocket import Refused, UpstreamSocket, connect
+from ..upstream.transport import ClientError, Refused, UpstreamSocket
 from .call import Call
 from .outgoing import Withheld, naming, outgoing_headers, target_url
 from .relay import client_error
@@ -118,10 +118,10 @@ async def relay(call: Call) -> web.StreamResponse:
     url = target_url(call.raw_path, request.rel_url.raw_query_string, call.fmt, upstream, services.guard)
     async with contextlib.AsyncExitStack() as stack:
         try:
-            leg = await stack.enter_async_context(connect(
+            leg = await stack.enter_async_context(upstream.session.websocket(
                 url, handshake_headers(request.headers, call), offered(request.headers, upstream, services.guard),
-                connect_timeout=upstream.connect_timeout, handshake_timeout=upstream.connect_timeout,
-                max_message=server.websocket_max_message, heartbeat=server.websocket_heartbeat))
+                handshake_timeout=upstream.connect_timeout, max_message=server.websocket_max_message,
+                heartbeat=server.websocket_heartbeat))
         except Refused as refused:
             status = refused.status if refused.status in PASSED_ON else 502
             raise naming(UpstreamError(str(refused), code=Code.UPGRADE_REFUSED, status=status), upstream) from None
