@@ -85,6 +85,18 @@ class Rebuilt(msgspec.Struct, omit_defaults=True):
 
 def _pick(events: list[Event], seq: int | None, request_id: str | None = None
           ) -> tuple[RequestEvent, ResponseRecorded | None]:
+    """The recorded request asked for (at ``seq``, with ``request_id``; the last one of those) and
+    the answer recorded to it."""
+    requests = _requests(events, seq, request_id)
+    if not requests:
+        raise _none_recorded(events, seq)
+    event = requests[-1]
+    return event, answer(event, answers(e for e in events if isinstance(e, ResponseEvent)))
+
+
+def _requests(events: list[Event], seq: int | None, request_id: str | None) -> list[RequestEvent]:
+    """The recorded requests at ``seq`` and with ``request_id`` (each when given), in log order;
+    one with ``request_id`` that none has was never recorded (``NOT_RECORDED``)."""
     requests = [e for e in events if isinstance(e, RequestEvent)]
     if seq is not None:
         requests = [e for e in requests if e.seq == seq]
@@ -94,14 +106,16 @@ def _pick(events: list[Event], seq: int | None, request_id: str | None = None
             raise NotFound(f"request {request_id[:40]!r} was not recorded in this session (recording off, or "
                            "the log could not take its record: see projectionist_records_dropped_total)",
                            code=Code.NOT_RECORDED)
-    if not requests and seq is not None and any(e.seq == seq and type_of(e) == PRUNED for e in events):
-        raise NotFound(f"the call at seq {seq} was pruned by retention ([record] keep_days): only its seq, time "
-                       "and type are kept", code=Code.NOT_RECORDED)
-    if not requests:
-        where = f"at seq {seq}" if seq is not None else "in this session"
-        raise NotFound(f"no recorded request {where}", code=Code.NOT_RECORDED)
-    event = requests[-1]
-    return event, answer(event, answers(e for e in events if isinstance(e, ResponseEvent)))
+    return requests
+
+
+def _none_recorded(events: list[Event], seq: int | None) -> NotFound:
+    """Why no recorded request is at ``seq`` (or in the session): retention pruned it, or there is none."""
+    if seq is not None and any(e.seq == seq and type_of(e) == PRUNED for e in events):
+        return NotFound(f"the call at seq {seq} was pruned by retention ([record] keep_days): only its seq, time "
+                        "and type are kept", code=Code.NOT_RECORDED)
+    where = f"at seq {seq}" if seq is not None else "in this session"
+    return NotFound(f"no recorded request {where}", code=Code.NOT_RECORDED)
 
 
 def locate(recorded: RequestRecorded, rebuilt: Described) -> str:
@@ -131,16 +145,7 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     events = await log.read(session)
     event, response = _pick(events, seq, request_id)
     record = event.data
-    source = "given"
-    if inbound is None:
-        if record.inbound_blob is None:
-            raise Conflict('this call was recorded in metadata mode, which keeps no bodies: pass its inbound body '
-                           '(projectionist replay --body FILE), or set record.mode = "full" to replay the calls '
-                           'recorded from then on', code=Code.REPLAY_NEEDS_BODY)
-        inbound = await store.get_blob(record.inbound_blob)
-        if inbound is None:
-            raise NotFound(f"the recorded inbound body {record.inbound_blob[:15]} is gone", code=Code.BLOB_NOT_FOUND)
-        source = record.inbound_blob
+    inbound, source = await _inbound(store, record, inbound)
     fmt = ADAPTERS.get(record.adapter)
     if fmt is None:
         raise InvalidRequest(f"unknown adapter {record.adapter!r}", code=Code.UNKNOWN_ADAPTER)
@@ -168,15 +173,36 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
         path = next((r.path for r in record.refs if r.attachment_id == error.attachment_id), "")
         return msgspec.structs.replace(base, first_difference=path,
                                        reason=f"{error.code}: the store no longer holds a recorded image")
-    described = built.described
+    return _compared(base, inbound, built.described, built.body)
+
+
+async def _inbound(store: Store, record: RequestRecorded, given: bytes | None) -> tuple[bytes, str]:
+    """The call's inbound body and where it came from: ``given`` (``"given"``), else the blob its
+    record names (its id), which a call recorded in metadata mode has none of."""
+    if given is not None:
+        return given, "given"
+    if record.inbound_blob is None:
+        raise Conflict('this call was recorded in metadata mode, which keeps no bodies: pass its inbound body '
+                       '(projectionist replay --body FILE), or set record.mode = "full" to replay the calls '
+                       'recorded from then on', code=Code.REPLAY_NEEDS_BODY)
+    inbound = await store.get_blob(record.inbound_blob)
+    if inbound is None:
+        raise NotFound(f"the recorded inbound body {record.inbound_blob[:15]} is gone", code=Code.BLOB_NOT_FOUND)
+    return inbound, record.inbound_blob
+
+
+def _compared(base: Rebuilt, inbound: bytes, described: Described | None, body: bytes) -> Rebuilt:
+    """``base`` with the rebuilt ``body``, its digest and whether it is the recorded one; when not,
+    the first path that differs (``locate``)."""
     assert described is not None
+    record = base.request
     matches = described.projected_digest == record.projected_digest
     if not record.shape and all(r.outcome == "client" for r in record.refs) \
             and record.projected_digest == record.inbound_digest:
         # sent unchanged, recorded without a shape: its upstream body was this very inbound body
         record = msgspec.structs.replace(record, shape=of_raw(inbound).shape)
     return msgspec.structs.replace(
-        base, matches=matches, projected_digest=described.projected_digest, body=built.body,
+        base, matches=matches, projected_digest=described.projected_digest, body=body,
         first_difference=None if matches else locate(record, described),
         reason=None if matches else "the reconstruction differs from the recorded call")
 
@@ -287,22 +313,33 @@ def check_headers(headers: dict[str, str]) -> dict[str, str]:
 def first_difference(old: Any, new: Any, volatile: frozenset[str], path: str = "") -> str | None:
     """The first JSON path where ``old`` and ``new`` differ, ignoring ``volatile`` members."""
     if isinstance(old, dict) and isinstance(new, dict):
-        for key in [*old, *(k for k in new if k not in old)]:
-            if key in volatile:
-                continue
-            if key not in old or key not in new:
-                return f"{path}/{key}"
-            found = first_difference(old[key], new[key], volatile, f"{path}/{key}")
-            if found is not None:
-                return found
-        return None
+        return _first_in_members(old, new, volatile, path)
     if isinstance(old, list) and isinstance(new, list):
-        for i, (a, b) in enumerate(zip(old, new)):
-            found = first_difference(a, b, volatile, f"{path}/{i}")
-            if found is not None:
-                return found
-        return None if len(old) == len(new) else f"{path}/{min(len(old), len(new))}"
+        return _first_in_items(old, new, volatile, path)
     return None if old == new else (path or "/")
+
+
+def _first_in_members(old: dict[str, Any], new: dict[str, Any], volatile: frozenset[str], path: str) -> str | None:
+    """``first_difference`` of two objects: their members in ``old``'s order, then ``new``'s own;
+    one that only one of them has is the difference."""
+    for key in [*old, *(k for k in new if k not in old)]:
+        if key in volatile:
+            continue
+        if key not in old or key not in new:
+            return f"{path}/{key}"
+        found = first_difference(old[key], new[key], volatile, f"{path}/{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def _first_in_items(old: list[Any], new: list[Any], volatile: frozenset[str], path: str) -> str | None:
+    """``first_difference`` of two arrays: item by item, then the first item only the longer has."""
+    for i, (a, b) in enumerate(zip(old, new)):
+        found = first_difference(a, b, volatile, f"{path}/{i}")
+        if found is not None:
+            return found
+    return None if len(old) == len(new) else f"{path}/{min(len(old), len(new))}"
 
 
 def diff(recorded: bytes | None, new: bytes, content_type: str, volatile: frozenset[str]) -> dict[str, Any]:
