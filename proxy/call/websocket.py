@@ -46,6 +46,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp.http_websocket import WSMessageNoDecodeText
 from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
 from ...adapters import openai_responses
@@ -398,15 +399,20 @@ class Socket:
                     continue
             except ConnectionError:
                 return _End("client gone", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
-            if msg.type is WSMsgType.CLOSE:
-                open_calls = calls is not None and calls.open
-                return _End("upstream closed", to_client=_passed(msg.data) if not open_calls else WSCloseCode.BAD_GATEWAY,
-                            to_upstream=None, reason=(msg.extra or "").encode()[:123],
-                            error=_broken_off() if open_calls else None)
-            if msg.type is WSMsgType.ERROR:
-                return _gone("upstream message too large" if leg.close_code == WSCloseCode.MESSAGE_TOO_BIG
-                             else "upstream protocol error")
-            return _gone("upstream gone")
+            return self._upstream_ended(msg)
+
+    def _upstream_ended(self, msg: WSMessageNoDecodeText) -> _End:
+        """How the socket ends when the upstream leg gives no data frame: its close passed on (a
+        bad gateway while a call is open, which is told), or the leg broke."""
+        if msg.type is WSMsgType.CLOSE:
+            open_calls = self.calls is not None and self.calls.open
+            return _End("upstream closed", to_client=_passed(msg.data) if not open_calls else WSCloseCode.BAD_GATEWAY,
+                        to_upstream=None, reason=(msg.extra or "").encode()[:123],
+                        error=_broken_off() if open_calls else None)
+        if msg.type is WSMsgType.ERROR:
+            return _gone("upstream message too large" if self.leg.close_code == WSCloseCode.MESSAGE_TOO_BIG
+                         else "upstream protocol error")
+        return _gone("upstream gone")
 
     async def _watch(self) -> _End:
         """The idle and total timeouts, and a client that takes no frame for ``write_timeout``.
