@@ -389,12 +389,30 @@ def part_pointer(path: str, roots: frozenset[str], keys: frozenset[str], tags: f
     between two steps, as in ``content.0.tool_result.content.1``); the pointer is those steps,
     cut where the path enters the part. A path that names one step only (a message, not a part)
     or goes on into another list after the cut names no part that can be trusted: None."""
+    tokens = _path_tokens(path)
+    if tokens is None:
+        return None
+    steps, at = _pointer_steps(tokens, roots, keys, tags)
+    if len(steps) < 4 or any(isinstance(t, int) for t in tokens[at:]):
+        return None
+    return "/" + "/".join(steps)
+
+
+def _path_tokens(path: str) -> list[str | int] | None:
+    """The path's names and indexes in order (``a[0].b`` and ``a.0.b`` alike), or None for a path
+    too long, of another syntax, or with an index no body we sent can have."""
     if len(path) > SCAN_CHARS or not _PATH_SYNTAX.fullmatch(path):
         return None
     raw = [t for t in path.replace("[", ".").replace("]", "").split(".") if t]
     if any(t.isdigit() and not _is_index(t) for t in raw):
         return None  # a superscript or an absurd index: no part of any body we sent
-    tokens: list[str | int] = [int(t) if _is_index(t) else t for t in raw]
+    return [int(t) if _is_index(t) else t for t in raw]
+
+
+def _pointer_steps(tokens: list[str | int], roots: frozenset[str], keys: frozenset[str],
+                   tags: frozenset[str]) -> tuple[list[str], int]:
+    """The ``key.index`` steps the tokens open with (the first under a root, a tag skipped between
+    two), and where they stop."""
     steps: list[str] = []
     at = 0
     while at + 1 < len(tokens):
@@ -406,6 +424,4 @@ def part_pointer(path: str, roots: frozenset[str], keys: frozenset[str], tags: f
             at += 1
         else:
             break
-    if len(steps) < 4 or any(isinstance(t, int) for t in tokens[at:]):
-        return None
-    return "/" + "/".join(steps)
+    return steps, at

@@ -16,7 +16,7 @@ import enum
 import functools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
-from typing import Protocol, TypeVar
+from typing import NamedTuple, NoReturn, Protocol, TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
@@ -151,34 +151,17 @@ async def relay(
     started = time.perf_counter()
     answer = await _send(session, request.method, url, body, headers)
     if answer.status == 404 and on_404 is not None and (mistake := on_404()) is not None:
-        timing.status = 404
-        try:
-            said, _ = await _read_some(answer, 1024)
-        except UpstreamError:
-            said = b""
-        finally:
-            answer.release()
-        words = said.decode("utf-8", "replace")[:300].replace("\n", " ").strip()
-        raise NotFound(f"{mistake}; the upstream said: {words}" if words else mistake, code=Code.BASE_URL_MISMATCH)
+        await _base_url_mismatch(answer, mistake, timing)
     preread: bytes | None = None
     try:
         timing.headers_s = time.perf_counter() - started
         timing.status = answer.status
         if screen is not None and request.method != "HEAD" and answer.status in SCREENED:
-            preread, whole = await _read_some(answer, SCREEN_MAX)
-            again = await screen(answer.status, answer.headers.get("Content-Type", ""), preread,
-                                 answer.headers.get("Content-Encoding", "")) if whole else None
-            if again is not None:
-                first, refusal, preread = answer, preread, None
-                answer.release()
-                kept = await _screened(screen, session, request.method, url, again, headers, timing)
-                if kept is None:  # the first refusal, as it came (its record was written)
-                    timing.status = first.status
-                    return await _complete_whole(first, refusal, None, request_id, timing)
-                answer, started = kept
-                observer = screen.observer
-            elif whole:
-                return await _complete_whole(answer, preread, observer, request_id, timing)
+            screened = await _screen(screen, session, request.method, url, headers, timing,
+                                     _Going(answer, started, observer, None), request_id)
+            if isinstance(screened, web.StreamResponse):
+                return screened
+            answer, started, observer, preread = screened
         if request.method != "HEAD" and preread is None and _small(answer):
             return await _whole(answer, observer, request_id, timing)
         response = _response_head(web.StreamResponse(status=answer.status, reason=answer.reason), answer,
@@ -192,6 +175,52 @@ async def relay(
     finally:
         timing.upstream_s = time.perf_counter() - started
         answer.release()
+
+
+async def _base_url_mismatch(answer: Response, mistake: str, timing: Timing) -> NoReturn:
+    """The proxy's own 404 for a base URL one /v1 off (``mistake`` says how), with the start of
+    what the upstream said; the upstream's answer is released."""
+    timing.status = 404
+    try:
+        said, _ = await _read_some(answer, 1024)
+    except UpstreamError:
+        said = b""
+    finally:
+        answer.release()
+    words = said.decode("utf-8", "replace")[:300].replace("\n", " ").strip()
+    raise NotFound(f"{mistake}; the upstream said: {words}" if words else mistake, code=Code.BASE_URL_MISMATCH)
+
+
+class _Going(NamedTuple):
+    """The answer a relay goes on with, when its call started, who watches it, and what was read
+    of its body already (None: nothing)."""
+
+    answer: Response
+    started: float
+    observer: Observer | None
+    preread: bytes | None
+
+
+async def _screen(screen: Screen, session: Transport, method: str, url: URL, headers: CIMultiDict[str],
+                  timing: Timing, going: _Going, request_id: str) -> web.StreamResponse | _Going:
+    """A screened status: its body read (up to ``SCREEN_MAX``) and shown to ``screen``. The
+    response to send when that settles it (a whole refusal the screen leaves as it is, or the first
+    refusal after the re-sends); else what the relay goes on with: the answer the screen kept, or a
+    refusal too big to read whole, with what was read of it."""
+    answer = going.answer
+    preread, whole = await _read_some(answer, SCREEN_MAX)
+    again = await screen(answer.status, answer.headers.get("Content-Type", ""), preread,
+                         answer.headers.get("Content-Encoding", "")) if whole else None
+    if again is not None:
+        answer.release()
+        kept = await _screened(screen, session, method, url, again, headers, timing)
+        if kept is None:  # the first refusal, as it came (its record was written)
+            timing.status = answer.status
+            return await _complete_whole(answer, preread, None, request_id, timing)
+        return _Going(kept[0], kept[1], screen.observer, None)
+    if whole:
+        return await _complete_whole(answer, preread, going.observer, request_id, timing)
+    return going._replace(preread=preread)
 
 
 async def _screened(screen: Screen, session: Transport, method: str, url: URL, body: bytes,

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import msgspec
 from multidict import CIMultiDict
+from yarl import URL
 
 from ...adapters.registry import ADAPTERS
 from ...adapters.responses import documents
@@ -84,6 +85,18 @@ class Rebuilt(msgspec.Struct, omit_defaults=True):
 
 def _pick(events: list[Event], seq: int | None, request_id: str | None = None
           ) -> tuple[RequestEvent, ResponseRecorded | None]:
+    """The recorded request asked for (at ``seq``, with ``request_id``; the last one of those) and
+    the answer recorded to it."""
+    requests = _requests(events, seq, request_id)
+    if not requests:
+        raise _none_recorded(events, seq)
+    event = requests[-1]
+    return event, answer(event, answers(e for e in events if isinstance(e, ResponseEvent)))
+
+
+def _requests(events: list[Event], seq: int | None, request_id: str | None) -> list[RequestEvent]:
+    """The recorded requests at ``seq`` and with ``request_id`` (each when given), in log order;
+    one with ``request_id`` that none has was never recorded (``NOT_RECORDED``)."""
     requests = [e for e in events if isinstance(e, RequestEvent)]
     if seq is not None:
         requests = [e for e in requests if e.seq == seq]
@@ -93,14 +106,16 @@ def _pick(events: list[Event], seq: int | None, request_id: str | None = None
             raise NotFound(f"request {request_id[:40]!r} was not recorded in this session (recording off, or "
                            "the log could not take its record: see projectionist_records_dropped_total)",
                            code=Code.NOT_RECORDED)
-    if not requests and seq is not None and any(e.seq == seq and type_of(e) == PRUNED for e in events):
-        raise NotFound(f"the call at seq {seq} was pruned by retention ([record] keep_days): only its seq, time "
-                       "and type are kept", code=Code.NOT_RECORDED)
-    if not requests:
-        where = f"at seq {seq}" if seq is not None else "in this session"
-        raise NotFound(f"no recorded request {where}", code=Code.NOT_RECORDED)
-    event = requests[-1]
-    return event, answer(event, answers(e for e in events if isinstance(e, ResponseEvent)))
+    return requests
+
+
+def _none_recorded(events: list[Event], seq: int | None) -> NotFound:
+    """Why no recorded request is at ``seq`` (or in the session): retention pruned it, or there is none."""
+    if seq is not None and any(e.seq == seq and type_of(e) == PRUNED for e in events):
+        return NotFound(f"the call at seq {seq} was pruned by retention ([record] keep_days): only its seq, time "
+                        "and type are kept", code=Code.NOT_RECORDED)
+    where = f"at seq {seq}" if seq is not None else "in this session"
+    return NotFound(f"no recorded request {where}", code=Code.NOT_RECORDED)
 
 
 def locate(recorded: RequestRecorded, rebuilt: Described) -> str:
@@ -130,16 +145,7 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
     events = await log.read(session)
     event, response = _pick(events, seq, request_id)
     record = event.data
-    source = "given"
-    if inbound is None:
-        if record.inbound_blob is None:
-            raise Conflict('this call was recorded in metadata mode, which keeps no bodies: pass its inbound body '
-                           '(projectionist replay --body FILE), or set record.mode = "full" to replay the calls '
-                           'recorded from then on', code=Code.REPLAY_NEEDS_BODY)
-        inbound = await store.get_blob(record.inbound_blob)
-        if inbound is None:
-            raise NotFound(f"the recorded inbound body {record.inbound_blob[:15]} is gone", code=Code.BLOB_NOT_FOUND)
-        source = record.inbound_blob
+    inbound, source = await _inbound(store, record, inbound)
     fmt = ADAPTERS.get(record.adapter)
     if fmt is None:
         raise InvalidRequest(f"unknown adapter {record.adapter!r}", code=Code.UNKNOWN_ADAPTER)
@@ -167,15 +173,36 @@ async def rebuild(log: SessionLog, store: Store, session: str, seq: int | None =
         path = next((r.path for r in record.refs if r.attachment_id == error.attachment_id), "")
         return msgspec.structs.replace(base, first_difference=path,
                                        reason=f"{error.code}: the store no longer holds a recorded image")
-    described = built.described
+    return _compared(base, inbound, built.described, built.body)
+
+
+async def _inbound(store: Store, record: RequestRecorded, given: bytes | None) -> tuple[bytes, str]:
+    """The call's inbound body and where it came from: ``given`` (``"given"``), else the blob its
+    record names (its id), which a call recorded in metadata mode has none of."""
+    if given is not None:
+        return given, "given"
+    if record.inbound_blob is None:
+        raise Conflict('this call was recorded in metadata mode, which keeps no bodies: pass its inbound body '
+                       '(projectionist replay --body FILE), or set record.mode = "full" to replay the calls '
+                       'recorded from then on', code=Code.REPLAY_NEEDS_BODY)
+    inbound = await store.get_blob(record.inbound_blob)
+    if inbound is None:
+        raise NotFound(f"the recorded inbound body {record.inbound_blob[:15]} is gone", code=Code.BLOB_NOT_FOUND)
+    return inbound, record.inbound_blob
+
+
+def _compared(base: Rebuilt, inbound: bytes, described: Described | None, body: bytes) -> Rebuilt:
+    """``base`` with the rebuilt ``body``, its digest and whether it is the recorded one; when not,
+    the first path that differs (``locate``)."""
     assert described is not None
+    record = base.request
     matches = described.projected_digest == record.projected_digest
     if not record.shape and all(r.outcome == "client" for r in record.refs) \
             and record.projected_digest == record.inbound_digest:
         # sent unchanged, recorded without a shape: its upstream body was this very inbound body
         record = msgspec.structs.replace(record, shape=of_raw(inbound).shape)
     return msgspec.structs.replace(
-        base, matches=matches, projected_digest=described.projected_digest, body=built.body,
+        base, matches=matches, projected_digest=described.projected_digest, body=body,
         first_difference=None if matches else locate(record, described),
         reason=None if matches else "the reconstruction differs from the recorded call")
 
@@ -190,50 +217,72 @@ async def send(rebuilt: Rebuilt, config: Config, *, upstream_url: str | None = N
     opened as the upstream's configuration says and closed after; with the headers the live call
     went with (its record's, credentials left out), then the key, then ``headers``. So the
     method, path, headers and body on the wire are the live call's, credentials aside. A call
-    made on a WebSocket (route ``websocket``) goes on a WebSocket of its own, its handshake with
-    those headers: its events come back as its record keeps them (``data:`` lines)."""
+    made on a WebSocket (route ``websocket``) goes on a WebSocket of its own, which the same
+    transport opens, its handshake with those headers: its events come back as its record keeps
+    them (``data:`` lines)."""
     if rebuilt.body is None:
         raise Conflict(f"nothing to send: {rebuilt.reason}", code=Code.REPLAY_NOT_REBUILT)
     record = rebuilt.request
     upstream = config.upstreams.get(record.upstream)
     configured = upstream.url if upstream else ""
-    if not (upstream_url or configured):
-        raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code=Code.UNKNOWN_UPSTREAM)
-    try:
-        base = Base(upstream_url or configured)
-    except InvalidRequest as error:
-        raise InvalidRequest(f"upstream URL: {error.message}", code=Code.INVALID_REQUEST) from None
-    path, _, query = record.path.partition("?")
-    url = base.join(path, query)
-    fmt = ADAPTERS[record.adapter]
-    outgoing: CIMultiDict[str] = CIMultiDict(record.headers or {"Content-Type": "application/json"})
+    url = _target(record, upstream_url or configured)
     # The configured key goes only to the configured upstream: an override URL gets no key.
     own = upstream is not None and (not upstream_url or upstream_url.rstrip("/") == configured.rstrip("/"))
-    key = config.upstream_key(record.upstream) if own else ""
-    if key:
-        for name, value in fmt.sign(record.method, str(url), outgoing, rebuilt.body, key).items():
-            outgoing[name] = value
-    for name, value in check_headers(headers or {}).items():
-        outgoing[name] = value
-    settings = upstream or UpstreamConfig(format=fmt.FORMAT, url=upstream_url or configured)  # its defaults
-    if record.route == WEBSOCKET:  # its message went on a WebSocket: it goes on one again
-        return await exchange(url, outgoing, rebuilt.body, connect_timeout=settings.connect_timeout,
-                              read_timeout=settings.read_timeout, max_message=config.server.websocket_max_message)
+    outgoing = _outgoing(record, config, own, headers or {}, url, rebuilt.body)
+    settings = upstream or UpstreamConfig(format=ADAPTERS[record.adapter].FORMAT, url=upstream_url or configured)
     opened = None
     if transport is None:
         transport = opened = open_transport(settings.transport, settings.connect_timeout, settings.read_timeout, 1)
     try:
-        with upstream_errors():
-            answer = await transport.send(record.method, url, headers=outgoing, body=rebuilt.body)
-            try:
-                data = await answer.read()
-                encoding = answer.headers.get("Content-Encoding", "").strip().lower()
-                return answer.status, answer.headers.get("Content-Type", ""), _decoded(data, encoding, config)
-            finally:
-                answer.release()
+        if record.route == WEBSOCKET:  # its message went on a WebSocket: it goes on one again
+            return await exchange(transport, url, outgoing, rebuilt.body, read_timeout=settings.read_timeout,
+                                  max_message=config.server.websocket_max_message)
+        return await _answered(transport, record.method, url, outgoing, rebuilt.body, config)
     finally:
         if opened is not None:
             await opened.aclose()
+
+
+def _target(record: RequestRecorded, base: str) -> URL:
+    """The URL the recorded call goes to under ``base`` (its upstream's, or the one asked for)."""
+    if not base:
+        raise InvalidRequest(f"no upstream named {record.upstream!r}: pass --upstream URL", code=Code.UNKNOWN_UPSTREAM)
+    try:
+        parsed = Base(base)
+    except InvalidRequest as error:
+        raise InvalidRequest(f"upstream URL: {error.message}", code=Code.INVALID_REQUEST) from None
+    path, _, query = record.path.partition("?")
+    return parsed.join(path, query)
+
+
+def _outgoing(record: RequestRecorded, config: Config, own: bool, headers: dict[str, str], url: URL,
+              body: bytes) -> CIMultiDict[str]:
+    """The headers the call goes with: its record's, then the configured key when it goes to its
+    ``own`` upstream (as its format signs ``body`` for ``url``), then the ``headers`` a user asked
+    for (``check_headers``)."""
+    fmt = ADAPTERS[record.adapter]
+    outgoing: CIMultiDict[str] = CIMultiDict(record.headers or {"Content-Type": "application/json"})
+    key = config.upstream_key(record.upstream) if own else ""
+    if key:
+        for name, value in fmt.sign(record.method, str(url), outgoing, body, key).items():
+            outgoing[name] = value
+    for name, value in check_headers(headers).items():
+        outgoing[name] = value
+    return outgoing
+
+
+async def _answered(transport: Transport, method: str, url: URL, outgoing: CIMultiDict[str], body: bytes,
+                    config: Config) -> tuple[int, str, bytes]:
+    """One HTTP call through ``transport``: the answer's status, content type and whole body (as
+    its client read it: ``_decoded``)."""
+    with upstream_errors():
+        answer = await transport.send(method, url, headers=outgoing, body=body)
+        try:
+            data = await answer.read()
+            encoding = answer.headers.get("Content-Encoding", "").strip().lower()
+            return answer.status, answer.headers.get("Content-Type", ""), _decoded(data, encoding, config)
+        finally:
+            answer.release()
 
 
 def _decoded(data: bytes, encoding: str, config: Config) -> bytes:
@@ -266,22 +315,33 @@ def check_headers(headers: dict[str, str]) -> dict[str, str]:
 def first_difference(old: Any, new: Any, volatile: frozenset[str], path: str = "") -> str | None:
     """The first JSON path where ``old`` and ``new`` differ, ignoring ``volatile`` members."""
     if isinstance(old, dict) and isinstance(new, dict):
-        for key in [*old, *(k for k in new if k not in old)]:
-            if key in volatile:
-                continue
-            if key not in old or key not in new:
-                return f"{path}/{key}"
-            found = first_difference(old[key], new[key], volatile, f"{path}/{key}")
-            if found is not None:
-                return found
-        return None
+        return _first_in_members(old, new, volatile, path)
     if isinstance(old, list) and isinstance(new, list):
-        for i, (a, b) in enumerate(zip(old, new)):
-            found = first_difference(a, b, volatile, f"{path}/{i}")
-            if found is not None:
-                return found
-        return None if len(old) == len(new) else f"{path}/{min(len(old), len(new))}"
+        return _first_in_items(old, new, volatile, path)
     return None if old == new else (path or "/")
+
+
+def _first_in_members(old: dict[str, Any], new: dict[str, Any], volatile: frozenset[str], path: str) -> str | None:
+    """``first_difference`` of two objects: their members in ``old``'s order, then ``new``'s own;
+    one that only one of them has is the difference."""
+    for key in [*old, *(k for k in new if k not in old)]:
+        if key in volatile:
+            continue
+        if key not in old or key not in new:
+            return f"{path}/{key}"
+        found = first_difference(old[key], new[key], volatile, f"{path}/{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def _first_in_items(old: list[Any], new: list[Any], volatile: frozenset[str], path: str) -> str | None:
+    """``first_difference`` of two arrays: item by item, then the first item only the longer has."""
+    for i, (a, b) in enumerate(zip(old, new)):
+        found = first_difference(a, b, volatile, f"{path}/{i}")
+        if found is not None:
+            return found
+    return None if len(old) == len(new) else f"{path}/{min(len(old), len(new))}"
 
 
 def diff(recorded: bytes | None, new: bytes, content_type: str, volatile: frozenset[str]) -> dict[str, Any]:

@@ -82,28 +82,32 @@ async def relay_body(
                                write_timeout=services.config.server.write_timeout,
                                on_404=partial(_mistake, call))
     except ProjectionistError as error:
-        recorder = screen.recorder if screen is not None else recorder
-        if recorder is not None:
-            recorder.failed(error.code)
+        if (hearing := _hearing(screen, recorder)) is not None:
+            hearing.failed(error.code)
         if isinstance(error, UpstreamError):
             raise naming(error, upstream) from None
         raise
     except asyncio.CancelledError:
-        recorder = screen.recorder if screen is not None else recorder
-        if recorder is not None:
-            recorder.cancelled()
+        if (hearing := _hearing(screen, recorder)) is not None:
+            hearing.cancelled()
         raise
     finally:
         ctx.fields.update(upstream_status=timing.status, upstream_ms=ms(timing.upstream_s))
         if timing.status is not None:
             services.metrics.upstream_answered(upstream.name, timing.headers_s)
-    recorder = screen.recorder if screen is not None else recorder
+    recorder = screen.recorder if screen is not None else recorder  # ``_hearing`` written out: every call takes it
     watched = recorder or meter
     if watched is not None:
         report_usage(call, watched)
     if recorder is not None:
         recorder.finished(response.status)
     return response
+
+
+def _hearing(screen: Resend | None, recorder: Recorder | None) -> Recorder | None:
+    """The recorder that hears how a call ended: the screen's (it may have sent the call once
+    more), else the call's own."""
+    return screen.recorder if screen is not None else recorder
 
 
 def _mistake(call: Call) -> str | None:

@@ -9,7 +9,8 @@ token at the upgrade; the upstream leg goes to the configured base plus the chec
 the headers ``outgoing_headers`` makes (the configured key instead of the client's, none of the
 proxy's own) and the subprotocols the client offered minus any credential they carry
 (Realtime's ``openai-insecure-api-key.*`` when the upstream has a key, anything holding a proxy
-token). The upstream leg is opened first: a refusal of the upgrade (``UPGRADE_REFUSED``), a
+token). The upstream leg is opened first, by the upstream's transport (``Transport.websocket``,
+the one its HTTP calls go through): a refusal of the upgrade (``UPGRADE_REFUSED``), a
 connection that fails, or a 101 that does not come within the upstream's ``connect_timeout``
 (``UPSTREAM_TIMEOUT``: the handshake is part of connecting) is an HTTP error in the route's
 format, before the client's 101.
@@ -45,6 +46,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp.http_websocket import WSMessageNoDecodeText
 from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
 from ...adapters import openai_responses
@@ -53,8 +55,7 @@ from ...policy.errors import Code, InvalidRequest, ProjectionistError, UpstreamE
 from ..inbound.budget import MemoryBusy
 from ..observe.logger import get_logger
 from ..upstream.target import Upstream
-from ..upstream.transport import ClientError
-from ..upstream.websocket import Refused, UpstreamSocket, connect
+from ..upstream.transport import ClientError, Refused, UpstreamSocket
 from .call import Call
 from .outgoing import Withheld, naming, outgoing_headers, target_url
 from .relay import client_error
@@ -117,10 +118,10 @@ async def relay(call: Call) -> web.StreamResponse:
     url = target_url(call.raw_path, request.rel_url.raw_query_string, call.fmt, upstream, services.guard)
     async with contextlib.AsyncExitStack() as stack:
         try:
-            leg = await stack.enter_async_context(connect(
+            leg = await stack.enter_async_context(upstream.session.websocket(
                 url, handshake_headers(request.headers, call), offered(request.headers, upstream, services.guard),
-                connect_timeout=upstream.connect_timeout, handshake_timeout=upstream.connect_timeout,
-                max_message=server.websocket_max_message, heartbeat=server.websocket_heartbeat))
+                handshake_timeout=upstream.connect_timeout, max_message=server.websocket_max_message,
+                heartbeat=server.websocket_heartbeat))
         except Refused as refused:
             status = refused.status if refused.status in PASSED_ON else 502
             raise naming(UpstreamError(str(refused), code=Code.UPGRADE_REFUSED, status=status), upstream) from None
@@ -397,15 +398,20 @@ class Socket:
                     continue
             except ConnectionError:
                 return _End("client gone", to_client=None, to_upstream=WSCloseCode.GOING_AWAY)
-            if msg.type is WSMsgType.CLOSE:
-                open_calls = calls is not None and calls.open
-                return _End("upstream closed", to_client=_passed(msg.data) if not open_calls else WSCloseCode.BAD_GATEWAY,
-                            to_upstream=None, reason=(msg.extra or "").encode()[:123],
-                            error=_broken_off() if open_calls else None)
-            if msg.type is WSMsgType.ERROR:
-                return _gone("upstream message too large" if leg.close_code == WSCloseCode.MESSAGE_TOO_BIG
-                             else "upstream protocol error")
-            return _gone("upstream gone")
+            return self._upstream_ended(msg)
+
+    def _upstream_ended(self, msg: WSMessageNoDecodeText) -> _End:
+        """How the socket ends when the upstream leg gives no data frame: its close passed on (a
+        bad gateway while a call is open, which is told), or the leg broke."""
+        if msg.type is WSMsgType.CLOSE:
+            open_calls = self.calls is not None and self.calls.open
+            return _End("upstream closed", to_client=_passed(msg.data) if not open_calls else WSCloseCode.BAD_GATEWAY,
+                        to_upstream=None, reason=(msg.extra or "").encode()[:123],
+                        error=_broken_off() if open_calls else None)
+        if msg.type is WSMsgType.ERROR:
+            return _gone("upstream message too large" if self.leg.close_code == WSCloseCode.MESSAGE_TOO_BIG
+                         else "upstream protocol error")
+        return _gone("upstream gone")
 
     async def _watch(self) -> _End:
         """The idle and total timeouts, and a client that takes no frame for ``write_timeout``.

@@ -36,7 +36,7 @@ from ...policy.errors import Code, InternalError, InvalidRequest, ProjectionistE
 from ..inbound.budget import MemoryBusy, hold
 from ..inbound.context import Context, Timing
 from ..observe.logger import get_logger, ms, request_line, request_lines
-from ..upstream.websocket import connect
+from ..upstream.transport import Transport
 from .call import Call
 from .project import Outgoing, Prepared, outgoing, prepare
 from .read import Inbound, inbound_of
@@ -411,14 +411,14 @@ def _not_json(data: bytes) -> bool:
     return False
 
 
-async def exchange(url: URL, headers: CIMultiDict[str], message: bytes, *, connect_timeout: float,
+async def exchange(transport: Transport, url: URL, headers: CIMultiDict[str], message: bytes, *,
                    read_timeout: float, max_message: int) -> tuple[int, str, bytes]:
-    """Send one recorded call's message on a WebSocket of its own (replay): its status (200, or
-    the ``error`` event's), content type and events, as the call's record keeps them. The
-    upstream may be silent for ``read_timeout`` between two events."""
+    """Send one recorded call's message on a WebSocket of its own (replay), opened by
+    ``transport``: its status (200, or the ``error`` event's), content type and events, as the
+    call's record keeps them. The upstream may be silent for ``read_timeout`` between two events."""
     with upstream_errors():
-        async with connect(url, headers, (), connect_timeout=connect_timeout, handshake_timeout=read_timeout,
-                           max_message=max_message) as leg:
+        async with transport.websocket(url, headers, (), handshake_timeout=read_timeout,
+                                       max_message=max_message) as leg:
             try:
                 await leg.send_frame(message, WSMsgType.TEXT)
             except ConnectionError:

@@ -7,58 +7,25 @@ decompresses nothing; its connector bounds the connections per origin (``limit_p
 caches DNS answers for 10 s. The differences are aiohttp's own: a field repeated under names that
 differ in case (``X-A``, then ``x-a``) keeps only its last value; its parser is more lenient (a
 bare LF, obs-fold) and its header lines shorter (8190 bytes); a 204 with a body is refused; and a
-call waiting for a connection may be overtaken by one that comes later. aiohttp's exceptions become the transport's at this module's
-boundary, by one table (``AIOHTTP_ERRORS``), so nothing above it knows aiohttp's client.
+call waiting for a connection may be overtaken by one that comes later. aiohttp's exceptions become
+the transport's at this module's boundary, by one table (``aiohttp_errors.AIOHTTP_ERRORS``), so
+nothing above it knows aiohttp's client. Its WebSockets are its ``websocket.Sockets``, as the
+built-in client's are.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ssl
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
-from typing import Final
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from .transport import (
-    MAX_CONNECTIONS, Body, ClientError, ConnectError, ConnectTimeout, PayloadError, PoolTimeout, ReadTimeout,
-    RequestBodyError, ResponseError, ServerDisconnected,
-)
-
-#: aiohttp's client exceptions and the transport's error each becomes, most specific first (the
-#: first entry the exception is an instance of wins). Anything else (cancellation, a bug) passes.
-AIOHTTP_ERRORS: Final[tuple[tuple[type[BaseException], type[Exception]], ...]] = (
-    (aiohttp.ConnectionTimeoutError, ConnectTimeout),
-    (aiohttp.SocketTimeoutError, ReadTimeout),
-    (aiohttp.ServerTimeoutError, ReadTimeout),
-    (aiohttp.ClientConnectorError, ConnectError),
-    (aiohttp.ServerDisconnectedError, ServerDisconnected),
-    (aiohttp.ClientPayloadError, PayloadError),
-    (aiohttp.ClientResponseError, ResponseError),  # a malformed answer (aiohttp's parser)
-    (aiohttp.InvalidURL, ConnectError),
-    (aiohttp.ClientOSError, ConnectError),
-    (aiohttp.ClientConnectionError, PayloadError),
-    (aiohttp.ClientError, ClientError),
-)
-
-
-@contextmanager
-def mapped(pool_wait: bool = False) -> Iterator[None]:
-    """aiohttp's errors inside become the transport's (``AIOHTTP_ERRORS``); a timeout while
-    ``pool_wait`` (no connection was free) is a ``PoolTimeout``."""
-    try:
-        yield
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        if isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, aiohttp.ClientError):
-            raise (PoolTimeout if pool_wait else ReadTimeout)(str(exc) or type(exc).__name__) from exc
-        for foreign, ours in AIOHTTP_ERRORS:
-            if isinstance(exc, foreign):
-                raise ours(str(exc) or type(exc).__name__) from exc
-        raise  # unreachable: aiohttp.ClientError is the last entry
-
+from .aiohttp_errors import AIOHTTP_ERRORS, mapped
+from .transport import MAX_CONNECTIONS, Body, RequestBodyError, ResponseError, UpstreamSocket
+from .websocket import Sockets
 
 class _Answer:
     """An aiohttp ``ClientResponse`` as a transport ``Answer``."""
@@ -112,6 +79,7 @@ class AiohttpTransport:
             timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout,
                                           sock_read=read_timeout))
         self.max_connections = max_connections
+        self._sockets = Sockets(connect_timeout, ssl_context)
 
     async def send(self, method: str, url: URL, *, headers: CIMultiDict[str], body: Body = None) -> _Answer:
         with mapped(pool_wait=True):
@@ -122,8 +90,14 @@ class AiohttpTransport:
             raise ResponseError(f"a response status {response.status} to a plain call")
         return _Answer(response)
 
+    def websocket(self, url: URL, headers: CIMultiDict[str], protocols: Sequence[str], *, handshake_timeout: float,
+                  max_message: int, heartbeat: float | None = None) -> AbstractAsyncContextManager[UpstreamSocket]:
+        return self._sockets.connect(url, headers, protocols, handshake_timeout=handshake_timeout,
+                                     max_message=max_message, heartbeat=heartbeat)
+
     async def aclose(self) -> None:
+        await self._sockets.aclose()
         await self._session.close()
 
 
-__all__ = ["AIOHTTP_ERRORS", "AiohttpTransport", "RequestBodyError"]
+__all__ = ["AIOHTTP_ERRORS", "AiohttpTransport", "RequestBodyError", "mapped"]

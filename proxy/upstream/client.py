@@ -35,7 +35,8 @@ import socket
 import ssl
 import sys
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Final
 
 from aiohappyeyeballs import start_connection
@@ -45,8 +46,9 @@ from yarl import URL
 
 from .transport import (
     MAX_CONNECTIONS, Body, ClientError, ConnectError, ConnectTimeout, PayloadError, PoolTimeout, ReadTimeout, RequestBodyError,
-    ResponseError, ServerDisconnected, WriteTimeout,
+    ResponseError, ServerDisconnected, UpstreamSocket, WriteTimeout,
 )
+from .websocket import Sockets
 
 __all__ = ["Client", "Response", "READ_BUFFER", "MAX_HEAD", "IDLE_TIMEOUT", "IDEMPOTENT"]
 
@@ -484,7 +486,8 @@ class Client:
     """HTTP/1.1 to any origin, with explicit timeouts: ``connect_timeout`` for the connection (and
     its TLS handshake), ``read_timeout`` for the longest silence while an answer is awaited.
     At most ``max_connections`` to one origin; idle ones are reused last-in first-out and closed
-    after ``idle_timeout``. ``ssl_context`` defaults to the system's trust (tests pass their own)."""
+    after ``idle_timeout``. ``ssl_context`` defaults to the system's trust (tests pass their own).
+    WebSockets go on its ``websocket.Sockets``, with the same connect timeout and TLS context."""
 
     def __init__(self, connect_timeout: float, read_timeout: float, *, idle_timeout: float = IDLE_TIMEOUT,
                  ssl_context: ssl.SSLContext | None = None, max_connections: int = MAX_CONNECTIONS) -> None:
@@ -501,6 +504,7 @@ class Client:
         self._hosts: dict[Origin, str] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._poller = select.poll() if hasattr(select, "poll") else None
+        self._sockets = Sockets(connect_timeout, ssl_context)
         self.closed = False
 
     async def send(self, method: str, url: URL, *, headers: CIMultiDict[str], body: Body = None) -> Response:
@@ -790,6 +794,12 @@ class Client:
         """How many connections to ``url``'s origin are open or being opened (in use or idle)."""
         return self._open.get((url.scheme, url.raw_host or "", url.port or _DEFAULT_PORT.get(url.scheme, 80)), 0)
 
+    def websocket(self, url: URL, headers: CIMultiDict[str], protocols: Sequence[str], *, handshake_timeout: float,
+                  max_message: int, heartbeat: float | None = None) -> AbstractAsyncContextManager[UpstreamSocket]:
+        """``Transport.websocket``: a socket on the client's ``Sockets``."""
+        return self._sockets.connect(url, headers, protocols, handshake_timeout=handshake_timeout,
+                                     max_message=max_message, heartbeat=heartbeat)
+
     async def aclose(self) -> None:
         """``Transport.aclose``: ``close``."""
         await self.close()
@@ -808,4 +818,5 @@ class Client:
                 if not waiter.done():
                     waiter.set_exception(RuntimeError("the client is closed"))
         self._waiters.clear()
+        await self._sockets.aclose()
         await asyncio.sleep(0)  # let the transports run their connection_lost

@@ -13,11 +13,14 @@ Formats whose ``sign`` reads the key alone never come here (``Upstream.open_tran
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+
 from multidict import CIMultiDict
 from yarl import URL
 
 from ...adapters.base import WireFormat
-from .transport import Answer, Body, Transport
+from .transport import Answer, Body, Transport, UpstreamSocket
 from .urls import Base
 
 
@@ -36,14 +39,25 @@ class Signing:
         path = url.raw_path
         return url.origin() == self._origin and (path == self._path or path.startswith(self._path + "/"))
 
+    def _signed(self, method: str, url: URL, headers: CIMultiDict[str], body: bytes | None) -> CIMultiDict[str]:
+        """``headers`` with what ``sign`` sets for this request, when it goes to the upstream's base."""
+        if not self._own(url):
+            return headers
+        signed = CIMultiDict(headers)
+        for name, value in self.fmt.sign(method, str(url), headers, body, self._credential).items():
+            signed[name] = value
+        return signed
+
     async def send(self, method: str, url: URL, *, headers: CIMultiDict[str], body: Body = None) -> Answer:
-        if self._own(url):
-            signed = self.fmt.sign(method, str(url), headers, body if isinstance(body, bytes) else None,
-                                   self._credential)
-            headers = CIMultiDict(headers)
-            for name, value in signed.items():
-                headers[name] = value
+        headers = self._signed(method, url, headers, body if isinstance(body, bytes) else None)
         return await self.inner.send(method, url, headers=headers, body=body)
+
+    def websocket(self, url: URL, headers: CIMultiDict[str], protocols: Sequence[str], *, handshake_timeout: float,
+                  max_message: int, heartbeat: float | None = None) -> AbstractAsyncContextManager[UpstreamSocket]:
+        """The inner transport's socket, its handshake (a ``GET`` with no body) signed. The registry
+        gives no signing format a WebSocket route today; a replay's may still open one."""
+        return self.inner.websocket(url, self._signed("GET", url, headers, None), protocols,
+                                    handshake_timeout=handshake_timeout, max_message=max_message, heartbeat=heartbeat)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
