@@ -118,7 +118,7 @@ def measure_inline(pngs: list[bytes], rounds: int = 30) -> dict[str, Any]:
     from projectionist.policy.fold import EMPTY
     from projectionist.policy.projection import Projection
     from projectionist.proxy.upstream.identity import Identities
-    from projectionist.proxy.call.prepare import build, decode_json, digest_of, scan_body
+    from projectionist.proxy.call.body import build, decode_json, digest_of, scan_body
     from projectionist.proxy.call import scan as scanning
 
     raw = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": [

@@ -4,7 +4,7 @@ stage of the call reads.
 ``Call`` holds what the edge decided: the request, the app's services, the request's context, the
 wire format (the adapter, when the call is projected), the upstream and the checked path, and the
 timing of the upstream leg. The stages
-hand their results on as values of their own (``read.Inbound``, ``project.Prepared``), so a call
+hand their results on as values of their own (``read.Inbound``, ``prepare.Prepared``), so a call
 flows one way: read → prepare → send → record, and a re-send goes through the same stages again.
 """
 

@@ -1,7 +1,7 @@
 """The ways a call goes upstream (proxy layer, call sublayer): projected, or passed through unchanged.
 
 A projected call runs the four stages in order, each in its own module: ``read`` (the body and
-its session), ``project`` (the policy's projection, the upstream body, its headers, its recorder
+its session), ``prepare`` (the policy's projection, the upstream body, its headers, its recorder
 and re-send screen), ``send`` (the relay, and what the answer reports), ``record`` (watching it
 as it streams). ``relay_unchanged`` streams the request body upstream as it arrives (its
 ``Content-Length`` kept, so upstreams that refuse chunked uploads still work).
@@ -13,7 +13,7 @@ from aiohttp import web
 
 from .call import Call
 from .outgoing import outgoing_headers
-from .project import prepare
+from .prepare import prepare
 from .read import read
 from .send import relay_body, send
 

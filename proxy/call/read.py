@@ -1,5 +1,5 @@
 """Read, the first stage of a projected call (proxy layer, call sublayer): its body, and the session
-it belongs to by ``sessions``' order, with the body as ``prepare.read_images`` read it for
+it belongs to by ``sessions``' order, with the body as ``body.read_images`` read it for
 that (only when it may hold images and nothing before the body named a session).
 """
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ...policy.model import scoped_session
 from ..inbound.bodies import read_body
-from .prepare import Read, decode_json, fetched, may_hold_inline, may_hold_refs, may_hold_urls, read_images
+from .body import Read, decode_json, fetched, may_hold_inline, may_hold_refs, may_hold_urls, read_images
 from . import sessions
 from .call import Call
 

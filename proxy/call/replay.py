@@ -38,8 +38,8 @@ from ...policy.ports import SessionLog
 from ...policy.projection import Projection, ProjectionContext, project
 from ..config import Config, UpstreamConfig
 from ..inbound.bodies import inflate
-from .prepare import Asked, build, inbound_digest
-from .project import RequestImages, requested_model
+from .body import Asked, build, inbound_digest
+from .prepare import RequestImages, requested_model
 from .describe import Described, of_raw, sha256_id
 from ..upstream.identity import Identities
 from ...adapters.redact import shorten

@@ -21,7 +21,7 @@ refusal that names the part of an image the provider fetched by URL ("...image.s
 exceeds 5 MB maximum") is exact too: that URL is rejected for this format, by its URL's identity.
 
 An answer that says the provider could not fetch an image it fetches by URL (``Rejection.failure``
-``not_found`` or ``read_failed``) is about one of the call's URL images (``prepare.linked``), and
+``not_found`` or ``read_failed``) is about one of the call's URL images (``body.linked``), and
 about its URL, not its bytes: the policy picks which (``policy.rejection.unreachable``), and an
 ``attachment/quarantine`` (``url``) records it for every upstream, at once, with no waiting for
 records (that a URL was fetched before clears nothing: presigned links expire). The call is then
@@ -66,7 +66,7 @@ from ..inbound.bodies import inflate
 from ..observe.logger import get_logger
 from ..upstream.identity import decoded_bytes
 from . import refusals
-from .prepare import Built, carried, foreign, linked
+from .body import Built, carried, foreign, linked
 from .record import Recorder
 from .relay import SCREEN_MAX, Observer, Verdict
 

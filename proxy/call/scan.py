@@ -67,7 +67,7 @@ class Scanned(NamedTuple):
 
 
 #: The most runs one body is cut into; a body with more is decoded whole instead (and its images
-#: past ``prepare.MAX_CLIENT_IMAGES`` go as they came): cutting costs a little per run.
+#: past ``body.MAX_CLIENT_IMAGES`` go as they came): cutting costs a little per run.
 MAX_RUNS: Final = 2000
 
 

@@ -23,7 +23,7 @@ from ...policy.errors import ProjectionistError, UpstreamError
 from ..observe.logger import ms
 from .call import Call
 from .outgoing import base_url_mistake, naming, outgoing_headers, target_url
-from .project import MODEL_MAX, Prepared
+from .prepare import MODEL_MAX, Prepared
 from .read import Inbound
 from .record import Meter, Recorder
 from .relay import Body, relay

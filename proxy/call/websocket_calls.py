@@ -38,7 +38,7 @@ from ..inbound.context import Context, Timing
 from ..observe.logger import get_logger, ms, request_line, request_lines
 from ..upstream.transport import Transport
 from .call import Call
-from .project import Outgoing, Prepared, outgoing, prepare
+from .prepare import Outgoing, Prepared, outgoing, prepare
 from .read import Inbound, inbound_of
 from .record import Meter, Recorder
 from .relay import upstream_errors

@@ -570,7 +570,7 @@ async def test_a_second_refused_screenshot_of_a_session_is_rescued_too(make_harn
         resp = await post(harness, "/v1/responses", two_screenshots(first, second), session="cu")
     [line] = request_lines(logs)
     assert resp.status == 200, (f"the second refused screenshot went back as a {resp.status} "
-                                f"(rejection={line.get('rejection')!r}): prepare.foreign() counts the blank "
+                                f"(rejection={line.get('rejection')!r}): body.foreign() counts the blank "
                                 "image the proxy put in the first screenshot's slot as an image without identity")
     assert rejected(await harness.events("cu")) == [(ref_id(first), "openai"), (ref_id(second), "openai")]
 

@@ -298,7 +298,7 @@ async def test_non_utf8_in_a_run_and_a_named_refusal_is_not_a_500(make_harness: 
     assert resp.status != 500, (
         "a 500: the first call went as it came (the scan's small document is valid JSON without the "
         "non-UTF-8 run), the refusal was recorded, and the re-send decodes the whole body "
-        f"(prepare.build: decode_json(raw)), which is not UTF-8: {resp.status} {await resp.text()}")
+        f"(body.build: decode_json(raw)), which is not UTF-8: {resp.status} {await resp.text()}")
 
 
 # --- 2. another session's healthy image ---------------------------------------------------------
