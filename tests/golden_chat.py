@@ -3,7 +3,7 @@ the pinned images and ids, the expected reference sites, the outcomes the real p
 and the helpers that send a golden request through a proxy harness.
 
 Used by the pure adapter tests (``tests/adapters/test_golden_*.py``) and by the same requests sent
-through the proxy (``tests/proxy/http/test_golden_*.py``). The golden files live in ``tests/golden/``;
+through the proxy (``tests/proxy/call/test_golden_*.py``). The golden files live in ``tests/golden/``;
 regenerate one (then review its diff by hand) with ``PROJECTIONIST_UPDATE_GOLDEN=1``.
 """
 

@@ -149,3 +149,16 @@ def test_every_module_opens_with_a_docstring_naming_its_layer(package: str) -> N
     for path in modules(package):
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         assert f"{package} layer" in doc or (path.name == "__init__.py" and doc), f"{path} lacks a layer docstring"
+
+
+def test_the_tests_folders_mirror_the_codes() -> None:
+    """A folder of tests under ``tests/proxy`` is named for the code it tests: a folder or a module
+    at the same place under ``proxy/`` (``tests/proxy/call/websocket`` tests ``proxy/call/websocket.py``),
+    so a test is found where its code is and a folder the code no longer has does not live on."""
+    root = Path(__file__).resolve().parents[1]
+    folders = sorted(p for p in (root / "tests" / "proxy").rglob("*")
+                     if p.is_dir() and p.name != "__pycache__" and (p / "__init__.py").exists())
+    assert {p.name for p in folders} >= {"call", "edge", "inbound", "files", "console", "websocket"}
+    strays = [p.relative_to(root).as_posix() for p in folders
+              if not ((code := root / p.relative_to(root / "tests")).is_dir() or code.with_suffix(".py").is_file())]
+    assert strays == [], f"test folders with no code of their name under proxy/: {strays}"

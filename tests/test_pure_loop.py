@@ -22,7 +22,7 @@ PURE_TEST = TESTS / "policy" / "test_example.py"
 
 def test_the_fast_loop_is_the_policy_and_adapter_folders() -> None:
     assert is_pure(PURE_TEST) and is_pure(TESTS / "adapters" / "test_gemini.py")
-    assert not is_pure(TESTS / "proxy" / "http" / "test_proxy.py")
+    assert not is_pure(TESTS / "proxy" / "call" / "test_proxy.py")
     assert not is_pure(TESTS / "system" / "test_sdks.py")
     assert not is_pure(TESTS / "test_layering.py") and not is_pure(TESTS / "policy_table.py")
 
@@ -35,7 +35,7 @@ def test_a_pure_test_using_a_backend_or_server_fixture_fails() -> None:
             refuse_impure_fixtures("tests/policy/test_example.py::test_it", PURE_TEST, ["tmp_path", fixture])
         assert fixture in str(info.value) and "fast loop" in str(info.value)
         # The same fixture anywhere else is fine.
-        refuse_impure_fixtures("tests/proxy/http/test_example.py::test_it", TESTS / "proxy" / "http" / "test_x.py",
+        refuse_impure_fixtures("tests/proxy/call/test_example.py::test_it", TESTS / "proxy" / "call" / "test_x.py",
                                ["tmp_path", fixture])
     refuse_impure_fixtures("tests/policy/test_example.py::test_it", PURE_TEST, ["tmp_path", "monkeypatch"])
 

@@ -13,9 +13,9 @@ from aiohttp import web
 from projectionist.proxy.call import websocket_calls
 from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import Harness
-from tests.proxy.websocket.fake import FakeSocket
-from tests.proxy.websocket.conftest import fake, make_ws  # noqa: F401 (fixtures)
-from tests.proxy.websocket.test_relay import create
+from tests.proxy.call.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.conftest import fake, make_ws  # noqa: F401 (fixtures)
+from tests.proxy.call.websocket.test_relay import create
 
 MakeWs = Callable[..., Awaitable[Harness]]
 KiB = 1024
@@ -75,7 +75,7 @@ async def test_a_resumable_upload_s_finalize_holds_the_whole_file_it_joins(
     the budget never sees."""
     from yarl import URL
 
-    from tests.proxy.http.test_resumable_shared import noise_png
+    from tests.proxy.inbound.test_resumable_shared import noise_png
     harness = await make_harness(**{"upstreams.gemini": {"format": "gemini", "url": upstream.url}})
     budget = harness.app[SERVICES].budget
     data = noise_png(300, 300, 1)  # ~270 KB

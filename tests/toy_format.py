@@ -1,5 +1,5 @@
 """A toy wire format, for the tests alone: a format is one adapter module and one registry entry
-(``tests/proxy/http/test_toy_format.py`` registers it and runs the proxy against an upstream of it).
+(``tests/proxy/call/test_toy_format.py`` registers it and runs the proxy against an upstream of it).
 
 A body is ``{"inputs": [{"text": "..."}, {"image": "attachment:sha256:..."}, ...]}`` on
 ``POST /toy/models/{model}/generate`` (the model is in the path, not the body). A resolved image

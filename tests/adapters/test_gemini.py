@@ -1,6 +1,6 @@
 """The Gemini adapter alone (pure): the golden request rendered to the exact projected body, Google's
 error shape, and how placeholders replace image parts. The same golden request through the proxy,
-and the official ``google-genai`` SDK against it: ``tests/proxy/http/test_gemini.py``."""
+and the official ``google-genai`` SDK against it: ``tests/proxy/call/test_gemini.py``."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ references that are not ours (https URL, provider file id, a reference inside pl
 unknown fields at the top level, inside a request item, inside ``params``, on messages and on content
 blocks. ``find_refs`` + ``render`` with outcomes built from the real policy text must give exactly
 ``tests/golden/anthropic_batches.projected.json``. (The same batch through the proxy:
-``tests/proxy/http/test_golden_batches.py``.)
+``tests/proxy/call/test_golden_batches.py``.)
 
 The images, ids and helpers are those of the chat golden tests, in ``tests/golden_chat.py``.
 Regenerate the golden file (then review its diff by hand) with ``PROJECTIONIST_UPDATE_GOLDEN=1``.

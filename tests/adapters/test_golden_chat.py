@@ -5,7 +5,7 @@ a missing one (``not_found``) and, for Anthropic, a flaky one (``read_failed``),
 images, repeated references, Anthropic's file-id and URL forms, ``detail``/``cache_control`` and
 unknown fields at several levels. ``find_refs`` + ``render`` with outcomes built from the real
 policy text must give exactly ``tests/golden/<name>.projected.json``. (The same requests through the
-proxy: ``tests/proxy/http/test_golden_chat.py``; the shared cases: ``tests/golden_chat.py``.)
+proxy: ``tests/proxy/call/test_golden_chat.py``; the shared cases: ``tests/golden_chat.py``.)
 
 Regenerate a golden file (then review its diff by hand) with ``PROJECTIONIST_UPDATE_GOLDEN=1``.
 """

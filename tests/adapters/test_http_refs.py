@@ -6,7 +6,7 @@ URLs handed in (``HttpRefs``): another host, a lookalike, another spelling of th
 ordinary URL, and a malformed id under the prefix is the client's error. A ``sha256:`` id in a
 Chat Completions ``file`` part, a Responses ``input_file`` or an Anthropic ``document`` block is an
 image reference too, rendered as the format's image (or placeholder) part.
-The proxy end to end: ``tests/proxy/http/test_http_refs.py``.
+The proxy end to end: ``tests/proxy/call/test_http_refs.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The OpenAI Responses adapter alone (pure) on one realistic request: ``find_refs`` finds the image
 references in document order, and ``render`` with the outcomes of the real policy (on in-memory
 doubles) or with hand-built ones gives exactly ``tests/golden/openai_responses.projected.json``.
-The proxy and the official ``openai`` SDK on the same API: ``tests/proxy/http/test_responses.py``."""
+The proxy and the official ``openai`` SDK on the same API: ``tests/proxy/call/test_responses.py``."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import Harness
 from tests.fake_responses import stream_events
 from tests.imaging import make_image, ref_id
-from tests.proxy.websocket.fake import FakeSocket
-from tests.proxy.websocket.test_relay import create, events, inline, reference
+from tests.proxy.call.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.test_relay import create, events, inline, reference
 
 MakeWs = Callable[..., Awaitable[Harness]]
 HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",

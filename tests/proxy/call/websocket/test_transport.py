@@ -21,8 +21,8 @@ from projectionist.proxy.inbound.services import SERVICES
 from projectionist.proxy.upstream.target import open_transport
 from projectionist.proxy.upstream.transport import Answer, Body, Kind, Refused, Transport, UpstreamSocket
 from tests.conftest import Harness
-from tests.proxy.websocket.fake import FakeSocket
-from tests.proxy.websocket.test_relay import create, events
+from tests.proxy.call.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.test_relay import create, events
 
 MakeWs = Callable[..., Awaitable[Harness]]
 HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",

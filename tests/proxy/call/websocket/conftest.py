@@ -10,7 +10,7 @@ import pytest
 
 from projectionist.proxy.config import Config
 from tests.conftest import Harness
-from tests.proxy.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.fake import FakeSocket
 
 
 @pytest.fixture

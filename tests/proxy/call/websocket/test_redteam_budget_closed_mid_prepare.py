@@ -18,8 +18,8 @@ import msgspec
 from projectionist.proxy.call import websocket_calls
 from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import Harness
-from tests.proxy.websocket.fake import FakeSocket
-from tests.proxy.websocket.test_relay import create
+from tests.proxy.call.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.test_relay import create
 
 MakeWs = Callable[..., Awaitable[Harness]]
 KiB = 1024

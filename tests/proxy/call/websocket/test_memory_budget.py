@@ -14,8 +14,8 @@ from aiohttp import WSMsgType, web
 from projectionist.proxy.inbound.budget import Budget
 from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import Harness
-from tests.proxy.websocket.fake import FakeSocket
-from tests.proxy.websocket.test_relay import create
+from tests.proxy.call.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.test_relay import create
 
 MakeWs = Callable[..., Awaitable[Harness]]
 KiB = 1024

@@ -12,8 +12,8 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from tests.conftest import Harness
-from tests.proxy.websocket.fake import FakeSocket
-from tests.proxy.websocket.test_relay import create
+from tests.proxy.call.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.test_relay import create
 
 MakeWs = Callable[..., Awaitable[Harness]]
 LANES = 2000

@@ -13,8 +13,8 @@ from projectionist.proxy.inbound.services import SERVICES
 from tests.calls import recorded_calls
 from tests.conftest import ADMIN, Harness
 from tests.imaging import make_image, ref_id
-from tests.proxy.websocket.fake import FakeSocket
-from tests.proxy.websocket.test_relay import create, events, inline, reference
+from tests.proxy.call.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.test_relay import create, events, inline, reference
 
 MakeWs = Callable[..., Awaitable[Harness]]
 SESSION = {"X-Session-Id": "ws-r", "Authorization": "Bearer sk-client-own-key", "User-Agent": "test-agent/1"}

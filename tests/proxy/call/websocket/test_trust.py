@@ -14,8 +14,8 @@ from aiohttp import WSMsgType
 
 from tests.conftest import Harness
 from tests.imaging import make_image
-from tests.proxy.websocket.fake import FakeSocket
-from tests.proxy.websocket.test_relay import create, events, reference
+from tests.proxy.call.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.test_relay import create, events, reference
 
 MakeWs = Callable[..., Awaitable[Harness]]
 HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",

@@ -20,7 +20,7 @@ from openai.types.responses.responses_server_event import ResponseWsError
 from tests.conftest import Harness
 from tests.imaging import make_image, ref_id
 from tests.paths import ROOT
-from tests.proxy.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.fake import FakeSocket
 
 MakeWs = Callable[..., Awaitable[Harness]]
 

@@ -91,7 +91,7 @@ async def test_json_nested_thousands_deep_to_the_admin_api_is_refused_plainly(ha
 
 
 async def test_a_websocket_upgrade_on_a_route_without_one_is_refused_plainly(harness: Harness) -> None:
-    # (the routes with a WebSocket are relayed: tests/proxy/websocket)
+    # (the routes with a WebSocket are relayed: tests/proxy/call/websocket)
     head = (b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
     status, answer = await raw_request(harness, head)

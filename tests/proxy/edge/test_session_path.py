@@ -18,7 +18,7 @@ from tests.conftest import ADMIN, Harness
 from tests.fakes import FakeUpstream
 from tests.imaging import make_image, ref_id
 from tests import calls
-from tests.proxy.http.test_routing import ROUTES, Recorder, recorder, routed, three, who  # noqa: F401  (fixtures, by name)
+from tests.proxy.edge.test_routing import ROUTES, Recorder, recorder, routed, three, who  # noqa: F401  (fixtures, by name)
 
 MakeHarness = Callable[..., Awaitable[Harness]]
 SID = "path-sess"

@@ -14,7 +14,7 @@ from aiohttp.client_ws import ClientWebSocketResponse
 
 from tests.conftest import Harness
 from tests.imaging import make_image, ref_id
-from tests.proxy.websocket.fake import FakeSocket
+from tests.proxy.call.websocket.fake import FakeSocket
 
 MakeWs = Callable[..., Awaitable[Harness]]
 SESSION = {"X-Session-Id": "ws-1"}

@@ -1,1 +1,0 @@
-"""The HTTP layer: app, middleware, routes and handlers, through a proxy on a test server."""
