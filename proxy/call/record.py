@@ -75,6 +75,10 @@ class Recording:
         self._held: dict[Recorder, float] = {}
         self._sweep_at: asyncio.TimerHandle | None = None
         self._queue: deque[_Pending] = deque()
+        metrics.records_queue = self._queue
+        #: Whether the writer was told of what is queued (it clears this when it takes a batch):
+        #: a call's record is then one append, not two events set.
+        self._told = False
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         #: Set when the writer should stop gathering: a full batch, a drain, shutdown.
@@ -126,21 +130,28 @@ class Recording:
             recorder.release()
 
     def _put(self, pending: _Pending) -> None:
-        if len(self._queue) >= self.queue_size:
+        queue = self._queue
+        if len(queue) >= self.queue_size:
             for kind in _kinds(pending.data):
                 self._dropped(kind, "QUEUE_FULL", pending.request_id)
             return
-        self._queue.append(pending)
+        queue.append(pending)
         self._unwritten[pending.session_id] += 1
-        self.metrics.records_queued = len(self._queue)
+        if not self._told:
+            self._tell()
+        elif len(queue) >= self.batch:
+            assert self._hurry is not None
+            self._hurry.set()
+
+    def _tell(self) -> None:
+        """Wake the writer (started when there is none) for what is queued."""
         if self._writer is None or self._writer.done():
             self._wake, self._idle, self._hurry = asyncio.Event(), asyncio.Event(), asyncio.Event()
             self._writer = asyncio.get_running_loop().create_task(self._write())
-        assert self._wake is not None and self._idle is not None and self._hurry is not None
+        assert self._wake is not None and self._idle is not None
+        self._told = True
         self._idle.clear()
         self._wake.set()
-        if len(self._queue) >= self.batch:
-            self._hurry.set()
 
     async def drain(self) -> None:
         """Wait until every record queued so far is written (or dropped); the writer stops
@@ -169,6 +180,12 @@ class Recording:
             await asyncio.gather(self._writer, return_exceptions=True)
 
     async def _write(self) -> None:
+        try:
+            await self._writing()
+        finally:  # a writer that ended (closed, or broken) is started again by the next record
+            self._told = False
+
+    async def _writing(self) -> None:
         assert self._wake is not None and self._idle is not None and self._hurry is not None
         while True:
             if not self._queue:
@@ -181,8 +198,8 @@ class Recording:
                     await asyncio.wait_for(self._hurry.wait(), self.batch_wait)
             if len(self._queue) <= self.batch:
                 self._hurry.clear()  # this batch takes everything queued: the next one may gather
+            self._told = False  # a record queued from now on tells the writer again
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
-            self.metrics.records_queued = len(self._queue)
             sessions: dict[str, list[_Pending]] = {}
             for pending in batch:
                 sessions.setdefault(pending.session_id, []).append(pending)
@@ -412,22 +429,24 @@ class Recorder(Meter):
         self._record(None, "CLIENT_DISCONNECTED")
 
     def _record(self, status: int | None, error_code: str | None) -> None:
+        """Queue the call's outcome: in its request record when that is still held (one row for
+        the call, nearly every one), else as a ``response/recorded`` event naming it."""
         if self.recorded:
             return
         self.recorded = True
-        keep = self.full and status is not None
+        call, keep = self.call, self.full and status is not None
         body = self.capture.body() if keep else b""
-        latency = ms(time.perf_counter() - self.call.started)
-        data = ResponseRecorded(self.call.request_id, 0, status, latency,
-                                self.reported(self.call.fmt)[0] if status is not None else None,
+        usage = self.reported(call.fmt)[0] if status is not None else None
+        data = ResponseRecorded(call.request_id, 0, status, ms(time.perf_counter() - call.started), usage,
                                 error_code, sha256_id(body) if keep else None, self.capture.truncated)
         blobs = (body,) if keep else ()
+        recording = self.recording
         if not self.held:  # its request record was queued on its own: this one names it
-            self.recording._put(_Pending(self.call.session_id, self.call.request_id, data, blobs))
+            recording._put(_Pending(call.session_id, call.request_id, data, blobs))
             return
         self.held = False
-        self.recording._held.pop(self, None)
-        self.recording._put(self._pending(data, blobs))
+        del recording._held[self]
+        recording._put(self._pending(data, blobs))
 
 
 class Capture:

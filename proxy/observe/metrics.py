@@ -15,7 +15,7 @@ import re
 import threading
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Final, Protocol
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, GCCollector, PlatformCollector,
@@ -107,7 +107,8 @@ class Metrics:
         self.shared_reads = 0
         self.automatic_recoveries = 0
         self.records_dropped: Counter[str] = Counter()
-        self.records_queued = 0
+        #: The records waiting for the writer (the recorder's queue: read when scraped, never counted per call).
+        self.records_queue: Sized = ()
         #: Image refusals by an upstream, by what became of them (see ``http.resend``).
         self.rejections: Counter[str] = Counter()
         self.evidence_calls = 0
@@ -225,7 +226,7 @@ class Metrics:
         yield _by("projectionist_records_dropped", "Request and response records that could not be written "
                   "(the calls went on unrecorded)", "kind", dropped)
         yield GaugeMetricFamily("projectionist_records_queued", "Records waiting for the writer",
-                                value=self.records_queued)
+                                value=len(self.records_queue))
         yield CounterMetricFamily("projectionist_errors_after_response_started",
                                   "Errors after a response had started: logged, the connection closed",
                                   value=self.errors_after_start)
