@@ -69,12 +69,16 @@ def recordable_headers(headers: MultiMapping[str]) -> tuple[tuple[str, str], ...
         known = _RECORDABLE.get(pair)  # a name is an ``istr``: it hashes and compares as its str
         if known is not None:
             kept.append(known)
+        elif pair[0] in _CREDENTIAL_NAMES:  # a credential by its name, whatever its value
+            continue
         elif not is_credential(*pair):
             known = (str(pair[0]), str(pair[1]))
             kept.append(known)
             if len(_RECORDABLE) >= RECORDABLE_KEPT:
                 _RECORDABLE.clear()
             _RECORDABLE[known] = known
+        elif is_credential(pair[0]) and len(_CREDENTIAL_NAMES) < RECORDABLE_KEPT:
+            _CREDENTIAL_NAMES.add(str(pair[0]))
     return tuple(kept)
 
 
@@ -82,6 +86,9 @@ def recordable_headers(headers: MultiMapping[str]) -> tuple[tuple[str, str], ...
 #: and again, and the two patterns cost ~3 µs a header); a credential is never kept here, only
 #: looked at again.
 _RECORDABLE: dict[tuple[str, str], tuple[str, str]] = {}
+#: Header names that are a credential by the name alone (``Authorization``, ``x-api-key``): every
+#: call carries one, and its value need not be looked at to leave it out. Names only, never a value.
+_CREDENTIAL_NAMES: set[str] = set()
 RECORDABLE_KEPT: Final = 4096
 
 
