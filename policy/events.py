@@ -314,6 +314,8 @@ _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     Rejected: RejectedEvent,
     Learnt: LearntEvent,
 }
+#: The type each kind of event data is stored as.
+_TAGS: Final[dict[type, str]] = {kind: str(envelope.__struct_config__.tag) for kind, envelope in _ENVELOPES.items()}
 _KNOWN_TYPES: Final = frozenset(envelope.__struct_config__.tag for envelope in _ENVELOPES.values())
 _encoder: Final = msgspec.json.Encoder()
 _decoder: Final = msgspec.json.Decoder(KnownEvent)
@@ -331,9 +333,19 @@ def type_of(event: Event) -> str:
 
 
 def event_type(data: EventData) -> str:
-    tag = _ENVELOPES[type(data)].__struct_config__.tag
-    assert isinstance(tag, str)
-    return tag
+    return _TAGS[type(data)]
+
+
+def event_types(items: Iterable[EventData]) -> list[str]:
+    """``event_type`` of each of ``items`` (a batch of records: one call, not one a record);
+    ``KeyError`` for anything that is not event data."""
+    return [_TAGS[type(item)] for item in items]
+
+
+def envelopes(after_seq: int, time: str, items: Iterable[EventData]) -> list[KnownEvent]:
+    """``envelope`` of each of ``items``, numbered from ``after_seq + 1`` (a batch: one call)."""
+    return [_ENVELOPES[type(item)](seq=seq, time=time, data=item)  # type: ignore[arg-type]
+            for seq, item in enumerate(items, after_seq + 1)]
 
 
 def encode_event(event: Event) -> bytes:

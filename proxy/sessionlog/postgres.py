@@ -33,7 +33,8 @@ from ...policy.events import (
     ForkedEvent,
     encode_event,
     envelope,
-    event_type,
+    envelopes,
+    event_types,
 )
 from ...policy.ports import StateRead
 from ..faults import FAILED, LOST, OS_FAULTS, Table, map_exceptions
@@ -173,7 +174,7 @@ class PostgresLog:
             raise ValueError("append needs at least one event")
         if expected_seq is not None and expected_seq < 0:
             raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
-        types = [event_type(d) for d in data]
+        types = event_types(data)
         if expected_seq is None and not durable:
             return await self._append_at_end(session_id, list(data), types)
         now = self._clock()
@@ -185,7 +186,7 @@ class PostgresLog:
             first = -int(await self._run(lambda conn: conn.fetchval(self._sql["last"], session_id))) - 1
         if first < 0:
             raise AppendConflict(session_id, expected_seq or 0, -first - 1)
-        return [envelope(first + i, now, item) for i, item in enumerate(data)]
+        return envelopes(first - 1, now, data)
 
     async def _append_at_end(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
         """Records in group commits: a batch is one statement for all its sessions

@@ -66,8 +66,8 @@ from ...policy.events import (
     ForkedEvent,
     encode_event,
     encode_events,
-    envelope,
-    event_type,
+    envelopes,
+    event_types,
 )
 
 SCHEMA_VERSION: Final = 4
@@ -282,7 +282,7 @@ class SqliteLog:
         if expected_seq is not None and expected_seq < 0:
             raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
         try:
-            types = [event_type(item) for item in items]
+            types = event_types(items)
         except KeyError as exc:
             raise TypeError(f"not event data: {exc}") from None
         if expected_seq is None and not durable:
@@ -609,7 +609,7 @@ class SqliteLog:
                                          conn.execute(_STATE_AFTER, (session_id, expected_seq)).fetchone()):
             raise AppendConflict(session_id, expected_seq, actual)
         now = self._clock()
-        events: list[Event] = [envelope(actual + i, now, item) for i, item in enumerate(items, 1)]
+        events: list[Event] = list(envelopes(actual, now, items))
         _insert(conn, [(session_id, event.seq, kind, now, encode_event(event), None)
                        for event, kind in zip(events, types)])
         return events
@@ -624,7 +624,7 @@ class SqliteLog:
         groups: dict[str, list[tuple[Event, str]]] = {}  # each session's records, in seq order
         for session_id, items, types in batch:
             seq = last[session_id] if session_id in last else self._last_seq(conn, session_id)
-            events: list[Event] = [envelope(seq + i, now, item) for i, item in enumerate(items, 1)]
+            events: list[Event] = list(envelopes(seq, now, items))
             last[session_id] = seq + len(items)
             groups.setdefault(session_id, []).extend(zip(events, types))
             written.append(events)
