@@ -34,7 +34,7 @@ from ...policy.errors import ProjectionistError
 from ...policy.events import RequestRecorded, ResponseRecorded
 from ...policy.projection import Projection
 from ...policy.ports import SessionLog
-from ..observe.logger import get_logger, ms
+from ..observe.logger import get_logger
 from ..observe.metrics import Metrics
 from ..stores.base import Store
 from .describe import Described, sha256_id
@@ -436,9 +436,12 @@ class Recorder(Meter):
         self.recorded = True
         call, keep = self.call, self.full and status is not None
         body = self.capture.body() if keep else b""
-        usage = self.reported(call.fmt)[0] if status is not None else None
-        data = ResponseRecorded(call.request_id, 0, status, ms(time.perf_counter() - call.started), usage,
-                                error_code, sha256_id(body) if keep else None, self.capture.truncated)
+        usage = None
+        if status is not None:  # the access log asked already, nearly always: its answer, without a call
+            usage = (self._reported or self.reported(call.fmt))[0]
+        latency = round((time.perf_counter() - call.started) * 1_000_000) / 1000  # ``ms``, inline
+        data = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code,
+                                sha256_id(body) if keep else None, self.capture.truncated)
         blobs = (body,) if keep else ()
         recording = self.recording
         if not self.held:  # its request record was queued on its own: this one names it
