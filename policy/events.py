@@ -342,7 +342,7 @@ def event_types(items: Iterable[EventData]) -> list[str]:
     return [_TAGS[type(item)] for item in items]
 
 
-def envelopes(after_seq: int, time: str, items: Iterable[EventData]) -> list[KnownEvent]:
+def envelopes(after_seq: int, time: str, items: Iterable[EventData]) -> list[Event]:
     """``envelope`` of each of ``items``, numbered from ``after_seq + 1`` (a batch: one call)."""
     return [_ENVELOPES[type(item)](seq=seq, time=time, data=item)  # type: ignore[arg-type]
             for seq, item in enumerate(items, after_seq + 1)]

@@ -211,7 +211,7 @@ def of_unchanged(raw: bytes, refs: tuple[RefRecord, ...] = (), digest: str | Non
     upstream body *is* its inbound body, which a replay has (checked against this digest), so the
     replay takes the shape from it (``of_raw``) when it needs one: a request pays for a digest per
     message only where a projection changed the body."""
-    digest = digest or "sha256:" + hashlib.sha256(raw).hexdigest()  # (``sha256_id``: a call less on every call)
+    digest = digest or sha256_id(raw)
     return Described(digest, refs, (), inbound_digest=digest)
 
 

@@ -122,6 +122,8 @@ def upstream_query(raw_query: str, fmt: WireFormat, upstream: Upstream, withheld
 def recorded_path(raw_path: str, raw_query: str, withheld: Withheld) -> str:
     """The path and query as the session log keeps them: no parameter that ``is_credential``, and
     none holding one of the proxy's own tokens, on any format."""
+    if not raw_query:  # nearly every call: no filter to build
+        return raw_path
     query = filter_query(raw_query, lambda k, v: not (is_credential(k, v) or withheld.holds_own(v)
                                                       or withheld.holds_own(k)))
     return raw_path + (f"?{query}" if query else "")

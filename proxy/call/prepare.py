@@ -201,8 +201,7 @@ class _Projecting:
             return built, None
         ctx = call.ctx
         request_id = ctx.request_id if attempt == 1 else f"{ctx.request_id}.{attempt}"
-        query = call.request.rel_url.raw_query_string
-        path = recorded_path(call.raw_path, query, services.guard) if query else call.raw_path
+        path = recorded_path(call.raw_path, call.request.rel_url.raw_query_string, services.guard)
         info = CallInfo(inbound.session_id, request_id, ctx.started, ctx.route, call.fmt, call.upstream.name,
                         call.request.method, path, self.sent_headers)
         recorder: Recorder = services.recording.start(info, inbound.raw, built.described, built.projection)

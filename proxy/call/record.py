@@ -34,7 +34,7 @@ from ...policy.errors import ProjectionistError
 from ...policy.events import RequestRecorded, ResponseRecorded
 from ...policy.projection import Projection
 from ...policy.ports import SessionLog
-from ..observe.logger import get_logger
+from ..observe.logger import get_logger, ms
 from ..observe.metrics import Metrics
 from ..stores.base import Store
 from .describe import Described, sha256_id
@@ -139,7 +139,7 @@ class Recording:
         self._unwritten[pending.session_id] += 1
         if not self._told:
             self._tell()
-        elif len(queue) >= self.batch:
+        if len(queue) >= self.batch:
             assert self._hurry is not None
             self._hurry.set()
 
@@ -436,11 +436,8 @@ class Recorder(Meter):
         self.recorded = True
         call, keep = self.call, self.full and status is not None
         body = self.capture.body() if keep else b""
-        usage = None
-        if status is not None:  # the access log asked already, nearly always: its answer, without a call
-            usage = (self._reported or self.reported(call.fmt))[0]
-        latency = round((time.perf_counter() - call.started) * 1_000_000) / 1000  # ``ms``, inline
-        data = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code,
+        usage = self.reported(call.fmt)[0] if status is not None else None  # read once, for the access log too
+        data = ResponseRecorded(call.request_id, 0, status, ms(time.perf_counter() - call.started), usage, error_code,
                                 sha256_id(body) if keep else None, self.capture.truncated)
         blobs = (body,) if keep else ()
         recording = self.recording
@@ -448,7 +445,7 @@ class Recorder(Meter):
             recording._put(_Pending(call.session_id, call.request_id, data, blobs))
             return
         self.held = False
-        del recording._held[self]
+        recording._held.pop(self, None)
         recording._put(self._pending(data, blobs))
 
 

@@ -186,8 +186,7 @@ class PostgresLog:
             first = -int(await self._run(lambda conn: conn.fetchval(self._sql["last"], session_id))) - 1
         if first < 0:
             raise AppendConflict(session_id, expected_seq or 0, -first - 1)
-        events: list[Event] = list(envelopes(first - 1, now, data))
-        return events
+        return envelopes(first - 1, now, data)
 
     async def _append_at_end(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
         """Records in group commits: a batch is one statement for all its sessions

@@ -609,7 +609,7 @@ class SqliteLog:
                                          conn.execute(_STATE_AFTER, (session_id, expected_seq)).fetchone()):
             raise AppendConflict(session_id, expected_seq, actual)
         now = self._clock()
-        events: list[Event] = list(envelopes(actual, now, items))
+        events = envelopes(actual, now, items)
         _insert(conn, [(session_id, event.seq, kind, now, encode_event(event), None)
                        for event, kind in zip(events, types)])
         return events
@@ -624,7 +624,7 @@ class SqliteLog:
         groups: dict[str, list[tuple[Event, str]]] = {}  # each session's records, in seq order
         for session_id, items, types in batch:
             seq = last[session_id] if session_id in last else self._last_seq(conn, session_id)
-            events: list[Event] = list(envelopes(seq, now, items))
+            events = envelopes(seq, now, items)
             last[session_id] = seq + len(items)
             groups.setdefault(session_id, []).extend(zip(events, types))
             written.append(events)
