@@ -22,8 +22,8 @@ from typing import Any, Final
 import msgspec
 
 from .base import (SCAN_CHARS, Carried, ContextAnswers, FetchAnswers, Inline, Inliner, Json, Known, KnownContext,
-                   KnownFetch, Linked, PlainInline, Site, Slot, content_lists, error_object, known_pattern, part_pointer,
-                   patch)
+                   KnownFetch, Linked, PlainInline, Site, Slot, content_lists, error_object, known_pattern,
+                   opening_message, part_pointer, patch)
 from .facts import CallFacts, Files, FormatFacts, Spoken
 from .responses import member
 from ..policy.linked import is_web_url
@@ -214,13 +214,12 @@ def session_hint(body: Json) -> tuple[str, str] | None:
 
 
 def opening(body: Json) -> Json:
-    """The system prompt and the first message."""
+    """The system prompt and the messages up to the first user message that holds more than
+    bookkeeping (``base.opening_message``)."""
     if not isinstance(body, dict):
         return None
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return None
-    return [body.get("system"), messages[0]]
+    first = opening_message(body.get("messages"))
+    return None if first is None else [body.get("system"), first]
 
 
 def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:

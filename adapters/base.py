@@ -243,15 +243,67 @@ def insert_after(placements: Sequence[tuple[Host, Json]]) -> None:
             host_list[host_index + 1:host_index + 1] = after[host_index]
 
 
-def opening_messages(messages: Json, first: str = "user") -> list[Json] | None:
-    """The messages of a conversation up to and including the first one of role ``first``
-    (system prompts before it): what every later turn re-sends unchanged. None without one."""
+#: The tags of the blocks clients put in a conversation for their own bookkeeping, not the user's
+#: words, and rewrite between turns: Claude Code's and Qwen Code's ``<system-reminder>`` (today's
+#: date, the tools at hand), Gemini CLI's ``<session_context>`` (today's date, the folder tree,
+#: its memory: a resumed conversation gets a new one).
+BOOKKEEPING: Final = ("system-reminder", "session_context")
+#: Keys of a content part that say nothing of its meaning (its kind, a prompt-cache mark).
+_PART_KEYS: Final = frozenset({"type", "text", "cache_control"})
+
+
+def bookkeeping(node: Json) -> bool:
+    """Whether ``node`` is a content part (or a message's string content) that is one
+    bookkeeping block (``BOOKKEEPING``) and nothing else. A part that holds words around the
+    block, two blocks, or keys beyond its kind and text is the conversation's."""
+    if isinstance(node, dict):
+        if not node.keys() <= _PART_KEYS:
+            return False
+        node = node.get("text")
+    if not isinstance(node, str):
+        return False
+    text = node.strip()
+    for tag in BOOKKEEPING:
+        start, end = f"<{tag}>", f"</{tag}>"
+        if text.startswith(start) and text.endswith(end):
+            return text.count(start) == 1 and text.count(end) == 1
+    return False
+
+
+def _substantive(message: Json) -> bool:
+    """Whether ``message`` holds anything but bookkeeping: its content (``content``, Gemini's
+    ``parts``) a string or list not wholly bookkeeping."""
+    if not isinstance(message, dict):
+        return True
+    content = message.get("content", message.get("parts"))
+    if isinstance(content, list):
+        return not content or not all(bookkeeping(part) for part in content)
+    return not bookkeeping(content)
+
+
+def opening_messages(messages: Json, first: str = "user", *, untagged: str | None = None) -> list[Json] | None:
+    """The messages of a conversation up to and including the first one of role ``first`` that
+    holds more than bookkeeping (system prompts before it), messages of bookkeeping alone
+    (``bookkeeping``) left out: what every later turn re-sends, whether or not the client
+    still sends its bookkeeping. A message without a role has role ``untagged`` (Gemini: a
+    content's role defaults to the user). None without one."""
     if not isinstance(messages, list):
         return None
     for index, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") == first:
-            return messages[:index + 1]
+        if isinstance(message, dict) and message.get("role", untagged) == first and _substantive(message):
+            opening = messages[:index + 1]
+            return opening if all(map(_substantive, opening)) else [m for m in opening if _substantive(m)]
     return None
+
+
+def opening_message(messages: Json, *, untagged: str | None = None) -> Json:
+    """The first message of a conversation that holds more than bookkeeping (``opening_messages``
+    for the formats whose opening is their first message: Anthropic, Gemini): the message itself
+    when nothing came before it, as derived sessions were always named."""
+    opening = opening_messages(messages, untagged=untagged)
+    if opening is None:
+        return None
+    return opening[0] if len(opening) == 1 else opening
 
 
 def content_lists(messages: Json) -> list[list[Json]]:

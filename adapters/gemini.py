@@ -21,7 +21,8 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 from .base import (SCAN_CHARS, Carried, FetchAnswers, Host, Inline, Inliner, Json, Known, KnownFetch, Linked, Slot,
-                   PlainInline, Site, error_object, inliner, insert_after, known_pattern, part_pointer)
+                   PlainInline, Site, error_object, inliner, insert_after, known_pattern, opening_message,
+                   part_pointer)
 from .facts import CallFacts, Files, FormatFacts, Spoken
 from .responses import member
 from ..policy.linked import is_web_url, url_name
@@ -176,13 +177,13 @@ def session_hint(body: Json) -> tuple[str, str] | None:
 
 
 def opening(body: Json) -> Json:
-    """The system instruction and the first content."""
+    """The system instruction and the contents up to the first user content that holds more
+    than bookkeeping (Gemini CLI opens with a content of its ``<session_context>`` alone:
+    ``base.opening_message``)."""
     if not isinstance(body, dict):
         return None
-    contents = body.get("contents")
-    if not isinstance(contents, list) or not contents:
-        return None
-    return [_either(body, "system_instruction", "systemInstruction"), contents[0]]
+    first = opening_message(body.get("contents"), untagged="user")
+    return None if first is None else [_either(body, "system_instruction", "systemInstruction"), first]
 
 
 def _is_image(part: dict[str, Any], http: HttpRefs) -> bool:

@@ -13,9 +13,10 @@ first that applies wins:
 4. **derived**, only for a request that carries images it inlined itself (a request of
    ``attachment:`` references alone keeps ``[server] sessionless``): ``derived:`` and a digest of the client's
    credential, the wire format and the conversation's first messages (``adapters.<fmt>.opening``),
-   with every inlined image counted by its identity and content parts that are a
-   ``<system-reminder>`` block alone left out. Two conversations that open alike, sent with the
-   same credential, share a derived session.
+   with every inlined image counted by its identity and content parts that are a client's
+   bookkeeping block alone (``adapters.base.bookkeeping``: a ``<system-reminder>``, a
+   ``<session_context>``) left out; the opening runs to the first user message that holds more.
+   Two conversations that open alike, sent with the same credential, share a derived session.
 
 A value that is no valid session id (too long, not visible ASCII) stands as its digest. A
 client's own or a derived session never turns a request into an error.
@@ -31,7 +32,7 @@ import msgspec
 from aiohttp import web
 from multidict import MultiMapping
 
-from ...adapters.base import WireFormat
+from ...adapters.base import WireFormat, bookkeeping
 from ...policy.errors import Code, InvalidRequest
 from ...policy.model import check_session_id, is_session_id
 from .outgoing import CREDENTIAL_QUERY
@@ -133,32 +134,15 @@ def credentials(headers: MultiMapping[str], query: MultiMapping[str] | None = No
     return digest.hexdigest()[:12]
 
 
-#: Keys of a content part that say nothing of its meaning (its kind, a prompt-cache mark).
-_PART_KEYS: Final = frozenset({"type", "text", "cache_control"})
-
-
-def _reminder(node: Any) -> bool:
-    """Whether ``node`` is a content part that is one ``<system-reminder>`` block and nothing
-    else: client bookkeeping (today's date, the tools at hand), not the conversation. Qwen Code
-    and Claude Code add such parts to a user message and drop or change them on later turns."""
-    if not isinstance(node, dict) or not node.keys() <= _PART_KEYS:
-        return False
-    text = node.get("text")
-    if not isinstance(text, str):
-        return False
-    text = text.strip()
-    return (text.startswith("<system-reminder>") and text.endswith("</system-reminder>")
-            and text.count("<system-reminder>") == 1 and text.count("</system-reminder>") == 1)
-
-
 def _standing(node: Any, images: Mapping[int, str]) -> Any:
     """``node`` with every inlined image's base64 replaced by its identity, prompt-cache marks
-    dropped (clients move them from turn to turn) and ``<system-reminder>`` parts left out
-    (``_reminder``): what stays the same on every turn."""
+    dropped (clients move them from turn to turn) and the clients' bookkeeping parts left out
+    (``adapters.base.bookkeeping``: a ``<system-reminder>``, Gemini CLI's ``<session_context>``):
+    what stays the same on every turn."""
     if isinstance(node, dict):
         return {k: _standing(v, images) for k, v in node.items() if k != "cache_control"}
     if isinstance(node, list):
-        return [_standing(v, images) for v in node if not _reminder(v)]
+        return [_standing(v, images) for v in node if not bookkeeping(v)]
     if isinstance(node, str):
         return images.get(id(node), node)
     return node

@@ -7,9 +7,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from multidict import CIMultiDict
 
 from projectionist.adapters import anthropic_messages, gemini, openai_chat
+from projectionist.adapters.base import bookkeeping
 from projectionist.proxy.call.sessions import derived
 
 REMINDERS = ["<system-reminder>\nThe following tools are reachable: read_file\n</system-reminder>",
@@ -82,3 +84,58 @@ def test_the_same_rule_in_the_other_formats() -> None:
     del dropped["contents"][0]["parts"][1]
     assert session(contents, fmt=gemini) == session(dropped, fmt=gemini)
     assert session(contents, fmt=gemini) != session(messages, fmt=anthropic_messages)
+
+
+def gemini_cli(day: str, prompt: str = "Describe the screenshot @shot.png", *, turns: int = 1,
+               memory: str = "", merged: bool = True) -> dict[str, Any]:
+    """A body as Gemini CLI 0.61 sends it (seen through the proxy): its ``<session_context>``
+    part (today's date, the folder tree, its memory) first in the first user content, then the
+    user's prompt with the image; its model router's call (``merged=False``) sends the context as
+    a content of its own."""
+    context = {"text": f"<session_context>\nThis is the Gemini CLI. We are setting up the context for our chat.\n"
+                       f"Today's date is {day} (formatted according to the user's locale).\n{memory}\n</session_context>"}
+    prompted = [{"text": prompt}, {"inlineData": {"mimeType": "image/png", "data": "AAAA"}}]
+    contents: list[dict[str, Any]] = ([{"role": "user", "parts": [context, *prompted]}] if merged else
+                                      [{"role": "user", "parts": [context]}, {"role": "user", "parts": prompted}])
+    for n in range(1, turns):
+        contents += [{"role": "model", "parts": [{"text": f"answer {n}"}]},
+                     {"role": "user", "parts": [{"text": f"question {n}"}]}]
+    return {"systemInstruction": {"parts": [{"text": "You are Gemini CLI"}]}, "contents": contents}
+
+
+def test_gemini_clis_session_context_is_bookkeeping_and_the_opening_runs_past_it() -> None:
+    """Resumed the next day (``--resume``: a new date, a changed memory), the conversation keeps
+    its session; and two conversations whose first content is the same ``<session_context>``
+    alone still differ by the user's first prompt, as before the context part was left out."""
+    for merged in (True, False):
+        first = session(gemini_cli("Sunday, December 6, 2026", merged=merged), fmt=gemini)
+        resumed = gemini_cli("Monday, December 7, 2026", turns=3, memory="- the user prefers tabs", merged=merged)
+        assert session(resumed, fmt=gemini) == first
+        other = gemini_cli("Sunday, December 6, 2026", "Describe the other screenshot", merged=merged)
+        assert session(other, fmt=gemini) != first
+
+
+def test_a_message_of_bookkeeping_alone_never_makes_the_opening() -> None:
+    """Without its own message the opening would be the system prompt alone, shared by every
+    conversation of the client: a Chat message of reminders alone (string or parts) is skipped."""
+    for reminder in (REMINDERS[1], [{"type": "text", "text": REMINDERS[1]}]):
+        alice, bob = chat([], "Alice asks"), chat([], "Bob asks")
+        for body in (alice, bob):
+            body["messages"].insert(1, {"role": "user", "content": reminder})
+        assert session(alice) != session(bob)
+        assert session(alice) == session(chat([], "Alice asks"))
+
+
+@pytest.mark.parametrize(("node", "kept"), [
+    ("<system-reminder>date</system-reminder>", False),
+    ({"text": "  <session_context>\ndate\n</session_context>\n"}, False),
+    ({"type": "text", "text": "<system-reminder>a</system-reminder>", "cache_control": {"type": "ephemeral"}}, False),
+    ({"type": "text", "text": "<session_context>a</session_context> and the user's words"}, True),
+    ({"type": "text", "text": "<system-reminder>a</system-reminder><system-reminder>b</system-reminder>"}, True),
+    ({"type": "text", "text": "<session_context>a</system-reminder>"}, True),
+    ({"type": "image_url", "image_url": {"url": "data:,"}}, True),
+    ({"text": "<hook_context>a</hook_context>"}, True),
+    (7, True),
+])
+def test_what_is_bookkeeping(node: Any, kept: bool) -> None:
+    assert bookkeeping(node) is not kept
