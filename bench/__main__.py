@@ -188,7 +188,8 @@ class Bench:
         """The Responses WebSocket: turn after turn on one socket each, direct to the fake
         WebSocket upstream, through the bare aiohttp relay and through projectionist on its
         defaults; a 1 KB text turn (c=1 and c=16), and a turn carrying one image the client
-        inlined (as Codex sends a screenshot), c=16."""
+        inlined (as Codex sends a screenshot), c=16. Each socket names its conversation in a
+        ``session-id`` header on the handshake, as Codex does (``ws.run_turns``)."""
         port = free_port()
         loop_env = {"UVLOOP": "1" if self.procs.loop == "uvloop" else "0"}
         upstream = self.procs.start("ws-upstream", [sys.executable, "-m", "bench.ws", "upstream"],

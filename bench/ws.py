@@ -7,7 +7,10 @@ text frame is answered with ``response.created``, the message's ``response.outpu
 turn (enough for the Codex CLI to finish one: ``bench/codex_turns.py``). ``python -m bench.ws relay`` is the floor: a bare aiohttp WebSocket relay that
 opens one upstream socket per client socket and pumps text frames both ways, nothing else.
 ``run`` drives ``concurrency`` sockets, each sending one turn after another for ``duration``
-seconds; a turn's latency runs from its ``response.create`` to its ``response.completed``.
+seconds; a turn's latency runs from its ``response.create`` to its ``response.completed``. Each
+socket's handshake names its conversation in a ``session-id`` header, as the Codex CLI's does
+(``tests/system/test_codex_websocket.py`` sees it), so the proxy finds the session Codex names
+rather than deriving one each turn.
 Env: ``PORT``, ``UPSTREAM`` (the relay's), ``UVLOOP=1``.
 """
 
@@ -17,6 +20,7 @@ import asyncio
 import os
 import sys
 import time
+import uuid
 from typing import Any
 
 import aiohttp
@@ -109,8 +113,11 @@ def relay_app(upstream_base: str) -> web.Application:
     return app
 
 
-async def run_turns(url: str, message: str, headers: dict[str, str], concurrency: int, duration: float) -> LoadResult:
-    """``concurrency`` sockets at ``url`` (``ws://``), each sending ``message`` turn after turn."""
+async def run_turns(url: str, message: str, headers: dict[str, str], concurrency: int, duration: float,
+                    *, codex_session: bool = True) -> LoadResult:
+    """``concurrency`` sockets at ``url`` (``ws://``), each sending ``message`` turn after turn.
+    ``codex_session``: each socket's handshake names a conversation of its own in a ``session-id``
+    header, as the Codex CLI's does (one socket per conversation); the bare relay ignores it."""
     latencies: list[float] = []
     errors = 0
     all_headers = {"Authorization": f"Bearer {AUTH_KEY}", **headers}
@@ -119,8 +126,9 @@ async def run_turns(url: str, message: str, headers: dict[str, str], concurrency
 
         async def one() -> None:
             nonlocal errors
+            own = {"session-id": str(uuid.uuid4())} if codex_session and "session-id" not in all_headers else {}
             try:
-                async with session.ws_connect(url, headers=all_headers, max_msg_size=MAX_MESSAGE) as socket:
+                async with session.ws_connect(url, headers={**all_headers, **own}, max_msg_size=MAX_MESSAGE) as socket:
                     while time.perf_counter() < deadline:
                         started = time.perf_counter()
                         await socket.send_str(message)
@@ -142,8 +150,9 @@ async def run_turns(url: str, message: str, headers: dict[str, str], concurrency
     return summary(latencies, errors, elapsed)
 
 
-def run(url: str, message: str, headers: dict[str, str], concurrency: int, duration: float) -> LoadResult:
-    return asyncio.run(run_turns(url, message, headers, concurrency, duration))
+def run(url: str, message: str, headers: dict[str, str], concurrency: int, duration: float, *,
+        codex_session: bool = True) -> LoadResult:
+    return asyncio.run(run_turns(url, message, headers, concurrency, duration, codex_session=codex_session))
 
 
 def turn_message(body: bytes) -> str:
