@@ -253,16 +253,18 @@ _PART_KEYS: Final = frozenset({"type", "text", "cache_control"})
 
 
 def bookkeeping(node: Json) -> bool:
-    """Whether ``node`` is a content part (or a message's string content) that is one
-    bookkeeping block (``BOOKKEEPING``) and nothing else. A part that holds words around the
-    block, two blocks, or keys beyond its kind and text is the conversation's."""
-    if isinstance(node, dict):
-        if not node.keys() <= _PART_KEYS:
-            return False
-        node = node.get("text")
-    if not isinstance(node, str):
+    """Whether ``node`` is a content part that is one bookkeeping block (``BOOKKEEPING``) and
+    nothing else. A part that holds words around the block, two blocks, or keys beyond its kind
+    and text is the conversation's; so is a bare string (a system prompt, an input)."""
+    if not isinstance(node, dict) or not node.keys() <= _PART_KEYS:
         return False
-    text = node.strip()
+    return _one_block(node.get("text"))
+
+
+def _one_block(text: Json) -> bool:
+    if not isinstance(text, str):
+        return False
+    text = text.strip()
     for tag in BOOKKEEPING:
         start, end = f"<{tag}>", f"</{tag}>"
         if text.startswith(start) and text.endswith(end):
@@ -270,40 +272,57 @@ def bookkeeping(node: Json) -> bool:
     return False
 
 
-def _substantive(message: Json) -> bool:
-    """Whether ``message`` holds anything but bookkeeping: its content (``content``, Gemini's
-    ``parts``) a string or list not wholly bookkeeping."""
-    if not isinstance(message, dict):
-        return True
+#: Keys of a message that say nothing but who sent it and what it holds.
+_MESSAGE_KEYS: Final = frozenset({"role", "content", "parts", "type"})
+
+
+def _role(message: dict[str, Json], untagged: str | None) -> Json:
+    """A message's role; a blank or missing one is ``untagged`` (Gemini: the user's)."""
+    return message.get("role") or untagged
+
+
+def _bookkeeping_alone(message: Json, first: str, untagged: str | None) -> bool:
+    """Whether ``message`` is a message of role ``first`` that holds bookkeeping and nothing else:
+    no key beyond its role and content, and a content (``content``, Gemini's ``parts``) of
+    bookkeeping parts only, or one bookkeeping block as a string. Any other message (a system
+    prompt, a tool call, a named author) is the conversation's."""
+    if not isinstance(message, dict) or not message.keys() <= _MESSAGE_KEYS or _role(message, untagged) != first:
+        return False
     content = message.get("content", message.get("parts"))
     if isinstance(content, list):
-        return not content or not all(bookkeeping(part) for part in content)
-    return not bookkeeping(content)
+        return bool(content) and all(bookkeeping(part) for part in content)
+    return _one_block(content)
 
 
 def opening_messages(messages: Json, first: str = "user", *, untagged: str | None = None) -> list[Json] | None:
     """The messages of a conversation up to and including the first one of role ``first`` that
-    holds more than bookkeeping (system prompts before it), messages of bookkeeping alone
-    (``bookkeeping``) left out: what every later turn re-sends, whether or not the client
-    still sends its bookkeeping. A message without a role has role ``untagged`` (Gemini: a
-    content's role defaults to the user). None without one."""
+    holds more than bookkeeping (system prompts before it), the user messages of bookkeeping
+    alone left out (``_bookkeeping_alone``): what every later turn re-sends, whether or not the
+    client still sends its bookkeeping. A message without a role, or a blank one, has role
+    ``untagged`` (Gemini: a content's role defaults to the user). None without one."""
     if not isinstance(messages, list):
         return None
+    skipped = False
     for index, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role", untagged) == first and _substantive(message):
+        if _bookkeeping_alone(message, first, untagged):
+            skipped = True
+        elif isinstance(message, dict) and _role(message, untagged) == first:
             opening = messages[:index + 1]
-            return opening if all(map(_substantive, opening)) else [m for m in opening if _substantive(m)]
+            return [m for m in opening if not _bookkeeping_alone(m, first, untagged)] if skipped else opening
     return None
 
 
 def opening_message(messages: Json, *, untagged: str | None = None) -> Json:
-    """The first message of a conversation that holds more than bookkeeping (``opening_messages``
-    for the formats whose opening is their first message: Anthropic, Gemini): the message itself
-    when nothing came before it, as derived sessions were always named."""
-    opening = opening_messages(messages, untagged=untagged)
-    if opening is None:
+    """The opening of the formats whose opening was always their first message (Anthropic,
+    Gemini): that message, unless it is a user message of bookkeeping alone (Gemini CLI's
+    ``<session_context>``), and then the messages up to the first user message with more
+    (``opening_messages``). A body that does not open with bookkeeping keeps the value its
+    derived session was always named by."""
+    if not isinstance(messages, list) or not messages:
         return None
-    return opening[0] if len(opening) == 1 else opening
+    if not _bookkeeping_alone(messages[0], "user", untagged):
+        return messages[0]
+    return opening_messages(messages, untagged=untagged)
 
 
 def content_lists(messages: Json) -> list[list[Json]]:

@@ -15,7 +15,7 @@ first that applies wins:
    credential, the wire format and the conversation's first messages (``adapters.<fmt>.opening``),
    with every inlined image counted by its identity and content parts that are a client's
    bookkeeping block alone (``adapters.base.bookkeeping``: a ``<system-reminder>``, a
-   ``<session_context>``) left out; the opening runs to the first user message that holds more.
+   ``<session_context>``) left out, and a user message of such parts alone skipped for the next.
    Two conversations that open alike, sent with the same credential, share a derived session.
 
 A value that is no valid session id (too long, not visible ASCII) stands as its digest. A

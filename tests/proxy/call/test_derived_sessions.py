@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from projectionist.adapters import anthropic_messages, gemini, openai_chat
+from projectionist.adapters import anthropic_messages, gemini, openai_chat, openai_responses
 from projectionist.adapters.base import bookkeeping
 from projectionist.proxy.call.sessions import derived
 
@@ -127,7 +127,7 @@ def test_a_message_of_bookkeeping_alone_never_makes_the_opening() -> None:
 
 
 @pytest.mark.parametrize(("node", "kept"), [
-    ("<system-reminder>date</system-reminder>", False),
+    ("<system-reminder>date</system-reminder>", True),  # a string: a system prompt, an input
     ({"text": "  <session_context>\ndate\n</session_context>\n"}, False),
     ({"type": "text", "text": "<system-reminder>a</system-reminder>", "cache_control": {"type": "ephemeral"}}, False),
     ({"type": "text", "text": "<session_context>a</session_context> and the user's words"}, True),
@@ -139,3 +139,42 @@ def test_a_message_of_bookkeeping_alone_never_makes_the_opening() -> None:
 ])
 def test_what_is_bookkeeping(node: Any, kept: bool) -> None:
     assert bookkeeping(node) is not kept
+
+
+def test_what_bookkeeping_never_covers() -> None:
+    """A stranger's edge cases (the red team's): a system prompt or an input given as one block,
+    a message of bookkeeping with an author or tool calls, are the conversation's; two of them
+    that differ never share a session."""
+    def block(who: str) -> str:
+        return f"<system-reminder>{who} bot</system-reminder>"
+
+    for who_body in (
+        lambda who: ({"system": block(who), "messages": [{"role": "user", "content": "hi"}]}, anthropic_messages),
+        lambda who: ({"messages": [{"role": "system", "content": block(who)}, {"role": "user", "content": "hi"}]},
+                     openai_chat),
+        lambda who: ({"instructions": block(who), "input": "hi"}, openai_responses),
+        lambda who: ({"instructions": "be brief", "input": block(who)}, openai_responses),
+        lambda who: ({"messages": [{"role": "user", "content": REMINDERS[0], "name": who},
+                                   {"role": "user", "content": "hi"}]}, openai_chat),
+        lambda who: ({"messages": [{"role": "assistant", "content": REMINDERS[0],
+                                    "tool_calls": [{"id": who, "type": "function",
+                                                    "function": {"name": who, "arguments": "{}"}}]},
+                                   {"role": "user", "content": "hi"}]}, openai_chat),
+    ):
+        (alice, fmt), (bob, _) = who_body("alice"), who_body("bob")
+        assert session(alice, fmt=fmt) != session(bob, fmt=fmt), alice
+
+
+def test_a_blank_gemini_role_is_the_users_and_openings_keep_their_old_value() -> None:
+    """Gemini: a role left blank or null is the user's, as a missing one; and a body that does
+    not open with a message of bookkeeping alone is named by the same opening as before the
+    bookkeeping rule (an upgrade splits no conversation), whatever its first message's role."""
+    image = {"inlineData": {"mimeType": "image/png", "data": "AAAA"}}
+    for role in ("", None):
+        body = {"contents": [{"role": role, "parts": [{"text": "describe"}, image]}]}
+        assert gemini.opening(body) == [None, body["contents"][0]]
+        assert derived(gemini, KEY, body, {}) is not None
+    greeting = {"system": "s", "messages": [{"role": "assistant", "content": "Hello"}, {"role": "user", "content": "q"}]}
+    assert anthropic_messages.opening(greeting) == ["s", greeting["messages"][0]]
+    model_first = {"contents": [{"role": "model", "parts": [{"text": "Hello"}]}, {"role": "user", "parts": [image]}]}
+    assert gemini.opening(model_first) == [None, model_first["contents"][0]]
