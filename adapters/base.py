@@ -261,10 +261,11 @@ def bookkeeping(node: Json) -> bool:
     return _one_block(node.get("text"))
 
 
-def _one_block(text: Json) -> bool:
-    if not isinstance(text, str):
+def _one_block(value: Json) -> bool:
+    """Whether ``value`` is a string that is one bookkeeping block, whitespace around it aside."""
+    if not isinstance(value, str):
         return False
-    text = text.strip()
+    text: str = value.strip()
     for tag in BOOKKEEPING:
         start, end = f"<{tag}>", f"</{tag}>"
         if text.startswith(start) and text.endswith(end):
