@@ -654,12 +654,14 @@ def test_every_dated_benchmark_file_is_linked_from_the_bench_page() -> None:
 
 
 def test_the_readme_names_the_latest_bench_report_with_its_date() -> None:
-    """Issue 42: a reader finds the newest dated report from the README, and its date."""
-    latest = max(p.name for p in (DOCS / "benchmarks").glob("20*.md"))
+    """Issue 42: a reader finds the newest dated report from the README, and its date (a day may
+    hold several reports: the README names one of the newest day's)."""
+    reports = [p.name for p in (DOCS / "benchmarks").glob("20*.md")]
+    newest = max(name[:10] for name in reports)
     readme = (ROOT / "README.md").read_text()
     found = re.search(r"latest bench report: \[(\d{4}-\d{2}-\d{2})[^\]]*\]\(docs/benchmarks/([^)]+)\)", readme)
     assert found is not None
-    assert found[2] == latest and latest.startswith(found[1])
+    assert found[2] in reports and found[2].startswith(newest) and found[1] == newest
 
 
 async def test_the_retention_commands_run_as_shown(tmp_path: Path) -> None:
