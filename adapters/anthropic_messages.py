@@ -214,8 +214,8 @@ def session_hint(body: Json) -> tuple[str, str] | None:
 
 
 def opening(body: Json) -> Json:
-    """The system prompt and the messages up to the first user message that holds more than
-    bookkeeping (``base.opening_message``)."""
+    """The system prompt and the first message (``base.opening_message``: past a first message
+    of bookkeeping alone)."""
     if not isinstance(body, dict):
         return None
     first = opening_message(body.get("messages"))

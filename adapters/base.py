@@ -303,22 +303,21 @@ def opening_messages(messages: Json, first: str = "user", *, untagged: str | Non
     ``untagged`` (Gemini: a content's role defaults to the user). None without one."""
     if not isinstance(messages, list):
         return None
-    skipped = False
-    for index, message in enumerate(messages):
+    opening = []
+    for message in messages:
         if _bookkeeping_alone(message, first, untagged):
-            skipped = True
-        elif isinstance(message, dict) and _role(message, untagged) == first:
-            opening = messages[:index + 1]
-            return [m for m in opening if not _bookkeeping_alone(m, first, untagged)] if skipped else opening
+            continue
+        opening.append(message)
+        if isinstance(message, dict) and _role(message, untagged) == first:
+            return opening
     return None
 
 
 def opening_message(messages: Json, *, untagged: str | None = None) -> Json:
     """The opening of the formats whose opening was always their first message (Anthropic,
-    Gemini): that message, unless it is a user message of bookkeeping alone (Gemini CLI's
-    ``<session_context>``), and then the messages up to the first user message with more
-    (``opening_messages``). A body that does not open with bookkeeping keeps the value its
-    derived session was always named by."""
+    Gemini): that message; when it is a user message of bookkeeping alone (Gemini CLI's
+    ``<session_context>``), ``opening_messages`` instead. A body that does not open with
+    bookkeeping keeps the value its derived session was always named by."""
     if not isinstance(messages, list) or not messages:
         return None
     if not _bookkeeping_alone(messages[0], "user", untagged):

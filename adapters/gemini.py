@@ -177,9 +177,8 @@ def session_hint(body: Json) -> tuple[str, str] | None:
 
 
 def opening(body: Json) -> Json:
-    """The system instruction and the contents up to the first user content that holds more
-    than bookkeeping (Gemini CLI opens with a content of its ``<session_context>`` alone:
-    ``base.opening_message``)."""
+    """The system instruction and the first content (``base.opening_message``: past a first
+    content of bookkeeping alone, as Gemini CLI's router call opens with its ``<session_context>``)."""
     if not isinstance(body, dict):
         return None
     first = opening_message(body.get("contents"), untagged="user")

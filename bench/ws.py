@@ -113,11 +113,10 @@ def relay_app(upstream_base: str) -> web.Application:
     return app
 
 
-async def run_turns(url: str, message: str, headers: dict[str, str], concurrency: int, duration: float,
-                    *, codex_session: bool = True) -> LoadResult:
-    """``concurrency`` sockets at ``url`` (``ws://``), each sending ``message`` turn after turn.
-    ``codex_session``: each socket's handshake names a conversation of its own in a ``session-id``
-    header, as the Codex CLI's does (one socket per conversation); the bare relay ignores it."""
+async def run_turns(url: str, message: str, headers: dict[str, str], concurrency: int, duration: float) -> LoadResult:
+    """``concurrency`` sockets at ``url`` (``ws://``), each sending ``message`` turn after turn;
+    each socket's handshake names a conversation of its own in a ``session-id`` header unless
+    ``headers`` name one, as the Codex CLI's does (the bare relay ignores it)."""
     latencies: list[float] = []
     errors = 0
     all_headers = {"Authorization": f"Bearer {AUTH_KEY}", **headers}
@@ -126,7 +125,7 @@ async def run_turns(url: str, message: str, headers: dict[str, str], concurrency
 
         async def one() -> None:
             nonlocal errors
-            own = {"session-id": str(uuid.uuid4())} if codex_session and "session-id" not in all_headers else {}
+            own = {} if "session-id" in all_headers else {"session-id": str(uuid.uuid4())}
             try:
                 async with session.ws_connect(url, headers={**all_headers, **own}, max_msg_size=MAX_MESSAGE) as socket:
                     while time.perf_counter() < deadline:
@@ -150,9 +149,8 @@ async def run_turns(url: str, message: str, headers: dict[str, str], concurrency
     return summary(latencies, errors, elapsed)
 
 
-def run(url: str, message: str, headers: dict[str, str], concurrency: int, duration: float, *,
-        codex_session: bool = True) -> LoadResult:
-    return asyncio.run(run_turns(url, message, headers, concurrency, duration, codex_session=codex_session))
+def run(url: str, message: str, headers: dict[str, str], concurrency: int, duration: float) -> LoadResult:
+    return asyncio.run(run_turns(url, message, headers, concurrency, duration))
 
 
 def turn_message(body: bytes) -> str:
