@@ -75,3 +75,13 @@ def session_hint(body: Json) -> tuple[str, str] | None:
 def opening(body: Json) -> Json:
     """None: a batch's requests open many conversations; no session is derived for it."""
     return None
+
+
+def messages(body: Json) -> Json:
+    """None: a batch's requests are many conversations; none is continued by its messages."""
+    return None
+
+
+def system(body: Json) -> Json:
+    """None: a batch's requests each have their own."""
+    return None

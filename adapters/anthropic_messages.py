@@ -222,6 +222,17 @@ def opening(body: Json) -> Json:
     return None if first is None else [body.get("system"), first]
 
 
+def messages(body: Json) -> Json:
+    """The conversation's messages, as the body lists them (None: it lists none)."""
+    found = body.get("messages") if isinstance(body, dict) else None
+    return found if isinstance(found, list) else None
+
+
+def system(body: Json) -> Json:
+    """The system prompt."""
+    return body.get("system") if isinstance(body, dict) else None
+
+
 def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:
     """Every ``image`` block in ``body``, whatever its source (a reference, base64, a URL, a
     provider file id), and every ``document`` block naming an attachment, tool results included."""

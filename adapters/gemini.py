@@ -185,6 +185,17 @@ def opening(body: Json) -> Json:
     return None if first is None else [_either(body, "system_instruction", "systemInstruction"), first]
 
 
+def messages(body: Json) -> Json:
+    """The conversation's contents, as the body lists them (None: it lists none)."""
+    found = body.get("contents") if isinstance(body, dict) else None
+    return found if isinstance(found, list) else None
+
+
+def system(body: Json) -> Json:
+    """The system instruction."""
+    return _either(body, "system_instruction", "systemInstruction") if isinstance(body, dict) else None
+
+
 def _is_image(part: dict[str, Any], http: HttpRefs) -> bool:
     for slot in (("inline_data", "inlineData"), ("file_data", "fileData")):
         data = _either(part, *slot)

@@ -210,6 +210,22 @@ def opening(body: Json) -> Json:
     return opening_messages(body.get("messages") if isinstance(body, dict) else None)
 
 
+def messages(body: Json) -> Json:
+    """The conversation's messages, as the body lists them (None: it lists none)."""
+    found = body.get("messages") if isinstance(body, dict) else None
+    return found if isinstance(found, list) else None
+
+
+def system(body: Json) -> Json:
+    """The system prompt: the system and developer messages the conversation opens with."""
+    prompt = []
+    for message in messages(body) or ():
+        if not (isinstance(message, dict) and message.get("role") in ("system", "developer")):
+            break
+        prompt.append(message)
+    return prompt
+
+
 def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:
     """Every ``image_url`` part in ``body``, whatever its URL (a reference, ``data:``, http(s)),
     and every ``file`` part naming an attachment (the provider's own files need not be images)."""

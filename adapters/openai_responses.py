@@ -152,6 +152,17 @@ def opening(body: Json) -> Json:
     return None if first is None else [body.get("instructions"), first]
 
 
+def messages(body: Json) -> Json:
+    """The input's items, as the body lists them (None: a string input, or none)."""
+    found = body.get("input") if isinstance(body, dict) else None
+    return found if isinstance(found, list) else None
+
+
+def system(body: Json) -> Json:
+    """The instructions."""
+    return body.get("instructions") if isinstance(body, dict) else None
+
+
 def count_images(body: Json, http: HttpRefs = NO_HTTP) -> int:
     """Every ``input_image`` (and computer screenshot) in ``input`` and ``prompt.variables``,
     whatever it carries (a reference, a ``data:`` or http(s) URL, a provider file id), and every

@@ -24,6 +24,7 @@ CHECKPOINT: Final = "session/checkpoint"
 VARIANT: Final = "attachment/variant"
 REJECTED: Final = "attachment/rejected"
 LEARNT: Final = "upstream/learnt"
+LINKED: Final = "conversation/linked"
 
 
 class Quarantine(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
@@ -135,6 +136,17 @@ class Learnt(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     message_digest: str = ""
 
 
+class Linked(msgspec.Struct, frozen=True, gc=False):
+    """An image a conversation sent, and the session of the first request that sent it: an entry
+    of a credential's conversations index (``proxy.call.conversations``), never of a client's
+    session. ``key`` is a digest of the image's identity with the system prompt it was sent
+    under, its format and credential, ``session`` the session id as its request found it, before
+    the tenant scoped it. The first link of a key holds: a later one is never written."""
+
+    key: str
+    session: str
+
+
 class Forked(msgspec.Struct, frozen=True, gc=False):
     parent: str
     at_seq: int
@@ -161,6 +173,7 @@ class Checkpoint(msgspec.Struct, frozen=True, gc=False):
     variants: tuple[Variant, ...] = ()
     rejected: tuple[Rejected, ...] = ()
     learnt: tuple[Learnt, ...] = ()
+    linked: tuple[Linked, ...] = ()
 
 
 class RefRecord(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
@@ -266,6 +279,10 @@ class LearntEvent(_Envelope, frozen=True, tag=LEARNT):
     data: Learnt
 
 
+class LinkedEvent(_Envelope, frozen=True, tag=LINKED):
+    data: Linked
+
+
 class UnknownEvent(msgspec.Struct, frozen=True, gc=False):
     """An event of a type this version does not know; kept verbatim, ignored by the fold."""
 
@@ -276,10 +293,10 @@ class UnknownEvent(msgspec.Struct, frozen=True, gc=False):
 
 
 KnownEvent = (QuarantineEvent | RecoveredEvent | ForkedEvent | RequestEvent | ResponseEvent | CheckpointEvent
-              | VariantEvent | RejectedEvent | LearntEvent)
+              | VariantEvent | RejectedEvent | LearntEvent | LinkedEvent)
 Event = KnownEvent | UnknownEvent
 EventData = (Quarantine | Recovered | Forked | RequestRecorded | ResponseRecorded | Checkpoint | Variant | Rejected
-             | Learnt)
+             | Learnt | Linked)
 
 #: Evidence, not state: these types never change a decision and the fold never needs them, so a
 #: state read (``ports.SessionLog.read_state``) leaves them out.
@@ -313,6 +330,7 @@ _ENVELOPES: Final[dict[type, type[KnownEvent]]] = {
     Variant: VariantEvent,
     Rejected: RejectedEvent,
     Learnt: LearntEvent,
+    Linked: LinkedEvent,
 }
 #: The type each kind of event data is stored as.
 _TAGS: Final[dict[type, str]] = {kind: str(envelope.__struct_config__.tag) for kind, envelope in _ENVELOPES.items()}

@@ -72,6 +72,14 @@ def opening(body: Json) -> Json:
     return None
 
 
+def messages(body: Json) -> Json:
+    return None
+
+
+def system(body: Json) -> Json:
+    return None
+
+
 def _image_part(part: dict[str, Any], inline: Inline) -> dict[str, Any]:
     return {"image": {"media_type": inline.media_type, "base64": inline.base64()}}
 

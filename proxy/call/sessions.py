@@ -17,6 +17,9 @@ first that applies wins:
    bookkeeping block alone (``adapters.base.bookkeeping``: a ``<system-reminder>``, a
    ``<session_context>``) left out, and a user message of such parts alone skipped for the next.
    Two conversations that open alike, sent with the same credential, share a derived session.
+   A derived session is continued by what the conversation kept (``conversations``): a request
+   that carries an image an earlier request of the credential sent under the same system prompt
+   is that request's session, so a compaction that rewrote the opening keeps its session.
 
 A value that is no valid session id (too long, not visible ASCII) stands as its digest. A
 client's own or a derived session never turns a request into an error.
@@ -119,6 +122,26 @@ def derived(fmt: WireFormat, headers: MultiMapping[str], body: Any, images: Mapp
     return Found("derived:" + digest.hexdigest()[:32], "derived")
 
 
+def image_keys(fmt: WireFormat, headers: MultiMapping[str], body: Any, images: Mapping[int, str],
+               query: MultiMapping[str] | None = None) -> tuple[str, ...]:
+    """A digest of each image its client inlined in ``body`` (``images``, as for ``derived``, in
+    the body's order), each once: its identity, with the system prompt it was sent under, scoped
+    by the format and the credential as a derived session is. What a conversations index
+    (``conversations``) knows a conversation by when its opening changed: a compaction keeps the
+    latest turns as they were (Gemini CLI) or attaches their images anew (Qwen Code); a side call
+    with a prompt of its own, or another bot of the same key, is another conversation."""
+    if not images:
+        return ()
+    scope = hashlib.sha256(fmt.FORMAT.encode() + b"\0" + credentials(headers, query).encode() + b"\0\0")
+    scope.update(_encoder.encode(_standing(fmt.system(body), images)) + b"\0\0")
+    keys = []
+    for identity in dict.fromkeys(images.values()):
+        digest = scope.copy()
+        digest.update(identity.encode())
+        keys.append(digest.hexdigest()[:32])
+    return tuple(keys)
+
+
 def credentials(headers: MultiMapping[str], query: MultiMapping[str] | None = None) -> str:
     """A short digest of the credentials a request carries (never the credentials): its
     credential headers and, given ``query``, the credential parameters of its query (Gemini's
@@ -173,14 +196,18 @@ def session_of(headers: MultiMapping[str], names: tuple[str, ...], in_path: str 
 
 #: Session ids the proxy keeps for itself (a tenant's refusals: ``call.refusals``), never a client's.
 RESERVED: Final = "~refusals"
+#: The same for the conversations indexes (``call.conversations``).
+INDEXES: Final = "~conversations"
 
 
 def checked(found: Found) -> Found:
     """``found``, whose id is a valid session id (a header's value is checked: 400
     ``INVALID_SESSION_ID``; every other source makes valid ids) and none the proxy keeps for
-    itself (``RESERVED``: a client naming it would write into its tenant's refusals)."""
+    itself (``RESERVED``, ``INDEXES``: a client naming one would write into its tenant's refusals
+    or conversations)."""
     if found.source == "header":
         check_session_id(found.id)
-    if found.id.startswith(RESERVED):
-        raise InvalidRequest(f"session ids starting with {RESERVED} are the proxy's own", code=Code.INVALID_SESSION_ID)
+    if found.id.startswith((RESERVED, INDEXES)):
+        raise InvalidRequest(f"session ids starting with {RESERVED} or {INDEXES} are the proxy's own",
+                             code=Code.INVALID_SESSION_ID)
     return found

@@ -39,7 +39,7 @@ from ..observe.logger import get_logger, ms, request_line, request_lines
 from ..upstream.transport import Transport
 from .call import Call
 from .prepare import Outgoing, Prepared, outgoing, prepare
-from .read import Inbound, inbound_of
+from .read import Inbound, continued, inbound_of
 from .record import Meter, Recorder
 from .relay import upstream_errors
 from .send import in_flight, report_usage
@@ -281,7 +281,7 @@ class Calls:
         call = self._call()
         try:
             hold(call.ctx, call.services.budget, len(data), "message")  # kept until the call ends (a re-send)
-            inbound = inbound_of(call, data)
+            inbound = await continued(call, inbound_of(call, data))
             if self._sending is None:
                 self._sending = outgoing(call, recorded=True)
             prepared = await prepare(call, inbound, sending=self._sending, probing=False)

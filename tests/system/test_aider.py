@@ -162,7 +162,7 @@ async def sessions(live: Harness) -> list[dict[str, Any]]:
     resp = await live.client.get("/admin/sessions", headers=ADMIN)
     assert resp.status == 200, await resp.text()
     found: list[dict[str, Any]] = [s for s in (await resp.json())["sessions"]
-                                   if not s["session"].startswith("~refusals")]  # not the tenant's refusals
+                                   if not s["session"].startswith(("~refusals", "~conversations"))]  # not the tenant's refusals
     return found
 
 

@@ -166,7 +166,7 @@ async def session_events(live: Harness) -> dict[str, list[dict[str, Any]]]:
     resp = await live.client.get("/admin/sessions", headers=ADMIN)
     assert resp.status == 200, await resp.text()
     return {s["session"]: await live.events(s["session"]) for s in (await resp.json())["sessions"]
-            if not s["session"].startswith("~refusals")}  # conversations, not the tenant's refusals
+            if not s["session"].startswith(("~refusals", "~conversations"))}  # conversations, not the tenant's refusals
 
 
 async def test_codex_turns_go_over_the_websocket_through_the_proxy_as_they_do_direct(

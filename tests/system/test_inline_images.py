@@ -191,11 +191,12 @@ def aid_absent(received: Received, data: bytes) -> bool:
 
 
 async def sessions_listed(harness: Harness) -> list[str]:
-    """The conversations the log holds (not the tenant's refusals, ``~refusals``, listed too)."""
+    """The conversations the log holds (not the tenant's refusals, ``~refusals``, nor its
+    conversations index, ``~conversations``, listed too)."""
     resp = await harness.client.get("/admin/sessions", headers=ADMIN)
     assert resp.status == 200, await resp.text()
     return [s["session"] for s in (await resp.json())["sessions"]
-            if not s["session"].startswith("~refusals")]
+            if not s["session"].startswith(("~refusals", "~conversations"))]
 
 
 def request_lines(logs: Sequence[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:

@@ -187,7 +187,7 @@ async def test_an_inlined_image_in_a_call_that_names_no_session_is_rescued_in_it
     assert again.status == 200 and harness.upstream.refusals == 1
     assert texts_sent(harness.upstream.last.json()) == ["look", placeholder]
     listed = await (await harness.client.get("/admin/sessions", headers=ADMIN)).json()
-    [derived] = [s["session"] for s in listed["sessions"] if not s["session"].startswith("~refusals")]  # and the tenant's
+    [derived] = [s["session"] for s in listed["sessions"] if not s["session"].startswith(("~refusals", "~conversations"))]  # and the tenant's
     assert derived.startswith("derived:")
     assert [q["attachment_id"] for q in quarantines(await harness.events(derived))] == [ref_id(bad)]
 
