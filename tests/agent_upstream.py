@@ -170,6 +170,9 @@ async def sse(request: web.Request, events: Iterable[dict[str, Any]], *, named: 
 @dataclass
 class ScriptedUpstream:
     answer: str = ANSWER
+    #: The prompt tokens a Chat Completions answer reports (a long conversation's count makes
+    #: Qwen Code's compaction find that its summary saves tokens, so it keeps it).
+    prompt_tokens: int = 10
     #: The file Claude Code is told to Read on its first agent turn (absolute path), if any.
     read_file: str | None = None
     #: Files Claude Code is told to Read one after another, one per agent turn (then it answers).
@@ -264,7 +267,7 @@ class ScriptedUpstream:
         body = self._body(request)
         head = {"id": f"chatcmpl-scripted{next(self._ids)}", "created": 1700000000,
                 "model": body["model"] if isinstance(body.get("model"), str) else "gpt-4o"}
-        usage = {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": 7, "total_tokens": self.prompt_tokens + 7}
         if not body.get("stream"):
             message = {"role": "assistant", "content": self.answer}
             return web.json_response(dict(head, object="chat.completion", usage=usage,

@@ -15,7 +15,9 @@ For each agent:
   exits 0, the image reached the upstream in one refused call, and the log holds exactly one
   ``attachment/rejected``, in the session the proxy found for that client;
 - the next turn of the same conversation (the agent's own resume) never sends the image to the
-  provider again.
+  provider again;
+- Qwen Code's compaction (a summary first, the screenshot attached anew) keeps the conversation's
+  session (the conversations index), and the image its placeholder.
 
 These start real agents (seconds each): they run in a CI step of their own (the ``agents`` mark,
 ``.ci/run``), not in the README's test command.
@@ -434,3 +436,41 @@ async def test_the_next_turn_never_sends_the_refused_image(name: str, scripted: 
         turn_sessions = {line["session"] for line in logs if line.get("event") == "request"
                          and is_model_call(str(line.get("path", "")).split("?")[0]) and "session" in line}
         assert turn_sessions & met, f"the turn left the conversation's sessions {met} for {turn_sessions}"
+
+
+async def test_qwen_codes_compaction_keeps_the_conversations_session(scripted: ScriptedUpstream,
+                                                                      make_proxy: MakeProxy, tmp_path: Path) -> None:
+    """Qwen Code compacting the conversation (its auto-compaction forced by a tiny threshold, the
+    scripted upstream reporting a long prompt): the call after it opens with the summary and
+    attaches the screenshot anew, and it is still the first turn's session to the proxy
+    (``session_source=continued``: the conversations index), so the image goes as its
+    placeholder, with no refused call, in every call of the compacted turn."""
+    agent = QWEN_CODE
+    live = await make_proxy()
+    shot = Shot(tmp_path)
+    url = str(live.client.make_url("")).rstrip("/")
+    image, met, refused = await rescued_first_turn(agent, live, scripted, shot, False)
+    settings = shot.home / ".qwen" / "settings.json"
+    current = json.loads(settings.read_text()) if settings.exists() else {}
+    settings.write_text(json.dumps({**current, "context": {"autoCompactThreshold": 0.0001}}))
+    scripted.answer = f"<state_snapshot>the user asked about shot.png</state_snapshot> {ANSWER}"
+    scripted.prompt_tokens = 20000  # the summary saves tokens: Qwen Code keeps it
+    compacted: list[Seen] = []
+    turn_sessions: set[str] = set()
+    sources: set[str] = set()
+    for _ in range(2):  # the compaction runs after a turn: the next turn sends the compacted history
+        start = len(scripted.received)
+        with capture_logs() as logs:
+            rc, out, err = await run(agent, url, shot, scripted, first=False)
+        assert rc == 0 and ANSWER in out, outcome(rc, out, err)
+        turn = model_calls(scripted, start)
+        assert carrying(turn, image) == [] and scripted.refusals == refused, "the image reached the provider again"
+        compacted += [c for c in turn if agent.main(c) and "<state_snapshot>" in json.dumps(c.body["messages"][1])]
+        lines = [line for line in logs if line.get("event") == "request" and line.get("session")
+                 and is_model_call(str(line.get("path", "")).split("?")[0])]
+        turn_sessions |= {line["session"] for line in lines}
+        sources |= {line.get("session_source") for line in lines}
+    assert compacted, "Qwen Code never sent a compacted conversation"
+    assert any(shows_placeholder(c, image) for c in compacted), "the compacted call lost the screenshot's place"
+    assert "continued" in sources
+    assert turn_sessions <= met, f"the compacted turn left the conversation's sessions {met} for {turn_sessions}"
