@@ -173,7 +173,6 @@ class Checkpoint(msgspec.Struct, frozen=True, gc=False):
     variants: tuple[Variant, ...] = ()
     rejected: tuple[Rejected, ...] = ()
     learnt: tuple[Learnt, ...] = ()
-    linked: tuple[Linked, ...] = ()
 
 
 class RefRecord(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):

@@ -26,7 +26,6 @@ from .events import (
     Held,
     Learnt,
     LearntEvent,
-    Linked,
     LinkedEvent,
     Quarantine,
     QuarantineEvent,
@@ -47,8 +46,7 @@ class SessionState(msgspec.Struct, frozen=True):
     behind each store quarantine (what a retryable quarantine's probe waits on); ``rejected``
     holds the rejections by (upstream format, attachment id); ``variants`` the pinned variants by
     (attachment id, target); ``learnt`` the rules refusals taught about requests, by (upstream,
-    model, rule); ``linked`` a conversations index's links (an image's key to its session: the
-    first link of a key holds); ``unsaved`` counts the state events folded since the latest checkpoint (or the
+    model, rule); ``unsaved`` counts the state events folded since the latest checkpoint (or the
     start), which decides when the next checkpoint is due."""
 
     last_seq: int = 0
@@ -58,7 +56,6 @@ class SessionState(msgspec.Struct, frozen=True):
     rejected: Mapping[tuple[str, str], Rejected] = MappingProxyType({})
     variants: Mapping[tuple[str, str], Variant] = MappingProxyType({})
     learnt: Mapping[tuple[str, str, str], Learnt] = MappingProxyType({})
-    linked: Mapping[str, str] = MappingProxyType({})
 
     def standing(self, attachment_id: str, upstream_format: str | None) -> Quarantine | Rejected | None:
         """The quarantine that holds for this image on an upstream of ``upstream_format``: a
@@ -91,7 +88,7 @@ class SessionState(msgspec.Struct, frozen=True):
     @property
     def size(self) -> int:
         """How many entries a checkpoint of this state holds."""
-        return len(self.quarantined) + len(self.rejected) + len(self.variants) + len(self.learnt) + len(self.linked)
+        return len(self.quarantined) + len(self.rejected) + len(self.variants) + len(self.learnt)
 
 
 EMPTY = SessionState()
@@ -121,7 +118,6 @@ class _Folding:
         self.rejected = dict(state.rejected)
         self.variants = dict(state.variants)
         self.learnt = dict(state.learnt)
-        self.linked = dict(state.linked) if state.linked else {}
 
     def step(self, event: Event) -> None:
         if type(event) in _RECORDS:  # most of a log, and they change nothing
@@ -138,10 +134,10 @@ class _Folding:
         elif isinstance(event, LearntEvent):
             rule = event.data
             self.learnt[(rule.upstream, rule.model, rule.rule)] = rule
-        elif isinstance(event, LinkedEvent):  # the first link of a key holds
-            self.linked.setdefault(event.data.key, event.data.session)
         elif isinstance(event, CheckpointEvent):  # the whole state, restated: start again from it
             self._restate(event.data)
+            return
+        elif isinstance(event, LinkedEvent):  # a conversations index's link: none of a session's state
             return
         # a state event (a fork, an unknown type); a record of a type not known here, or one
         # retention pruned, counts for nothing
@@ -161,13 +157,12 @@ class _Folding:
         self.rejected = {(r.format, r.attachment_id): r for r in checkpoint.rejected}
         self.variants = {(v.attachment_id, v.target): v for v in checkpoint.variants}
         self.learnt = {(r.upstream, r.model, r.rule): r for r in checkpoint.learnt}
-        self.linked = {link.key: link.session for link in checkpoint.linked}
         self.unsaved = 0
 
     def state(self, last_seq: int) -> SessionState:
         return SessionState(last_seq, MappingProxyType(self.quarantined), MappingProxyType(self.since), self.unsaved,
                             MappingProxyType(self.rejected), MappingProxyType(self.variants),
-                            MappingProxyType(self.learnt), MappingProxyType(self.linked))
+                            MappingProxyType(self.learnt))
 
 
 def fold(events: Iterable[Event], state: SessionState = EMPTY) -> SessionState:
@@ -229,8 +224,7 @@ def checkpoint_of(state: SessionState) -> Checkpoint:
     ``state``'s quarantines, since-times, rejections and variants."""
     held = tuple(Held(q, state.since[aid]) for aid, q in state.quarantined.items())
     return Checkpoint(state.last_seq, held, tuple(state.variants.values()), tuple(state.rejected.values()),
-                      tuple(state.learnt.values()),
-                      tuple(Linked(key, session) for key, session in state.linked.items()))
+                      tuple(state.learnt.values()))
 
 
 def placeholder(ref: ImageRef, quarantine: Quarantine | Rejected) -> str:

@@ -4,107 +4,181 @@ sublayer).
 A derived session (``sessions.derived``) is named by the conversation's opening, which a
 compaction rewrites: Gemini CLI and Qwen Code make their summary the first message; Gemini CLI
 keeps the latest turns as they were, Qwen Code 0.24 attaches the latest images anew to the last
-message. What such a request still shares with its conversation is its images. So each
-credential keeps a conversations index: for every image its client inlined, keyed by its
-identity with the system prompt it was sent under, the format and the credential
-(``sessions.image_keys``), the session of the first request that sent it. A request whose
-session is derived is the session of its first image the index knows (the derived one when it
-knows none), and its images the index does not know yet are linked to that session, durably,
-before its call is built.
+message. What such a request still shares with its conversation is its images. So there is a
+conversations index: for every image a client inlined, keyed by its identity with the system
+prompt it was sent under, the format and the credential (``sessions.image_keys``), the session of
+the first call that sent it and was answered. A request whose session is derived is the session
+of its first image the index knows (the derived one when it knows none): ``resolve``, before its
+call, reads only what this process has not seen of the index, and nothing when it knows every
+image of the request. Its images the index does not know yet are linked to that session once
+its call was answered 2xx (``link``, off the request): a call that failed (a made-up key's 401)
+links nothing, and a log that cannot take a write delays no call.
 
-The index is a session of the log like the tenant's refusals (``~conversations``, in
-``SHARDS`` sessions by the key's first hex digit, so conversations of one credential seldom
-wait on each other's links; behind the tenant's name when client tokens name tenants, else
-``@`` and a digest of the credential): every replica, and a restart, reads the same links and
-decides alike; the first link of a key holds (``policy.fold``), and concurrent first requests
-make one transition under the shard's lock and the log's conditional append. Each image is
-linked once, when a request first carries it: a turn that brings no new image reads the cached
-index and writes nothing.
+The index is sessions of the log like the tenant's refusals (``~conversations.<hex digit>``:
+``SHARDS`` by the key's first digit; behind the tenant's name when client tokens name tenants,
+shared by the tenant's credentials, else ``@`` and a digest of the credential). Every replica,
+and a restart, reads the same links and decides alike; the first link of a key holds (in log
+order), and a link is appended conditionally on what its writer read, so two writers of one key
+make one link. Links are ``conversation/linked`` events, which no session's fold holds: this
+module reads them whole, so no checkpoint, not even an older replica's that knows no links,
+can drop one. A shard holds at most ``SHARD_LINKS`` links (later images are not linked), and a
+process keeps ``KEPT_SHARDS`` shards in memory (an evicted one is read again when needed).
 
-What it can join: two requests of one credential, one format and one system prompt that carry
-the same image bytes. A compacted conversation and the one it compacted; but also two
-conversations of one credential and prompt that carry the same screenshot, as two
-conversations that open alike already are. Never a side call with a prompt of its own, never
-two credentials (the key holds the credential) and never two tenants (each has its own index).
+What it can join: two requests of one credential (one tenant, with client tokens), one format
+and one system prompt that carry the same image bytes. A compacted conversation and the one it
+compacted; but also two conversations that carry the same screenshot, as two conversations that
+open alike already are, and transitively (a third that shares the second's other image). Never
+a side call with a prompt of its own, never two credentials without tenants, never two tenants.
+Two first calls that send the same new images at the same moment each keep their own session;
+whichever is answered first links them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Final
 
 from multidict import MultiMapping
 
-from ...policy.events import Linked
-from ...policy.fold import EMPTY, SessionState
+from ...policy.errors import AppendConflict
+from ...policy.events import Linked, LinkedEvent
 from ...policy.model import scoped_session
-from ...policy.transitions import refresh, transition
+from ...policy.transitions import MAX_ROUNDS
+from ..observe.logger import get_logger
 from ..sessionlog.cached import CachedLog
 from .sessions import INDEXES, credentials
 
-#: How many sessions a credential's index is spread over (by a link's first hex digit).
+#: How many sessions an index is spread over (by a key's first hex digit).
 SHARDS: Final = 16
+#: Links one shard holds at most: an index stays below 16 × this many (about 175 bytes each in
+#: the log, about 200 in each replica's memory while the shard is kept).
+SHARD_LINKS: Final = 4096
+#: Shards one process keeps in memory (the most recently used).
+KEPT_SHARDS: Final = 256
+#: Seconds a request waits for the index before its call (then it keeps its derived session), and
+#: a link of an answered call may take.
+TIMEOUT: Final = 1.0
+#: Links under way at once in one process; more answered calls link nothing (a later one will).
+LINKING: Final = 64
 
 
 def scope_of(tenant: str | None, headers: MultiMapping[str], query: MultiMapping[str] | None, shard: str) -> str:
     """The index session of ``tenant`` (without one, of the request's credential) holding links
-    whose digest starts with ``shard``."""
+    whose key starts with ``shard``."""
     name = f"{INDEXES}.{shard}"
     return scoped_session(tenant, name) if tenant is not None else f"{name}@{credentials(headers, query)}"
 
 
-def resolved(state: SessionState, keys: Sequence[str], derived: str) -> str:
-    """The session of the first of ``keys`` that ``state`` links (``derived`` when none is)."""
-    linked = state.linked
-    if linked:
-        for key in keys:
-            found = linked.get(key)
-            if found is not None:
-                return found
-    return derived
+def scopes_of(tenant: str | None, headers: MultiMapping[str], query: MultiMapping[str] | None,
+              keys: Sequence[str]) -> dict[str, str]:
+    """The index session of each shard ``keys`` fall in, in the order of their first key."""
+    return {key[0]: scope_of(tenant, headers, query, key[0]) for key in keys}
 
 
-async def _state(log: CachedLog, scope: str) -> SessionState:
-    state = log.fresh(scope)
-    return state if state is not None else await refresh(log, scope, log.state(scope) or EMPTY)
+class _Shard:
+    """What this process read of one index session: its links, up to ``last_seq``."""
+
+    __slots__ = ("last_seq", "links")
+
+    def __init__(self) -> None:
+        self.last_seq = 0
+        self.links: dict[str, str] = {}
+
+    def learn(self, events: Sequence[object]) -> None:
+        for event in events:
+            if isinstance(event, LinkedEvent):
+                self.links.setdefault(event.data.key, event.data.session)  # the first link holds
+            seq = getattr(event, "seq", 0)
+            if seq > self.last_seq:
+                self.last_seq = seq
 
 
-async def continued(log: CachedLog, scope: str, keys: Sequence[str], derived: str) -> str:
-    """The session a request of derived session ``derived`` whose images' keys are ``keys`` (in
-    the body's order, all of one shard's ``scope``) continues, with the keys not linked yet
-    linked to it. Keys of several shards go through ``session_of``."""
-    state = await _state(log, scope)
-    if all(key in state.linked for key in keys):
-        return resolved(state, keys, derived)
+class Index:
+    """One log's conversations index, as this process has read it."""
 
-    def missing(now: SessionState) -> list[Linked]:
-        session = resolved(now, keys, derived)
-        return [Linked(key, session) for key in keys if key not in now.linked]
+    def __init__(self, log: CachedLog) -> None:
+        self.log = log
+        self._shards: OrderedDict[str, _Shard] = OrderedDict()
+        self.linking = 0
 
-    now, _, _ = await transition(log, scope, state, log.lock(scope), "linking a conversation", missing)
-    return resolved(now, keys, derived)
+    def _shard(self, scope: str) -> _Shard:
+        shard = self._shards.get(scope)
+        if shard is None:
+            shard = self._shards[scope] = _Shard()
+            while len(self._shards) > KEPT_SHARDS:
+                self._shards.popitem(last=False)
+        else:
+            self._shards.move_to_end(scope)
+        return shard
+
+    async def _read(self, scope: str, shard: _Shard) -> None:
+        """What the log holds of ``scope`` beyond ``shard``."""
+        shard.learn(await self.log.read(scope, shard.last_seq))
+
+    async def resolve(self, scopes: dict[str, str], keys: Sequence[str], derived: str) -> tuple[str, tuple[str, ...]]:
+        """The session of the first of ``keys`` the index links (``derived`` when none), and the
+        keys it does not link yet. A shard is read only for keys this process has not seen linked."""
+        shards = {digit: self._shard(scope) for digit, scope in scopes.items()}
+        for digit, scope in scopes.items():
+            shard = shards[digit]
+            if any(key[0] == digit and key not in shard.links for key in keys):
+                await self._read(scope, shard)
+        session = next((found for key in keys if (found := shards[key[0]].links.get(key)) is not None), derived)
+        return session, tuple(key for key in keys if key not in shards[key[0]].links)
+
+    async def link(self, scopes: dict[str, str], keys: Sequence[str], session: str) -> int:
+        """Link the ones of ``keys`` still unlinked to ``session``, each shard under its lock (a
+        shard another call is linking now is left: a later call links what is left), conditionally
+        on what was read of it; how many links this appended."""
+        appended = 0
+        for digit, scope in scopes.items():
+            lock = self.log.lock(scope)
+            if lock.locked():
+                continue
+            own = [key for key in keys if key[0] == digit]
+            async with lock:
+                shard = self._shard(scope)
+                for _ in range(MAX_ROUNDS):
+                    await self._read(scope, shard)
+                    missing = [key for key in own if key not in shard.links]
+                    room = SHARD_LINKS - len(shard.links)
+                    if not missing or room <= 0:
+                        break
+                    try:
+                        events = await self.log.append(scope, shard.last_seq,
+                                                       [Linked(key, session) for key in missing[:room]])
+                    except AppendConflict:
+                        continue  # another writer's link came first: read it, and link what is left
+                    shard.learn(events)
+                    appended += len(events)
+                    break
+        return appended
 
 
-async def session_of(log: CachedLog, tenant: str | None, headers: MultiMapping[str],
-                     query: MultiMapping[str] | None, keys: Sequence[str], derived: str) -> str:
-    """The session a request of derived session ``derived`` with images' keys ``keys`` belongs
-    to: the one its first known image was linked to, else ``derived``; every key not
-    known yet is linked to it. Every shard the keys fall in is read before any is written; the
-    shard of the first key is written first, and when another request linked that key first
-    (another replica, in the meantime), its session holds for the rest."""
-    shards: dict[str, list[str]] = {}
-    for key in keys:
-        shards.setdefault(key[0], []).append(key)
-    states = {shard: await _state(log, scope_of(tenant, headers, query, shard)) for shard in shards}
-    session = derived
-    for key in keys:
-        found = states[key[0]].linked.get(key)
-        if found is not None:
-            session = found
-            break
-    for shard, own in shards.items():  # the first key's shard first: dicts keep their order
-        if any(key not in states[shard].linked for key in own):
-            got = await continued(log, scope_of(tenant, headers, query, shard), own, session)
-            if own[0] == keys[0]:
-                session = got
-    return session
+_INDEXES: weakref.WeakKeyDictionary[CachedLog, Index] = weakref.WeakKeyDictionary()
+
+
+def index_of(log: CachedLog) -> Index:
+    """``log``'s conversations index (one per log and process)."""
+    found = _INDEXES.get(log)
+    if found is None:
+        found = _INDEXES[log] = Index(log)
+    return found
+
+
+async def link_later(log: CachedLog, scopes: dict[str, str], keys: Sequence[str], session: str) -> None:
+    """``Index.link`` off a call that was answered, bounded by ``TIMEOUT`` and ``LINKING``; what
+    fails or runs out of time is left for a later call (links are an aid, never a call's answer)."""
+    index = index_of(log)
+    if index.linking >= LINKING:
+        return
+    index.linking += 1
+    try:
+        await asyncio.wait_for(index.link(scopes, keys, session), TIMEOUT)
+    except Exception as error:  # the log down, out of time: a later call links
+        get_logger().info("conversation_link_skipped", reason=getattr(error, "code", type(error).__name__))
+    finally:
+        index.linking -= 1

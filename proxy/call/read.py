@@ -6,6 +6,7 @@ session as the conversations index continues it (``conversations``).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 
 from ...policy.errors import Unavailable
@@ -27,6 +28,8 @@ class Inbound:
     session_id: str | None
     read: Read | None
     links: tuple[str, ...] = ()
+    #: Of ``links``, the ones the conversations index does not link yet (``continued`` found them).
+    unlinked: tuple[str, ...] = ()
 
 
 async def read(call: Call) -> Inbound:
@@ -34,25 +37,28 @@ async def read(call: Call) -> Inbound:
 
 
 async def continued(call: Call, inbound: Inbound) -> Inbound:
-    """``inbound``, its derived session continued by the conversations index when its images
-    were sent before under another (``conversations``; the log line's
-    ``session_source`` says ``continued``). An index the log cannot read or write now never
-    fails the request: it keeps its derived session (the log line's ``session_index`` names why),
-    and a later request links its messages."""
+    """``inbound``, its derived session continued by the conversations index when one of its
+    images was sent before under another (``conversations``; the log line's ``session_source``
+    says ``continued``), with the images the index does not link yet (``send`` links them once
+    the call was answered). An index the log cannot read within ``conversations.TIMEOUT`` never
+    fails or holds up the request: it keeps its derived session (the log line's
+    ``session_index`` names why)."""
     if not inbound.links or inbound.found is None:
         return inbound
     request = call.request
+    scopes = conversations.scopes_of(call.ctx.tenant, request.headers, request.query, inbound.links)
+    index = conversations.index_of(call.services.log)
     try:
-        session = await conversations.session_of(call.services.log, call.ctx.tenant, request.headers,
-                                                 request.query, inbound.links, inbound.found.id)
-    except Unavailable as error:
-        call.ctx.fields["session_index"] = error.code
+        session, unlinked = await asyncio.wait_for(index.resolve(scopes, inbound.links, inbound.found.id),
+                                                   conversations.TIMEOUT)
+    except (Unavailable, TimeoutError) as error:
+        call.ctx.fields["session_index"] = error.code if isinstance(error, Unavailable) else "TIMEOUT"
         return inbound
     if session == inbound.found.id:
-        return inbound
+        return replace(inbound, unlinked=unlinked)
     session_id = scoped_session(call.ctx.tenant, session)
     call.ctx.fields.update(session=session_id, session_source="continued")
-    return replace(inbound, found=sessions.Found(session, "continued"), session_id=session_id)
+    return replace(inbound, found=sessions.Found(session, "continued"), session_id=session_id, unlinked=unlinked)
 
 
 def inbound_of(call: Call, raw: bytes) -> Inbound:

@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from ...adapters.responses import tokens
 from ...policy.errors import ProjectionistError, UpstreamError
 from ..observe.logger import ms
+from . import conversations
 from .call import Call
 from .outgoing import base_url_mistake, naming, outgoing_headers, target_url
 from .prepare import MODEL_MAX, Prepared
@@ -34,7 +35,18 @@ async def send(call: Call, inbound: Inbound, prepared: Prepared) -> web.StreamRe
     built, recorder, screen = prepared.built, prepared.recorder, prepared.screen
     meter = Meter() if recorder is None else None
     with in_flight(call, inbound, prepared):
-        return await relay_body(call, built.body, prepared.headers, recorder=recorder, screen=screen, meter=meter)
+        response = await relay_body(call, built.body, prepared.headers, recorder=recorder, screen=screen, meter=meter)
+    if inbound.unlinked and 200 <= response.status < 300 and inbound.found is not None:
+        link(call, inbound.unlinked, inbound.found.id)
+    return response
+
+
+def link(call: Call, keys: tuple[str, ...], session: str) -> None:
+    """Link the images of an answered call the conversations index does not know yet to its
+    session, off the request (``conversations.link_later``)."""
+    request = call.request
+    scopes = conversations.scopes_of(call.ctx.tenant, request.headers, request.query, keys)
+    call.services.background(conversations.link_later(call.services.log, scopes, keys, session))
 
 
 #: What a call that carries no image holds while it is in flight: nothing (one, for every such call).

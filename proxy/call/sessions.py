@@ -18,7 +18,7 @@ first that applies wins:
    ``<session_context>``) left out, and a user message of such parts alone skipped for the next.
    Two conversations that open alike, sent with the same credential, share a derived session.
    A derived session is continued by what the conversation kept (``conversations``): a request
-   that carries an image an earlier request of the credential sent under the same system prompt
+   that carries an image an earlier answered call of the credential sent under the same system prompt
    is that request's session, so a compaction that rewrote the opening keeps its session.
 
 A value that is no valid session id (too long, not visible ASCII) stands as its digest. A
@@ -37,7 +37,7 @@ from multidict import MultiMapping
 
 from ...adapters.base import WireFormat, bookkeeping
 from ...policy.errors import Code, InvalidRequest
-from ...policy.model import check_session_id, is_session_id
+from ...policy.model import TENANT_MARK, check_session_id, is_session_id
 from .outgoing import CREDENTIAL_QUERY
 
 #: Headers in which clients name their own session, and the source each one's session is named by.
@@ -198,6 +198,15 @@ def session_of(headers: MultiMapping[str], names: tuple[str, ...], in_path: str 
 RESERVED: Final = "~refusals"
 #: The same for the conversations indexes (``call.conversations``).
 INDEXES: Final = "~conversations"
+
+
+def is_own(session_id: str) -> bool:
+    """Whether ``session_id`` (as the log holds it, behind a tenant's name or not) is one the
+    proxy keeps for itself (``RESERVED``, ``INDEXES``)."""
+    if session_id.startswith((RESERVED, INDEXES)):
+        return True
+    _, mark, rest = session_id.partition(TENANT_MARK)
+    return bool(mark) and rest.startswith((RESERVED, INDEXES))
 
 
 def checked(found: Found) -> Found:

@@ -22,6 +22,7 @@ from ...policy.model import check_id, check_scoped_session
 from ...policy.ports import SessionLog
 from ...policy.projection import recover, refresh
 from ..call import refusals
+from ..call.sessions import is_own
 from ..inbound.bodies import read_body
 from ..inbound.context import Handler, context
 from ..inbound.services import SERVICES, Services
@@ -160,6 +161,9 @@ async def post_fork(request: web.Request) -> web.StreamResponse:
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"fork body: {exc}", code=Code.INVALID_REQUEST) from None
     child = check_scoped_session(spec.new_session_id)
+    if is_own(child):  # a fork into the tenant's refusals or a conversations index would write into them
+        raise InvalidRequest("session ids of the proxy's own (~refusals, ~conversations) take no fork",
+                             code=Code.INVALID_SESSION_ID)
     event = await app.log.fork(sid, child, spec.at_seq)
     return _json({"session": child, "parent": sid, "event": event}, status=201)
 

@@ -29,6 +29,7 @@ from ...policy.events import (
     answer,
     answers,
     type_of,
+    LinkedEvent,
 )
 from ...policy.model import short_id as short
 from ...policy.fold import SessionState
@@ -240,6 +241,10 @@ def _describe(session: str, event: Event, found: dict[int | str, ResponseRecorde
         return "checkpoint", (f'<details><summary>state at seq {c.state_seq}: {len(c.quarantined)} quarantined, '
                               f'{len(c.rejected)} rejected, {len(c.variants)} variants</summary>'
                               f'<ul>{held}</ul></details>')
+    if isinstance(event, LinkedEvent):
+        k = event.data
+        return "linked", (f'image key <code>{_e(k.key[:12])}</code> of the conversation '
+                          f'<a href="{_e(session_url(k.session))}">{_e(k.session)}</a>')
     return "unknown", "an event type this version does not know"
 
 

@@ -16,8 +16,6 @@ from projectionist.policy.events import (
     Event,
     EventData,
     Forked,
-    Linked,
-    LinkedEvent,
     Quarantine,
     Recovered,
     Rejected,
@@ -45,7 +43,7 @@ IDS = ["sha256:" + f"{i:02x}" * 32 for i in range(5)]
 
 #: One step of a session: a kind and its parameters; "c" asks for a checkpoint of the fold so far.
 steps = st.lists(
-    st.tuples(st.sampled_from(["q", "r", "rec", "req", "rec", "fork", "unknown", "c", "rj", "v", "link"]), st.integers(0, 4),
+    st.tuples(st.sampled_from(["q", "r", "rec", "req", "rec", "fork", "unknown", "c", "rj", "v"]), st.integers(0, 4),
               st.sampled_from(["not_found", "corrupt", "read_failed"])),
     max_size=60,
 )
@@ -62,8 +60,6 @@ def _data(kind: str, index: int, failure: str) -> EventData:
     if kind == "v":  # a variant pin, for one of two targets, re-pinned to another object now and then
         target = "anthropic@2000" if failure == "corrupt" else "openai@any"
         return Variant(IDS[index], target, IDS[(index + len(failure)) % 5], "image/png", 9, 2, 2, "v1")
-    if kind == "link":  # a conversations index's link, to one of two sessions: the first one holds
-        return Linked(f"m{index}", f"derived:{len(failure) % 2}")
     if kind == "fork":
         return Forked("parent", index)
     if kind == "req":
@@ -98,8 +94,7 @@ def state_read(events: list[Event], after_seq: int) -> list[Event]:
 
 def same_quarantines(a: SessionState, b: SessionState) -> bool:
     return (dict(a.quarantined) == dict(b.quarantined) and dict(a.since) == dict(b.since)
-            and dict(a.rejected) == dict(b.rejected) and dict(a.variants) == dict(b.variants)
-            and dict(a.linked) == dict(b.linked))
+            and dict(a.rejected) == dict(b.rejected) and dict(a.variants) == dict(b.variants))
 
 
 @settings(max_examples=300)
@@ -175,13 +170,3 @@ def test_fold_states_refuses_events_out_of_order_or_past_the_last_seq() -> None:
         fold_states([envelope(2, "t", q)], 5, SessionState(last_seq=2))
     assert fold_states([], 7, EMPTY).last_seq == 7
     assert fold_states([], 1, SessionState(last_seq=4)).last_seq == 4  # a read behind the cache keeps it
-
-
-def test_the_first_link_of_a_message_holds_through_a_checkpoint() -> None:
-    first, second = Linked("m", "derived:a"), Linked("m", "derived:b")
-    state = fold([LinkedEvent(seq=1, time="t", data=first), LinkedEvent(seq=2, time="t", data=second)])
-    assert dict(state.linked) == {"m": "derived:a"} and state.size == 1
-    marker = envelope(3, "t", checkpoint_of(state))
-    assert decode_event(encode_event(marker)) == marker
-    again = fold([marker, LinkedEvent(seq=4, time="t", data=Linked("n", "derived:b"))], state)
-    assert dict(again.linked) == {"m": "derived:a", "n": "derived:b"}

@@ -6,7 +6,8 @@ last message. The derived session (named by the opening) changes, but the images
 to the old one, so the compacted conversation continues it: what it learnt about its images (here, a refusal put
 down to two images, which stays in its session) holds, with no refused round trip. Another
 credential or another tenant sending the same messages continues nothing; restart and replay
-decide alike; concurrent first requests, also on two replicas, make one link."""
+decide alike; concurrent first calls, also on two replicas, make one link; an index the log
+cannot read or write never fails or holds up a call."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from projectionist.proxy.config import Config
 from projectionist.proxy.inbound.services import SERVICES
 from tests.conftest import ADMIN, Harness
 from tests.imaging import ref_id
-from tests.system.test_inline_images import (RECORDING, data_url, on_both, placeholder, png, post, rejected,
-                                             request_lines)
+from tests.system.test_inline_images import (RECORDING, background_settled, data_url, on_both, placeholder, png,
+                                             post, rejected, request_lines)
 
 MakeHarness = Callable[..., Awaitable[Harness]]
 SYSTEM = "You are Qwen Code, an interactive CLI agent."
@@ -81,6 +82,7 @@ async def send(harness: Harness, body: dict[str, Any], headers: dict[str, str] |
     with capture_logs() as logs:
         resp = await post(harness, "/v1/chat/completions", body, headers={**KEY, **(headers or {})})
         assert resp.status == 200, await resp.text()
+    await background_settled(harness)  # the answered call's images linked, off the request
     [line] = request_lines(logs)
     return line
 
@@ -171,7 +173,8 @@ async def test_another_tenant_continues_nothing(make_harness: MakeHarness, monke
 async def test_concurrent_first_requests_on_two_replicas_make_one_link(
         make_harness: MakeHarness, backend: Any, make_config: Callable[..., Config]) -> None:
     """Two conversations that open differently send the same new screenshot at once, on two
-    replicas of one log: both land in one session, and the image is linked once."""
+    replicas of one log: each keeps its own session, the image is linked once (the first link
+    holds), and a later compaction continues the linked one on either replica."""
     first = await make_harness(make_config(**RECORDING))
     second = await make_harness(make_config(**RECORDING))
     shot = png(138)
@@ -179,12 +182,18 @@ async def test_concurrent_first_requests_on_two_replicas_make_one_link(
     with capture_logs() as logs:
         answers = await asyncio.gather(*(post(h, "/v1/chat/completions", b, headers=KEY)
                                          for h in (first, second) for b in bodies))
-    assert [resp.status for resp in answers] == [200] * 4
-    lines = request_lines(logs)
-    assert len(lines) == 4 and len({line["session"] for line in lines}) == 1
+        assert [resp.status for resp in answers] == [200] * 4
+        await background_settled(first)
+        await background_settled(second)
+    assert len(request_lines(logs)) == 4
     index = [s for s in await sessions(first) if s.startswith("~conversations.")]
     links = [e for s in index for e in await first.events(s) if e["type"] == "conversation/linked"]
-    assert len(links) == 1 and links[0]["data"]["session"] == lines[0]["session"]
+    assert len(links) == 1
+    linked = links[0]["data"]["session"]
+    body = compacted(shot)
+    body["messages"][1]["content"] = "another summary"
+    assert (await send(first, body))["session"] == linked
+    assert (await send(second, body))["session"] == linked
 
 
 async def test_a_named_session_reads_and_writes_no_index(make_harness: MakeHarness) -> None:
@@ -210,9 +219,8 @@ async def sessions(harness: Harness) -> list[str]:
 
 async def test_an_index_that_keeps_changing_never_fails_the_request(make_harness: MakeHarness,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another replica that wins every append to the index (the fault): the request keeps its
-    derived session, answered as ever, and names why on its log line; once the index takes
-    writes again, the next request links its messages."""
+    """Another replica that wins every append to the index (the fault): the call is answered as
+    ever and links nothing; once the index takes writes again, the next call links its image."""
     from projectionist.policy.errors import AppendConflict
 
     harness = await make_harness(**RECORDING)
@@ -227,11 +235,116 @@ async def test_an_index_that_keeps_changing_never_fails_the_request(make_harness
     monkeypatch.setattr(inner, "append", losing)
     shot = png(141)
     line = await send(harness, conversation(shot))
-    assert line["session_source"] == "derived" and line["session_index"] == "SESSION_CONTENDED"
+    assert line["session_source"] == "derived"
+    assert not [s for s in await sessions(harness) if s.startswith("~conversations")]
     monkeypatch.setattr(inner, "append", append)
     again = await send(harness, conversation(shot, turns=2))
-    assert again["session"] == line["session"] and "session_index" not in again
-    assert (await send(harness, compacted(shot)))["session"] == line["session"]
+    assert again["session"] == line["session"]
+    assert (await send(harness, reattached(shot)))["session"] == line["session"]
+
+
+async def test_an_index_the_log_cannot_read_in_time_never_holds_up_the_call(
+        make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read of the index that hangs (a stalled disk): the call waits ``conversations.TIMEOUT``
+    at most, keeps its derived session, and its log line says why."""
+    from projectionist.proxy.call import conversations
+
+    harness = await make_harness(**RECORDING)
+    monkeypatch.setattr(conversations, "TIMEOUT", 0.3)
+    inner = harness.app[SERVICES].log.inner
+    read = inner.read
+
+    async def hanging(session_id: str, after_seq: int = 0) -> Any:
+        if session_id.startswith("~conversations"):
+            await asyncio.sleep(30)
+        return await read(session_id, after_seq)
+
+    monkeypatch.setattr(inner, "read", hanging)
+    started = asyncio.get_running_loop().time()
+    line = await send(harness, conversation(png(143)))
+    assert asyncio.get_running_loop().time() - started < 3
+    assert line["session_source"] == "derived" and line["session_index"] == "TIMEOUT"
+
+
+async def test_a_held_write_lock_delays_no_call(make_harness: MakeHarness) -> None:
+    """Another process holds the SQLite write lock (a prune, a backup): a call with a new image
+    is answered as one with a named session is, without waiting for the lock; its link waits
+    off the call, and is written once the lock is let go (by a later call)."""
+    import sqlite3
+    import time
+
+    harness = await make_harness(**RECORDING, **{"log.busy_timeout": 2.0})
+    await send(harness, conversation(png(145)))
+    holder = sqlite3.connect(str(harness.app[SERVICES].config.log_path), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.perf_counter()
+        with capture_logs():
+            resp = await post(harness, "/v1/chat/completions", conversation(png(146)), headers=KEY)
+        assert resp.status == 200 and time.perf_counter() - started < 1.5
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    await background_settled(harness)
+    line = await send(harness, conversation(png(146), turns=2))
+    assert (await send(harness, reattached(png(146))))["session"] == line["session"]
+
+
+async def test_a_call_that_failed_links_nothing(make_harness: MakeHarness) -> None:
+    """A made-up key's 401: the call's images are not linked, so no stranger fills an index."""
+    from aiohttp import web
+
+    harness = await make_harness(**RECORDING)
+
+    async def unauthorized(request: Any, body: Any) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "Incorrect API key", "code": "invalid_api_key"}}, status=401)
+
+    harness.upstream.script = unauthorized
+    with capture_logs():
+        resp = await post(harness, "/v1/chat/completions", conversation(png(147), png(148)),
+                          headers={"Authorization": "Bearer sk-made-up"})
+    assert resp.status == 401
+    await background_settled(harness)
+    assert not [s for s in await sessions(harness) if s.startswith("~conversations")]
+
+
+async def test_an_older_replicas_checkpoint_drops_no_link(make_harness: MakeHarness,
+                                                          make_config: Callable[..., Config]) -> None:
+    """A replica of the version before the index folds a shard and checkpoints it without links
+    (it knows none): the links still hold, after a restart too, as the index reads them whole."""
+    from projectionist.policy.events import Checkpoint
+
+    harness = await make_harness(make_config(**RECORDING))
+    one, two, session = await refused_pair(harness, 150)
+    log = harness.app[SERVICES].log
+    for shard in [s for s in await sessions(harness) if s.startswith("~conversations")]:
+        last = max(e["seq"] for e in await harness.events(shard))
+        await log.inner.append(shard, None, [Checkpoint(state_seq=last)], durable=True)
+    restarted = await make_harness(make_config(**RECORDING))
+    assert (await send(restarted, reattached(one, two)))["session"] == session
+
+
+async def test_the_first_image_the_index_knows_decides(make_harness: MakeHarness) -> None:
+    """Images of three conversations in one request: the session of the first one the index knows,
+    in the body's order, whatever shard each key falls in; the new image is linked to it."""
+    harness = await make_harness(**RECORDING)
+    x1, x3, x0 = png(151), png(152), png(153)
+    s1 = (await send(harness, conversation(x1)))["session"]
+    body = conversation(x3)
+    body["messages"][1]["content"][1]["text"] = "Another task."
+    s3 = (await send(harness, body))["session"]
+    assert s1 != s3
+    line = await send(harness, reattached(x0, x1, x3))
+    assert (line["session"], line["session_source"]) == (s1, "continued")
+    assert (await send(harness, reattached(x0)))["session"] == s1
+
+
+async def test_no_fork_writes_into_an_index(make_harness: MakeHarness) -> None:
+    harness = await make_harness(**RECORDING)
+    await send(harness, conversation(png(154)), {"X-Session-Id": "mine"})
+    for child in ("~conversations.0@000000000000", "~refusals@000000000000"):
+        resp = await harness.client.post("/admin/sessions/mine/fork", json={"new_session_id": child}, headers=ADMIN)
+        assert resp.status == 400 and (await resp.json())["error"]["code"] == "INVALID_SESSION_ID"
 
 
 async def test_a_side_call_with_a_prompt_of_its_own_continues_nothing(make_harness: MakeHarness) -> None:
@@ -244,3 +357,11 @@ async def test_a_side_call_with_a_prompt_of_its_own_continues_nothing(make_harne
     line = await send(harness, body)
     assert line["session"] != session and line["session_source"] == "derived"
     assert harness.upstream.refusals == 2  # the control: without its session, the guess is asked again
+
+
+def test_the_console_names_a_link() -> None:
+    from projectionist.policy.events import Linked, LinkedEvent
+    from projectionist.proxy.console.ui_pages import _describe
+
+    kind, detail = _describe("~conversations.0@x", LinkedEvent(seq=1, time="t", data=Linked("k" * 32, "derived:x")), {})
+    assert kind == "linked" and "derived:x" in detail and "k" * 12 in detail
