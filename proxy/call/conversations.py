@@ -56,8 +56,8 @@ SHARDS: Final = 16
 #: Links one shard holds at most: an index stays below 16 × this many (about 175 bytes each in
 #: the log, about 200 in each replica's memory while the shard is kept).
 SHARD_LINKS: Final = 4096
-#: Shards one process keeps in memory (the most recently used).
-KEPT_SHARDS: Final = 256
+#: Shards one process keeps in memory (the most recently used): about 50 MB at the very most.
+KEPT_SHARDS: Final = 64
 #: Seconds a request waits for the index before its call (then it keeps its derived session), and
 #: a link of an answered call may take.
 TIMEOUT: Final = 1.0

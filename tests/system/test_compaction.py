@@ -365,3 +365,18 @@ def test_the_console_names_a_link() -> None:
 
     kind, detail = _describe("~conversations.0@x", LinkedEvent(seq=1, time="t", data=Linked("k" * 32, "derived:x")), {})
     assert kind == "linked" and "derived:x" in detail and "k" * 12 in detail
+
+
+async def test_a_shard_holds_at_most_its_cap(make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index is bounded: past ``SHARD_LINKS`` links a shard links no more images (their calls
+    go on, in their derived session)."""
+    from projectionist.proxy.call import conversations
+
+    monkeypatch.setattr(conversations, "SHARD_LINKS", 1)
+    harness = await make_harness(**RECORDING)
+    shots = [png(160 + n, width=5) for n in range(40)]
+    line = await send(harness, conversation(*shots))
+    assert line["session_source"] == "derived"
+    counts = [sum(e["type"] == "conversation/linked" for e in await harness.events(s))
+              for s in await sessions(harness) if s.startswith("~conversations")]
+    assert counts and max(counts) == 1 and len(counts) <= conversations.SHARDS
