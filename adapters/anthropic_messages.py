@@ -23,7 +23,7 @@ import msgspec
 
 from .base import (SCAN_CHARS, Carried, ContextAnswers, FetchAnswers, Inline, Inliner, Json, Known, KnownContext,
                    KnownFetch, Linked, PlainInline, Site, Slot, content_lists, error_object, known_pattern,
-                   opening_message, part_pointer, patch)
+                   listed, opening_message, part_pointer, patch)
 from .facts import CallFacts, Files, FormatFacts, Spoken
 from .responses import member
 from ..policy.linked import is_web_url
@@ -224,8 +224,7 @@ def opening(body: Json) -> Json:
 
 def messages(body: Json) -> Json:
     """The conversation's messages, as the body lists them (None: it lists none)."""
-    found = body.get("messages") if isinstance(body, dict) else None
-    return found if isinstance(found, list) else None
+    return listed(body, "messages")
 
 
 def system(body: Json) -> Json:

@@ -327,6 +327,13 @@ def opening_message(messages: Json, *, untagged: str | None = None) -> Json:
     return opening_messages(messages, untagged=untagged)
 
 
+def listed(body: Json, key: str) -> list[Json] | None:
+    """``body[key]`` when ``body`` is an object and that member a list (a conversation's
+    messages, contents or input items), else None."""
+    found = body.get(key) if isinstance(body, dict) else None
+    return found if isinstance(found, list) else None
+
+
 def content_lists(messages: Json) -> list[list[Json]]:
     """The list-valued ``content`` of every message (string content carries no images)."""
     if not isinstance(messages, list):

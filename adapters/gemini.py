@@ -21,8 +21,8 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 from .base import (SCAN_CHARS, Carried, FetchAnswers, Host, Inline, Inliner, Json, Known, KnownFetch, Linked, Slot,
-                   PlainInline, Site, error_object, inliner, insert_after, known_pattern, opening_message,
-                   part_pointer)
+                   PlainInline, Site, error_object, inliner, insert_after, known_pattern, listed,
+                   opening_message, part_pointer)
 from .facts import CallFacts, Files, FormatFacts, Spoken
 from .responses import member
 from ..policy.linked import is_web_url, url_name
@@ -187,8 +187,7 @@ def opening(body: Json) -> Json:
 
 def messages(body: Json) -> Json:
     """The conversation's contents, as the body lists them (None: it lists none)."""
-    found = body.get("contents") if isinstance(body, dict) else None
-    return found if isinstance(found, list) else None
+    return listed(body, "contents")
 
 
 def system(body: Json) -> Json:

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from .base import (NO_IMAGES_STATUSES, SCAN_CHARS, Carried, ContextAnswers, FetchAnswers, Inline, Inliner, Json,
                    Known, KnownContext, KnownFetch, Linked, PlainInline, Site, Slot, content_lists, data_url_base64,
-                   data_url_type, error_object, known_pattern, opening_messages, part_pointer, patch)
+                   data_url_type, error_object, known_pattern, listed, opening_messages, part_pointer, patch)
 from .facts import CallFacts, Files, FormatFacts, Socket, Spoken
 from .responses import member
 from ..policy.linked import Unfetched, is_web_url
@@ -207,13 +207,12 @@ def session_hint(body: Json) -> tuple[str, str] | None:
 
 def opening(body: Json) -> Json:
     """The messages up to the first user message (the system prompt before it)."""
-    return opening_messages(body.get("messages") if isinstance(body, dict) else None)
+    return opening_messages(messages(body))
 
 
 def messages(body: Json) -> Json:
     """The conversation's messages, as the body lists them (None: it lists none)."""
-    found = body.get("messages") if isinstance(body, dict) else None
-    return found if isinstance(found, list) else None
+    return listed(body, "messages")
 
 
 def system(body: Json) -> Json:

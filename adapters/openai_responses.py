@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from . import openai_chat
 from .base import (Carried, Host, Inliner, Json, Linked, PlainInline, Site, Slot, data_url_base64, data_url_type, inliner,
-                   insert_after, opening_messages)
+                   insert_after, listed, opening_messages)
 from .facts import CallFacts
 from .responses import member
 from ..policy.linked import is_web_url
@@ -154,8 +154,7 @@ def opening(body: Json) -> Json:
 
 def messages(body: Json) -> Json:
     """The input's items, as the body lists them (None: a string input, or none)."""
-    found = body.get("input") if isinstance(body, dict) else None
-    return found if isinstance(found, list) else None
+    return listed(body, "input")
 
 
 def system(body: Json) -> Json:

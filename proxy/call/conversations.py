@@ -44,8 +44,8 @@ from typing import Final
 from multidict import MultiMapping
 
 from ...policy.errors import AppendConflict
-from ...policy.events import Linked, LinkedEvent
-from ...policy.model import scoped_session
+from ...policy.events import Event, Linked, LinkedEvent
+from ...policy.model import TENANT_MARK, scoped_session
 from ...policy.transitions import MAX_ROUNDS
 from ..observe.logger import get_logger
 from ..sessionlog.cached import CachedLog
@@ -65,17 +65,19 @@ TIMEOUT: Final = 1.0
 LINKING: Final = 64
 
 
-def scope_of(tenant: str | None, headers: MultiMapping[str], query: MultiMapping[str] | None, shard: str) -> str:
-    """The index session of ``tenant`` (without one, of the request's credential) holding links
-    whose key starts with ``shard``."""
-    name = f"{INDEXES}.{shard}"
-    return scoped_session(tenant, name) if tenant is not None else f"{name}@{credentials(headers, query)}"
-
-
 def scopes_of(tenant: str | None, headers: MultiMapping[str], query: MultiMapping[str] | None,
               keys: Sequence[str]) -> dict[str, str]:
-    """The index session of each shard ``keys`` fall in, in the order of their first key."""
-    return {key[0]: scope_of(tenant, headers, query, key[0]) for key in keys}
+    """The index session of each shard ``keys`` fall in (by their first hex digit), in the order
+    of their first key: ``tenant``'s, or without one the request credential's."""
+    owner = f"@{credentials(headers, query)}" if tenant is None else ""
+    return {digit: scoped_session(tenant, f"{INDEXES}.{digit}{owner}") for digit in dict.fromkeys(key[0] for key in keys)}
+
+
+def linked_session(index: str, session: str) -> str:
+    """The session, as the log holds it, that a link in index session ``index`` names (a link
+    keeps it as its request found it, before the tenant scoped it)."""
+    tenant, mark, rest = index.partition(TENANT_MARK)
+    return scoped_session(tenant, session) if mark and tenant and rest.startswith(INDEXES) else session
 
 
 class _Shard:
@@ -87,13 +89,12 @@ class _Shard:
         self.last_seq = 0
         self.links: dict[str, str] = {}
 
-    def learn(self, events: Sequence[object]) -> None:
+    def learn(self, events: Sequence[Event]) -> None:
         for event in events:
             if isinstance(event, LinkedEvent):
                 self.links.setdefault(event.data.key, event.data.session)  # the first link holds
-            seq = getattr(event, "seq", 0)
-            if seq > self.last_seq:
-                self.last_seq = seq
+            if event.seq > self.last_seq:
+                self.last_seq = event.seq
 
 
 class Index:

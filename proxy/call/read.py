@@ -33,17 +33,18 @@ class Inbound:
 
 
 async def read(call: Call) -> Inbound:
-    return await continued(call, inbound_of(call, await read_body(call.request, call.services.budget, call.ctx)))
+    inbound = inbound_of(call, await read_body(call.request, call.services.budget, call.ctx))
+    return await continued(call, inbound) if inbound.links else inbound
 
 
 async def continued(call: Call, inbound: Inbound) -> Inbound:
-    """``inbound``, its derived session continued by the conversations index when one of its
+    """``inbound`` (of a derived session: ``links`` set), its derived session continued by the conversations index when one of its
     images was sent before under another (``conversations``; the log line's ``session_source``
     says ``continued``), with the images the index does not link yet (``send`` links them once
     the call was answered). An index the log cannot read within ``conversations.TIMEOUT`` never
     fails or holds up the request: it keeps its derived session (the log line's
     ``session_index`` names why)."""
-    if not inbound.links or inbound.found is None:
+    if inbound.found is None:
         return inbound
     request = call.request
     scopes = conversations.scopes_of(call.ctx.tenant, request.headers, request.query, inbound.links)

@@ -281,7 +281,9 @@ class Calls:
         call = self._call()
         try:
             hold(call.ctx, call.services.budget, len(data), "message")  # kept until the call ends (a re-send)
-            inbound = await continued(call, inbound_of(call, data))
+            inbound = inbound_of(call, data)
+            if inbound.links:
+                inbound = await continued(call, inbound)
             if self._sending is None:
                 self._sending = outgoing(call, recorded=True)
             prepared = await prepare(call, inbound, sending=self._sending, probing=False)

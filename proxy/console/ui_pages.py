@@ -34,6 +34,7 @@ from ...policy.events import (
 from ...policy.model import short_id as short
 from ...policy.fold import SessionState
 from ..config import CONSOLE_PATH
+from ..call.conversations import linked_session
 from ..sessionlog.summary import SessionSummary
 
 UI: Final = CONSOLE_PATH
@@ -244,7 +245,7 @@ def _describe(session: str, event: Event, found: dict[int | str, ResponseRecorde
     if isinstance(event, LinkedEvent):
         k = event.data
         return "linked", (f'image key <code>{_e(k.key[:12])}</code> of the conversation '
-                          f'<a href="{_e(session_url(k.session))}">{_e(k.session)}</a>')
+                          f'<a href="{_e(session_url(linked_session(session, k.session)))}">{_e(k.session)}</a>')
     return "unknown", "an event type this version does not know"
 
 

@@ -365,6 +365,9 @@ def test_the_console_names_a_link() -> None:
 
     kind, detail = _describe("~conversations.0@x", LinkedEvent(seq=1, time="t", data=Linked("k" * 32, "derived:x")), {})
     assert kind == "linked" and "derived:x" in detail and "k" * 12 in detail
+    # with tenants, the link goes to the tenant's session, as the log holds it
+    _, detail = _describe("alice~~conversations.0", LinkedEvent(seq=1, time="t", data=Linked("k" * 32, "derived:x")), {})
+    assert "/sessions/alice~derived:x" in detail.replace("%7E", "~").replace("%3A", ":")
 
 
 async def test_a_shard_holds_at_most_its_cap(make_harness: MakeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
