@@ -82,7 +82,7 @@ def _session(call: Call, raw: bytes) -> tuple[sessions.Found | None, Read | None
     one, its images' keys."""
     request, services, fmt = call.request, call.services, call.fmt
     found = sessions.named(request.headers, services.session_headers[0], services.session_headers[1:],
-                           request.get(sessions.PATH_SESSION))
+                           call.ctx.path_session)
     if found is not None or not services.config.server.client_sessions:
         return found, None, ()
     found = sessions.from_headers(request.headers)

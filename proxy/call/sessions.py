@@ -32,7 +32,6 @@ from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
 import msgspec
-from aiohttp import web
 from multidict import MultiMapping
 
 from ...adapters.base import WireFormat, bookkeeping
@@ -181,10 +180,6 @@ def _scoped(prefix: str, value: str, headers: MultiMapping[str]) -> str:
     if prefix[:-1] in SHARED:
         session += "@" + credentials(headers)
     return session
-
-
-#: The session a ``/s/{session}/`` path prefix named (``edge.routing``), already checked.
-PATH_SESSION = web.RequestKey("projectionist.path_session", str)
 
 
 def session_of(headers: MultiMapping[str], names: tuple[str, ...], in_path: str | None = None) -> str | None:

@@ -106,9 +106,11 @@ def _failed(request: web.Request, ctx: Context, metrics: Metrics, error: Project
 
 async def note_started(request: web.Request, response: web.StreamResponse) -> None:
     """``on_response_prepare``: from here on, this request's response has started."""
-    ctx = request.get(CONTEXT)
-    if ctx is not None:
-        ctx.response = response
+    try:
+        ctx = request[CONTEXT]  # (``get`` is a Python ``Mapping`` method on a request: two calls, not one)
+    except KeyError:  # a quiet route
+        return
+    ctx.response = response
 
 
 def _log_line(request: web.Request, ctx: Context, **extra: Any) -> None:

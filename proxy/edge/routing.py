@@ -46,7 +46,7 @@ from ...policy.model import check_session_id
 from ..call import websocket
 from ..call.call import Call
 from ..call.pipeline import relay_projected, relay_unchanged
-from ..call.sessions import PATH_SESSION, session_of
+from ..call.sessions import session_of
 from ..config import NAME_RE
 from ..files import gemini as gemini_files
 from ..files import sdk as files
@@ -98,7 +98,9 @@ async def dispatch_default(request: web.Request) -> web.StreamResponse:
     # no query string: no query to parse (``request.query`` builds one on first use)
     name = format_spoken(request.path, request.headers,
                          request.query if request.rel_url.raw_query_string else _NO_QUERY)
-    return await dispatch(request, name, request.rel_url.raw_path, guard_owned=True)
+    raw_path = request.rel_url.raw_path
+    # a path with nothing percent-encoded is its own decoding: the format it speaks is ``name``
+    return await dispatch(request, name, raw_path, guard_owned=True, spoken=None if "%" in raw_path else name)
 
 
 async def dispatch_named(request: web.Request) -> web.StreamResponse:
@@ -129,7 +131,7 @@ async def dispatch_session(request: web.Request) -> web.StreamResponse:
     check_path(raw_path)  # a '.' or '..' segment, the session's included, in any encoding
     session = check_session_id(unquote(segment))
     session_of(request.headers, services.session_headers, session)  # a header that disagrees
-    request[PATH_SESSION] = session
+    ctx.path_session = session
     ctx.fields["session"] = session
     if not rest:
         raise NotFound("nothing to route after /s/{session}", code=Code.ROUTE_NOT_FOUND)
@@ -202,15 +204,19 @@ def _route(upstream_format: str, method: str, path: str, upgrade: bool) -> str |
     return "websocket"
 
 
-async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owned: bool = False) -> web.StreamResponse:
+async def dispatch(request: web.Request, name: str, raw_path: str, *, guard_owned: bool = False,
+                   spoken: str | None = None) -> web.StreamResponse:
     """``request`` to the upstream ``name`` at ``raw_path``: the client is known, the upstream
     exists, the path is not the proxy's own, the method is one that goes upstream; then the call
-    is built (its path checked) and handed to its route (``ROUTES``)."""
+    is built (its path checked) and handed to its route (``ROUTES``). ``spoken``: the format
+    ``raw_path`` speaks (``format_spoken``), when the caller found it already."""
     services = request.app[SERVICES]
     ctx = context(request)
     # until the client is known, errors take the shape the request itself speaks: a stranger
     # learns nothing about which named upstreams exist or what format they are
-    ctx.fmt = SPEAKS[format_spoken(unquote(raw_path), request.headers, request.query)]
+    if spoken is None:
+        spoken = format_spoken(unquote(raw_path), request.headers, request.query)
+    ctx.fmt = SPEAKS[spoken]
     _require_client(request, services, ctx)
     upstream = services.upstreams.get(name)
     if upstream is None:

@@ -36,7 +36,8 @@ class Context:
     take, the canonical log line's fields, the response once it has started, the call's span
     when tracing is on, and the client's tenant."""
 
-    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response", "trace", "tenant", "held")
+    __slots__ = ("request_id", "started", "route", "fmt", "fields", "response", "trace", "tenant", "held",
+                 "path_session")
 
     def __init__(self, route: str) -> None:
         self.request_id = f"{_ID_PREFIX}{next(_ids):010x}"
@@ -52,6 +53,8 @@ class Context:
         self.tenant: str | None = None
         #: The bytes of the memory budget the request holds (``budget.hold``), released at its end.
         self.held: Held | None = None
+        #: The session a ``/s/{session}/`` path prefix named (``edge.routing``), already checked.
+        self.path_session: str | None = None
 
 
 CONTEXT = web.RequestKey("projectionist.context", Context)

@@ -145,6 +145,22 @@ async def test_an_unreadable_reference_is_quarantined_and_the_model_called_once(
     assert [q["data"]["failure"] for q in quarantines] == ["not_found"]
 
 
+async def test_a_socket_under_a_session_path_keeps_that_session_on_every_turn(make_ws: MakeWs,
+                                                                               fake: FakeSocket) -> None:
+    """Each message is a call of its own, with a context of its own: the session the upgrade's
+    ``/s/{session}/`` path named is every turn's, and its quarantine lands there."""
+    harness = await make_ws()
+    attachment = await harness.admit(color=9, name="gone.png")
+    await harness.remove(attachment)
+    async with harness.client.ws_connect("/s/ws-path/v1/responses") as ws:
+        for _ in range(2):
+            await ws.send_str(msgspec.json.encode(create(reference(attachment))).decode())
+            assert (await events(ws))[-1]["type"] == "response.completed"
+    assert [body["input"][0]["content"][1]["type"] for body in fake.bodies()] == ["input_text", "input_text"]
+    quarantines = [e for e in await harness.events("ws-path") if e["type"] == "attachment/quarantine"]
+    assert [q["data"]["failure"] for q in quarantines] == ["not_found"]  # once: the second turn read the log
+
+
 async def test_without_a_session_an_unreadable_reference_is_an_error_event(make_ws: MakeWs, fake: FakeSocket) -> None:
     harness = await make_ws(**{"server.client_sessions": False})
     attachment = await harness.admit(color=8)
