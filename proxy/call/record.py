@@ -335,30 +335,51 @@ class CallInfo(msgspec.Struct, frozen=True, gc=False):
 
 class Meter:
     """Watches a relayed response (a relay ``Observer``) for what it reports of itself: its
-    usage and model, read once, from the first ``limit`` bytes of it, when first asked."""
+    usage and model, read once, from the first ``limit`` bytes of it, when first asked. It keeps
+    that bounded copy of the body itself (chunks past ``limit`` are not kept, and the copy is
+    marked ``truncated``): one object a call, as every call has one."""
 
-    __slots__ = ("capture", "complete", "_reported")
+    __slots__ = ("limit", "chunks", "size", "truncated", "content_type", "complete", "_reported")
 
     def __init__(self, limit: int = USAGE_SCAN_BYTES) -> None:
-        self.capture = Capture(limit)
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.truncated = False
+        self.content_type = ""
         self.complete = False
         self._reported: tuple[dict[str, Any] | None, str | None] | None = None
 
     def chunk(self, data: bytes) -> None:
-        self.capture.add(data)
+        if self.truncated:
+            return
+        if self.size + len(data) > self.limit:
+            self.truncated = True
+            return
+        self.chunks.append(data)
+        self.size += len(data)
 
     def begin(self, content_type: str) -> None:
-        self.capture.content_type = content_type
+        self.content_type = content_type
 
-    async def body_complete(self, status: int) -> None:
+    def body_complete(self, status: int) -> None:
         self.complete = True
+
+    def whole(self, content_type: str, data: bytes, status: int) -> None:
+        """``begin``, ``chunk`` and ``body_complete`` of a body read whole, in one call."""
+        self.content_type = content_type
+        self.chunk(data)
+        self.complete = True
+
+    def body(self) -> bytes:
+        """What was kept of the body."""
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def reported(self, fmt: WireFormat) -> tuple[dict[str, Any] | None, str | None]:
         """The usage and the model the answer reported, by ``fmt``'s reader."""
         if self._reported is None:
-            capture = self.capture
-            self._reported = reported(fmt.usage, capture.body(), capture.content_type) if capture.size \
-                else (None, None)
+            self._reported = reported(fmt.usage, self.body(), self.content_type) if self.size else (None, None)
         return self._reported
 
 
@@ -435,10 +456,10 @@ class Recorder(Meter):
             return
         self.recorded = True
         call, keep = self.call, self.full and status is not None
-        body = self.capture.body() if keep else b""
+        body = self.body() if keep else b""
         usage = self.reported(call.fmt)[0] if status is not None else None  # read once, for the access log too
         data = ResponseRecorded(call.request_id, 0, status, ms(time.perf_counter() - call.started), usage, error_code,
-                                sha256_id(body) if keep else None, self.capture.truncated)
+                                sha256_id(body) if keep else None, self.truncated)
         blobs = (body,) if keep else ()
         recording = self.recording
         if not self.held:  # its request record was queued on its own: this one names it
@@ -447,29 +468,3 @@ class Recorder(Meter):
         self.held = False
         recording._held.pop(self, None)
         recording._put(self._pending(data, blobs))
-
-
-class Capture:
-    """A bounded copy of a relayed response body; chunks past ``limit`` are not kept and the copy
-    is marked truncated."""
-
-    __slots__ = ("limit", "chunks", "size", "truncated", "content_type")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.truncated = False
-        self.content_type = ""
-
-    def add(self, chunk: bytes) -> None:
-        if self.truncated:
-            return
-        if self.size + len(chunk) > self.limit:
-            self.truncated = True
-            return
-        self.chunks.append(chunk)
-        self.size += len(chunk)
-
-    def body(self) -> bytes:
-        return b"".join(self.chunks)

@@ -97,8 +97,12 @@ class Observer(Protocol):
     def chunk(self, data: bytes) -> None:
         """One chunk as it was relayed."""
 
-    async def body_complete(self, status: int) -> None:
+    def body_complete(self, status: int) -> None:
         """The whole body arrived from upstream; the client still lacks its last chunk."""
+
+    def whole(self, content_type: str, data: bytes, status: int) -> None:
+        """A body read whole before any of it went out: ``begin``, its one ``chunk`` and
+        ``body_complete`` at once."""
 
 
 class Verdict(enum.Enum):
@@ -149,7 +153,13 @@ async def relay(
     it sends; the one it keeps goes back, or the first refusal as it came. A 404 that ``on_404``
     explains (a base URL one /v1 off) is the proxy's own ``BASE_URL_MISMATCH`` saying so."""
     started = time.perf_counter()
-    answer = await _send(session, request.method, url, body, headers)
+    try:  # ``_send`` written out: one coroutine less on the way of every call
+        answer = await session.send(request.method, url, headers=headers, body=body)
+    except Exception as exc:
+        translated = client_error(exc)
+        if translated is None:
+            raise
+        raise translated from None
     if answer.status == 404 and on_404 is not None and (mistake := on_404()) is not None:
         await _base_url_mismatch(answer, mistake, timing)
     preread: bytes | None = None
@@ -318,10 +328,16 @@ async def _complete_whole(answer: Response, data: bytes, observer: Observer | No
     response = _response_head(web.Response(status=answer.status, reason=answer.reason), answer, request_id, timing)
     response.body = data
     if observer is not None:
-        _watch(observer.begin, answer.headers.get("Content-Type", ""), request_id)
-        _watch(observer.chunk, data, request_id)
-        await _complete(observer, answer.status, request_id)
+        _whole_told(observer, answer.headers.get("Content-Type", ""), data, answer.status, request_id)
     return response
+
+
+def _whole_told(observer: Observer, content_type: str, data: bytes, status: int, request_id: str) -> None:
+    """``observer`` told of a body read whole: it began, it is this one chunk, it is complete."""
+    try:
+        observer.whole(content_type, data, status)
+    except Exception as exc:  # never into the response: log, and let the answer go
+        get_logger().warning("observer_failed", error=type(exc).__name__, request_id=request_id)
 
 
 #: The console's cookie (``http.ui.COOKIE``) and the paths it lives under: an upstream's
@@ -401,7 +417,7 @@ async def _stream(request: web.Request, response: web.StreamResponse, answer: Re
                 remaining -= len(chunk)
                 if remaining <= 0 and not told:
                     told = True
-                    await _complete(observer, answer.status, request_id)
+                    _complete(observer, answer.status, request_id)
             try:
                 async with asyncio.timeout(write_timeout):
                     await response.write(chunk)
@@ -415,7 +431,7 @@ async def _stream(request: web.Request, response: web.StreamResponse, answer: Re
         abort(request)  # no terminating chunk: the client sees a cut stream
         return
     if not told:
-        await _complete(observer, answer.status, request_id)
+        _complete(observer, answer.status, request_id)
     try:
         async with asyncio.timeout(write_timeout):
             await response.write_eof()
@@ -435,11 +451,11 @@ def _watch(call: Callable[[_A], None], argument: _A, request_id: str) -> None:
         get_logger().warning("observer_failed", error=type(exc).__name__, request_id=request_id)
 
 
-async def _complete(observer: Observer | None, status: int, request_id: str) -> None:
+def _complete(observer: Observer | None, status: int, request_id: str) -> None:
     if observer is None:
         return
     try:
-        await observer.body_complete(status)
+        observer.body_complete(status)
     except Exception as exc:  # never into the response: log, and let the stream finish
         get_logger().warning("observer_failed", error=type(exc).__name__, request_id=request_id)
 

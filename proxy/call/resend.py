@@ -394,7 +394,5 @@ class Resend:
         first = self.recorder
         if first is None:
             return
-        first.begin(content_type)
-        first.chunk(body)
-        await first.body_complete(status)
+        first.whole(content_type, body, status)
         first.finished(status)

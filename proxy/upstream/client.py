@@ -306,7 +306,9 @@ class Response:
                 self._fail(ResponseError(f"the response head is over {MAX_HEAD} bytes"))
                 return
         if self._head_ready and not self._head.done():
-            if not 100 <= self.status <= 599 or self._head_size() > MAX_HEAD:
+            # the bytes fed up to the head's end within the bound bound the head too: no sum over its fields
+            if not 100 <= self.status <= 599 or (self._head_bytes + len(data) > MAX_HEAD
+                                                 and self._head_size() > MAX_HEAD):
                 self._fail(ResponseError(f"a response status {self.status}, or a head over {MAX_HEAD} bytes"))
                 return
             if self._has_body and self._conn.unsent():
@@ -507,15 +509,17 @@ class Client:
         self._sockets = Sockets(connect_timeout, ssl_context)
         self.closed = False
 
-    async def send(self, method: str, url: URL, *, headers: CIMultiDict[str], body: Body = None) -> Response:
-        """``Transport.send``: ``request`` by the transport protocol's names."""
-        return await self.request(method, url, data=body, headers=headers)
-
     async def request(self, method: str, url: URL, *, data: Body = None,
                       headers: CIMultiDict[str] | None = None) -> Response:
-        """Send one request and return its answer once its head has arrived (redirects are answers
-        like any other). The caller must ``release()`` it (``read()`` and a finished ``iter_any()``
-        do)."""
+        """``send`` by aiohttp's names."""
+        return await self.send(method, url, headers=headers, body=data)
+
+    async def send(self, method: str, url: URL, *, headers: CIMultiDict[str] | None = None,
+                   body: Body = None) -> Response:
+        """``Transport.send``: one request, and its answer once its head has arrived (redirects
+        are answers like any other). The caller must ``release()`` it (``read()`` and a finished
+        ``iter_any()`` do)."""
+        data = body
         if self.closed:
             raise RuntimeError("the client is closed")
         origin = (url.scheme, url.raw_host or "", url.port or _DEFAULT_PORT.get(url.scheme, 80))
