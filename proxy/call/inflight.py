@@ -5,9 +5,8 @@ each for the app's ``Services``, which names them by protocol."""
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from ...adapters.registry import ADAPTERS
 from ...policy import rejection as attribution
@@ -48,20 +47,10 @@ class InFlight:
     def __init__(self) -> None:
         self._calls: dict[tuple[str, str], dict[int, Carrying]] = {}
 
-    @contextlib.contextmanager
-    def carrying(self, session_id: str, upstream_format: str, ids: Iterable[str], timing: Timing
-                 ) -> Iterator[Carrying]:
-        """While the block runs, the call timed by ``timing`` carries ``ids`` (a re-send sets
-        what the new call carries: ``Carrying.ids``)."""
-        key = (session_id, upstream_format)
-        calls = self._calls.setdefault(key, {})
-        call = calls[id(timing)] = Carrying(timing, frozenset(ids))
-        try:
-            yield call
-        finally:
-            calls.pop(id(timing), None)
-            if not calls:
-                self._calls.pop(key, None)
+    def carrying(self, session_id: str, upstream_format: str, ids: Iterable[str], timing: Timing) -> Carrying:
+        """While the returned ``Carrying`` is entered (a context manager), the call timed by
+        ``timing`` carries ``ids`` (a re-send sets what the new call carries: ``Carrying.ids``)."""
+        return Carrying(timing, frozenset(ids), self._calls, (session_id, upstream_format))
 
     def accepting(self, session_id: str, upstream_format: str) -> set[str]:
         """The ids carried by this session's calls in flight whose upstream answered 2xx."""
@@ -76,8 +65,22 @@ class Carrying:
     """One call in flight: its timing (whose ``status`` says how its upstream answered) and the
     images its body carries."""
 
-    __slots__ = ("timing", "ids")
+    __slots__ = ("timing", "ids", "_calls", "_key")
 
-    def __init__(self, timing: Timing, ids: frozenset[str]) -> None:
+    def __init__(self, timing: Timing, ids: frozenset[str], calls: dict[tuple[str, str], dict[int, Carrying]],
+                 key: tuple[str, str]) -> None:
         self.timing = timing
         self.ids = ids
+        self._calls = calls
+        self._key = key
+
+    def __enter__(self) -> Carrying:
+        self._calls.setdefault(self._key, {})[id(self.timing)] = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        calls = self._calls.get(self._key)
+        if calls is not None:
+            calls.pop(id(self.timing), None)
+            if not calls:
+                del self._calls[self._key]

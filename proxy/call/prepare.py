@@ -28,7 +28,7 @@ from ...policy.projection import Projection, ProjectionContext, project, reject
 from .. import lanes
 from ..inbound.budget import hold
 from ..sessionlog.cached import CachedLog
-from .inflight import Carrying
+from ..inbound.services import Carried
 from . import refusals
 from .body import Asked, Built, build
 from .call import Call
@@ -50,7 +50,7 @@ class Prepared:
     headers: CIMultiDict[str]
     recorder: Recorder | None
     screen: Resend | None
-    in_flight: list[Carrying] = field(default_factory=list)
+    in_flight: list[Carried] = field(default_factory=list)
 
     @property
     def carried(self) -> frozenset[str]:
@@ -116,7 +116,7 @@ class _Projecting:
         self.started = time.perf_counter()
         self.refs: list[ImageRef] = []
         #: The calls in flight that carry this call's body (``send`` adds them; a re-send updates them).
-        self.in_flight: list[Carrying] = []
+        self.in_flight: list[Carried] = []
         self.attempts = 1
         self._scope: str | None = None
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from functools import partial
-from collections.abc import Iterator
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -53,21 +52,14 @@ def link(call: Call, keys: tuple[str, ...], session: str) -> None:
 _NOTHING: Final = contextlib.nullcontext()
 
 
-def in_flight(call: Call, inbound: Inbound, prepared: Prepared) -> contextlib.AbstractContextManager[None]:
+def in_flight(call: Call, inbound: Inbound, prepared: Prepared) -> contextlib.AbstractContextManager[Any]:
     """While the block runs, the images of ``prepared``'s body count as carried by this call
     (``inflight``; a call of no session, or with no image, carries none)."""
     if inbound.session_id is None or not prepared.built.images:
         return _NOTHING
-    return _carried(call, inbound, prepared)
-
-
-@contextlib.contextmanager
-def _carried(call: Call, inbound: Inbound, prepared: Prepared) -> Iterator[None]:
-    assert inbound.session_id is not None
-    with call.services.inflight.carrying(inbound.session_id, call.fmt.FORMAT, prepared.carried,
-                                         call.timing) as carrying:
-        prepared.in_flight.append(carrying)
-        yield
+    carrying = call.services.inflight.carrying(inbound.session_id, call.fmt.FORMAT, prepared.carried, call.timing)
+    prepared.in_flight.append(carrying)  # a re-send updates what it carries
+    return carrying
 
 
 async def relay_body(

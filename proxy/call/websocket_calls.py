@@ -133,7 +133,8 @@ class Turn:
         self.screen = prepared.screen
         self.events = 0
         self.sent = time.perf_counter()
-        self.carrying = contextlib.ExitStack()
+        #: Its images, carried while it is open (``send.in_flight``), once started.
+        self.carrying: contextlib.AbstractContextManager[Any] | None = None
         self.ended = False
         #: When its last event went to the client (its end may come a little later: ``Calls._ending``).
         self.finished: float | None = None
@@ -146,7 +147,8 @@ class Turn:
 
     def start(self) -> None:
         """Its message is about to go upstream: its images count as carried while it is open."""
-        self.carrying.enter_context(in_flight(self.call, self.inbound, self.prepared))
+        self.carrying = in_flight(self.call, self.inbound, self.prepared)
+        self.carrying.__enter__()
         self.watched.begin(EVENTS)
 
     def screened(self) -> bool:
@@ -183,7 +185,7 @@ class Turn:
     async def complete(self) -> None:
         """The call's last event arrived: its body is complete (the client still lacks it)."""
         with contextlib.suppress(Exception):  # an observer never fails the relay (as ``relay._complete``)
-            await self.watched.body_complete(self.call.timing.status or 200)
+            self.watched.body_complete(self.call.timing.status or 200)
 
     def end(self, *, error: str | None = None, left: bool = False) -> None:
         """The call is over: complete (its terminal event relayed), broken off with ``error``, or
@@ -192,7 +194,8 @@ class Turn:
             return
         self.ended = True
         call, ctx, timing = self.call, self.call.ctx, self.call.timing
-        self.carrying.close()
+        if self.carrying is not None:
+            self.carrying.__exit__(None, None, None)
         if ctx.held is not None:  # its message and the body built from it
             ctx.held.release()
         now = self.finished if self.finished is not None else time.perf_counter()
@@ -397,7 +400,7 @@ class Calls:
         itself is the call's body (``read.inbound_of``)."""
         socket = self.socket
         ctx = Context(ROUTE)
-        ctx.tenant, ctx.fmt = socket.ctx.tenant, openai_responses
+        ctx.tenant, ctx.fmt, ctx.path_session = socket.ctx.tenant, openai_responses, socket.ctx.path_session
         ctx.fields["upstream"] = socket.upstream.name
         if self._request is None:
             self._request = socket.request.clone(headers=self.headers)

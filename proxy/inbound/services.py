@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Iterable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,11 +60,20 @@ class CallsAccepted(Protocol):
     async def of(self, log: SessionLog, session_id: str, upstream_format: str) -> set[str]: ...
 
 
+class Carried(Protocol):
+    """One call in flight, while entered: the images it carries (``call.inflight.Carrying``)."""
+
+    ids: frozenset[str]
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
 class CallsInFlight(Protocol):
     """The images of this process's calls in flight (``call.inflight.InFlight``)."""
 
-    def carrying(self, session_id: str, upstream_format: str, ids: Iterable[str],
-                 timing: Timing) -> AbstractContextManager[Any]: ...
+    def carrying(self, session_id: str, upstream_format: str, ids: Iterable[str], timing: Timing) -> Carried: ...
 
     def accepting(self, session_id: str, upstream_format: str) -> set[str]: ...
 
