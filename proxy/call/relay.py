@@ -153,7 +153,7 @@ async def relay(
     it sends; the one it keeps goes back, or the first refusal as it came. A 404 that ``on_404``
     explains (a base URL one /v1 off) is the proxy's own ``BASE_URL_MISMATCH`` saying so."""
     started = time.perf_counter()
-    try:  # ``_send`` written out: one coroutine less on the way of every call
+    try:  # ``upstream_errors`` written out: every call takes this step, and a context manager costs a call
         answer = await session.send(request.method, url, headers=headers, body=body)
     except Exception as exc:
         translated = client_error(exc)
@@ -239,7 +239,8 @@ async def _screened(screen: Screen, session: Transport, method: str, url: URL, b
     when its call started) or wants the first refusal back (None)."""
     while True:
         started = time.perf_counter()
-        answer = await _send(session, method, url, body, headers)
+        with upstream_errors():
+            answer = await session.send(method, url, headers=headers, body=body)
         timing.headers_s = time.perf_counter() - started
         timing.status = answer.status
         try:
@@ -274,16 +275,6 @@ def upstream_errors() -> Iterator[None]:
     """A transport's error inside becomes the proxy's (``client_error``); anything else passes."""
     try:
         yield
-    except Exception as exc:
-        translated = client_error(exc)
-        if translated is None:
-            raise
-        raise translated from None
-
-
-async def _send(session: Transport, method: str, url: URL, body: Body, headers: CIMultiDict[str]) -> Response:
-    try:  # ``upstream_errors`` written out: every call takes this step
-        return await session.send(method, url, headers=headers, body=body)
     except Exception as exc:
         translated = client_error(exc)
         if translated is None:
