@@ -24,6 +24,7 @@ from yarl import URL
 
 from ...policy.errors import Code, NotFound, UpstreamError
 from ..observe.logger import get_logger
+from ..inbound.answers import Whole
 from ..inbound.context import Timing
 from ..upstream.transport import Answer, ClientError, PoolTimeout, Transport
 
@@ -316,8 +317,7 @@ async def _whole(answer: Response, observer: Observer | None, request_id: str,
 
 async def _complete_whole(answer: Response, data: bytes, observer: Observer | None, request_id: str,
                           timing: Timing) -> web.StreamResponse:
-    response = _response_head(web.Response(status=answer.status, reason=answer.reason), answer, request_id, timing)
-    response.body = data
+    response = _response_head(Whole(answer.status, answer.reason, data), answer, request_id, timing)
     if observer is not None:
         _whole_told(observer, answer.headers.get("Content-Type", ""), data, answer.status, request_id)
     return response
