@@ -112,10 +112,26 @@ async def read_raw(request: web.Request, budget: Budget, ctx: Context | None = N
     if length is not None and length > limit:  # aiohttp's own answer, before any byte is held
         raise PayloadTooLarge("request body exceeds the configured client_max_size")
     held = hold(ctx or request[CONTEXT], budget, limit if length is None else length, "body")
-    # most bodies came with their headers; one still on its way must keep coming
-    raw = await request.read() if request.content.is_eof() else await _read_coming(request, limit, budget.idle)
+    content = request.content
+    if content.is_eof():  # most bodies came with their headers: what is buffered is all of it
+        raw = _buffered(request, content, limit)
+    else:  # one still on its way must keep coming
+        raw = await _read_coming(request, limit, budget.idle)
     if length is None:
         held.less(limit - len(raw))
+    return raw
+
+
+def _buffered(request: web.Request, content: aiohttp.StreamReader, limit: int) -> bytes:
+    """A body all of which the parser has buffered, taken at once (``request.read()`` reads it
+    chunk by chunk, awaiting each, into a bytearray it then copies), and kept where
+    ``request.read()`` gives it back."""
+    raw = request._read_bytes  # noqa: SLF001 (read already: what request.read() gives back)
+    if raw is None:
+        raw = content.read_nowait()
+        if len(raw) > limit:  # a chunked body has no Content-Length to refuse it by
+            raise PayloadTooLarge("request body exceeds the configured client_max_size")
+        request._read_bytes = raw  # noqa: SLF001
     return raw
 
 

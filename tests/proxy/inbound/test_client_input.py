@@ -125,3 +125,29 @@ async def test_a_malformed_multipart_form_is_a_400_on_every_route_that_reads_one
         resp = await harness.client.post(path, data=body, headers={"Content-Type": content_type,
                                                                    "Content-Length": str(len(body))})
         assert 400 <= resp.status < 500, (path, resp.status, await resp.text())
+
+
+def _chunked(body: bytes, size: int = 1000) -> bytes:
+    """``body`` in chunks of ``size`` bytes, with the final empty chunk."""
+    parts = [b"%x\r\n%s\r\n" % (len(body[at:at + size]), body[at:at + size]) for at in range(0, len(body), size)]
+    return b"".join(parts) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+async def test_a_chunked_body_over_client_max_size_is_413_even_when_it_came_whole(
+        make_harness: Any, path: str) -> None:
+    """A chunked body has no Content-Length to refuse it by; one the proxy reads whole that came
+    in the same write as its head is taken from the buffer at once (``bodies._buffered``), and is
+    measured there."""
+    harness = await make_harness(**{"server.client_max_size": 4096})
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n").encode()
+    text = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 6000 + b'"}]}'
+    status, answer = await raw_request(harness, head, _chunked(text))
+    assert status == 413 and b"\r\nx-projectionist-error-code: PAYLOAD_TOO_LARGE\r\n" in answer.lower().replace(
+        b"payload_too_large", b"PAYLOAD_TOO_LARGE")
+    assert harness.upstream.received == []  # nothing went upstream
+    fits = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"y" * 3000 + b'"}]}'
+    status, answer = await raw_request(harness, head, _chunked(fits))
+    assert status == 200, answer[:300]
+    assert harness.upstream.last.body == fits  # as it came, every chunk of it
