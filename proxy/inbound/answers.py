@@ -10,7 +10,9 @@ response less than ``web.Response``'s own (47 against 36 us). Every other case i
 ``web.Response``'s, unchanged.
 
 The head is serialized by aiohttp's own serializer, which refuses a CR or LF in any name or
-value (a header can never split the response).
+value (a header can never split the response). A ``Content-Length`` that is not the body's own
+length is aiohttp's to frame by (its writer sends no byte past it): no byte past a declared end
+can become the next answer on the connection.
 """
 
 from __future__ import annotations
@@ -48,8 +50,12 @@ class Whole(web.Response):
         if self._payload_writer is not None:
             return self._payload_writer
         status = self._status
+        body = self._body
+        assert isinstance(body, bytes)
+        length = self._headers.get(hdrs.CONTENT_LENGTH)
         if (request.method in _BODYLESS_METHODS or status < 200 or status in _BODYLESS_STATUSES
-                or request.version != HttpVersion11 or self._compression or self._cookies or self._chunked):
+                or request.version != HttpVersion11 or self._compression or self._cookies or self._chunked
+                or length is not None and length != str(len(body))):  # aiohttp's writer frames by the header
             return await super().prepare(request)
         self._req = request
         writer = self._payload_writer = request.writer
@@ -57,9 +63,7 @@ class Whole(web.Response):
         if keep_alive is None:
             keep_alive = self._keep_alive = request.keep_alive
         headers = self._headers
-        body = self._body
-        assert isinstance(body, bytes)
-        if hdrs.CONTENT_LENGTH not in headers:
+        if length is None:
             headers[hdrs.CONTENT_LENGTH] = str(len(body))
         if body and hdrs.CONTENT_TYPE not in headers:
             headers[hdrs.CONTENT_TYPE] = "application/octet-stream"

@@ -45,6 +45,8 @@ def _app() -> web.Application:
             headers += [("Date", "Mon, 07 Dec 2026 03:50:00 GMT"), ("Server", "upstream/1")]
         elif shape == "closing":
             headers.append(("Connection", "close"))
+        elif shape == "missized":  # a length that is not the body's: framed by it, as aiohttp frames
+            headers.append(("Content-Length", str(len(BODY) - 5)))
         return _answer(kind, status, body, headers)
 
     async def prepared(request: web.Request, response: web.StreamResponse) -> None:
@@ -68,7 +70,7 @@ async def _exchange(server: TestServer, request: bytes) -> bytes:
         writer.close()
 
 
-SHAPES = ["plain", "empty", "untyped", "sized", "dated", "closing"]
+SHAPES = ["plain", "empty", "untyped", "sized", "dated", "closing", "missized"]
 
 
 @pytest.mark.parametrize("version", ["1.1", "1.0"])
