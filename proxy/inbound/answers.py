@@ -22,7 +22,7 @@ from typing import Final
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.client_exceptions import ClientConnectionResetError
-from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
 from aiohttp.http_writer import _serialize_headers
 
@@ -30,9 +30,6 @@ __all__ = ["Whole"]
 
 #: Bodies at least this large go out as two buffers (``writelines``) rather than one copied.
 _JOIN_BELOW: Final = 64 * 1024
-#: Methods and statuses whose answer has no body (aiohttp's ``must_be_empty_body``) take aiohttp's path.
-_BODYLESS_METHODS: Final = frozenset({hdrs.METH_HEAD, hdrs.METH_CONNECT})
-_BODYLESS_STATUSES: Final = frozenset({204, 304})
 
 
 class Whole(web.Response):
@@ -53,7 +50,7 @@ class Whole(web.Response):
         body = self._body
         assert isinstance(body, bytes)
         length = self._headers.get(hdrs.CONTENT_LENGTH)
-        if (request.method in _BODYLESS_METHODS or status < 200 or status in _BODYLESS_STATUSES
+        if (must_be_empty_body(request.method, status)  # aiohttp's own rule: HEAD, 1xx, 204, 304
                 or request.version != HttpVersion11 or self._compression or self._cookies or self._chunked
                 or length is not None and length != str(len(body))):  # aiohttp's writer frames by the header
             return await super().prepare(request)
@@ -96,6 +93,6 @@ class Whole(web.Response):
         writer.output_size += len(head) + len(body)
         self._eof_sent = True
         self._req = None
-        self._body_length = len(head) + len(body)
+        self._body_length = writer.output_size  # as aiohttp's ``write_eof`` sets it
         self._payload_writer = None
         await writer.drain()
