@@ -361,7 +361,9 @@ def event_types(items: Iterable[EventData]) -> list[str]:
 
 def envelopes(after_seq: int, time: str, items: Iterable[EventData]) -> list[Event]:
     """``envelope`` of each of ``items``, numbered from ``after_seq + 1`` (a batch: one call)."""
-    return [_ENVELOPES[type(item)](seq=seq, time=time, data=item)  # type: ignore[arg-type]
+    # positional: every envelope is ``(seq, time, data)`` (a test holds it), and a batch of records
+    # makes one per record
+    return [_ENVELOPES[type(item)](seq, time, item)  # type: ignore[arg-type]
             for seq, item in enumerate(items, after_seq + 1)]
 
 

@@ -34,7 +34,7 @@ from ...policy.errors import ProjectionistError
 from ...policy.events import RequestRecorded, ResponseRecorded
 from ...policy.projection import Projection
 from ...policy.ports import SessionLog
-from ..observe.logger import get_logger, ms
+from ..observe.logger import get_logger
 from ..observe.metrics import Metrics
 from ..stores.base import Store
 from .describe import Described, sha256_id
@@ -75,6 +75,10 @@ class Recording:
         self._held: dict[Recorder, float] = {}
         self._sweep_at: asyncio.TimerHandle | None = None
         self._queue: deque[_Pending] = deque()
+        #: Records queued since the queue was last empty that are part of a call (a request or a
+        #: response alone, to be joined by the writer); while there are none, every record is a
+        #: whole call and a batch is written as it is (``_append_whole``).
+        self._parts = 0
         metrics.records_queue = self._queue
         #: Whether the writer was told of what is queued (it clears this when it takes a batch):
         #: a call's record is then one append, not two events set.
@@ -136,6 +140,9 @@ class Recording:
                 self._dropped(kind, "QUEUE_FULL", pending.request_id)
             return
         queue.append(pending)
+        data = pending.data
+        if type(data) is not RequestRecorded or data.response is None:  # part of a call: to be joined
+            self._parts += 1
         self._unwritten[pending.session_id] += 1
         if not self._told:
             self._tell()
@@ -200,14 +207,17 @@ class Recording:
                 self._hurry.clear()  # this batch takes everything queued: the next one may gather
             self._told = False  # a record queued from now on tells the writer again
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
+            parts = self._parts > 0  # this batch may hold parts of calls
+            if not self._queue:
+                self._parts = 0
             sessions: dict[str, list[_Pending]] = {}
             for pending in batch:
                 sessions.setdefault(pending.session_id, []).append(pending)
-            await asyncio.gather(*(self._write_session(sid, items) for sid, items in sessions.items()))
+            await asyncio.gather(*(self._write_session(sid, items, parts) for sid, items in sessions.items()))
 
-    async def _write_session(self, session_id: str, items: list[_Pending]) -> None:
+    async def _write_session(self, session_id: str, items: list[_Pending], parts: bool) -> None:
         try:
-            await self._write_items(session_id, items)
+            await self._write_items(session_id, items, parts)
         finally:
             left = self._unwritten[session_id] - len(items)
             if left > 0:
@@ -228,10 +238,11 @@ class Recording:
             await asyncio.sleep(0.005)
         return True
 
-    async def _write_items(self, session_id: str, items: list[_Pending]) -> None:
-        """A session's queued records, in order, their blobs stored first, in one append."""
+    async def _write_items(self, session_id: str, items: list[_Pending], parts: bool = True) -> None:
+        """A session's queued records, in order, their blobs stored first, in one append
+        (``parts``: whether some may be part of a call, a request or a response alone)."""
         if self.mode != "full":  # no blobs
-            await self._append(session_id, items)
+            await (self._append if parts else self._append_whole)(session_id, items)
             return
         ready: list[_Pending] = []
         for pending in items:
@@ -243,7 +254,7 @@ class Recording:
                     self._dropped(kind, exc, pending.request_id)
                 continue
             ready.append(pending)
-        await self._append(session_id, ready)
+        await (self._append if parts else self._append_whole)(session_id, ready)
 
     async def _append(self, session_id: str, group: list[_Pending]) -> None:
         """One append for the group. A call whose request and response are both in it is one
@@ -284,6 +295,16 @@ class Recording:
             return
         if at:  # requests written alone (a whole call, nearly every row, waits for nothing)
             self._remember(rows, events)
+
+    async def _append_whole(self, session_id: str, group: list[_Pending]) -> None:
+        """``_append`` of a group of whole calls only (each request record holds its outcome):
+        one record each, none to remember."""
+        try:
+            await self.log.append(session_id, None, [pending.data for pending in group], durable=False)
+        except Exception as exc:
+            for pending in group:
+                for kind in _kinds(pending.data):
+                    self._dropped(kind, exc, pending.request_id)
 
     def _remember(self, rows: list[list[_Pending]], events: list[Any]) -> None:
         """The seqs of request records whose response is still to come."""
@@ -394,7 +415,14 @@ class Recorder(Meter):
     def __init__(self, recording: Recording, call: CallInfo, inbound: str, described: Described, log_seq: int,
                  raw: bytes | None) -> None:
         full = recording.mode == "full"
-        super().__init__(recording.max_response_bytes if full else USAGE_SCAN_BYTES)
+        # ``Meter.__init__`` written out: every recorded call makes one
+        self.limit = recording.max_response_bytes if full else USAGE_SCAN_BYTES
+        self.chunks = []
+        self.size = 0
+        self.truncated = False
+        self.content_type = ""
+        self.complete = False
+        self._reported = None
         self.recording = recording
         self.call = call
         self.full = full
@@ -417,15 +445,15 @@ class Recorder(Meter):
     def _pending(self, response: ResponseRecorded | None, blobs: tuple[bytes, ...]) -> _Pending:
         """The request record, with ``response`` in it (one row for the call)."""
         call, described, raw = self.call, self.described, self.raw
+        # positional, in ``RequestRecorded``'s field order (a test holds the two to the same
+        # fields): every call makes one, and keywords cost msgspec a lookup each
         data = RequestRecorded(
-            request_id=call.request_id, route=call.route, adapter=call.fmt.NAME, upstream=call.upstream,
-            method=call.method, path=call.path, log_seq=self.log_seq,
-            inbound_digest=self.inbound, projected_digest=described.projected_digest,
-            refs=described.refs, shape=described.shape, public_urls=described.public_urls,
+            call.request_id, call.route, call.fmt.NAME, call.upstream, call.method, call.path, self.log_seq,
+            self.inbound, described.projected_digest, described.refs, described.shape,
             # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
             # is recorded by its spliced digest: ``describe.spliced_id``)
-            inbound_blob=sha256_id(raw) if raw is not None else None,
-            response=response, headers=call.headers,
+            sha256_id(raw) if raw is not None else None,
+            described.public_urls, response, call.headers,
         )
         if raw is not None:  # full mode: the inbound body first
             blobs = (raw, *blobs)
@@ -455,12 +483,18 @@ class Recorder(Meter):
         if self.recorded:
             return
         self.recorded = True
-        call, keep = self.call, self.full and status is not None
-        body = self.body() if keep else b""
-        usage = self.reported(call.fmt)[0] if status is not None else None  # read once, for the access log too
-        data = ResponseRecorded(call.request_id, 0, status, ms(time.perf_counter() - call.started), usage, error_code,
-                                sha256_id(body) if keep else None, self.truncated)
-        blobs = (body,) if keep else ()
+        call = self.call
+        # read once, for the access log too
+        usage = (self._reported or self.reported(call.fmt))[0] if status is not None else None
+        latency = round((time.perf_counter() - call.started) * 1_000_000) / 1000  # ``ms``, written out
+        if self.full and status is not None:
+            body = self.body()
+            data = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, sha256_id(body),
+                                    self.truncated)
+            blobs: tuple[bytes, ...] = (body,)
+        else:
+            data = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, None, self.truncated)
+            blobs = ()
         recording = self.recording
         if not self.held:  # its request record was queued on its own: this one names it
             recording._put(_Pending(call.session_id, call.request_id, data, blobs))

@@ -123,6 +123,9 @@ def _insert(conn: sqlite3.Connection, rows: list[Row]) -> None:
 def _rows(session_id: str, now: str, events: list[tuple[Event, str]]) -> list[Row]:
     """One session's events of one group commit, in seq order, as rows: each run of records one
     row, every other event a row of its own (a run of one record too)."""
+    if len(events) > 1 and RECORD_TYPES.issuperset([kind for _, kind in events]):  # records alone: one row
+        return [(session_id, events[-1][0].seq, events[0][1], now, encode_events([event for event, _ in events]),
+                 events[0][0].seq)]
     rows: list[Row] = []
     run: list[tuple[Event, str]] = []
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from projectionist.policy.errors import INVALID_REF, AttachmentError
-from projectionist.policy.events import Quarantine, QuarantineEvent, Recovered, envelope
+from projectionist.policy.events import _ENVELOPES, Quarantine, QuarantineEvent, Recovered, envelope, envelopes
 from projectionist.policy.fold import EMPTY, fold, placeholder
 from projectionist.policy.model import ImageRef, parse_file_id, parse_url_ref
 from projectionist.policy.projection import ProjectionContext, project
@@ -138,3 +138,14 @@ async def test_a_projection_gives_one_outcome_per_linked_image_from_the_log_with
     without = await project([], ProjectionContext(store=env.store, log=env.log, session_id="s-links"))
     assert without.links == ()  # no linked image, no outcome
     assert env.store.reads == {} and len(await env.log.read("s-links")) == 1
+
+
+def test_every_envelope_is_seq_time_data_so_a_batch_is_enveloped_positionally() -> None:
+    # ``envelopes`` builds each event positionally (a batch of records makes one per record):
+    # an envelope with another field order would put a seq where its time goes.
+    for event_type in _ENVELOPES.values():
+        assert event_type.__struct_fields__ == ("seq", "time", "data"), event_type
+    quarantine = Quarantine(attachment_id="sha256:" + "a" * 64, failure="missing", retryable=False)
+    [event] = envelopes(6, "2026-12-07T00:00:00.000Z", [quarantine])
+    assert (event.seq, event.time, event.data) == (7, "2026-12-07T00:00:00.000Z", quarantine)
+    assert event == envelope(7, "2026-12-07T00:00:00.000Z", quarantine)

@@ -11,10 +11,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from projectionist.adapters import openai_chat
 from projectionist.policy.events import EventData, RequestRecorded, ResponseRecorded, envelope
 from projectionist.proxy.observe.metrics import Metrics
-from projectionist.proxy.call.describe import of_raw
+from projectionist.proxy.call.describe import of_raw, sha256_id
 from projectionist.proxy.call.record import CallInfo, Recorder, Recording
 
 
@@ -206,3 +208,45 @@ async def test_a_long_call_s_outcome_is_kept_however_many_whole_calls_end_meanwh
     assert dict(recording.metrics.records_dropped) == {}
     [response] = [r for r in log.rows if isinstance(r, ResponseRecorded)]
     assert (response.request_id, response.request_seq, response.status) == ("req-0", 1, 200)
+
+
+async def test_a_part_of_a_call_left_queued_behind_a_full_batch_is_still_joined() -> None:
+    # Batches of whole calls alone are written as they are; one that may hold a part of a call
+    # (a request alone, a response alone) is joined record by record. A part that a full batch
+    # left in the queue keeps the next batch on the joining path.
+    log = AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), 10_000, 2,  # type: ignore[arg-type]
+                          batch_wait=30.0, hold=30.0)
+    early = start(recording, 0)
+    early.release()  # its hold ran out: its request record is queued alone
+    record(recording, 1)
+    early._record(200, None)  # its outcome, queued third: past the first batch of two
+    await recording.drain()
+    assert recording._parts == 0  # the queue was emptied: the next batch needs no joining
+    record(recording, 2)
+    await recording.drain()
+    await recording.close()
+    assert [type(row).__name__ for row in log.rows] == ["RequestRecorded", "RequestRecorded", "ResponseRecorded",
+                                                          "RequestRecorded"]
+    request, _, response, _ = log.rows
+    assert isinstance(request, RequestRecorded) and request.response is None
+    assert isinstance(response, ResponseRecorded) and (response.request_id, response.request_seq) == ("req-0", 1)
+    assert whole_calls(log) == ["req-1", "req-2"]
+
+
+def test_a_request_record_has_each_of_its_fields_where_the_recorder_means_it() -> None:
+    # The recorder builds the record positionally (every call makes one): each field, given a
+    # value of its own, must land under its own name.
+    recording = Recording(AppendsLog(), None, "full", 1024, Metrics())  # type: ignore[arg-type]
+    call = CallInfo("s", "req-9", 0.0, "route-x", openai_chat, "upstream-x", "METHOD-X", "/path-x",
+                    (("header-x", "value-x"),))
+    raw = b'{"model": "m"}'
+    described = msgspec.structs.replace(of_raw(raw), projected_digest="sha256:projected", public_urls=("http://x/",))
+    recorder = Recorder(recording, call, "sha256:inbound", described, 41, raw)
+    response = ResponseRecorded("req-9", 0, 200, 1.5)
+    record = recorder._pending(response, ()).data
+    assert msgspec.structs.asdict(record) == msgspec.structs.asdict(RequestRecorded(
+        request_id="req-9", route="route-x", adapter=openai_chat.NAME, upstream="upstream-x", method="METHOD-X",
+        path="/path-x", log_seq=41, inbound_digest="sha256:inbound", projected_digest="sha256:projected",
+        refs=described.refs, shape=described.shape, inbound_blob=sha256_id(raw), public_urls=("http://x/",),
+        response=response, headers=(("header-x", "value-x"),)))
