@@ -26,6 +26,7 @@ from ...policy.model import NO_HTTP, HttpRefs, ImageRef, Inlined, Outcome, Place
 from ...policy.projection import Projection
 from ..stores.cache import inline as inline_of
 from .describe import (
+    UNHASHED,
     UPSTREAM,
     Described,
     client_records,
@@ -330,8 +331,8 @@ def _unchanged(raw: bytes, tree: Any, asked: _Options) -> Described | None:
     """The record's view of a body sent as the original bytes (a shape only for replay)."""
     if not asked.describe:
         return None
-    if not asked.shape_unchanged:
-        return of_unchanged(raw)
+    if not asked.shape_unchanged:  # the request path: the recorder's writer takes the digest
+        return UNHASHED
     return of_raw(raw) if tree is None else of_decoded(raw, tree)
 
 

@@ -205,6 +205,12 @@ def of_tree(rendered: Json, refs: tuple[RefRecord, ...], public_urls: tuple[str,
                      inbound_digest=inbound_digest)
 
 
+#: What a record keeps of a call sent as the client's own bytes, as the request path describes it:
+#: their digest is taken by the recorder's writer, off the request (``Recording.start``), so
+#: ``projected_digest`` is empty here. Never written as it is.
+UNHASHED: Final = Described("", (), ())
+
+
 def of_unchanged(raw: bytes, refs: tuple[RefRecord, ...] = (), digest: str | None = None) -> Described:
     """What a record keeps of a call sent as the client's own bytes: their digest (``digest``
     when known: ``spliced_id``), the images the client inlined (``refs``), and no shape. Its

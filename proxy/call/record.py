@@ -13,7 +13,8 @@ For a request with a session and ``record.mode`` other than ``off``:
   request record (``response``). A call still running then gets a ``response/recorded`` event.
 
 What a request record says of the body (its projected digest, reference paths, shape) comes
-from ``describe``, computed on the very tree that became the upstream body. Records are
+from ``describe``, computed on the very tree that became the upstream body; the digest of a body
+sent as it came is taken by the writer, off the request's path. Records are
 appended non-durably (ordered in the log, flushed with the next durable append) and never hold
 headers, keys, tokens or attachment base64.
 """
@@ -37,11 +38,14 @@ from ...policy.ports import SessionLog
 from ..observe.logger import get_logger
 from ..observe.metrics import Metrics
 from ..stores.base import Store
-from .describe import Described, sha256_id
+from .describe import UNHASHED, Described, of_unchanged, sha256_id
 
 _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.
 USAGE_SCAN_BYTES: Final = 1024 * 1024
+#: Bytes of request bodies the recorders and the queue may hold for the writer to hash
+#: (``Recording.start``): past it, a call's digest is taken on its own path.
+UNHASHED_MAX_BYTES: Final = 16 * 1024 * 1024
 
 
 class Recording:
@@ -93,6 +97,9 @@ class Recording:
         self._seqs: OrderedDict[str, int] = OrderedDict()
         #: Records queued or being written, by session (``settle`` waits on one session's).
         self._unwritten: Counter[str] = Counter()
+        #: Bytes of the bodies held for the writer to hash, from ``start`` until it hashed them
+        #: (``_Pending.unhashed``) or their record was dropped.
+        self._unhashed_bytes = 0
 
     @property
     def on(self) -> bool:
@@ -106,10 +113,18 @@ class Recording:
         ends by then is one row (its outcome in the request record), queued once; a longer call's
         request record is queued when the hold runs out and its outcome follows as a
         ``response/recorded`` event. With no hold the request record is queued now."""
+        full = self.mode == "full"
+        unhashed = None
+        if described is UNHASHED:  # sent as it came: its digest is both, taken by the writer (or now)
+            if full or self._unhashed_bytes + len(raw) > UNHASHED_MAX_BYTES:
+                described = of_unchanged(raw)
+            else:
+                unhashed = raw
+                self._unhashed_bytes += len(raw)
         # a body sent unchanged (nothing projected) was hashed already: its projected digest is its own
         inbound = described.projected_digest if projection is None else described.inbound_digest or sha256_id(raw)
         log_seq = projection.state.last_seq if projection is not None else 0
-        recorder = Recorder(self, call, inbound, described, log_seq, raw if self.mode == "full" else None)
+        recorder = Recorder(self, call, inbound, described, log_seq, raw if full else None, unhashed)
         if self.hold <= 0:
             recorder.release()
             return recorder
@@ -138,6 +153,8 @@ class Recording:
         if len(queue) >= self.queue_size:
             for kind in _kinds(pending.data):
                 self._dropped(kind, "QUEUE_FULL", pending.request_id)
+            if pending.unhashed is not None:
+                self._unhashed_bytes -= len(pending.unhashed)
             return
         queue.append(pending)
         data = pending.data
@@ -210,10 +227,22 @@ class Recording:
             parts = self._parts > 0  # this batch may hold parts of calls
             if not self._queue:
                 self._parts = 0
+            self._hash(batch)
             sessions: dict[str, list[_Pending]] = {}
             for pending in batch:
                 sessions.setdefault(pending.session_id, []).append(pending)
             await asyncio.gather(*(self._write_session(sid, items, parts) for sid, items in sessions.items()))
+
+    def _hash(self, batch: list[_Pending]) -> None:
+        """The digests of the bodies sent as they came, one after another (on a call's own path
+        each was the first and only hash of its request, at about four times the cost)."""
+        for pending in batch:
+            raw = pending.unhashed
+            if raw is not None:
+                digest = sha256_id(raw)
+                pending.data = msgspec.structs.replace(pending.data, inbound_digest=digest, projected_digest=digest)
+                pending.unhashed = None
+                self._unhashed_bytes -= len(raw)
 
     async def _write_session(self, session_id: str, items: list[_Pending], parts: bool) -> None:
         try:
@@ -337,6 +366,9 @@ class _Pending(msgspec.Struct, gc=False):
     request_id: str
     data: RequestRecorded | ResponseRecorded
     blobs: tuple[bytes, ...] = ()
+    #: A request record's body sent as it came, whose digest (both of them) the writer takes
+    #: (``Recording._hash``); the record holds empty digests until then.
+    unhashed: bytes | None = None
 
 
 class CallInfo(msgspec.Struct, frozen=True, gc=False):
@@ -410,10 +442,11 @@ class Recorder(Meter):
     what the request record says beyond ``call`` until that record is made: once, with the
     call's outcome in it, or alone when the hold runs out (``release``)."""
 
-    __slots__ = ("recording", "call", "full", "recorded", "held", "inbound", "described", "log_seq", "raw")
+    __slots__ = ("recording", "call", "full", "recorded", "held", "inbound", "described", "log_seq", "raw",
+                 "unhashed")
 
     def __init__(self, recording: Recording, call: CallInfo, inbound: str, described: Described, log_seq: int,
-                 raw: bytes | None) -> None:
+                 raw: bytes | None, unhashed: bytes | None = None) -> None:
         full = recording.mode == "full"
         # ``Meter.__init__`` written out: every recorded call makes one
         self.limit = recording.max_response_bytes if full else USAGE_SCAN_BYTES
@@ -433,6 +466,7 @@ class Recorder(Meter):
         self.described = described
         self.log_seq = log_seq
         self.raw = raw  # ``full`` mode: the inbound body, stored as a blob
+        self.unhashed = unhashed  # a body sent as it came, hashed by the writer
 
     def release(self) -> None:
         """Queue the held request record alone (no hold, the hold ran out, or the app is closing)."""
@@ -457,10 +491,13 @@ class Recorder(Meter):
         )
         if raw is not None:  # full mode: the inbound body first
             blobs = (raw, *blobs)
-        return _Pending(call.session_id, call.request_id, data, blobs)
+        return _Pending(call.session_id, call.request_id, data, blobs, self.unhashed)
 
     def discard(self) -> None:
         """The call was never sent (built again, it proved the same as the one refused): nothing is recorded."""
+        if self.held and self.unhashed is not None:  # (a request record queued already is hashed by the writer)
+            self.recording._unhashed_bytes -= len(self.unhashed)
+        self.unhashed = None
         self.recorded = True
         self.held = False
         self.recording._held.pop(self, None)

@@ -16,7 +16,8 @@ import msgspec
 from projectionist.adapters import openai_chat
 from projectionist.policy.events import EventData, RequestRecorded, ResponseRecorded, envelope
 from projectionist.proxy.observe.metrics import Metrics
-from projectionist.proxy.call.describe import of_raw, sha256_id
+from projectionist.proxy.call import record as record_module
+from projectionist.proxy.call.describe import UNHASHED, of_raw, sha256_id
 from projectionist.proxy.call.record import CallInfo, Recorder, Recording
 
 
@@ -250,3 +251,105 @@ def test_a_request_record_has_each_of_its_fields_where_the_recorder_means_it() -
         path="/path-x", log_seq=41, inbound_digest="sha256:inbound", projected_digest="sha256:projected",
         refs=described.refs, shape=described.shape, inbound_blob=sha256_id(raw), public_urls=("http://x/",),
         response=response, headers=(("header-x", "value-x"),)))
+
+
+class HeldLog(AppendsLog):
+    """An ``AppendsLog`` whose appends wait until ``opened`` is set (a log that is slow or down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = asyncio.Event()
+
+    async def append(self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *,
+                     durable: bool = True) -> list[Any]:
+        await self.opened.wait()
+        return await super().append(session_id, expected_seq, data, durable=durable)
+
+
+def unchanged(recording: Recording, index: int, raw: bytes) -> Recorder:
+    """A call whose body went upstream as it came, described as the request path describes it."""
+    call = CallInfo("s", f"req-{index}", time.perf_counter(), "openai_chat", openai_chat, "openai", "POST",
+                    "/v1/chat/completions")
+    recorder = recording.start(call, raw, UNHASHED, None)
+    recorder.complete = True
+    return recorder
+
+
+async def test_the_writer_takes_the_digest_of_a_body_sent_as_it_came_and_the_record_holds_it_twice() -> None:
+    recording, log = writer(batch_wait=0.0)
+    bodies = [b'{"model": "m", "messages": [{"role": "user", "content": "%d"}]}' % i for i in range(3)]
+    for index, raw in enumerate(bodies):
+        unchanged(recording, index, raw)._record(200, None)
+    await recording.drain()
+    rows = [row for row in log.rows if isinstance(row, RequestRecorded)]
+    assert [(row.inbound_digest, row.projected_digest) for row in rows] == [(sha256_id(raw),) * 2 for raw in bodies]
+    assert recording._unhashed_bytes == 0
+    await recording.close()
+
+
+async def test_the_bodies_queued_for_the_writer_to_hash_are_bounded_and_past_the_bound_a_call_hashes_its_own(
+        monkeypatch: Any) -> None:
+    """A log that is down must not let the queue hold every body of every call: past
+    ``UNHASHED_MAX_BYTES`` the digest is taken on the call's own path, and every record is
+    right either way; the count goes back to nothing once the log takes them."""
+    bodies = [b'{"model": "m", "messages": [{"role": "user", "content": "%03d"}]}' % i for i in range(10)]
+    bound = 4 * len(bodies[0])
+    monkeypatch.setattr(record_module, "UNHASHED_MAX_BYTES", bound)
+    log = HeldLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=0.0, hold=30.0)
+    recorders = [unchanged(recording, index, raw) for index, raw in enumerate(bodies)]
+    assert [recorder.unhashed is not None for recorder in recorders] == [True] * 4 + [False] * 6
+    assert recording._unhashed_bytes == bound  # counted while the calls run, not only once queued
+    recorders[0].discard()  # never sent: its body is not held any more
+    assert recording._unhashed_bytes == bound - len(bodies[0])
+    for recorder in recorders[1:]:
+        recorder._record(200, None)
+    await asyncio.sleep(0.05)  # the writer hashed its batch and waits on the log
+    assert recording._unhashed_bytes == 0
+    log.opened.set()
+    await recording.drain()
+    rows = [row for row in log.rows if isinstance(row, RequestRecorded)]
+    assert [(row.inbound_digest, row.projected_digest) for row in rows] == [(sha256_id(raw),) * 2
+                                                                            for raw in bodies[1:]]
+    await recording.close()
+
+
+async def test_a_body_dropped_by_a_log_that_fails_leaves_nothing_counted_to_hash() -> None:
+    class FailingLog(AppendsLog):
+        async def append(self, session_id: str, expected_seq: int | None, data: Sequence[EventData], *,
+                         durable: bool = True) -> list[Any]:
+            raise OSError("disk gone")
+
+    metrics = Metrics()
+    recording = Recording(FailingLog(), None, "metadata", 1024, metrics, 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=0.0)
+    for index in range(3):
+        unchanged(recording, index, b'{"model": "m", "messages": []}')._record(200, None)
+    await recording.drain()
+    assert metrics.records_dropped["request"] == 3
+    assert recording._unhashed_bytes == 0
+    await recording.close()
+
+
+async def test_a_body_whose_record_a_full_queue_drops_leaves_nothing_counted_to_hash() -> None:
+    metrics, log = Metrics(), HeldLog()
+    recording = Recording(log, None, "metadata", 1024, metrics, 1, 256,  # type: ignore[arg-type]
+                          batch_wait=0.0)
+    for index in range(3):  # the first waits in the queue, the others find it full
+        unchanged(recording, index, b'{"model": "m", "messages": []}')._record(200, None)
+    assert metrics.records_dropped["request"] == 2
+    assert recording._unhashed_bytes == len(b'{"model": "m", "messages": []}')
+    log.opened.set()
+    await recording.close()
+    assert recording._unhashed_bytes == 0
+
+
+async def test_a_call_discarded_after_its_request_record_was_queued_is_counted_off_once() -> None:
+    recording, log = writer(batch_wait=0.0)  # no hold: the request record is queued at once
+    raw = b'{"model": "m", "messages": []}'
+    unchanged(recording, 0, raw).discard()
+    await recording.drain()
+    assert recording._unhashed_bytes == 0
+    assert [row.inbound_digest for row in log.rows if isinstance(row, RequestRecorded)] == [sha256_id(raw)]
+    await recording.close()
