@@ -44,8 +44,12 @@ _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.
 USAGE_SCAN_BYTES: Final = 1024 * 1024
 #: Bytes of request bodies the recorders and the queue may hold for the writer to hash
-#: (``Recording.start``): past it, a call's digest is taken on its own path.
-UNHASHED_MAX_BYTES: Final = 16 * 1024 * 1024
+#: (``Recording.start``): past it, a call's digest is taken on its own path. It also bounds what
+#: one writer step hashes on the loop at once (about 2 ms).
+UNHASHED_MAX_BYTES: Final = 4 * 1024 * 1024
+#: A body larger than this is hashed on its call's path, as hashing it costs far more than the
+#: cold start the writer saves (a few microseconds), and the writer would hold it longer.
+UNHASHED_BODY_MAX: Final = 64 * 1024
 
 
 class Recording:
@@ -116,7 +120,7 @@ class Recording:
         full = self.mode == "full"
         unhashed = None
         if described is UNHASHED:  # sent as it came: its digest is both, taken by the writer (or now)
-            if full or self._unhashed_bytes + len(raw) > UNHASHED_MAX_BYTES:
+            if full or len(raw) > UNHASHED_BODY_MAX or self._unhashed_bytes + len(raw) > UNHASHED_MAX_BYTES:
                 described = of_unchanged(raw)
             else:
                 unhashed = raw

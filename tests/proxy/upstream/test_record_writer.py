@@ -353,3 +353,22 @@ async def test_a_call_discarded_after_its_request_record_was_queued_is_counted_o
     assert recording._unhashed_bytes == 0
     assert [row.inbound_digest for row in log.rows if isinstance(row, RequestRecorded)] == [sha256_id(raw)]
     await recording.close()
+
+
+async def test_a_large_body_is_hashed_on_its_own_call_s_path_and_its_record_is_the_same() -> None:
+    """Past ``UNHASHED_BODY_MAX`` the hash costs far more than the writer saves: the call takes it."""
+    recording, log = writer(batch_wait=0.0)
+    small = b'{"model": "m", "messages": []}'
+    filler = b"x" * record_module.UNHASHED_BODY_MAX
+    large = b'{"model": "m", "messages": [{"role": "user", "content": "' + filler + b'"}]}'
+    recorders = [unchanged(recording, 0, small), unchanged(recording, 1, large)]
+    assert [recorder.unhashed is not None for recorder in recorders] == [True, False]
+    assert recording._unhashed_bytes == len(small)
+    for recorder in recorders:
+        recorder._record(200, None)
+    await recording.drain()
+    rows = [row for row in log.rows if isinstance(row, RequestRecorded)]
+    assert [(row.inbound_digest, row.projected_digest) for row in rows] == [(sha256_id(small),) * 2,
+                                                                            (sha256_id(large),) * 2]
+    assert recording._unhashed_bytes == 0
+    await recording.close()
