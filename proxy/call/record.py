@@ -202,10 +202,16 @@ class Recording:
         if self._sweep_at is not None:
             self._sweep_at.cancel()
             self._sweep_at = None
-        await self.drain()
-        if self._writer is not None:
-            self._writer.cancel()
-            await asyncio.gather(self._writer, return_exceptions=True)
+        while True:
+            await self.drain()
+            writer = self._writer
+            if writer is None:
+                return
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            if not self._queue:
+                return
+            self._tell()  # a call ended while the writer stopped: a new one writes its record
 
     async def _write(self) -> None:
         try:

@@ -372,3 +372,21 @@ async def test_a_large_body_is_hashed_on_its_own_call_s_path_and_its_record_is_t
                                                                             (sha256_id(large),) * 2]
     assert recording._unhashed_bytes == 0
     await recording.close()
+
+
+async def test_a_record_queued_while_close_stops_the_writer_is_still_written() -> None:
+    """A call that ends while ``close`` waits for the cancelled writer: its record is written by a
+    writer started for it, not left queued for a ``drain`` that would wait for ever."""
+    recording, log = writer(batch_wait=0.0)  # no hold: a record is queued as its call starts
+    unchanged(recording, 0, b'{"model": "m", "messages": []}')._record(200, None)
+    await recording.drain()
+
+    async def ends_meanwhile() -> None:  # runs at close's first wait: the cancelled writer's
+        unchanged(recording, 1, b'{"model": "m", "messages": [1]}')._record(200, None)
+
+    task = asyncio.get_running_loop().create_task(ends_meanwhile())
+    await recording.close()
+    await task
+    assert whole_calls(log) == ["req-0", "req-1"]
+    assert not recording._queue and recording._unhashed_bytes == 0
+    await asyncio.wait_for(recording.drain(), 1.0)
