@@ -116,7 +116,8 @@ class Recording:
         The record is held back until the call ends, for ``hold`` seconds at most: a call that
         ends by then is one row (its outcome in the request record), queued once; a longer call's
         request record is queued when the hold runs out and its outcome follows as a
-        ``response/recorded`` event. With no hold the request record is queued now."""
+        ``response/recorded`` event. With no hold the request record is queued now. A small body
+        sent as it came (``UNHASHED``) is hashed by the writer, within ``UNHASHED_MAX_BYTES``."""
         full = self.mode == "full"
         unhashed = None
         if described is UNHASHED:  # sent as it came: its digest is both, taken by the writer (or now)
@@ -125,7 +126,8 @@ class Recording:
             else:
                 unhashed = raw
                 self._unhashed_bytes += len(raw)
-        # a body sent unchanged (nothing projected) was hashed already: its projected digest is its own
+        # a body sent unchanged (nothing projected): its projected digest is its own (for one the
+        # writer hashes, both are empty until it does)
         inbound = described.projected_digest if projection is None else described.inbound_digest or sha256_id(raw)
         log_seq = projection.state.last_seq if projection is not None else 0
         recorder = Recorder(self, call, inbound, described, log_seq, raw if full else None, unhashed)
