@@ -2,9 +2,13 @@
 
 ``OLD`` and ``NEW`` are folders that each hold a checkout named ``projectionist`` (``git clone``
 it into ``OLD/projectionist`` and check out the revision). Both serve on their defaults in front
-of one fake upstream; ``--rounds`` rounds of ``--seconds`` of 1 KB text at c=16 alternate which
-goes first, and each process's CPU time is read from ``/proc`` per round. The figure is the
-ratio of the medians of CPU per request, new ÷ old: it tells a change in the proxy's own cost
+of one fake upstream; ``--rounds`` rounds of ``--seconds`` of 1 KB text at c=16 (wrk when it is
+installed, as the bench's P1; ``--loadgen``) alternate which
+goes first, and each process's CPU time is read from ``/proc`` per round. With ``--procs N``
+each tree serves from N processes, every one measured each round: two processes of one tree
+differ by a few percent in CPU per request (where their code and data landed in memory), so a
+change of that size needs several a side. The figure is the ratio of the medians of CPU per
+request, new ÷ old: it tells a change in the proxy's own cost
 apart from a busy machine, which the ratios to the bare proxy cannot do on their own. With
 ``--ws text`` or ``--ws image`` the same for the Responses WebSocket (``bench.ws``): turns at
 c=16 on one socket each, a 1 KB text turn or one with an inlined image, CPU per turn and turns/s.
@@ -33,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("new", type=Path)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
+                        help="HTTP load generator (auto: wrk when installed, as the bench's P1)")
+    parser.add_argument("--procs", type=int, default=1, help="server processes per tree (each measured per round)")
     parser.add_argument("--session", action="store_true", help="send X-Session-Id (the text path with a session)")
     parser.add_argument("--ws", choices=("text", "image"), help="Responses WebSocket turns instead of HTTP")
     parser.add_argument("--record", help="[record] mode of both (off, metadata, full; default: theirs), or OLD:NEW "
@@ -40,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", action="store_true",
                         help="the P7 body instead of text: ten ~203 KB PNGs inlined by the client (with a session)")
     args = parser.parse_args(argv)
+    loadgen = load.pick(args.loadgen)
     work = Path(tempfile.mkdtemp(prefix="bench-ab-"))
     procs = Processes(work)
-    servers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+    servers: list[tuple[str, int, subprocess.Popen[bytes]]] = []
     try:
         if args.ws:
             port = free_port()
@@ -50,19 +58,21 @@ def main(argv: list[str] | None = None) -> int:
                                    port)
         else:
             upstream = start_upstream(procs, Peers(None))
-        for name, root in (("old", args.old), ("new", args.new)):
-            port, home = free_pair(), work / name
+        sides = (("old", args.old), ("new", args.new))
+        trees = [(name, root, index) for index in range(args.procs) for name, root in sides]
+        for name, root, index in trees:
+            port, home = free_pair(), work / f"{name}{index}"
             home.mkdir()
             modes = (args.record or "").split(":")
             mode = modes[0] if name == "old" or len(modes) == 1 else modes[1]
             record = f'[record]\nmode = "{mode}"\n' if mode else ""
             (home / "p.toml").write_text(f'[upstreams.openai]\nformat = "openai"\nurl = "{upstream.base}"\n{record}')
-            servers[name] = (port, subprocess.Popen(
+            servers.append((name, port, subprocess.Popen(
                 [sys.executable, "-m", "projectionist.proxy.ops.cli", "serve", "--config", str(home / "p.toml"),
                  "--port", str(port), "--data-dir", str(home / "data")],
                 env={**os.environ, "PYTHONPATH": str(root.resolve()), "PROJECTIONIST_ADMIN_TOKEN": "t" * 32},
-                cwd=root / "projectionist", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        time.sleep(4)
+                cwd=root / "projectionist", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        time.sleep(4 + 2 * (args.procs - 1))  # the servers start (several at once share two cores)
         body = work / "text.json"
         body.write_bytes(scenarios.inline_body(scenarios.make_images()) if args.images else scenarios.text_body())
         headers = {"X-Session-Id": "bench-ab"} if args.session or args.images else {}
@@ -72,15 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         def run(port: int, seconds: float) -> load.LoadResult:
             if args.ws:
                 return ws.run(f"ws://127.0.0.1:{port}{ws.PATH}", message, headers, 16, seconds)
-            return load.run("python", f"http://127.0.0.1:{port}/v1/chat/completions", body, headers, 16, seconds)
+            return load.run(loadgen, f"http://127.0.0.1:{port}/v1/chat/completions", body, headers, 16, seconds)
 
-        cpu: dict[str, list[float]] = {name: [] for name in servers}
-        rates: dict[str, list[float]] = {name: [] for name in servers}
-        for port, _ in servers.values():
+        cpu: dict[str, list[float]] = {"old": [], "new": []}
+        rates: dict[str, list[float]] = {"old": [], "new": []}
+        for _, port, _ in servers:
             run(port, 1.0)
         for index in range(args.rounds):
-            order = list(servers.items()) if index % 2 == 0 else list(servers.items())[::-1]
-            for name, (port, process) in order:
+            order = servers if index % 2 == 0 else servers[::-1]
+            for name, port, process in order:
                 before = cpu_ticks([process.pid])
                 result = run(port, args.seconds)
                 if result.errors or not result.requests:
@@ -94,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"new/old CPU per {unit}: {statistics.median(cpu['new']) / statistics.median(cpu['old']):.3f}, "
               f"{unit}s/s: {statistics.median(rates['new']) / statistics.median(rates['old']):.3f}")
     finally:
-        for _, process in servers.values():
+        for _, _, process in servers:
             process.terminate()
         procs.stop_all()
     return 0

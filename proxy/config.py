@@ -197,7 +197,13 @@ class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_response_bytes: Count = 16 * MiB
     queue_size: Size = 10_000
     #: Seconds the record writer lets records gather before it writes a batch (0: write at once).
-    batch_wait: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05
+    #: Fewer, larger batches cost the event loop less: each one hands the GIL to the log's thread
+    #: and back several times.
+    batch_wait: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.5
+    #: Seconds at most that a record of a call that carried images waits for its batch: what such
+    #: calls proved an upstream accepts is what a refusal's attribution counts, on every replica,
+    #: and it waits for one such window (``attribution_wait``).
+    image_batch_wait: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05
     #: Seconds a call's request record waits for the call's outcome, so a call that ends by then
     #: is one row; a longer call's request is written then, its outcome later (0: at once).
     hold: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
@@ -206,6 +212,12 @@ class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     keep_days: Annotated[float, msgspec.Meta(ge=0, le=36500)] = 30.0
     #: Seconds between the server's prunes (the first one a minute after start-up).
     prune_every: Annotated[float, msgspec.Meta(gt=0, le=86400 * 366)] = 3600.0
+
+    @property
+    def attribution_wait(self) -> float:
+        """Seconds a refusal's attribution waits for the other replicas' records of calls with
+        images: two of their batch windows."""
+        return 2 * min(self.batch_wait, self.image_batch_wait)
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -58,7 +58,10 @@ class Recording:
 
     Records are evidence, not state: a request never waits for one. The writer lets records
     gather for ``batch_wait`` seconds (less once ``batch`` are queued or someone drains), so
-    light traffic also pays one transaction for many records rather than one per call. A full queue, a log that is
+    light traffic also pays one transaction for many records rather than one per call. A record
+    of a call that carried images waits ``image_wait`` at most (when that is shorter): a refusal's
+    attribution, on any replica, counts what such calls proved an upstream accepts, and waits for
+    one such window (``resend``); a record of a call without images proves nothing there. A full queue, a log that is
     down or a blob that cannot be stored drops the record, logs it and counts it
     (``projectionist_records_dropped_total``); the call went on. ``drain`` waits until what is
     queued is written (the admin API calls it before reading, so an operator sees every record
@@ -67,7 +70,7 @@ class Recording:
 
     def __init__(self, log: SessionLog, store: Store, mode: str, max_response_bytes: int, metrics: Metrics,
                  queue_size: int = 10_000, batch: int = 1024, *, batch_wait: float = 0.0,
-                 hold: float = 0.0) -> None:
+                 image_wait: float | None = None, hold: float = 0.0) -> None:
         self.log = log
         self.store = store
         self.mode = mode
@@ -76,7 +79,11 @@ class Recording:
         self.queue_size = queue_size
         self.batch = batch
         self.batch_wait = batch_wait
+        self.image_wait = batch_wait if image_wait is None else min(image_wait, batch_wait)
         self.hold = hold
+        #: Set while a record of a call with images is queued and the batch it is in would wait
+        #: longer than ``image_wait``: hurries the writer then (one timer a batch, not one a record).
+        self._image_due: asyncio.TimerHandle | None = None
         #: Calls in flight whose request record is held back for their outcome (see ``start``),
         #: in the order they started, with the monotonic time each hold runs out; one timer (the
         #: sweep) releases those whose hold ran out, not one timer per call.
@@ -172,6 +179,14 @@ class Recording:
         if len(queue) >= self.batch:
             assert self._hurry is not None
             self._hurry.set()
+        elif pending.images and self._image_due is None and self.image_wait < self.batch_wait:
+            self._image_due = asyncio.get_running_loop().call_later(self.image_wait, self._images_due)
+
+    def _images_due(self) -> None:
+        """A record of a call with images has waited ``image_wait``: its batch goes now."""
+        self._image_due = None
+        if self._hurry is not None:
+            self._hurry.set()
 
     def _tell(self) -> None:
         """Wake the writer (started when there is none) for what is queued."""
@@ -205,6 +220,9 @@ class Recording:
             self._sweep_at.cancel()
             self._sweep_at = None
         while True:
+            if self._image_due is not None:  # the drain writes them
+                self._image_due.cancel()
+                self._image_due = None
             await self.drain()
             writer = self._writer
             if writer is None:
@@ -234,6 +252,9 @@ class Recording:
                     await asyncio.wait_for(self._hurry.wait(), self.batch_wait)
             if len(self._queue) <= self.batch:
                 self._hurry.clear()  # this batch takes everything queued: the next one may gather
+                if self._image_due is not None:  # (and the records with images in it go now)
+                    self._image_due.cancel()
+                    self._image_due = None
             self._told = False  # a record queued from now on tells the writer again
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
             parts = self._parts > 0  # this batch may hold parts of calls
@@ -381,6 +402,9 @@ class _Pending(msgspec.Struct, gc=False):
     #: A request record's body sent as it came, whose digest (both of them) the writer takes
     #: (``Recording._hash``); the record holds empty digests until then.
     unhashed: bytes | None = None
+    #: Whether the call carried images (its request record has references): written within
+    #: ``Recording.image_wait``.
+    images: bool = False
 
 
 class CallInfo(msgspec.Struct, frozen=True, gc=False):
@@ -503,7 +527,7 @@ class Recorder(Meter):
         )
         if raw is not None:  # full mode: the inbound body first
             blobs = (raw, *blobs)
-        return _Pending(call.session_id, call.request_id, data, blobs, self.unhashed)
+        return _Pending(call.session_id, call.request_id, data, blobs, self.unhashed, bool(described.refs))
 
     def discard(self) -> None:
         """The call was never sent (built again, it proved the same as the one refused): nothing is recorded."""
@@ -546,7 +570,7 @@ class Recorder(Meter):
             blobs = ()
         recording = self.recording
         if not self.held:  # its request record was queued on its own: this one names it
-            recording._put(_Pending(call.session_id, call.request_id, data, blobs))
+            recording._put(_Pending(call.session_id, call.request_id, data, blobs, None, bool(self.described.refs)))
             return
         self.held = False
         recording._held.pop(self, None)

@@ -14,8 +14,9 @@ place is exact whatever the image's form. What an upstream accepted before comes
 session's records (``Acceptances``, folded incrementally per session and format), and from the
 calls of this process still in flight whose upstream already answered with a success
 (``InFlight``). Records are written in batches: attribution first waits for this session's
-queued records and for one batch window of the other replicas' (``2 × [record] batch_wait``), so
-calls that finished before the refusal count. The bytes of a refused image the client inlined
+queued records and for the other replicas' last batch of records of calls with images (``2 ×
+[record] image_batch_wait``: such a record waits no longer for its batch), so calls that finished
+before the refusal count. The bytes of a refused image the client inlined
 are admitted into the store (best effort), so an operator can look at them and recover them. A
 refusal that names the part of an image the provider fetched by URL ("...image.source.url: image
 exceeds 5 MB maximum") is exact too: that URL is rejected for this format, by its URL's identity.
@@ -186,7 +187,7 @@ class Resend:
         for one batch window of the other replicas'."""
         services = self.services
         await services.recording.settle(self.session_id, SETTLE_MAX)
-        await asyncio.sleep(2 * services.config.record.batch_wait)  # the other replicas' last batch
+        await asyncio.sleep(services.config.record.attribution_wait)  # the other replicas' last batch
         accepted = await services.acceptances.of(services.log, self.session_id, self.fmt.FORMAT)
         accepted = accepted | services.inflight.accepting(self.session_id, self.fmt.FORMAT)
         images = carried(self.built)

@@ -213,7 +213,7 @@ def create_app(
                     (server.session_header, *server.session_header_aliases)),
         metrics=counters,
         recording=Recording(cached_log, store, record.mode, record.max_response_bytes, counters, record.queue_size,
-                            batch_wait=record.batch_wait, hold=record.hold),
+                            batch_wait=record.batch_wait, image_wait=record.image_batch_wait, hold=record.hold),
         acceptances=Acceptances(),
         inflight=InFlight(),
         tracing=open_tracing(config.telemetry),

@@ -14,10 +14,10 @@ from typing import Any
 import msgspec
 
 from projectionist.adapters import openai_chat
-from projectionist.policy.events import EventData, RequestRecorded, ResponseRecorded, envelope
+from projectionist.policy.events import EventData, RefRecord, RequestRecorded, ResponseRecorded, envelope
 from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.call import record as record_module
-from projectionist.proxy.call.describe import UNHASHED, of_raw, sha256_id
+from projectionist.proxy.call.describe import UNHASHED, Described, of_raw, sha256_id
 from projectionist.proxy.call.record import CallInfo, Recorder, Recording
 
 
@@ -72,6 +72,69 @@ async def test_records_of_light_traffic_gather_into_one_write() -> None:
     await asyncio.sleep(1.0)
     assert len(log.calls) == 1  # one transaction
     assert whole_calls(log) == [f"req-{i}" for i in range(5)]  # one row per call, its response in it
+    await recording.close()
+
+
+def start_with_image(recording: Recording, index: int, session: str = "s") -> Recorder:
+    """A call whose body carried one image (its request record has a reference)."""
+    raw = b'{"model": "m", "messages": []}'
+    call = CallInfo(session, f"img-{index}", time.perf_counter(), "openai_chat", openai_chat, "openai", "POST",
+                    "/v1/chat/completions")
+    described = Described(sha256_id(raw), (RefRecord("$.messages[0].content[0]", "sha256:" + "a" * 64, "client"),), ())
+    recorder = recording.start(call, raw, described, None)
+    recorder.complete = True
+    return recorder
+
+
+def image_writer(batch_wait: float, image_wait: float) -> tuple[Recording, AppendsLog]:
+    log = AppendsLog()
+    return Recording(log, None, "metadata", 1024, Metrics(), batch_wait=batch_wait,  # type: ignore[arg-type]
+                     image_wait=image_wait), log
+
+
+async def test_a_record_of_a_call_with_images_waits_only_image_wait_and_takes_its_batch_along() -> None:
+    recording, log = image_writer(batch_wait=30.0, image_wait=0.05)
+    record(recording, 1)  # a text call: it alone would wait the whole 30 s
+    start_with_image(recording, 2)._record(200, None)
+    record(recording, 3)
+    await asyncio.sleep(0.5)
+    # the batch went within image_wait, with the text calls queued around the image call in it
+    assert log.calls == [("s", 3)]
+    assert [row.request_id for row in log.rows] == ["req-1", "img-2", "req-3"]
+    record(recording, 4)  # the next batch gathers again: no image in it
+    await asyncio.sleep(0.3)
+    assert len(log.calls) == 1
+    await recording.close()
+    assert [row.request_id for row in log.rows][-1] == "req-4"
+
+
+async def test_records_of_calls_without_images_wait_for_batch_wait() -> None:
+    recording, log = image_writer(batch_wait=0.6, image_wait=0.05)
+    for index in range(3):
+        record(recording, index)
+    await asyncio.sleep(0.3)
+    assert log.calls == []  # past image_wait, still gathering
+    await asyncio.sleep(0.8)
+    assert log.calls == [("s", 3)]
+    await recording.close()
+
+
+async def test_the_response_record_of_a_long_call_with_images_waits_only_image_wait() -> None:
+    recording, log = image_writer(batch_wait=30.0, image_wait=0.05)
+    recorder = start_with_image(recording, 5)
+    await recording.drain()  # no hold: the request record is written while the call runs
+    assert len(log.rows) == 1
+    recorder._record(200, None)
+    await asyncio.sleep(0.5)
+    assert len(log.rows) == 2 and isinstance(log.rows[1], ResponseRecorded) and log.rows[1].request_seq == 1
+    await recording.close()
+
+
+async def test_image_wait_is_never_longer_than_batch_wait() -> None:
+    recording, _ = image_writer(batch_wait=0.01, image_wait=5.0)
+    assert recording.image_wait == 0.01
+    start_with_image(recording, 1)._record(200, None)
+    assert recording._image_due is None  # the batch goes within batch_wait anyway: no timer
     await recording.close()
 
 
