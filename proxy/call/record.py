@@ -45,7 +45,8 @@ _decoder: Final = msgspec.json.Decoder()
 USAGE_SCAN_BYTES: Final = 1024 * 1024
 #: Bytes of request bodies the recorders and the queue may hold for the writer to hash
 #: (``Recording.start``): past it, a call's digest is taken on its own path. It also bounds what
-#: one writer step hashes on the loop at once (about 2 ms).
+#: one writer step hashes on the loop at once (about 2 ms). A body is held until its batch, up to
+#: ``[record] batch_wait`` (0.5 s): the writer takes 8 MB/s of small bodies so, the rest their calls.
 UNHASHED_MAX_BYTES: Final = 4 * 1024 * 1024
 #: A body larger than this is hashed on its call's path, as hashing it costs far more than the
 #: cold start the writer saves (a few microseconds), and the writer would hold it longer.
@@ -61,7 +62,8 @@ class Recording:
     light traffic also pays one transaction for many records rather than one per call. A record
     of a call that carried images waits ``image_wait`` at most (when that is shorter): a refusal's
     attribution, on any replica, counts what such calls proved an upstream accepts, and waits for
-    one such window (``resend``); a record of a call without images proves nothing there. A full queue, a log that is
+    one such window (``resend``); a record of a call without images proves nothing there. So does
+    a record with bodies (``full`` mode), which would hold them in memory all that time. A full queue, a log that is
     down or a blob that cannot be stored drops the record, logs it and counts it
     (``projectionist_records_dropped_total``); the call went on. ``drain`` waits until what is
     queued is written (the admin API calls it before reading, so an operator sees every record
@@ -81,8 +83,8 @@ class Recording:
         self.batch_wait = batch_wait
         self.image_wait = batch_wait if image_wait is None else min(image_wait, batch_wait)
         self.hold = hold
-        #: Set while a record of a call with images is queued and the batch it is in would wait
-        #: longer than ``image_wait``: hurries the writer then (one timer a batch, not one a record).
+        #: Set while a record to be written soon (``_Pending.soon``) is queued and the batch it is in
+        #: would wait longer than ``image_wait``: hurries the writer then (one timer a batch).
         self._image_due: asyncio.TimerHandle | None = None
         #: Calls in flight whose request record is held back for their outcome (see ``start``),
         #: in the order they started, with the monotonic time each hold runs out; one timer (the
@@ -179,11 +181,11 @@ class Recording:
         if len(queue) >= self.batch:
             assert self._hurry is not None
             self._hurry.set()
-        elif pending.images and self._image_due is None and self.image_wait < self.batch_wait:
+        elif pending.soon and self._image_due is None and self.image_wait < self.batch_wait:
             self._image_due = asyncio.get_running_loop().call_later(self.image_wait, self._images_due)
 
     def _images_due(self) -> None:
-        """A record of a call with images has waited ``image_wait``: its batch goes now."""
+        """A record to be written soon (``_Pending.soon``) has waited ``image_wait``: its batch goes now."""
         self._image_due = None
         if self._hurry is not None:
             self._hurry.set()
@@ -402,9 +404,9 @@ class _Pending(msgspec.Struct, gc=False):
     #: A request record's body sent as it came, whose digest (both of them) the writer takes
     #: (``Recording._hash``); the record holds empty digests until then.
     unhashed: bytes | None = None
-    #: Whether the call carried images (its request record has references): written within
-    #: ``Recording.image_wait``.
-    images: bool = False
+    #: Whether it is written within ``Recording.image_wait``: the call carried images (its request
+    #: record has references: what a refusal's attribution counts), or the record holds bodies.
+    soon: bool = False
 
 
 class CallInfo(msgspec.Struct, frozen=True, gc=False):
@@ -527,7 +529,7 @@ class Recorder(Meter):
         )
         if raw is not None:  # full mode: the inbound body first
             blobs = (raw, *blobs)
-        return _Pending(call.session_id, call.request_id, data, blobs, self.unhashed, bool(described.refs))
+        return _Pending(call.session_id, call.request_id, data, blobs, self.unhashed, bool(blobs or described.refs))
 
     def discard(self) -> None:
         """The call was never sent (built again, it proved the same as the one refused): nothing is recorded."""
@@ -570,7 +572,8 @@ class Recorder(Meter):
             blobs = ()
         recording = self.recording
         if not self.held:  # its request record was queued on its own: this one names it
-            recording._put(_Pending(call.session_id, call.request_id, data, blobs, None, bool(self.described.refs)))
+            recording._put(_Pending(call.session_id, call.request_id, data, blobs, None,
+                                    bool(blobs or self.described.refs)))
             return
         self.held = False
         recording._held.pop(self, None)

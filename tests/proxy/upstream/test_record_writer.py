@@ -130,6 +130,29 @@ async def test_the_response_record_of_a_long_call_with_images_waits_only_image_w
     await recording.close()
 
 
+class Blobs:
+    """A store that keeps the blobs put into it."""
+
+    def __init__(self) -> None:
+        self.blobs: list[bytes] = []
+
+    async def put_blob(self, data: bytes) -> str:
+        self.blobs.append(data)
+        return sha256_id(data)
+
+
+async def test_a_record_that_holds_bodies_waits_only_image_wait() -> None:
+    log, store = AppendsLog(), Blobs()
+    recording = Recording(log, store, "full", 1024, Metrics(), batch_wait=30.0,  # type: ignore[arg-type]
+                          image_wait=0.05)
+    recorder = start(recording, 1)  # a text call, in full mode: its bodies ride in the record
+    recorder.chunk(b'{"ok": true}')
+    recorder.finished(200)
+    await asyncio.sleep(0.5)  # not held in memory for batch_wait
+    assert [row.request_id for row in log.rows] == ["req-1"] and len(store.blobs) == 2
+    await recording.close()
+
+
 async def test_image_wait_is_never_longer_than_batch_wait() -> None:
     recording, _ = image_writer(batch_wait=0.01, image_wait=5.0)
     assert recording.image_wait == 0.01
