@@ -62,12 +62,12 @@ class Recording:
     light traffic also pays one transaction for many records rather than one per call. A record
     of a call that carried images waits ``image_wait`` at most (when that is shorter): a refusal's
     attribution, on any replica, counts what such calls proved an upstream accepts, and waits for
-    one such window (``resend``); a record of a call without images proves nothing there. So does
-    a record with bodies (``full`` mode), which would hold them in memory all that time. A full queue, a log that is
-    down or a blob that cannot be stored drops the record, logs it and counts it
-    (``projectionist_records_dropped_total``); the call went on. ``drain`` waits until what is
-    queued is written (the admin API calls it before reading, so an operator sees every record
-    of the calls that finished before they asked).
+    one such window (``resend``); a record of a call without images proves nothing there. A
+    record that holds bodies (``full`` mode) goes as soon, not to keep them in memory that long.
+    A full queue, a log that is down or a blob that cannot be stored drops the record, logs it
+    and counts it (``projectionist_records_dropped_total``); the call went on. ``drain`` waits
+    until what is queued is written (the admin API calls it before reading, so an operator sees
+    every record of the calls that finished before they asked).
     """
 
     def __init__(self, log: SessionLog, store: Store, mode: str, max_response_bytes: int, metrics: Metrics,
@@ -185,7 +185,7 @@ class Recording:
             self._image_due = asyncio.get_running_loop().call_later(self.image_wait, self._images_due)
 
     def _images_due(self) -> None:
-        """A record to be written soon (``_Pending.soon``) has waited ``image_wait``: its batch goes now."""
+        """A record to be written soon (``_Pending.soon``) waited ``image_wait``: its batch goes now."""
         self._image_due = None
         if self._hurry is not None:
             self._hurry.set()
@@ -222,7 +222,7 @@ class Recording:
             self._sweep_at.cancel()
             self._sweep_at = None
         while True:
-            if self._image_due is not None:  # the drain writes them
+            if self._image_due is not None:  # the drain writes what it was for
                 self._image_due.cancel()
                 self._image_due = None
             await self.drain()
@@ -254,7 +254,7 @@ class Recording:
                     await asyncio.wait_for(self._hurry.wait(), self.batch_wait)
             if len(self._queue) <= self.batch:
                 self._hurry.clear()  # this batch takes everything queued: the next one may gather
-                if self._image_due is not None:  # (and the records with images in it go now)
+                if self._image_due is not None:  # (and the records to go soon in it go now)
                     self._image_due.cancel()
                     self._image_due = None
             self._told = False  # a record queued from now on tells the writer again
