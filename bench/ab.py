@@ -3,15 +3,14 @@
 ``OLD`` and ``NEW`` are folders that each hold a checkout named ``projectionist`` (``git clone``
 it into ``OLD/projectionist`` and check out the revision). Both serve on their defaults in front
 of one fake upstream; ``--rounds`` rounds of ``--seconds`` of 1 KB text at c=16 (wrk when it is
-installed, as the bench's P1; ``--loadgen``) alternate which
-goes first, and each process's CPU time is read from ``/proc`` per round. With ``--procs N``
-each tree serves from N processes, every one measured each round: two processes of one tree
-differ by a few percent in CPU per request (where their code and data landed in memory), so a
-change of that size needs several a side. The figure is the ratio of the medians of CPU per
-request, new ÷ old: it tells a change in the proxy's own cost
-apart from a busy machine, which the ratios to the bare proxy cannot do on their own. With
-``--ws text`` or ``--ws image`` the same for the Responses WebSocket (``bench.ws``): turns at
-c=16 on one socket each, a 1 KB text turn or one with an inlined image, CPU per turn and turns/s.
+installed, as the bench's P1; ``--loadgen``) alternate which goes first, and each process's CPU
+time is read from ``/proc`` per round. With ``--procs N`` each tree serves from N processes,
+every one measured each round: two processes of one tree differ by several percent in CPU per
+request, so a change of that size needs several a side. The figure is the ratio of the medians
+of CPU per request, new ÷ old: it tells a change in the proxy's own cost apart from a busy
+machine, which the ratios to the bare proxy cannot do on their own. With ``--ws text`` or
+``--ws image`` the same for the Responses WebSocket (``bench.ws``): turns at c=16 on one socket
+each, a 1 KB text turn or one with an inlined image, CPU per turn and turns/s.
 With ``--images`` the HTTP body is the bench's P7 body (ten PNGs the client inlined, re-sent
 every request, with a session): what fitting costs when every image is seen before.
 """

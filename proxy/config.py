@@ -202,7 +202,8 @@ class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     batch_wait: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.5
     #: Seconds at most that a record of a call that carried images waits for its batch: what such
     #: calls proved an upstream accepts is what a refusal's attribution counts, on every replica,
-    #: and it waits for one such window (``attribution_wait``).
+    #: and it waits twice this (or twice ``batch_wait``, when that is shorter) for the other
+    #: replicas' records (``call.resend``).
     image_batch_wait: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05
     #: Seconds a call's request record waits for the call's outcome, so a call that ends by then
     #: is one row; a longer call's request is written then, its outcome later (0: at once).
@@ -212,12 +213,6 @@ class RecordConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     keep_days: Annotated[float, msgspec.Meta(ge=0, le=36500)] = 30.0
     #: Seconds between the server's prunes (the first one a minute after start-up).
     prune_every: Annotated[float, msgspec.Meta(gt=0, le=86400 * 366)] = 3600.0
-
-    @property
-    def attribution_wait(self) -> float:
-        """Seconds a refusal's attribution waits for the other replicas' records of calls with
-        images: two of their batch windows."""
-        return 2 * min(self.batch_wait, self.image_batch_wait)
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -81,11 +81,13 @@ class Recording:
         self.queue_size = queue_size
         self.batch = batch
         self.batch_wait = batch_wait
+        #: What a record to be written soon waits at most (never longer than ``batch_wait``); a
+        #: refusal's attribution waits twice this for the other replicas' records (``resend``).
         self.image_wait = batch_wait if image_wait is None else min(image_wait, batch_wait)
         self.hold = hold
         #: Set while a record to be written soon (``_Pending.soon``) is queued and the batch it is in
         #: would wait longer than ``image_wait``: hurries the writer then (one timer a batch).
-        self._image_due: asyncio.TimerHandle | None = None
+        self._soon_at: asyncio.TimerHandle | None = None
         #: Calls in flight whose request record is held back for their outcome (see ``start``),
         #: in the order they started, with the monotonic time each hold runs out; one timer (the
         #: sweep) releases those whose hold ran out, not one timer per call.
@@ -181,14 +183,20 @@ class Recording:
         if len(queue) >= self.batch:
             assert self._hurry is not None
             self._hurry.set()
-        elif pending.soon and self._image_due is None and self.image_wait < self.batch_wait:
-            self._image_due = asyncio.get_running_loop().call_later(self.image_wait, self._images_due)
+        elif pending.soon and self._soon_at is None and self.image_wait < self.batch_wait:
+            self._soon_at = asyncio.get_running_loop().call_later(self.image_wait, self._soon_due)
 
-    def _images_due(self) -> None:
+    def _soon_due(self) -> None:
         """A record to be written soon (``_Pending.soon``) waited ``image_wait``: its batch goes now."""
-        self._image_due = None
+        self._soon_at = None
         if self._hurry is not None:
             self._hurry.set()
+
+    def _soon_going(self) -> None:
+        """What the ``_soon_at`` timer was for is being written: it is not needed any more."""
+        if self._soon_at is not None:
+            self._soon_at.cancel()
+            self._soon_at = None
 
     def _tell(self) -> None:
         """Wake the writer (started when there is none) for what is queued."""
@@ -222,9 +230,7 @@ class Recording:
             self._sweep_at.cancel()
             self._sweep_at = None
         while True:
-            if self._image_due is not None:  # the drain writes what it was for
-                self._image_due.cancel()
-                self._image_due = None
+            self._soon_going()  # the drain writes it
             await self.drain()
             writer = self._writer
             if writer is None:
@@ -254,9 +260,7 @@ class Recording:
                     await asyncio.wait_for(self._hurry.wait(), self.batch_wait)
             if len(self._queue) <= self.batch:
                 self._hurry.clear()  # this batch takes everything queued: the next one may gather
-                if self._image_due is not None:  # (and the records to go soon in it go now)
-                    self._image_due.cancel()
-                    self._image_due = None
+                self._soon_going()
             self._told = False  # a record queued from now on tells the writer again
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
             parts = self._parts > 0  # this batch may hold parts of calls

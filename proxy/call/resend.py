@@ -187,7 +187,7 @@ class Resend:
         for one batch window of the other replicas'."""
         services = self.services
         await services.recording.settle(self.session_id, SETTLE_MAX)
-        await asyncio.sleep(services.config.record.attribution_wait)  # the other replicas' last batch
+        await asyncio.sleep(2 * services.recording.image_wait)  # the other replicas' last batch
         accepted = await services.acceptances.of(services.log, self.session_id, self.fmt.FORMAT)
         accepted = accepted | services.inflight.accepting(self.session_id, self.fmt.FORMAT)
         images = carried(self.built)

@@ -42,6 +42,9 @@ class RecordWriter(Protocol):
     which the edge makes: it is the call's): whether it records, starting a call's record, and
     waiting for what is queued. Named here as a protocol, so nothing below the call knows it."""
 
+    #: Seconds at most a record of a call with images waits for its batch.
+    image_wait: float
+
     @property
     def on(self) -> bool: ...
 

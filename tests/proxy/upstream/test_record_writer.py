@@ -157,7 +157,7 @@ async def test_image_wait_is_never_longer_than_batch_wait() -> None:
     recording, _ = image_writer(batch_wait=0.01, image_wait=5.0)
     assert recording.image_wait == 0.01
     start_with_image(recording, 1)._record(200, None)
-    assert recording._image_due is None  # the batch goes within batch_wait anyway: no timer
+    assert recording._soon_at is None  # the batch goes within batch_wait anyway: no timer
     await recording.close()
 
 
