@@ -118,15 +118,20 @@ class Bench:
                    cpu_ms / result.requests if result.requests else None, memory.get("VmRSS"), memory.get("VmHWM"))
 
     def measure_group(self, scenario: str, concurrency: int, targets: list[Target]) -> None:
-        """Probe and warm up every target, then run them interleaved ``runs`` times."""
-        cells = []
+        """Probe and warm up every target, then run them interleaved ``runs`` times. Targets of
+        one name (one row served by several processes) share a cell: each process's runs are
+        runs of the row."""
+        cells: list[Cell] = []
+        named: dict[str, Cell] = {}
         for target in targets:
-            cell = Cell(scenario, target.name, concurrency)
+            cell = named.get(target.name)
             probe = asyncio.run(scenarios.probe(target.url, target.body.read_bytes(), target.headers))
-            cell.overhead_ms = probe.overhead_ms
+            if cell is None:
+                cell = named[target.name] = Cell(scenario, target.name, concurrency)
+                cell.overhead_ms = probe.overhead_ms
+                self.results.cells.append(cell)
             load.run(self.loadgen, target.url, target.body, target.headers, concurrency, WARMUP_S)
             cells.append(cell)
-            self.results.cells.append(cell)
         for index in range(self.runs):
             for target, cell in zip(targets, cells, strict=True):
                 run = self.measure_once(target, concurrency, self.duration)
@@ -290,21 +295,29 @@ class Bench:
                 self.measure_group("text1k", concurrency, group)
                 continue
             group.append(Target("projectionist-nosession", servers["projectionist"], text))
-            rows = {"projectionist-quiet": partial(start_projectionist, self.procs, upstream, "projectionist-quiet",
-                                                   self.token, "warning"),
-                    "projectionist-2w": partial(start_projectionist, self.procs, upstream, "projectionist-2w",
-                                                self.token, workers=2),
-                    "projectionist-recoff": partial(start_projectionist, self.procs, upstream, "projectionist-recoff",
-                                                    self.token, extra_toml='[record]\nmode = "off"\n')}
+            rows: list[tuple[str, Callable[[str], Proc]]] = [
+                ("projectionist-quiet", partial(self.projectionist, upstream, log_level="warning")),
+                ("projectionist-2w", partial(self.projectionist, upstream, workers=2)),
+                ("projectionist-recoff", partial(self.projectionist, upstream, extra_toml='[record]\nmode = "off"\n'))]
             if self.args.previous:
-                rows["projectionist-previous"] = partial(self.previous, upstream)
+                rows.append(("projectionist-previous", partial(self.previous, upstream)))
             if self.peers.dir and self.procs.loop != "uvloop":
-                rows["bare-uvloop"] = partial(start_bare, self.procs, self.peers, upstream, "bare-uvloop", "uvloop")
+                rows.append(("bare-uvloop", partial(start_bare, self.procs, self.peers, upstream, loop="uvloop")))
+            # P1's rows served by more processes, each measured each round (``--procs``)
+            more = [(name, index) for index in range(2, self.args.procs + 1)
+                    for name in ("bare", "projectionist", "projectionist-recoff", "projectionist-previous")]
+            for name, index in more:
+                if name == "bare" and "bare" in servers:
+                    rows.append((name, partial(start_bare, self.procs, self.peers, upstream)))
+                elif name == "projectionist":
+                    rows.append((name, partial(self.projectionist, upstream)))
+                elif name in dict(rows):
+                    rows.append((name, dict(rows)[name]))
             extra: list[Proc] = []
             try:
-                for name, start in rows.items():
+                for position, (name, start) in enumerate(rows):
                     try:
-                        proc = start()
+                        proc = start(f"{name}-{position}")
                     except TargetFailed as error:
                         self.note(f"{name} skipped: {str(error).splitlines()[0]}")
                         continue
@@ -315,11 +328,17 @@ class Bench:
                 for proc in extra:
                     self.procs.stop(proc)
 
-    def previous(self, upstream: Proc) -> Proc:
-        """The previous release (``--previous``), checked out beside this tree, on its defaults."""
-        tree = checkout(self.args.previous, self.procs.workdir / "previous-tree")
+    def projectionist(self, upstream: Proc, name: str, **settings: Any) -> Proc:
+        """One more projectionist process (a comparison row, or one more of P1's processes)."""
+        return start_projectionist(self.procs, upstream, name, self.token, **settings)
+
+    def previous(self, upstream: Proc, name: str) -> Proc:
+        """The previous release (``--previous``), checked out beside this tree (once), on its defaults."""
+        tree = self.procs.workdir / "previous-tree"
+        if self.results.extras.get("previous_release") != self.args.previous:
+            checkout(self.args.previous, tree)
         self.results.extras["previous_release"] = self.args.previous
-        return start_projectionist(self.procs, upstream, "projectionist-previous", self.token, tree=tree)
+        return start_projectionist(self.procs, upstream, name, self.token, tree=tree)
 
     def sse(self, servers: dict[str, Proc]) -> None:
         """SSE through every target that can stream; a peer whose streaming answer breaks is
@@ -449,6 +468,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="reference programs (fake_upstream.py, bare_proxy.py); default ../shared/peers")
     parser.add_argument("--runs", type=int, default=3, help="runs per cell; the table quotes the median")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    parser.add_argument("--procs", type=int, default=3,
+                        help="processes serving each of P1's rows at text1k c=16 (bare, projectionist, record off, "
+                             "previous release), each measured each run: two processes of one program differ by "
+                             "several percent on a shared machine")
     parser.add_argument("--quick", action="store_true", help="smoke test: 3 s, 1 run, 2,000 rss requests")
     parser.add_argument("--json", type=Path, help="write all raw results to this file")
     parser.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
@@ -466,8 +489,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="the revision text1k's P1 is also measured against, side by side (default: the "
                              "previous release, bench/PREVIOUS_RELEASE); '' for none")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.duration < 1 or (args.rss_requests is not None and args.rss_requests < 1):
-        parser.error("--runs, --duration and --rss-requests must be at least 1")
+    if args.runs < 1 or args.duration < 1 or args.procs < 1 or (args.rss_requests is not None and args.rss_requests < 1):
+        parser.error("--runs, --duration, --procs and --rss-requests must be at least 1")
     return args
 
 

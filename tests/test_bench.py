@@ -66,3 +66,38 @@ print(json.dumps({{r.label: [r.verdict, r.value, r.note] for r in ratios(results
     assert verdict == "MISS" and abs(value - 960 / 1100) < 1e-9
     verdict, value, note = found["P1 text1k c=16 throughput projectionist/previous release"]
     assert verdict == "MISS" and value == 0.96 and note.startswith("abc123; CPU/request 1.043x")
+
+
+def test_a_row_served_by_several_processes_is_one_cell_with_every_process_measured_each_run(tmp_path: Path) -> None:
+    """``--procs``: P1's rows are each served by several processes; their runs pool into the row's
+    one cell (its median is over processes and runs), interleaved with the other rows."""
+    out = bench(f"""
+import asyncio, json
+from pathlib import Path
+from types import SimpleNamespace
+import bench.__main__ as main
+from bench.report import Run
+from bench.targets import Proc, Processes, Peers
+
+order = []
+async def probe(url, body, headers, count=20):
+    return SimpleNamespace(overhead_ms=float(url.split(":")[2].split("/")[0]))
+main.scenarios.probe = probe
+main.load.run = lambda *args, **kwargs: None
+def once(self, target, concurrency, duration):
+    order.append(target.proc.port)
+    return Run(100, 0, float(target.proc.port), 1.0, 2.0, 0.1, None, None)
+main.Bench.measure_once = once
+args = SimpleNamespace(quick=False, runs=2, duration=1.0, rss_requests=None, loadgen="python")
+work = Path({str(tmp_path)!r})
+b = main.Bench(args, Processes(work), Peers(None))
+body = b.body("text1k", b"{{}}")
+proc = lambda port: Proc("p", None, port, f"http://127.0.0.1:{{port}}")
+b.measure_group("text1k", 16, [main.Target("a", proc(1), body), main.Target("b", proc(10), body),
+                               main.Target("a", proc(3), body)])
+print(json.dumps([[c.target, [r.rps for r in c.runs], c.median("rps"), c.overhead_ms] for c in b.results.cells]))
+print(json.dumps(order))
+""")
+    cells, order = (json.loads(line) for line in out.splitlines()[-2:])  # after the progress lines
+    assert cells == [["a", [1.0, 3.0, 1.0, 3.0], 2.0, 1.0], ["b", [10.0, 10.0], 10.0, 10.0]]
+    assert order == [1, 10, 3, 1, 10, 3]
