@@ -83,3 +83,11 @@ def test_answers_without_a_usage_report_none(body: bytes, content_type: str) -> 
 def test_a_count_the_usage_does_not_carry_stays_unknown() -> None:
     assert tokens({"input_tokens": 5}) == (5, None)
     assert tokens({"input_tokens": True, "output_tokens": "7"}) == (None, None)  # not counts
+
+
+def test_the_counts_add_what_a_provider_bills_apart_and_only_counts() -> None:
+    """Cache reads and writes are input, thinking is output; a member that is no count adds nothing."""
+    assert tokens({"input_tokens": 5, "output_tokens": 1, "cache_read_input_tokens": 7}) == (12, 1)
+    assert tokens({"input_tokens": 5, "cache_read_input_tokens": 7, "cache_creation_input_tokens": 2}) == (14, None)
+    assert tokens({"input_tokens": 5, "cache_read_input_tokens": True, "cache_creation_input_tokens": "2"}) == (5, None)
+    assert tokens({"prompt_tokens": 3, "completion_tokens": 4, "thoughtsTokenCount": 9}) == (3, 13)

@@ -275,3 +275,23 @@ async def test_a_short_token_withholds_only_the_headers_that_carry_it(make_harne
     sent = {k.lower(): v for k, v in harness.upstream.last.headers.items()}
     assert sent["x-trace"] == "start-to-end" and sent["accept"] == "application/json"  # they only hold letters of it
     assert "x-projectionist-token" not in sent
+
+
+def test_withheld_headers_looks_again_at_every_value_not_seen_clean_and_never_keeps_a_credential() -> None:
+    """A call whose values were all seen clean withholds only the proxy's own headers; a token in
+    a header (a known name, a credential's, a value seen clean elsewhere) is found in its place,
+    every time, and a credential header's value is never remembered as clean."""
+    from multidict import CIMultiDict
+
+    from projectionist.proxy.inbound.auth import Guard
+
+    guard = Guard({"ct-alpha-long-token"}, "admin-token-long-enough", ["X-Session-Id"])
+    own = {"x-session-id", "x-projectionist-token"}
+    plain = [("Content-Type", "application/json"), ("X-Trace", "abc"), ("Authorization", "Bearer sk-client")]
+    assert guard.withheld_headers(CIMultiDict(plain)) == own
+    assert guard.withheld_headers(CIMultiDict(plain)) == own  # every value seen before
+    assert "Bearer sk-client" not in guard._clean and "abc" in guard._clean
+    carried = [*plain, ("X-Other", "abc"), ("X-Trace", "ct-alpha-long-token"), ("Authorization", "ct-alpha-long-token")]
+    assert guard.withheld_headers(CIMultiDict(carried)) == {*own, "x-trace", "authorization"}
+    assert guard.withheld_headers(CIMultiDict(carried)) == {*own, "x-trace", "authorization"}
+    assert "ct-alpha-long-token" not in guard._clean

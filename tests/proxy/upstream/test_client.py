@@ -168,6 +168,22 @@ async def test_request_heads_frame_as_aiohttp_did(serve: MakeServer, client: Cli
     assert not any(name in head for head in heads for name in ("User-Agent", "Accept-Encoding", "Content-Type"))
     with pytest.raises(ValueError):
         await client.request("GET", server.url, headers=CIMultiDict({"X-Evil": "a\r\nX-Injected: 1"}))
+    for evil in ({"X-Evil": "a\nX-Injected: 1"}, {"X-Evil": "a\rb"}, {"X-E\nvil": "a"}, {"Host": "h\r\nX-I: 1"},
+                 {"A": "1", "B": "2\r\n", "C": "3"}):
+        with pytest.raises(ValueError, match="a line break in the request header"):
+            await client.request("GET", server.url, headers=CIMultiDict(evil))
+    assert len(server.requests) == 4  # none of them was sent
+
+
+async def test_request_heads_keep_the_callers_headers_in_order_and_write_the_framing_themselves(
+        serve: MakeServer, client: Client) -> None:
+    server = await serve(answering(OK))
+    headers = CIMultiDict([("X-B", "2"), ("content-length", "99"), ("X-A", "1"), ("host", "example.test"),
+                           ("X-B", "3"), ("transfer-encoding", "chunked")])
+    await (await client.request("POST", server.url / "p", data=b"{}", headers=headers)).read()
+    [(_, request)] = server.requests
+    assert request.decode() == ("POST /p HTTP/1.1\r\nHost: example.test\r\nX-B: 2\r\nX-A: 1\r\nX-B: 3\r\n"
+                                "Accept: */*\r\nContent-Length: 2\r\n\r\n{}")
 
 
 async def test_chunked_and_close_delimited_bodies(serve: MakeServer, client: Client) -> None:

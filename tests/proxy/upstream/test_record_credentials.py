@@ -118,3 +118,22 @@ async def test_a_credential_query_parameter_is_not_recorded(make_harness: MakeHa
     await resp.read()
     [(request, _)] = recorded_calls(await harness.events("r"))
     assert b"sk-leak-in-query" not in msgspec.json.encode(request), f"?{name}= was recorded: {request['data']['path']}"
+
+
+def test_the_recorded_headers_of_calls_seen_before_and_of_one_with_a_new_header() -> None:
+    """``recordable_headers`` answers a call whose every header was seen before from what it
+    remembers; a header it has not seen (harmless or a credential) is looked at, in its place."""
+    from multidict import CIMultiDict
+
+    from projectionist.proxy.call.outgoing import recordable_headers
+
+    seen = [("Content-Type", "application/json"), ("Authorization", "Bearer sk-one"), ("X-Client", "plain")]
+    expected = (("Content-Type", "application/json"), ("X-Client", "plain"))
+    assert recordable_headers(CIMultiDict(seen)) == expected
+    assert recordable_headers(CIMultiDict(seen)) == expected  # all seen before
+    assert recordable_headers(CIMultiDict([*seen, ("Authorization", "Bearer sk-two")])) == expected
+    assert recordable_headers(CIMultiDict([*seen, ("X-Client", "plain")])) == (*expected, ("X-Client", "plain"))
+    # a new harmless header among known ones is kept, in its place; a credential in a known name's value is not
+    new = [("X-New", "v1"), *seen, ("X-Client", "Bearer sk-leak-in-a-known-name")]
+    assert recordable_headers(CIMultiDict(new)) == (("X-New", "v1"), *expected)
+    assert recordable_headers(CIMultiDict(new)) == (("X-New", "v1"), *expected)
