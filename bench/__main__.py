@@ -294,39 +294,47 @@ class Bench:
             if concurrency != 16:
                 self.measure_group("text1k", concurrency, group)
                 continue
-            group.append(Target("projectionist-nosession", servers["projectionist"], text))
-            rows: list[tuple[str, Callable[[str], Proc]]] = [
-                ("projectionist-quiet", partial(self.projectionist, upstream, log_level="warning")),
-                ("projectionist-2w", partial(self.projectionist, upstream, workers=2)),
-                ("projectionist-recoff", partial(self.projectionist, upstream, extra_toml='[record]\nmode = "off"\n'))]
-            if self.args.previous:
-                rows.append(("projectionist-previous", partial(self.previous, upstream)))
-            if self.peers.dir and self.procs.loop != "uvloop":
-                rows.append(("bare-uvloop", partial(start_bare, self.procs, self.peers, upstream, loop="uvloop")))
-            # P1's rows served by more processes, each measured each round (``--procs``)
-            more = [(name, index) for index in range(2, self.args.procs + 1)
-                    for name in ("bare", "projectionist", "projectionist-recoff", "projectionist-previous")]
-            for name, index in more:
-                if name == "bare" and "bare" in servers:
-                    rows.append((name, partial(start_bare, self.procs, self.peers, upstream)))
-                elif name == "projectionist":
-                    rows.append((name, partial(self.projectionist, upstream)))
-                elif name in dict(rows):
-                    rows.append((name, dict(rows)[name]))
-            extra: list[Proc] = []
+            group = self.p1_group(servers, upstream, text, session)
             try:
-                for position, (name, start) in enumerate(rows):
-                    try:
-                        proc = start(f"{name}-{position}")
-                    except TargetFailed as error:
-                        self.note(f"{name} skipped: {str(error).splitlines()[0]}")
-                        continue
-                    extra.append(proc)
-                    group.append(Target(name, proc, text, session))
                 self.measure_group("text1k", 16, group)
             finally:
-                for proc in extra:
-                    self.procs.stop(proc)
+                for target in group:
+                    if target.proc not in servers.values():
+                        self.procs.stop(target.proc)
+
+    def p1_group(self, servers: dict[str, Proc], upstream: Proc, text: Path, session: dict[str, str]) -> list[Target]:
+        """text1k at c=16: P1's rows (bare, projectionist, record off, the previous release) each
+        served by ``--procs`` processes, one of each measured back to back (a set: the rows' runs
+        pair up by time, ``report.paired``), then the peers and the comparison rows."""
+        rows: dict[str, Callable[[str], Proc] | None] = {
+            "bare": partial(start_bare, self.procs, self.peers, upstream) if "bare" in servers else None,
+            "projectionist": partial(self.projectionist, upstream),
+            "projectionist-recoff": partial(self.projectionist, upstream, extra_toml='[record]\nmode = "off"\n'),
+            "projectionist-previous": partial(self.previous, upstream) if self.args.previous else None}
+        plan: list[tuple[str, Proc | Callable[[str], Proc]]] = [("direct", servers["direct"])]
+        for index in range(self.args.procs):
+            plan += [(name, servers[name] if index == 0 and name in servers else start)
+                     for name, start in rows.items() if start is not None]
+        plan += [(name, servers[name]) for name in ("litellm", "portkey") if name in servers]
+        plan += [("projectionist-nosession", servers["projectionist"]),  # the same process, no session header
+                 ("projectionist-quiet", partial(self.projectionist, upstream, log_level="warning")),
+                 ("projectionist-2w", partial(self.projectionist, upstream, workers=2))]
+        if self.peers.dir and self.procs.loop != "uvloop":
+            plan.append(("bare-uvloop", partial(start_bare, self.procs, self.peers, upstream, loop="uvloop")))
+        group: list[Target] = []
+        failed: set[str] = set()
+        for position, (name, start) in enumerate(plan):
+            if name in failed:
+                continue
+            try:
+                proc = start if isinstance(start, Proc) else start(f"{name}-{position}")
+            except TargetFailed as error:
+                self.note(f"{name} skipped: {str(error).splitlines()[0]}")
+                failed.add(name)
+                continue
+            headers = {} if name == "projectionist-nosession" else {**session, **self.peer_headers.get(name, {})}
+            group.append(Target(name, proc, text, headers))
+        return group
 
     def projectionist(self, upstream: Proc, name: str, **settings: Any) -> Proc:
         """One more projectionist process (a comparison row, or one more of P1's processes)."""

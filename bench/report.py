@@ -96,6 +96,20 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def paired(a: Cell | None, b: Cell | None, name: str) -> float | None:
+    """``a``'s figure over ``b``'s: the median of the ratios of their runs taken side by side (the
+    i-th of each, measured seconds apart in one set: P1's rows, ``--procs``), when both have as
+    many runs; else the ratio of their medians. A shared machine's speed drifts by a factor of two
+    within minutes; a set's runs drift together."""
+    if a is None or b is None:
+        return None
+    if len(a.runs) != len(b.runs) or not a.runs:
+        return _ratio(a.median(name), b.median(name))
+    ratios = [x / y for run_a, run_b in zip(a.runs, b.runs, strict=True)
+              if (x := getattr(run_a, name)) is not None and (y := getattr(run_b, name))]
+    return statistics.median(ratios) if ratios else None
+
+
 def _check(label: str, value: float | None, op: str, limit: float, note: str = "", unit: str = "") -> Ratio:
     if value is None:
         return Ratio(label, None, f"{op} {limit:g}{unit}", "n/a", note)
@@ -108,7 +122,8 @@ def _previous(results: Results) -> str:
     revision = results.extras.get("previous_release")
     if not revision or not results.cell("text1k", "projectionist-previous", 16):
         return "previous release not measured (--previous)"
-    cpu = _ratio(_cpu(results.figure, "projectionist"), _cpu(results.figure, "projectionist-previous"))
+    cpu = paired(results.cell("text1k", "projectionist", 16), results.cell("text1k", "projectionist-previous", 16),
+                 "cpu_ms_per_req")
     return f"{revision}; CPU/request {cpu:.3f}x its" if cpu is not None else str(revision)
 
 
@@ -117,17 +132,24 @@ def ratios(results: Results) -> list[Ratio]:
     its defaults, the session header set), and the comparison rows as ``info``."""
     fig, extras = results.figure, results.extras
     rps = partial(_rps, fig)
-    cpu = partial(_cpu, fig)
     peer = {name: "" if results.cell("text1k", name, 16) else f"{name} not measured" for name in ("litellm", "portkey")}
+
+    def cpu(target: str) -> float | None:
+        value: float | None = fig("text1k", target, 16, "cpu_ms_per_req")
+        return value
+
+    def p1(a: str, b: str, name: str = "rps") -> float | None:
+        return paired(results.cell("text1k", a, 16), results.cell("text1k", b, 16), name)
     out = [
-        _check("P1 text1k c=16 throughput projectionist/bare", _ratio(rps("projectionist"), rps("bare")), "≥", 0.95),
-        _check("P1 text1k c=16 CPU/request projectionist/bare", _ratio(cpu("projectionist"), cpu("bare")), "≤", 1.10),
-        _check("P1 text1k c=16 throughput projectionist(record off)/bare",
-               _ratio(rps("projectionist-recoff"), rps("bare")), "≥", 1.05),
+        _check("P1 text1k c=16 throughput projectionist/bare", p1("projectionist", "bare"), "≥", 0.95),
+        _check("P1 text1k c=16 CPU/request projectionist/bare", p1("projectionist", "bare", "cpu_ms_per_req"), "≤",
+               1.10),
+        _check("P1 text1k c=16 throughput projectionist(record off)/bare", p1("projectionist-recoff", "bare"), "≥",
+               1.05),
         _check("P1 recording's cost: text1k c=16 throughput projectionist/projectionist(record off)",
-               _ratio(rps("projectionist"), rps("projectionist-recoff")), "≥", 0.95),
-        _check("P1 text1k c=16 throughput projectionist/previous release", _ratio(rps("projectionist"),
-               rps("projectionist-previous")), "≥", 0.97, _previous(results)),
+               p1("projectionist", "projectionist-recoff"), "≥", 0.95),
+        _check("P1 text1k c=16 throughput projectionist/previous release", p1("projectionist", "projectionist-previous"),
+               "≥", 0.97, _previous(results)),
         _check("P1 text1k c=16 throughput projectionist/portkey", _ratio(rps("projectionist"), rps("portkey")), "≥", 2.5,
                peer["portkey"]),
         _check("P1 text1k c=16 throughput projectionist/litellm", _ratio(rps("projectionist"), rps("litellm")), "≥", 50,
@@ -238,11 +260,6 @@ def _image_memory(results: Results) -> Ratio:
 
 def _rps(fig: Any, target: str) -> float | None:
     value: float | None = fig("text1k", target, 16, "rps")
-    return value
-
-
-def _cpu(fig: Any, target: str) -> float | None:
-    value: float | None = fig("text1k", target, 16, "cpu_ms_per_req")
     return value
 
 

@@ -101,3 +101,22 @@ print(json.dumps(order))
     cells, order = (json.loads(line) for line in out.splitlines()[-2:])  # after the progress lines
     assert cells == [["a", [1.0, 3.0, 1.0, 3.0], 2.0, 1.0], ["b", [10.0, 10.0], 10.0, 10.0]]
     assert order == [1, 10, 3, 1, 10, 3]
+
+
+def test_p1_rows_measured_in_sets_are_compared_run_by_run() -> None:
+    """Rows whose runs were taken in sets (the i-th of each seconds apart) are compared by the
+    median of their runs' ratios: a machine that slowed down between sets moves both alike. Rows
+    with unequal runs fall back to the ratio of their medians."""
+    out = bench("""
+import json
+from bench.report import Cell, Run, paired
+def cell(name, rates):
+    return Cell("text1k", name, 16, [Run(1000, 0, r, 1.0, 2.0, 100 / r, None, None) for r in rates])
+bare, proj = cell("bare", [1000.0, 500.0, 510.0]), cell("projectionist", [970.0, 480.0, 400.0])
+print(json.dumps([paired(proj, bare, "rps"), paired(proj, bare, "cpu_ms_per_req"),
+                  paired(proj, cell("bare", [1000.0, 510.0]), "rps"), paired(proj, None, "rps")]))
+""")
+    by_runs, cpu, by_medians, missing = json.loads(out)
+    assert abs(by_runs - 0.96) < 1e-9  # ratios 0.97, 0.96, 0.784; the ratio of medians would be 480/510
+    assert abs(cpu - 1 / 0.96) < 1e-9
+    assert abs(by_medians - 480 / 755) < 1e-9 and missing is None
