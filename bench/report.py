@@ -1,7 +1,8 @@
 """Results, the table of medians, and the ratios against the project's performance targets.
 
 A ``Cell`` is one (scenario, target, concurrency) with one ``Run`` per repetition; the table
-quotes the median of each figure over the runs. Ratios compare medians measured in the same run.
+quotes the median of each figure over the runs. A ratio of two rows of one group is the median
+of their runs' ratios, taken side by side (``paired``); other ratios compare medians of the run.
 """
 
 from __future__ import annotations
@@ -138,8 +139,11 @@ def ratios(results: Results) -> list[Ratio]:
         value: float | None = fig("text1k", target, 16, "cpu_ms_per_req")
         return value
 
-    def p1(a: str, b: str, name: str = "rps") -> float | None:
-        return paired(results.cell("text1k", a, 16), results.cell("text1k", b, 16), name)
+    def side(scenario: str, a: str, b: str, name: str = "rps") -> float | None:
+        """Two rows of one group at c=16, run by run (``paired``)."""
+        return paired(results.cell(scenario, a, 16), results.cell(scenario, b, 16), name)
+
+    p1 = partial(side, "text1k")
     out = [
         _check("P1 text1k c=16 throughput projectionist/bare", p1("projectionist", "bare"), "≥", 0.95),
         _check("P1 text1k c=16 CPU/request projectionist/bare", p1("projectionist", "bare", "cpu_ms_per_req"), "≤",
@@ -162,7 +166,7 @@ def ratios(results: Results) -> list[Ratio]:
                       f"projectionist adds {added:.3f} ms, bare {added_bare:.3f} ms"
                       if added is not None and added_bare is not None else ""))
     out.append(_check("P3 sse c=16 throughput projectionist/bare",
-                      _ratio(fig("sse", "projectionist", 16, "rps"), fig("sse", "bare", 16, "rps")), "≥", 0.90))
+                      side("sse", "projectionist", "bare"), "≥", 0.90))
     for name, why in extras.get("sse_broken", {}).items():
         out.append(Ratio(f"P3 sse c=16 throughput projectionist/{name}", None, "(reported)", "n/a", why))
     for target, figures in extras.get("first_chunk", {}).items():
@@ -173,19 +177,17 @@ def ratios(results: Results) -> list[Ratio]:
         out.append(_check(f"sse first chunk early via {target}: TTFB/total",
                           _ratio(figures["ttfb_ms"], figures["total_ms"]), "≤", 0.25,
                           f"TTFB {figures['ttfb_ms']:.1f} ms of {figures['total_ms']:.1f} ms"))
-    bare_cpu = fig("images", "bare", 16, "cpu_ms_per_req")
     out.append(_check("P4 images CPU/request projectionist(refs, cache cold)/bare(inlined)",
-                      _ratio(fig("images", "projectionist-cold", 16, "cpu_ms_per_req"), bare_cpu), "≤", 1.5,
+                      side("images", "projectionist-cold", "bare", "cpu_ms_per_req"), "≤", 1.5,
                       extras.get("images_cold", "")))
     out.append(_image_memory(results))
-    warm = _ratio(fig("images", "projectionist", 16, "cpu_ms_per_req"), bare_cpu)
+    warm = side("images", "projectionist", "bare", "cpu_ms_per_req")
     out.append(Ratio("images CPU/request projectionist(refs, cache warm)/bare(inlined)", warm, "(reported)",
                      "info" if warm is not None else "n/a"))
     out.append(_check("P7 images inlined by the client, c=16 throughput projectionist/bare",
-                      _ratio(fig("images", "projectionist-inline", 16, "rps"), fig("images", "bare", 16, "rps")),
-                      "≥", 0.90))
+                      side("images", "projectionist-inline", "bare"), "≥", 0.90))
     out.append(_check("P7 images inlined by the client, CPU/request projectionist/bare",
-                      _ratio(fig("images", "projectionist-inline", 16, "cpu_ms_per_req"), bare_cpu), "≤", 1.25))
+                      side("images", "projectionist-inline", "bare", "cpu_ms_per_req"), "≤", 1.25))
     direct, proj, bare = (fig("ws", t, 1, "p50_ms") for t in ("direct", "projectionist", "bare"))
     added = proj - direct if proj is not None and direct is not None else None
     added_bare = bare - direct if bare is not None and direct is not None else None
@@ -195,8 +197,7 @@ def ratios(results: Results) -> list[Ratio]:
                       if added is not None and added_bare is not None else ""))
     for scenario, what in (("ws", "1 KB text"), ("ws-image", "one inlined image")):
         out.append(_check(f"P8 ws c=16 turns/s ({what}): projectionist/bare relay",
-                          _ratio(fig(scenario, "projectionist", 16, "rps"), fig(scenario, "bare", 16, "rps")),
-                          "≥", 1 / 1.1))
+                          side(scenario, "projectionist", "bare"), "≥", 1 / 1.1))
     long = extras.get("long_session", {})
     out.append(_check("P5 first request of a 100,000-event session, cold process / fresh-session p50",
                       long.get("ratio"), "≤", 2.0, long.get("note", "")))
