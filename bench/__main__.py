@@ -199,11 +199,13 @@ class Bench:
         loop_env = {"UVLOOP": "1" if self.procs.loop == "uvloop" else "0"}
         upstream = self.procs.start("ws-upstream", [sys.executable, "-m", "bench.ws", "upstream"],
                                     {"PORT": str(port), **loop_env}, port)
-        port = free_port()
-        bare = self.procs.start("ws-bare", [sys.executable, "-m", "bench.ws", "relay"],
-                                {"PORT": str(port), "UPSTREAM": upstream.base, **loop_env}, port)
-        proxy = start_projectionist(self.procs, upstream, "projectionist-ws", self.token)
-        servers = {"direct": upstream, "bare": bare, "projectionist": proxy}
+        servers: list[tuple[str, Proc]] = [("direct", upstream)]
+        for index in range(self.args.procs):  # sets, as P1's: one bare relay and one projectionist each
+            port = free_port()
+            servers.append(("bare", self.procs.start(f"ws-bare-{index}", [sys.executable, "-m", "bench.ws", "relay"],
+                                                     {"PORT": str(port), "UPSTREAM": upstream.base, **loop_env}, port)))
+            servers.append(("projectionist", start_projectionist(self.procs, upstream, f"projectionist-ws-{index}",
+                                                                 self.token)))
         text = ws.turn_message(scenarios.responses_body())
         image = ws.turn_message(scenarios.responses_body(images=scenarios.make_images(1)))
         self.results.extras.setdefault("body_bytes", {}).update(ws_text=len(text), ws_image=len(image))
@@ -212,20 +214,25 @@ class Bench:
                 for concurrency in levels:
                     self.measure_ws(label, message, servers, concurrency)
         finally:
-            for proc in (proxy, bare, upstream):
+            for _, proc in servers[::-1]:
                 self.procs.stop(proc)
 
-    def measure_ws(self, scenario: str, message: str, servers: dict[str, Proc], concurrency: int) -> None:
+    def measure_ws(self, scenario: str, message: str, servers: list[tuple[str, Proc]], concurrency: int) -> None:
+        """Every server probed and warmed up, then run in order ``runs`` times; servers of one name
+        (a row served by several processes) share a cell, as in ``measure_group``."""
         cells = []
-        for name, proc in servers.items():
+        named: dict[str, Cell] = {}
+        for name, proc in servers:
             url = proc.base.replace("http://", "ws://", 1) + ws.PATH
             probe = ws.run(url, message, {}, 1, 0.5)
             if probe.errors or not probe.requests:
                 raise ScenarioBroken(f"{scenario}: {name} did not answer a turn over the WebSocket")
             ws.run(url, message, {}, concurrency, WARMUP_S)
-            cell = Cell(scenario, name, concurrency)
+            cell = named.get(name)
+            if cell is None:
+                cell = named[name] = Cell(scenario, name, concurrency)
+                self.results.cells.append(cell)
             cells.append((name, proc, url, cell))
-            self.results.cells.append(cell)
         for index in range(self.runs):
             for name, proc, url, cell in cells:
                 before = cpu_ticks([proc.pid])

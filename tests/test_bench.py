@@ -120,3 +120,36 @@ print(json.dumps([paired(proj, bare, "rps"), paired(proj, bare, "cpu_ms_per_req"
     assert abs(by_runs - 0.96) < 1e-9  # ratios 0.97, 0.96, 0.784; the ratio of medians would be 480/510
     assert abs(cpu - 1 / 0.96) < 1e-9
     assert abs(by_medians - 480 / 755) < 1e-9 and missing is None
+
+
+def test_websocket_rows_served_by_several_processes_share_a_cell_run_in_sets(tmp_path: Path) -> None:
+    """``--procs`` for P8: the bare relay and projectionist each serve from several processes,
+    measured in sets; each row's runs pool into one cell, in the order the sets ran."""
+    out = bench(f"""
+import json
+from pathlib import Path
+from types import SimpleNamespace
+import bench.__main__ as main
+from bench.targets import Proc, Processes, Peers
+
+order = []
+def run(url, message, headers, concurrency, seconds):
+    port = int(url.split(":")[2].split("/")[0])
+    if seconds == main.WARMUP_S or seconds == 0.5:
+        return SimpleNamespace(requests=1, errors=0)
+    order.append(port)
+    return SimpleNamespace(requests=100, errors=0, rps=float(port), p50_ms=1.0, p99_ms=2.0)
+main.ws.run = run
+main.cpu_ticks = lambda pids: 0
+main.memory_mb = lambda pid: {{}}
+args = SimpleNamespace(quick=False, runs=2, duration=2.0, rss_requests=None, loadgen="python", procs=2)
+b = main.Bench(args, Processes(Path({str(tmp_path)!r})), Peers(None))
+proc = lambda port: Proc("p", SimpleNamespace(pid=port), port, Path("log"))
+b.measure_ws("ws-image", "{{}}", [("direct", proc(1)), ("bare", proc(2)), ("projectionist", proc(3)),
+                                   ("bare", proc(4)), ("projectionist", proc(5))], 16)
+print(json.dumps([[c.target, [r.rps for r in c.runs]] for c in b.results.cells]))
+print(json.dumps(order))
+""")
+    cells, order = (json.loads(line) for line in out.splitlines()[-2:])
+    assert cells == [["direct", [1.0, 1.0]], ["bare", [2.0, 4.0, 2.0, 4.0]], ["projectionist", [3.0, 5.0, 3.0, 5.0]]]
+    assert order == [1, 2, 3, 4, 5, 1, 2, 3, 4, 5]
