@@ -87,6 +87,8 @@ class Bench:
         self.bodies.mkdir()
         #: Headers a peer needs to reach the upstream (Portkey is told the host per request).
         self.peer_headers: dict[str, dict[str, str]] = {}
+        #: The previous release's checkout (``previous``), made on first use.
+        self.previous_tree: Path | None = None
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -99,6 +101,16 @@ class Bench:
         path.write_bytes(data)
         self.results.extras.setdefault("body_bytes", {})[name] = len(data)
         return path
+
+    def row_cell(self, named: dict[str, Cell], scenario: str, name: str, concurrency: int) -> tuple[Cell, bool]:
+        """The cell of row ``name`` in a group (``named``: the group's cells so far), made and added
+        to the results when it is the row's first process; and whether it was."""
+        cell = named.get(name)
+        if cell is not None:
+            return cell, False
+        cell = named[name] = Cell(scenario, name, concurrency)
+        self.results.cells.append(cell)
+        return cell, True
 
     @contextmanager
     def started(self, start: Callable[[], Proc]) -> Iterator[Proc]:
@@ -124,12 +136,10 @@ class Bench:
         cells: list[Cell] = []
         named: dict[str, Cell] = {}
         for target in targets:
-            cell = named.get(target.name)
             probe = asyncio.run(scenarios.probe(target.url, target.body.read_bytes(), target.headers))
-            if cell is None:
-                cell = named[target.name] = Cell(scenario, target.name, concurrency)
+            cell, first = self.row_cell(named, scenario, target.name, concurrency)
+            if first:
                 cell.overhead_ms = probe.overhead_ms
-                self.results.cells.append(cell)
             load.run(self.loadgen, target.url, target.body, target.headers, concurrency, WARMUP_S)
             cells.append(cell)
         for index in range(self.runs):
@@ -228,11 +238,7 @@ class Bench:
             if probe.errors or not probe.requests:
                 raise ScenarioBroken(f"{scenario}: {name} did not answer a turn over the WebSocket")
             ws.run(url, message, {}, concurrency, WARMUP_S)
-            cell = named.get(name)
-            if cell is None:
-                cell = named[name] = Cell(scenario, name, concurrency)
-                self.results.cells.append(cell)
-            cells.append((name, proc, url, cell))
+            cells.append((name, proc, url, self.row_cell(named, scenario, name, concurrency)[0]))
         for index in range(self.runs):
             for name, proc, url, cell in cells:
                 before = cpu_ticks([proc.pid])
@@ -349,11 +355,10 @@ class Bench:
 
     def previous(self, upstream: Proc, name: str) -> Proc:
         """The previous release (``--previous``), checked out beside this tree (once), on its defaults."""
-        tree = self.procs.workdir / "previous-tree"
-        if self.results.extras.get("previous_release") != self.args.previous:
-            checkout(self.args.previous, tree)
+        if self.previous_tree is None:
+            self.previous_tree = checkout(self.args.previous, self.procs.workdir / "previous-tree")
         self.results.extras["previous_release"] = self.args.previous
-        return start_projectionist(self.procs, upstream, name, self.token, tree=tree)
+        return start_projectionist(self.procs, upstream, name, self.token, tree=self.previous_tree)
 
     def sse(self, servers: dict[str, Proc]) -> None:
         """SSE through every target that can stream; a peer whose streaming answer breaks is
@@ -485,8 +490,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     parser.add_argument("--procs", type=int, default=3,
                         help="processes serving each of P1's rows at text1k c=16 (bare, projectionist, record off, "
-                             "previous release), each measured each run: two processes of one program differ by "
-                             "several percent on a shared machine")
+                             "previous release) and P8's (bare relay, projectionist), one of each measured back to "
+                             "back each run: two processes of one program differ by several percent on a shared "
+                             "machine")
     parser.add_argument("--quick", action="store_true", help="smoke test: 3 s, 1 run, 2,000 rss requests")
     parser.add_argument("--json", type=Path, help="write all raw results to this file")
     parser.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",

@@ -133,11 +133,8 @@ def ratios(results: Results) -> list[Ratio]:
     its defaults, the session header set), and the comparison rows as ``info``."""
     fig, extras = results.figure, results.extras
     rps = partial(_rps, fig)
+    cpu = partial(_cpu, fig)
     peer = {name: "" if results.cell("text1k", name, 16) else f"{name} not measured" for name in ("litellm", "portkey")}
-
-    def cpu(target: str) -> float | None:
-        value: float | None = fig("text1k", target, 16, "cpu_ms_per_req")
-        return value
 
     def side(scenario: str, a: str, b: str, name: str = "rps") -> float | None:
         """Two rows of one group at c=16, run by run (``paired``)."""
@@ -261,6 +258,11 @@ def _image_memory(results: Results) -> Ratio:
 
 def _rps(fig: Any, target: str) -> float | None:
     value: float | None = fig("text1k", target, 16, "rps")
+    return value
+
+
+def _cpu(fig: Any, target: str) -> float | None:
+    value: float | None = fig("text1k", target, 16, "cpu_ms_per_req")
     return value
 
 
