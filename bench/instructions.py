@@ -19,6 +19,8 @@ With ``--http`` the unit is P1's request instead: a 1 KB Chat Completions call w
 ``X-Session-Id`` at c=16 (``--turns`` counts calls), ``--record MODE`` sets every ROOT's
 ``[record] mode`` (two runs, ``off`` and ``metadata``, give recording's own cost), and ``--bare``
 counts the peers' bare aiohttp proxy (``--peers``, on asyncio; ``--bare-uvloop`` on uvloop too).
+``--threads`` counts each thread apart and gives the event loop's share (the main thread) beside
+the others' (the session log's lane): only the loop's share holds up every call.
 """
 
 from __future__ import annotations
@@ -90,14 +92,26 @@ def _total(path: Path) -> int:
     return int(found[1])
 
 
+def thread_totals(path: Path) -> tuple[int, int]:
+    """The instructions of a run counted with ``--separate-threads=yes`` (one file per thread,
+    ``path-01``, ``path-02``, ...): the main thread's (the event loop's: ``-01``, the thread that
+    started the program) and all the others' together (the session log's lane, the resolver)."""
+    files = sorted(path.parent.glob(path.name + "-*"), key=lambda file: int(file.name.rsplit("-", 1)[1]))
+    if not files or not files[0].name.endswith("-01"):
+        raise SystemExit(f"bench.instructions: no per-thread counts at {path}-01")
+    return _total(files[0]), sum(_total(file) for file in files[1:])
+
+
 def _counted(procs: Processes, name: str, root: Path | None, upstream: Proc, message: str, turns: int,
-             http: Http | None = None, uvloop: bool = False) -> int:
+             http: Http | None = None, uvloop: bool = False, threads: bool = False) -> tuple[int, int]:
     """One target under callgrind, serving ``turns`` turns (``http``: calls): the instructions it
-    ran in all. ``uvloop``: the bare proxy's loop (``root`` None with ``http``)."""
+    ran on its main thread and on the others (all on the main one unless ``threads``).
+    ``uvloop``: the bare proxy's loop (``root`` None with ``http``)."""
     home = procs.workdir / f"{name}-{turns}"
     home.mkdir()
     out = home / "callgrind.out"
-    grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no"]
+    grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no",
+             *(["--separate-threads=yes"] if threads else [])]
     if root is None:
         port = free_port()
         relay = [sys.executable, "-m", "bench.ws", "relay"] if http is None else [sys.executable, str(http.bare)]
@@ -119,7 +133,7 @@ def _counted(procs: Processes, name: str, root: Path | None, upstream: Proc, mes
             asyncio.run(_turns(proc.base.replace("http://", "ws://", 1) + ws.PATH, message, turns))
     finally:
         procs.stop(proc, grace=STOP_S)  # SIGTERM: the program exits and callgrind writes its counts
-    return _total(out)
+    return thread_totals(out) if threads else (_total(out), 0)
 
 
 class Http(NamedTuple):
@@ -140,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", action="store_true", help="P1's HTTP text call instead of WebSocket turns")
     parser.add_argument("--record", help="with --http: the [record] mode of every ROOT (default: its default)")
     parser.add_argument("--bare-uvloop", action="store_true", help="with --http: the bare proxy on uvloop too")
+    parser.add_argument("--threads", action="store_true",
+                        help="count the main thread (the event loop) and the others (the log's lane) apart")
     parser.add_argument("--peers", type=Path, default=DEFAULT_PEERS,
                         help="with --http --bare: the folder of bare_proxy.py (default ../shared/peers)")
     args = parser.parse_args(argv)
@@ -172,11 +188,14 @@ def main(argv: list[str] | None = None) -> int:
         counts: dict[str, float] = {}
         for index, (name, root, uvloop) in enumerate(targets):
             label = f"{index}:{name}"
-            totals = [_counted(procs, label.replace(":", "-"), root, upstream, message, turns, http, uvloop)
-                      for turns in (low, high)]
-            counts[label] = (totals[1] - totals[0]) / (high - low)
+            totals = [_counted(procs, label.replace(":", "-"), root, upstream, message, turns, http, uvloop,
+                               args.threads) for turns in (low, high)]
+            main_thread, others = ((high_count - low_count) / (high - low)
+                                   for low_count, high_count in zip(*totals))
+            counts[label] = main_thread + others
             unit = "text call" if http is not None else f"{args.ws} turn"
-            print(f"{label}: {counts[label]:,.0f} instructions per {unit}", flush=True)
+            split = f" (main thread {main_thread:,.0f}, other threads {others:,.0f})" if args.threads else ""
+            print(f"{label}: {counts[label]:,.0f} instructions per {unit}{split}", flush=True)
         first = next(iter(counts.values()))
         for label, count in counts.items():
             print(f"{label} / {next(iter(counts))}: {count / first:.3f}")

@@ -153,3 +153,18 @@ print(json.dumps(order))
     cells, order = (json.loads(line) for line in out.splitlines()[-2:])
     assert cells == [["direct", [1.0, 1.0]], ["bare", [2.0, 4.0, 2.0, 4.0]], ["projectionist", [3.0, 5.0, 3.0, 5.0]]]
     assert order == [1, 2, 3, 4, 5, 1, 2, 3, 4, 5]
+
+
+def test_instructions_counted_per_thread_give_the_main_threads_apart(tmp_path: Path) -> None:
+    """``bench.instructions --threads``: callgrind's file of thread 01 is the main thread's (the
+    event loop's), every other file is summed as the others' (file 10 sorts after file 09)."""
+    for thread, count in (("01", 700), ("02", 20), ("09", 3), ("10", 4)):
+        (tmp_path / f"callgrind.out-{thread}").write_text(f"events: Ir\nfn=main\n0 {count}\ntotals: {count}\n")
+    (tmp_path / "callgrind.out.log").write_text("not a count")
+    code = ("from pathlib import Path; from bench.instructions import thread_totals\n"
+            f"print(thread_totals(Path({str(tmp_path / 'callgrind.out')!r})))")
+    assert bench(code).strip() == "(700, 27)"
+    (tmp_path / "callgrind.out-01").unlink()
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                          check=False)
+    assert done.returncode != 0 and "no per-thread counts" in done.stderr
