@@ -95,7 +95,7 @@ def _total(path: Path) -> int:
 def thread_totals(path: Path) -> tuple[int, int]:
     """The instructions of a run counted with ``--separate-threads=yes`` (one file per thread,
     ``path-01``, ``path-02``, ...): the main thread's (the event loop's: ``-01``, the thread that
-    started the program) and all the others' together (the session log's lane, the resolver)."""
+    started the program) and all the others' together (the session log's lane among them)."""
     files = sorted(path.parent.glob(path.name + "-*"), key=lambda file: int(file.name.rsplit("-", 1)[1]))
     if not files or not files[0].name.endswith("-01"):
         raise SystemExit(f"bench.instructions: no per-thread counts at {path}-01")
