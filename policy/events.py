@@ -237,6 +237,47 @@ class RequestRecorded(msgspec.Struct, frozen=True, gc=False, omit_defaults=True)
     headers: tuple[tuple[str, str], ...] = ()
 
 
+#: What the calls of one ``CallRecords`` share, written once: route, adapter, upstream, method,
+#: path, headers and public URLs, as in their ``RequestRecorded``.
+Common = tuple[str, str, str, str, str, tuple[tuple[str, str], ...], tuple[str, ...]]
+#: One call of a ``CallRecords``: the index of its ``Common``, then request id, log seq, inbound
+#: digest, projected digest ("" when it is the inbound one), refs, shape, and its outcome: status,
+#: latency (ms), usage, error code, whether the body was truncated.
+CallRow = tuple[int, str, int, str, str, tuple[RefRecord, ...], tuple[tuple[str, str], ...], int | None, float,
+                dict[str, object] | None, str | None, bool]
+
+
+class CallRecords(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """The ``request/recorded`` events of whole calls of one session, in order, each with its
+    outcome in it and no blob (``metadata`` recording): what they repeat (``common``) written
+    once, so a row of them is a third of their size as events. ``records`` gives the events'
+    data back, equal to what each call's own ``RequestRecorded`` would be."""
+
+    common: tuple[Common, ...]
+    calls: list[CallRow]
+
+    def records(self) -> list[RequestRecorded]:
+        common = self.common
+        out: list[RequestRecorded] = []
+        for (at, request_id, log_seq, inbound, projected, refs, shape, status, latency, usage, error_code,
+             truncated) in self.calls:
+            route, adapter, upstream, method, path, headers, public_urls = common[at]
+            response = ResponseRecorded(request_id, 0, status, latency, usage, error_code, None, truncated)
+            out.append(RequestRecorded(request_id, route, adapter, upstream, method, path, log_seq, inbound,
+                                       projected or inbound, refs, shape, None, public_urls, response, headers))
+        return out
+
+
+class _StoredCalls(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="calls"):
+    """A row of ``CallRecords`` as a log stores it: ``["calls", first, time, common, calls]``, the
+    first event's seq and the time of every one (they are appended at once)."""
+
+    first: int
+    time: str
+    common: tuple[Common, ...]
+    calls: list[CallRow]
+
+
 class _Envelope(msgspec.Struct, frozen=True, tag_field="type", gc=False):
     seq: int
     time: str
@@ -375,6 +416,27 @@ def encode_events(events: Sequence[Event]) -> bytes:
     """``events`` as one JSON array, each as ``encode_event`` writes it alone (one call for many:
     a third of the cost of encoding each)."""
     return _encoder.encode(events)
+
+
+def encode_calls(first: int, time: str, calls: CallRecords) -> bytes:
+    """``calls`` as a log stores them, numbered from ``first`` (``calls_events`` reads them back)."""
+    return _encoder.encode(_StoredCalls(first, time, calls.common, calls.calls))
+
+
+#: How the bytes of ``encode_calls`` begin (a row of events, ``encode_events``, begins ``[{``).
+CALLS_PREFIX: Final = b'["calls",'
+_calls_decoder: Final = msgspec.json.Decoder(_StoredCalls)
+
+
+def calls_events(raw: bytes) -> list[Event]:
+    """The ``request/recorded`` events of ``encode_calls``' bytes, each as it would be stored
+    alone; ``msgspec.DecodeError`` (``ValidationError``) for bytes that are not such a row, or
+    name a ``Common`` it does not hold."""
+    stored = _calls_decoder.decode(raw)
+    if any(not 0 <= call[0] < len(stored.common) for call in stored.calls):
+        raise msgspec.ValidationError("a call names a common part the row does not hold")
+    records = CallRecords(stored.common, stored.calls).records()
+    return [RequestEvent(seq, stored.time, record) for seq, record in enumerate(records, stored.first)]
 
 
 def decode_event(raw: bytes | str) -> Event:

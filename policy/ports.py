@@ -11,7 +11,7 @@ from typing import Protocol
 
 import msgspec
 
-from .events import Event, EventData, ForkedEvent
+from .events import CallRecords, Event, EventData, ForkedEvent
 from .model import StoredImage
 from .profile import Profile
 
@@ -68,6 +68,13 @@ class SessionLog(Protocol):
         ``expected_seq`` (the records in between). ``durable`` appends are on disk before this
         returns; others keep their place in the log's order but may be flushed by the next
         durable append."""
+        ...
+
+    async def append_calls(self, session_id: str, calls: CallRecords) -> int:
+        """Append the ``request/recorded`` events of ``calls`` (``events.CallRecords``: whole
+        calls, their outcomes in them) after the session's last event, unconditionally and not
+        durably, as ``append`` would append ``calls.records()``; returns the seq of the last. What
+        a read gives back is the same events; a log may store them in fewer bytes."""
         ...
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from projectionist.policy.errors import NOT_FOUND, AppendConflict, AttachmentError, Conflict, InvalidRequest
 from projectionist.policy.events import (
     PASSIVE_TYPES,
+    CallRecords,
     CheckpointEvent,
     Event,
     EventData,
@@ -23,7 +24,7 @@ from projectionist.policy.events import (
 )
 from projectionist.policy.model import StoredImage, check_id
 from projectionist.policy.ports import StateRead
-from projectionist.proxy.sessionlog.base import SessionStats
+from projectionist.proxy.sessionlog.base import SessionStats, append_calls_as_events
 from projectionist.proxy.stores.admission import header_info
 from projectionist.proxy.stores.base import AttachmentMeta, UploadParts, check_upload, upload_opened
 
@@ -163,6 +164,9 @@ class MemoryLog:
         new: list[Event] = [envelope(len(events) + i + 1, "t", d) for i, d in enumerate(data)]
         events.extend(new)
         return new
+
+    async def append_calls(self, session_id: str, calls: CallRecords) -> int:
+        return await append_calls_as_events(self, session_id, calls)
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
         source = self.sessions.get(parent, [])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from typing import Any, Final
 
 import msgspec
@@ -32,7 +32,7 @@ import msgspec
 from ...adapters.base import WireFormat
 from ...adapters.responses import reported
 from ...policy.errors import ProjectionistError
-from ...policy.events import RequestRecorded, ResponseRecorded
+from ...policy.events import CallRecords, CallRow, Common, RequestRecorded, ResponseRecorded
 from ...policy.projection import Projection
 from ...policy.ports import SessionLog
 from ..observe.logger import get_logger
@@ -93,7 +93,9 @@ class Recording:
         #: sweep) releases those whose hold ran out, not one timer per call.
         self._held: dict[Recorder, float] = {}
         self._sweep_at: asyncio.TimerHandle | None = None
-        self._queue: deque[_Pending] = deque()
+        #: What the writer is to write: whole calls (``_Whole``, nearly every one) and parts of
+        #: calls (``_Pending``: a request record queued alone, or the response that follows it).
+        self._queue: deque[_Whole | _Pending] = deque()
         #: Records queued since the queue was last empty that are part of a call (a request or a
         #: response alone, to be joined by the writer); while there are none, every record is a
         #: whole call and a batch is written as it is (``_append_whole``).
@@ -110,8 +112,8 @@ class Recording:
         self._writer: asyncio.Task[None] | None = None
         #: Seqs of request records written lately, by request id (for the response records).
         self._seqs: OrderedDict[str, int] = OrderedDict()
-        #: Records queued or being written, by session (``settle`` waits on one session's).
-        self._unwritten: Counter[str] = Counter()
+        #: The sessions of the batch being written (``settle`` waits on one session's records).
+        self._in_writing: set[str] = set()
         #: Bytes of the bodies held for the writer to hash, from ``start`` until it hashed them
         #: (``_Pending.unhashed``) or their record was dropped.
         self._unhashed_bytes = 0
@@ -141,7 +143,8 @@ class Recording:
         # writer hashes, both are empty until it does)
         inbound = described.projected_digest if projection is None else described.inbound_digest or sha256_id(raw)
         log_seq = projection.state.last_seq if projection is not None else 0
-        recorder = Recorder(self, call, inbound, described, log_seq, raw if full else None, unhashed)
+        recorder = Recorder(self, (call, inbound, described, log_seq, raw if full else None, unhashed),
+                            self.max_response_bytes if full else USAGE_SCAN_BYTES)
         if self.hold <= 0:
             recorder.release()
             return recorder
@@ -166,24 +169,44 @@ class Recording:
             recorder.release()
 
     def _put(self, pending: _Pending) -> None:
+        """Queue part of a call: its request record alone, or the response that follows it."""
         queue = self._queue
         if len(queue) >= self.queue_size:
-            for kind in _kinds(pending.data):
-                self._dropped(kind, "QUEUE_FULL", pending.request_id)
-            if pending.unhashed is not None:
-                self._unhashed_bytes -= len(pending.unhashed)
+            self._drop(pending, "QUEUE_FULL")
             return
         queue.append(pending)
-        data = pending.data
-        if type(data) is not RequestRecorded or data.response is None:  # part of a call: to be joined
-            self._parts += 1
-        self._unwritten[pending.session_id] += 1
+        self._parts += 1
+        self._queued(pending.soon)
+
+    def _whole(self, whole: _Whole) -> None:
+        """Queue a whole call, as captured at its end: the writer makes its record (one row)."""
+        queue = self._queue
+        if len(queue) >= self.queue_size:
+            self._drop(whole, "QUEUE_FULL")
+            return
+        queue.append(whole)
         if not self._told:
             self._tell()
         if len(queue) >= self.batch:
             assert self._hurry is not None
             self._hurry.set()
-        elif pending.soon and self._soon_at is None and self.image_wait < self.batch_wait:
+        elif self.image_wait < self.batch_wait and _soon(whole):  # ``_queued`` written out: every call takes it
+            self._soon_timer()
+
+    def _queued(self, soon: bool) -> None:
+        """Tell the writer of a record just queued, and hurry it when the batch is full or the
+        record is to be written ``soon``."""
+        if not self._told:
+            self._tell()
+        if len(self._queue) >= self.batch:
+            assert self._hurry is not None
+            self._hurry.set()
+        elif soon and self.image_wait < self.batch_wait:
+            self._soon_timer()
+
+    def _soon_timer(self) -> None:
+        """A record to be written within ``image_wait`` is queued: a timer hurries its batch then."""
+        if self._soon_at is None:
             self._soon_at = asyncio.get_running_loop().call_later(self.image_wait, self._soon_due)
 
     def _soon_due(self) -> None:
@@ -266,39 +289,77 @@ class Recording:
             parts = self._parts > 0  # this batch may hold parts of calls
             if not self._queue:
                 self._parts = 0
-            self._hash(batch)
-            sessions: dict[str, list[_Pending]] = {}
-            for pending in batch:
-                sessions.setdefault(pending.session_id, []).append(pending)
-            await asyncio.gather(*(self._write_session(sid, items, parts) for sid, items in sessions.items()))
+            sessions: dict[str, list[_Whole | _Pending]] = {}
+            for item in batch:
+                sessions.setdefault(_session(item), []).append(item)
+            self._in_writing = set(sessions)
+            try:
+                await asyncio.gather(*(self._write_session(sid, items, parts) for sid, items in sessions.items()))
+            finally:
+                self._in_writing = set()
 
-    def _hash(self, batch: list[_Pending]) -> None:
-        """The digests of the bodies sent as they came, one after another (on a call's own path
-        each was the first and only hash of its request, at about four times the cost)."""
-        for pending in batch:
-            raw = pending.unhashed
-            if raw is not None:
-                digest = sha256_id(raw)
+    def _hashed(self, raw: bytes) -> str:
+        """The digest of a body sent as it came, taken by the writer (on a call's own path each
+        was the first and only hash of its request, at about four times the cost)."""
+        self._unhashed_bytes -= len(raw)
+        return sha256_id(raw)
+
+    def _pending(self, item: _Whole | _Pending) -> _Pending:
+        """``item`` as a ``_Pending`` whose digests are taken: a whole call's record (its outcome
+        in its request record), or a part of a call."""
+        if type(item) is not tuple:
+            pending: _Pending = item  # type: ignore[assignment]
+            if pending.unhashed is not None:
+                digest = self._hashed(pending.unhashed)
                 pending.data = msgspec.structs.replace(pending.data, inbound_digest=digest, projected_digest=digest)
                 pending.unhashed = None
-                self._unhashed_bytes -= len(raw)
+            return pending
+        facts, status, latency, usage, error_code, blob, truncated, blobs = item
+        call, described, raw = facts[0], facts[2], facts[4]
+        response = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, blob, truncated)
+        if raw is not None:  # full mode: the inbound body first
+            blobs = (raw, *blobs)
+        return _Pending(call.session_id, call.request_id, self._request(facts, response), blobs, None,
+                        bool(blobs or described.refs))
 
-    async def _write_session(self, session_id: str, items: list[_Pending], parts: bool) -> None:
+    def _request(self, facts: Facts, response: ResponseRecorded | None) -> RequestRecorded:
+        """The request record of a call, with ``response`` in it (one row for the call); a body
+        sent as it came is hashed now."""
+        call, inbound, described, log_seq, raw, unhashed = facts
+        if unhashed is not None:
+            inbound = projected = self._hashed(unhashed)
+        else:
+            projected = described.projected_digest
+        # positional, in ``RequestRecorded``'s field order (a test holds the two to the same
+        # fields): every call makes one, and keywords cost msgspec a lookup each
+        return RequestRecorded(
+            call.request_id, call.route, call.fmt.NAME, call.upstream, call.method, call.path, log_seq,
+            inbound, projected, described.refs, described.shape,
+            # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
+            # is recorded by its spliced digest: ``describe.spliced_id``)
+            sha256_id(raw) if raw is not None else None,
+            described.public_urls, response, call.headers,
+        )
+
+    async def _write_session(self, session_id: str, items: list[_Whole | _Pending], parts: bool) -> None:
         try:
-            await self._write_items(session_id, items, parts)
-        finally:
-            left = self._unwritten[session_id] - len(items)
-            if left > 0:
-                self._unwritten[session_id] = left
+            if parts or self.mode == "full":  # each a ``_Pending``: a call's parts joined, its blobs stored
+                await self._write_items(session_id, [self._pending(item) for item in items])
             else:
-                del self._unwritten[session_id]
+                await self._append_whole(session_id, items)  # type: ignore[arg-type]  # no parts: wholes only
+        except Exception as exc:  # a record that cannot be made is dropped and counted: the writer goes on
+            get_logger().exception("records_not_made", session=session_id, records=len(items))
+            for item in items:
+                self._drop(item, exc)
+        finally:
+            self._in_writing.discard(session_id)
 
     async def settle(self, session_id: str, timeout: float) -> bool:
         """Wait, at most ``timeout`` seconds, until the records queued so far for ``session_id``
         are written (or dropped); other sessions' traffic does not hold it up. Returns whether
         they were."""
         deadline = asyncio.get_running_loop().time() + timeout
-        while self._unwritten.get(session_id):
+        while session_id in self._in_writing or any(_session(item) == session_id for item in self._queue):
             if self._hurry is not None:
                 self._hurry.set()
             if asyncio.get_running_loop().time() >= deadline:
@@ -306,11 +367,11 @@ class Recording:
             await asyncio.sleep(0.005)
         return True
 
-    async def _write_items(self, session_id: str, items: list[_Pending], parts: bool = True) -> None:
+    async def _write_items(self, session_id: str, items: list[_Pending]) -> None:
         """A session's queued records, in order, their blobs stored first, in one append
-        (``parts``: whether some may be part of a call, a request or a response alone)."""
+        (``_append``: a whole call is one record, a part of one is joined or named)."""
         if self.mode != "full":  # no blobs
-            await (self._append if parts else self._append_whole)(session_id, items)
+            await self._append(session_id, items)
             return
         ready: list[_Pending] = []
         for pending in items:
@@ -322,7 +383,7 @@ class Recording:
                     self._dropped(kind, exc, pending.request_id)
                 continue
             ready.append(pending)
-        await (self._append if parts else self._append_whole)(session_id, ready)
+        await self._append(session_id, ready)
 
     async def _append(self, session_id: str, group: list[_Pending]) -> None:
         """One append for the group. A call whose request and response are both in it is one
@@ -364,15 +425,34 @@ class Recording:
         if at:  # requests written alone (a whole call, nearly every row, waits for nothing)
             self._remember(rows, events)
 
-    async def _append_whole(self, session_id: str, group: list[_Pending]) -> None:
-        """``_append`` of a group of whole calls only (each request record holds its outcome):
-        one record each, none to remember."""
+    async def _append_whole(self, session_id: str, group: list[_Whole]) -> None:
+        """The records of a group of whole calls only, as captured at their end (``metadata``
+        mode: no blobs), in one ``append_calls``: each call's record holds its outcome, what the
+        calls share is written once, and none is remembered."""
+        hashed = self._hashed
+        index: dict[Common, int] = {}
+        rows: list[CallRow] = []
+        for (call, inbound, described, log_seq, _, unhashed), status, latency, usage, error_code, _, truncated, _ \
+                in group:
+            if unhashed is not None:  # sent as it came: both digests are this one
+                inbound, projected = hashed(unhashed), ""
+            else:
+                projected = described.projected_digest
+                if projected == inbound:
+                    projected = ""
+            common = (call.route, call.fmt.NAME, call.upstream, call.method, call.path, call.headers,
+                      described.public_urls)
+            at = index.get(common)
+            if at is None:
+                at = index[common] = len(index)
+            rows.append((at, call.request_id, log_seq, inbound, projected, described.refs, described.shape, status,
+                         latency, usage, error_code, truncated))
         try:
-            await self.log.append(session_id, None, [pending.data for pending in group], durable=False)
+            await self.log.append_calls(session_id, CallRecords(tuple(index), rows))
         except Exception as exc:
-            for pending in group:
-                for kind in _kinds(pending.data):
-                    self._dropped(kind, exc, pending.request_id)
+            for row in rows:
+                self._dropped("request", exc, row[1])
+                self._dropped("response", exc, row[1])
 
     def _remember(self, rows: list[list[_Pending]], events: list[Any]) -> None:
         """The seqs of request records whose response is still to come."""
@@ -385,10 +465,38 @@ class Recording:
                 while len(self._seqs) > 4 * self.queue_size:
                     self._seqs.popitem(last=False)
 
+    def _drop(self, item: _Whole | _Pending, exc: BaseException | str) -> None:
+        """Drop a queued record, or one about to be (and the body it held for the writer to hash)."""
+        if type(item) is tuple:
+            facts = item[0]
+            kinds: tuple[str, ...] = ("request", "response")
+            request_id, unhashed = facts[0].request_id, facts[5]
+        else:
+            pending: _Pending = item  # type: ignore[assignment]
+            kinds, request_id, unhashed = _kinds(pending.data), pending.request_id, pending.unhashed
+            pending.unhashed = None
+        for kind in kinds:
+            self._dropped(kind, exc, request_id)
+        if unhashed is not None:
+            self._unhashed_bytes -= len(unhashed)
+
     def _dropped(self, kind: str, exc: BaseException | str, request_id: str) -> None:
         self.metrics.records_dropped[kind] += 1
         code = exc if isinstance(exc, str) else exc.code if isinstance(exc, ProjectionistError) else type(exc).__name__
         get_logger().warning("record_dropped", kind=kind, error=code, request_id=request_id)
+
+
+def _session(item: _Whole | _Pending) -> str:
+    """The session a queued record belongs to."""
+    return item[0][0].session_id if type(item) is tuple else item.session_id  # type: ignore[union-attr]
+
+
+def _soon(whole: _Whole) -> bool:
+    """Whether a whole call's record is written within ``Recording.image_wait``: the call carried
+    images (its request record has references: what a refusal's attribution counts), or the record
+    holds bodies."""
+    facts = whole[0]
+    return bool(facts[2].refs) or facts[4] is not None or bool(whole[7])
 
 
 def _kinds(record: RequestRecorded | ResponseRecorded) -> tuple[str, ...]:
@@ -426,6 +534,16 @@ class CallInfo(msgspec.Struct, frozen=True, gc=False):
     method: str
     path: str
     headers: tuple[tuple[str, str], ...] = ()
+
+
+#: What a recorded call's request record says beyond its outcome, held from its start: the call,
+#: the inbound digest, what ``describe`` found, the log seq projected on, the inbound body (``full``
+#: mode) and the body the writer is to hash (sent as it came).
+Facts = tuple[CallInfo, str, Described, int, bytes | None, bytes | None]
+#: A whole call as its end captured it, for the writer to make its one record of: its ``Facts``,
+#: then status, latency, usage, error code, response blob id, whether the body was truncated, and
+#: the response's blobs (``full`` mode).
+_Whole = tuple[Facts, int | None, float, dict[str, Any] | None, str | None, str | None, bool, tuple[bytes, ...]]
 
 
 class Meter:
@@ -478,20 +596,27 @@ class Meter:
         return self._reported
 
 
+#: A held request record's state (``Recorder.state``).
+HELD: Final = 0
+#: Its request record was queued alone (no hold, or the hold ran out): the response follows on its own.
+RELEASED: Final = 1
+#: The call's outcome is queued, or the call was discarded: nothing more is recorded.
+DONE: Final = 2
+
+
 class Recorder(Meter):
-    """Watches one recorded call's response and queues its ``response/recorded`` event once the
-    call ended (``finished``, ``failed``, ``cancelled``): never in the request's wait. It holds
-    what the request record says beyond ``call`` until that record is made: once, with the
-    call's outcome in it, or alone when the hold runs out (``release``)."""
+    """Watches one recorded call's response and queues its record once the call ended
+    (``finished``, ``failed``, ``cancelled``): never in the request's wait. What the request
+    record says is held as the ``Facts`` the call started with; at the end they go to the writer
+    with the outcome, as one tuple (``_Whole``), and the writer makes the record: the call's own
+    path makes no record, event or envelope. A call whose hold ran out (``release``) has its
+    request record queued alone, and its outcome follows as a ``response/recorded`` event."""
 
-    __slots__ = ("recording", "call", "full", "recorded", "held", "inbound", "described", "log_seq", "raw",
-                 "unhashed")
+    __slots__ = ("recording", "facts", "state")
 
-    def __init__(self, recording: Recording, call: CallInfo, inbound: str, described: Described, log_seq: int,
-                 raw: bytes | None, unhashed: bytes | None = None) -> None:
-        full = recording.mode == "full"
+    def __init__(self, recording: Recording, facts: Facts, limit: int) -> None:
         # ``Meter.__init__`` written out: every recorded call makes one
-        self.limit = recording.max_response_bytes if full else USAGE_SCAN_BYTES
+        self.limit = limit
         self.chunks = []
         self.size = 0
         self.truncated = False
@@ -499,49 +624,37 @@ class Recorder(Meter):
         self.complete = False
         self._reported = None
         self.recording = recording
-        self.call = call
-        self.full = full
-        self.recorded = False
-        #: Whether the request record is still held back for the call's outcome.
-        self.held = True
-        self.inbound = inbound
-        self.described = described
-        self.log_seq = log_seq
-        self.raw = raw  # ``full`` mode: the inbound body, stored as a blob
-        self.unhashed = unhashed  # a body sent as it came, hashed by the writer
+        self.facts = facts
+        self.state = HELD
+
+    @property
+    def unhashed(self) -> bytes | None:
+        """The body the writer is to hash (sent as it came), or None: its digest was taken."""
+        return self.facts[5]
+
+    @property
+    def full(self) -> bool:
+        """Whether the call is recorded with its bodies (``full`` mode)."""
+        return self.recording.mode == "full"
 
     def release(self) -> None:
         """Queue the held request record alone (no hold, the hold ran out, or the app is closing)."""
-        if not self.held:
+        if self.state != HELD:
             return
-        self.held = False
-        self.recording._held.pop(self, None)
-        self.recording._put(self._pending(None, ()))
-
-    def _pending(self, response: ResponseRecorded | None, blobs: tuple[bytes, ...]) -> _Pending:
-        """The request record, with ``response`` in it (one row for the call)."""
-        call, described, raw = self.call, self.described, self.raw
-        # positional, in ``RequestRecorded``'s field order (a test holds the two to the same
-        # fields): every call makes one, and keywords cost msgspec a lookup each
-        data = RequestRecorded(
-            call.request_id, call.route, call.fmt.NAME, call.upstream, call.method, call.path, self.log_seq,
-            self.inbound, described.projected_digest, described.refs, described.shape,
-            # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
-            # is recorded by its spliced digest: ``describe.spliced_id``)
-            sha256_id(raw) if raw is not None else None,
-            described.public_urls, response, call.headers,
-        )
-        if raw is not None:  # full mode: the inbound body first
-            blobs = (raw, *blobs)
-        return _Pending(call.session_id, call.request_id, data, blobs, self.unhashed, bool(blobs or described.refs))
+        self.state = RELEASED
+        recording, facts = self.recording, self.facts
+        recording._held.pop(self, None)
+        raw, unhashed = facts[4], facts[5]
+        blobs = (raw,) if raw is not None else ()
+        recording._put(_Pending(facts[0].session_id, facts[0].request_id, recording._request(facts[:5] + (None,), None),
+                                blobs, unhashed, bool(blobs or facts[2].refs)))
 
     def discard(self) -> None:
         """The call was never sent (built again, it proved the same as the one refused): nothing is recorded."""
-        if self.held and self.unhashed is not None:  # (a request record queued already is hashed by the writer)
-            self.recording._unhashed_bytes -= len(self.unhashed)
-        self.unhashed = None
-        self.recorded = True
-        self.held = False
+        unhashed = self.facts[5]
+        if self.state == HELD and unhashed is not None:  # (a request record queued already is hashed by the writer)
+            self.recording._unhashed_bytes -= len(unhashed)
+        self.state = DONE
         self.recording._held.pop(self, None)
 
     def finished(self, status: int) -> None:
@@ -557,28 +670,30 @@ class Recorder(Meter):
         self._record(None, "CLIENT_DISCONNECTED")
 
     def _record(self, status: int | None, error_code: str | None) -> None:
-        """Queue the call's outcome: in its request record when that is still held (one row for
-        the call, nearly every one), else as a ``response/recorded`` event naming it."""
-        if self.recorded:
+        """Queue the call's outcome: with its request facts while those are still held (one
+        row for the call, nearly every one), else as a ``response/recorded`` event naming it."""
+        state = self.state
+        if state == DONE:
             return
-        self.recorded = True
-        call = self.call
+        self.state = DONE
+        facts = self.facts
+        call = facts[0]
         # read once, for the access log too
         usage = (self._reported or self.reported(call.fmt))[0] if status is not None else None
         latency = round((time.perf_counter() - call.started) * 1_000_000) / 1000  # ``ms``, written out
-        if self.full and status is not None:
-            body = self.body()
-            data = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, sha256_id(body),
-                                    self.truncated)
-            blobs: tuple[bytes, ...] = (body,)
-        else:
-            data = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, None, self.truncated)
-            blobs = ()
         recording = self.recording
-        if not self.held:  # its request record was queued on its own: this one names it
-            recording._put(_Pending(call.session_id, call.request_id, data, blobs, None,
-                                    bool(blobs or self.described.refs)))
+        blobs: tuple[bytes, ...] = ()
+        blob = None
+        if recording.mode == "full" and status is not None:
+            body = self.body()
+            blob, blobs = sha256_id(body), (body,)
+        if state == HELD:
+            if recording.hold > 0:
+                recording._held.pop(self, None)
+            recording._whole((facts, status, latency, usage, error_code, blob, self.truncated, blobs))
             return
-        self.held = False
-        recording._held.pop(self, None)
-        recording._put(self._pending(data, blobs))
+        # its request record was queued on its own: this one names it
+        recording._put(_Pending(call.session_id, call.request_id,
+                                ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, blob,
+                                                 self.truncated),
+                                blobs, None, bool(blobs or facts[2].refs)))

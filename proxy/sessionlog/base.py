@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
-from typing import Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import msgspec
 
 from ...policy.errors import LogCorrupt
-from ...policy.events import (PRUNED_PREFIX, Event, EventData, RequestEvent, ResponseEvent, decode_event,
-                              pruned_record)
+from ...policy.events import (CALLS_PREFIX, PRUNED_PREFIX, CallRecords, Event, EventData, RequestEvent,
+                              ResponseEvent, calls_events, decode_event, encode_event, pruned_record)
 from ...policy.ports import SessionLog
 
 
@@ -61,8 +61,10 @@ class Log(SessionLog, Protocol):
     async def prune(self, before: str, session: str | None = None) -> Pruned: ...
 
 
-#: One append in a group commit: its session, its events' data and their types.
-Item = tuple[str, list[EventData], list[str]]
+#: One append in a group commit: its session, its events' data and their types; or its session
+#: and whole calls' records, types ``None`` (``SessionLog.append_calls``: the log gives back the
+#: last seq, not events).
+Item = tuple[str, list[EventData], list[str]] | tuple[str, CallRecords, None]
 
 
 class GroupCommit:
@@ -71,15 +73,24 @@ class GroupCommit:
     proxy pays one commit for the records of many calls in many sessions. A caller still returns
     only once its records are written; a batch that fails fails every caller in it."""
 
-    def __init__(self, write: Callable[[list[Item]], Awaitable[list[list[Event]]]]) -> None:
+    def __init__(self, write: Callable[[list[Item]], Awaitable[list[list[Event] | int]]]) -> None:
         self._write = write
-        self._queue: list[tuple[Item, asyncio.Future[list[Event]]]] = []
+        self._queue: list[tuple[Item, asyncio.Future[Any]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     async def append(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
+        events: list[Event] = await self._join((session_id, items, types))
+        return events
+
+    async def append_calls(self, session_id: str, calls: CallRecords) -> int:
+        """Whole calls' records in the next batch: the seq of the last of them."""
+        last: int = await self._join((session_id, calls, None))
+        return last
+
+    async def _join(self, item: Item) -> Any:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Event]] = loop.create_future()
-        self._queue.append(((session_id, items, types), future))
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((item, future))
         if self._flusher is None or self._flusher.done():
             self._flusher = loop.create_task(self._flush())
         return await asyncio.shield(future)
@@ -106,6 +117,13 @@ class GroupCommit:
             await asyncio.gather(self._flusher, return_exceptions=True)
 
 
+async def append_calls_as_events(log: SessionLog, session_id: str, calls: CallRecords) -> int:
+    """``SessionLog.append_calls`` for a log that stores each record as an event of its own:
+    the calls' records, appended (not durably) after the session's last event."""
+    events = await log.append(session_id, None, calls.records(), durable=False)
+    return events[-1].seq
+
+
 def utc_now() -> str:
     """The default clock of every backend: UTC ISO-8601 with milliseconds and a ``Z`` suffix."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -118,10 +136,13 @@ def join_records(encoded: list[bytes]) -> bytes:
 
 
 def split_records(body: bytes) -> list[bytes]:
-    """The events' own bytes in a body of several records (``join_records``); a body of one
+    """The events' own bytes in a body of several records (``join_records``, or whole calls'
+    records, ``events.encode_calls``: each event as it would be stored alone); a body of one
     event (a JSON object) is itself."""
     if body[:1] != b"[":
         return [body]
+    if body.startswith(CALLS_PREFIX):
+        return [encode_event(event) for event in calls_events(body)]
     return [bytes(raw) for raw in _rows_decoder.decode(body)]
 
 
@@ -164,18 +185,36 @@ def decode_rows(session_id: str, after_seq: int, rows: Iterable[tuple[int, objec
     expected = after_seq + 1
     for seq, body in rows:
         if isinstance(body, (bytes, memoryview)) and body[:1] == b"[":
-            parts = _split(session_id, seq, bytes(body))
+            whole = bytes(body)
+            calls = _calls(session_id, seq, whole) if whole.startswith(CALLS_PREFIX) else None
+            parts: list[bytes] | list[Event] = _split(session_id, seq, whole) if calls is None else calls
             first = seq - len(parts) + 1 if isinstance(seq, int) else seq
             if not isinstance(seq, int) or first > expected or seq < expected:
                 raise LogCorrupt(session_id, expected, f"missing (the next event found is seq {first})")
-            for at, part in enumerate(parts[expected - first:], expected):
-                events.append(_decode(session_id, at, part))
+            if calls is not None:  # decoded already, each numbered by the row
+                if calls[-1].seq != seq:
+                    raise LogCorrupt(session_id, seq, f"its body says seq {calls[-1].seq}")
+                events += calls[expected - first:]
+            else:
+                for at, part in enumerate(parts[expected - first:], expected):
+                    events.append(_decode(session_id, at, part))
             expected = seq + 1
             continue
         if not isinstance(seq, int) or seq != expected:
             raise LogCorrupt(session_id, expected, f"missing (the next event found is seq {seq})")
         events.append(_decode(session_id, seq, body))
         expected += 1
+    return events
+
+
+def _calls(session_id: str, seq: int, body: bytes) -> list[Event]:
+    """The events of a row of whole calls' records (``events.encode_calls``)."""
+    try:
+        events = calls_events(body)
+    except msgspec.DecodeError:
+        raise LogCorrupt(session_id, seq, "does not decode") from None
+    if not events:
+        raise LogCorrupt(session_id, seq, "an empty row of records")
     return events
 
 

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from ...policy.errors import AppendConflict, Unavailable
-from ...policy.events import Event, EventData, ForkedEvent
+from ...policy.events import CallRecords, Event, EventData, ForkedEvent
 from ...policy.fold import (
     CHECKPOINT_EVERY,
     EMPTY,
@@ -182,6 +182,13 @@ class CachedLog:
             before = self.states.get(session_id)
             await self._checkpoint(session_id, before, self._learn(session_id, events[0].seq - 1, events))
         return events
+
+    async def append_calls(self, session_id: str, calls: CallRecords) -> int:
+        """Records only: the cached fold just moves on to their last seq (when it was at the seq
+        before them), as ``append`` of the same records would."""
+        last = await self.inner.append_calls(session_id, calls)
+        self._learn_states(session_id, last - len(calls.calls), StateRead([], last))
+        return last
 
     async def fork(self, parent: str, child: str, at_seq: int | None = None) -> ForkedEvent:
         return await self.inner.fork(parent, child, at_seq)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import asyncpg
 import msgspec
@@ -27,6 +27,7 @@ from ...policy.events import (
     FORKED,
     PASSIVE_TYPES,
     RECORD_TYPES,
+    CallRecords,
     Event,
     EventData,
     Forked,
@@ -46,6 +47,7 @@ from .base import (
     Item,
     Pruned,
     SessionStats,
+    append_calls_as_events,
     decode_rows,
     decode_states,
     pruned_row,
@@ -188,6 +190,10 @@ class PostgresLog:
             raise AppendConflict(session_id, expected_seq or 0, -first - 1)
         return envelopes(first - 1, now, data)
 
+    async def append_calls(self, session_id: str, calls: CallRecords) -> int:
+        """Each call's record an event row of its own, in the records' group commit."""
+        return await append_calls_as_events(self, session_id, calls)
+
     async def _append_at_end(self, session_id: str, items: list[EventData], types: list[str]) -> list[Event]:
         """Records in group commits: a batch is one statement for all its sessions
         (``projectionist_append_records``), so a replica pays one round trip for the records of
@@ -196,13 +202,15 @@ class PostgresLog:
             raise RuntimeError("PostgresLog is closed")
         return await self._records.append(session_id, items, types)
 
-    async def _write_records(self, batch: list[Item]) -> list[list[Event]]:
+    async def _write_records(self, items_batch: list[Item]) -> list[list[Event] | int]:
+        # every item is events' data: ``append_calls`` appends its calls' records as events
+        batch = cast(list[tuple[str, list[EventData], list[str]]], items_batch)
         now = self._clock()
         sessions = [sid for sid, items, _ in batch for _ in items]
         types = [t for _, _, kinds in batch for t in kinds]
         bodies = [_DATA.encode(item) for _, items, _ in batch for item in items]
         seqs = await self._run(lambda conn: conn.fetchval(self._sql["append_records"], sessions, types, now, bodies))
-        written: list[list[Event]] = []
+        written: list[list[Event] | int] = []
         index = 0
         for _, items, _ in batch:
             written.append([envelope(int(seqs[index + i]), now, item) for i, item in enumerate(items)])

@@ -12,6 +12,7 @@ from projectionist.policy.events import Checkpoint, CheckpointEvent, Event, Even
 from projectionist.policy.fold import SessionState, fold
 from projectionist.proxy.sessionlog.cached import CachedLog, StateCache
 from tests.memory import MemoryLog
+from tests.records import whole_calls
 
 
 def test_state_cache_is_bounded_and_keeps_the_newest_fold() -> None:
@@ -71,3 +72,18 @@ async def test_a_checkpoint_that_cannot_be_written_is_skipped_and_tried_again_la
     memory.error = None
     await log.append("s", 3, [quarantine(3)])
     assert isinstance((await memory.read("s"))[-1], CheckpointEvent)
+
+
+async def test_whole_calls_move_the_cached_fold_on_to_their_last_seq_as_their_records_would() -> None:
+    """``append_calls`` appends records only: the cached fold stays what it was and moves on to
+    their last seq, so the next decision expects the seq a read would give, with no read."""
+    memory = MemoryLog()
+    log = CachedLog(memory)
+    await log.append("s", 0, [quarantine(1)])
+    before = log.state("s")
+    assert await log.append_calls("s", whole_calls(3)) == 4
+    after = log.state("s")
+    assert before is not None and after is not None and after.last_seq == 4
+    assert after == fold(await memory.read("s"))
+    landed = await log.append("s", after.last_seq, [quarantine(2)])
+    assert [e.seq for e in landed] == [5]

@@ -39,6 +39,7 @@ from projectionist.policy.events import (
     Quarantine,
     QuarantineEvent,
     Recovered,
+    RequestEvent,
     RecoveredEvent,
     UnknownEvent,
     encode_event,
@@ -51,6 +52,7 @@ from projectionist.proxy.sessionlog.sqlite import SqliteLog
 from tests.backends import pg_dsn
 from tests.conftest import drop_schema
 from tests.paths import ROOT
+from tests.records import whole_calls
 
 ID_A = "sha256:" + "a" * 64
 ID_B = "sha256:" + "b" * 64
@@ -361,6 +363,27 @@ async def test_records_never_make_a_conditional_append_conflict(log: SessionLog)
         await log.append("s", 1, [q("sha256:" + "c" * 64)])  # seq 4 is a state event after 1
     assert info.value.actual == 4
     assert [e.seq for e in await log.read("s")] == [1, 2, 3, 4]
+
+
+async def test_whole_calls_read_back_as_the_records_they_stand_for(log: SessionLog) -> None:
+    """``append_calls`` (what ``metadata`` recording appends): the calls' records after the
+    session's last event, one seq each and the append's one time, read back as the events an
+    ``append`` of ``calls.records()`` gives, also from inside them; a state read leaves them out
+    but counts them, and they never make a conditional append conflict."""
+    await log.append("s", 0, [q()])
+    calls = whole_calls(5)
+    assert await log.append_calls("s", calls) == 6
+    events = await log.read("s")
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5, 6]
+    assert all(isinstance(e, RequestEvent) for e in events[1:]) and len({e.time for e in events[1:]}) == 1
+    assert [e.data for e in events[1:]] == calls.records()
+    assert await log.read("s", 3) == events[3:]
+    state = await log.read_state("s")
+    assert (state.events, state.last_seq) == (events[:1], 6)
+    assert [e.seq for e in await log.append("s", 1, [q(ID_B)])] == [7]
+    alone = await log.append("t", None, calls.records(), durable=False)
+    assert [encode_event(e.data) for e in await log.read("t")] == [encode_event(e.data) for e in events[1:]] \
+        == [encode_event(e.data) for e in alone]
 
 
 async def test_multi_event_append_is_atomic(log: SessionLog, log_backend: LogBackend) -> None:

@@ -16,6 +16,7 @@ from projectionist.proxy.sessionlog.base import Pruned
 from projectionist.proxy.sessionlog.postgres import PostgresLog
 from projectionist.proxy.sessionlog.retention import cutoff, keep_pruning
 from projectionist.proxy.sessionlog.sqlite import SqliteLog
+from tests.records import whole_calls
 from tests.proxy.sessionlog.test_log_contract import ID_B, LogBackend, log_backend, q, rec, record  # noqa: F401
 
 OLD, CUT, NEW = "2026-01-01T00:00:00.000Z", "2026-06-01T00:00:00.000Z", "2026-12-01T00:00:00.000Z"
@@ -66,6 +67,27 @@ async def test_old_records_become_stand_ins_and_nothing_else_changes(log_backend
     assert await log.read_state("s") == state_before
     assert 0 < done.bytes_after < done.bytes_before  # (these records are small: a real call's are ~1.8 KB)
     assert await log.prune(CUT) == Pruned()  # pruned already: nothing to do
+    assert await log.read("s") == after
+
+
+async def test_old_whole_calls_become_stand_ins_like_any_record(log_backend: LogBackend) -> None:
+    """Records appended as whole calls (``append_calls``; SQLite: a row in their short form) are
+    pruned like any other: each old one a stand-in of its seq, time and type, the new ones kept."""
+    clock = Clock()
+    log = log_backend.make(clock=clock)
+    await log.append("s", 0, [q()])
+    await log.append_calls("s", whole_calls(4))
+    clock.now = NEW
+    await log.append_calls("s", whole_calls(2, "new"))
+    before = await log.read("s")
+    done = await log.prune(CUT)
+    after = await log.read("s")
+    assert [e.seq for e in after] == [e.seq for e in before] == [1, 2, 3, 4, 5, 6, 7]
+    assert done.records == 4 and done.sessions == 1
+    assert [(e.seq, e.time, msgspec.json.decode(e.data)) for e in after[1:5] if isinstance(e, UnknownEvent)
+            and e.type == PRUNED] == [(e.seq, OLD, {"was": "request/recorded"}) for e in before[1:5]]
+    assert [encode_event(e) for e in after[:1] + after[5:]] == [encode_event(e) for e in before[:1] + before[5:]]
+    assert await log.prune(CUT) == Pruned()
     assert await log.read("s") == after
 
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projectionist.policy.errors import AppendConflict, Unavailable
+from projectionist.policy.errors import AppendConflict, LogCorrupt, Unavailable
 from projectionist.policy.events import (
     Quarantine,
     Recovered,
@@ -28,6 +28,7 @@ from projectionist.policy.events import (
 )
 from projectionist.proxy.sessionlog.base import join_records, split_records
 from projectionist.proxy.sessionlog.sqlite import PAGE_SIZE, SCHEMA_VERSION, SqliteLog
+from tests.records import whole_calls
 
 ID_A = "sha256:" + "a" * 64
 ID_B = "sha256:" + "b" * 64
@@ -408,6 +409,72 @@ async def test_the_records_of_a_group_commit_are_one_row_and_read_as_one_event_e
         await log.close()
 
 
+async def test_whole_calls_are_a_row_of_their_own_between_the_records_of_one_group_commit(db: Path) -> None:
+    """``append_calls`` in the same group commit as other records of the session: its calls are
+    one row of their own (in their short form), the records before and after rows of theirs,
+    no two rows over one seq; a reader sees one event per seq, from inside a row too."""
+    log = SqliteLog(db, clock=ticking_clock())
+    calls = whole_calls(3)
+    try:
+        before, last, after = await asyncio.gather(
+            log.append("s", None, [call_record(1), call_record(2)], durable=False),
+            log.append_calls("s", calls),
+            log.append("s", None, [call_record(3)], durable=False))
+        assert last == 5
+        assert rows_of(db, "s") == [(2, 1, "response/recorded"), (5, 3, "request/recorded"),
+                                    (6, None, "response/recorded")]
+        events = await log.read("s")
+        assert [e.seq for e in events] == [1, 2, 3, 4, 5, 6]
+        assert events[:2] == before and events[5:] == after and [e.data for e in events[2:5]] == calls.records()
+        assert await log.read("s", 3) == events[3:]
+        assert [(s.session, s.events, s.last_seq) for s in await log.session_stats()] == [("s", 6, 6)]
+    finally:
+        await log.close()
+
+
+async def test_whole_calls_take_under_half_the_bytes_of_their_records_stored_as_events(db: Path) -> None:
+    log = SqliteLog(db, clock=ticking_clock())
+    calls = whole_calls(50)
+    try:
+        await log.append_calls("short", calls)
+        await log.append("events", None, calls.records(), durable=False)
+        assert [e.data for e in await log.read("short")] == [e.data for e in await log.read("events")]
+    finally:
+        await log.close()
+    with sqlite3.connect(db) as conn:
+        size = dict(conn.execute("SELECT session, sum(length(body)) FROM events GROUP BY session").fetchall())
+    assert size["short"] * 2 < size["events"]
+
+
+@pytest.mark.parametrize("at", [1, 2, 3])
+async def test_a_fork_inside_a_row_of_whole_calls_copies_their_records(db: Path, at: int) -> None:
+    log = SqliteLog(db, clock=ticking_clock())
+    try:
+        await log.append_calls("p", whole_calls(4))
+        parent = await log.read("p")
+        await log.fork("p", "c", at)
+        child = await log.read("c")
+        assert child[:at] == parent[:at] and child[at].seq == at + 1 and len(child) == at + 1
+        assert await log.read("p") == parent
+    finally:
+        await log.close()
+
+
+async def test_a_row_of_whole_calls_that_names_a_shared_part_it_lacks_is_corruption(db: Path) -> None:
+    log = SqliteLog(db, clock=ticking_clock())
+    try:
+        await log.append_calls("s", whole_calls(2))
+        with sqlite3.connect(db) as conn:
+            (body,) = conn.execute("SELECT body FROM events WHERE session = 's'").fetchone()
+            conn.execute("UPDATE events SET body = ? WHERE session = 's'",
+                         (bytes(body).replace(b"]]],[[0,", b"]]],[[7,", 1),))
+        with pytest.raises(LogCorrupt) as info:
+            await log.read("s")
+        assert (info.value.session_id, info.value.seq) == ("s", 2)
+    finally:
+        await log.close()
+
+
 @pytest.mark.parametrize("at", [1, 2, 3])
 async def test_a_fork_inside_a_row_of_records_copies_each_record_verbatim(db: Path, at: int) -> None:
     log = SqliteLog(db, clock=ticking_clock())
@@ -451,7 +518,8 @@ async def test_a_version_3_file_gets_rows_of_records_and_keeps_its_rows(db: Path
 async def test_a_version_4_file_without_rowid_is_rebuilt_as_a_rowid_table_and_reads_the_same(db: Path) -> None:
     """Up to 2026-12-05 the table was ``WITHOUT ROWID``: a seek there reads every row of records it
     passes in full (0.3 ms with rows of 200 KB). Opening such a file rebuilds it as a rowid table
-    in place, its rows (a row of several records too) read back the same, its version kept."""
+    in place, its rows (a row of several records too) read back the same, and its version is 5
+    (rows of whole calls, ``append_calls``, are new in 5: the rebuild has nothing to change for them)."""
     old = sqlite3.connect(db.parent.mkdir(parents=True) or db)
     old.execute(old_layout(first=True))
     old.execute("PRAGMA user_version = 4")
@@ -479,7 +547,7 @@ async def test_a_version_4_file_without_rowid_is_rebuilt_as_a_rowid_table_and_re
     with sqlite3.connect(db) as conn:
         sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         assert "WITHOUT ROWID" not in sql.upper()
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events_state'").fetchone() == (1,)
         assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events_state_changes'").fetchone() == (1,)
         # the last seq of a session comes from the key's index alone: no row's body is read

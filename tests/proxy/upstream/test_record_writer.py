@@ -14,11 +14,13 @@ from typing import Any
 import msgspec
 
 from projectionist.adapters import openai_chat
-from projectionist.policy.events import EventData, RefRecord, RequestRecorded, ResponseRecorded, envelope
+from projectionist.policy.events import (CallRecords, EventData, RefRecord, RequestRecorded, ResponseRecorded,
+                                          envelope)
 from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.call import record as record_module
 from projectionist.proxy.call.describe import UNHASHED, Described, of_raw, sha256_id
 from projectionist.proxy.call.record import CallInfo, Recorder, Recording
+from projectionist.proxy.sessionlog.base import append_calls_as_events
 
 
 class AppendsLog:
@@ -36,6 +38,9 @@ class AppendsLog:
         start = self.seq.get(session_id, 0)
         self.seq[session_id] = start + len(data)
         return [envelope(start + i, "2026-01-01T00:00:00Z", item) for i, item in enumerate(data, 1)]
+
+    async def append_calls(self, session_id: str, calls: CallRecords) -> int:
+        return await append_calls_as_events(self, session_id, calls)
 
 
 def start(recording: Recording, index: int, session: str = "s") -> Recorder:
@@ -329,9 +334,9 @@ def test_a_request_record_has_each_of_its_fields_where_the_recorder_means_it() -
                     (("header-x", "value-x"),))
     raw = b'{"model": "m"}'
     described = msgspec.structs.replace(of_raw(raw), projected_digest="sha256:projected", public_urls=("http://x/",))
-    recorder = Recorder(recording, call, "sha256:inbound", described, 41, raw)
+    recorder = Recorder(recording, (call, "sha256:inbound", described, 41, raw, None), 1024)
     response = ResponseRecorded("req-9", 0, 200, 1.5)
-    record = recorder._pending(response, ()).data
+    record = recording._request(recorder.facts, response)
     assert msgspec.structs.asdict(record) == msgspec.structs.asdict(RequestRecorded(
         request_id="req-9", route="route-x", adapter=openai_chat.NAME, upstream="upstream-x", method="METHOD-X",
         path="/path-x", log_seq=41, inbound_digest="sha256:inbound", projected_digest="sha256:projected",
@@ -476,3 +481,27 @@ async def test_a_record_queued_while_close_stops_the_writer_is_still_written() -
     assert whole_calls(log) == ["req-0", "req-1"]
     assert not recording._queue and recording._unhashed_bytes == 0
     await asyncio.wait_for(recording.drain(), 1.0)
+
+
+async def test_records_the_writer_cannot_make_are_dropped_and_counted_and_the_writer_goes_on(
+        monkeypatch: Any) -> None:
+    """A record that cannot be made (a bug, a value no record can hold) costs that batch's
+    records, counted as dropped, never the writer: a drain returns and later calls are written."""
+    metrics, log = Metrics(), AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, metrics, 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=0.0, hold=30.0)
+
+    def broken(*args: Any) -> Any:
+        raise TypeError("not a record")
+
+    monkeypatch.setattr(recording, "_hashed", broken)  # the records of the batch are made after it
+    for index in range(3):
+        unchanged(recording, index, b'{"model": "m", "messages": []}')._record(200, None)
+    await asyncio.wait_for(recording.drain(), 5)
+    assert (metrics.records_dropped["request"], metrics.records_dropped["response"]) == (3, 3)
+    assert recording._unhashed_bytes == 0
+    monkeypatch.undo()
+    unchanged(recording, 3, b'{"model": "m", "messages": []}')._record(200, None)
+    await asyncio.wait_for(recording.drain(), 5)
+    assert whole_calls(log) == ["req-3"]
+    await recording.close()

@@ -96,6 +96,7 @@ async def test_a_request_record_that_cannot_be_written_does_not_stop_the_call(
     async def down(*args: Any, **kwargs: Any) -> Any:
         raise Unavailable("session log unavailable", code="LOG_UNAVAILABLE")
     monkeypatch.setattr(services.log, "append", down)
+    monkeypatch.setattr(services.log, "append_calls", down)  # a whole call's record (metadata mode)
     body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     assert msgspec.json.decode(one_whole_response(await raw_exchange(harness, body, session="spliced"))) == COMPLETION
     await services.recording.drain()
