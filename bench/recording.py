@@ -44,7 +44,7 @@ async def _run(p: Any, calls: int, batch: int, record: bool) -> float:
             for i in range(batch):
                 if record:
                     info = p.CallInfo("bench-text", f"r{base + i}", time.perf_counter(), "openai_chat", p.openai_chat,
-                                      "openai", "POST", "/v1/chat/completions", p.recordable_headers(headers))
+                                      "openai", "POST", "/v1/chat/completions", p.headers_of(headers))
                     meter = recording.start(info, raw, p.of_unchanged(raw), None)
                 else:
                     meter = p.Meter()
@@ -77,11 +77,16 @@ def _one(root: str) -> None:
     from projectionist.adapters import openai_chat
     from projectionist.proxy.call.describe import of_unchanged
     from projectionist.proxy.call.outgoing import recordable_headers
+    from projectionist.proxy.call.prepare import Outgoing
     from projectionist.proxy.call.record import CallInfo, Meter, Recording
     from projectionist.proxy.observe.metrics import Metrics
     from projectionist.proxy.sessionlog.cached import CachedLog
     from projectionist.proxy.sessionlog.sqlite import SqliteLog
-    p = SimpleNamespace(openai_chat=openai_chat, of_unchanged=of_unchanged, recordable_headers=recordable_headers,
+    # what a call holds of the headers it sent: since 2026-12-07 the headers themselves (the writer
+    # keeps the recordable ones), before that the recordable ones
+    sent = "sent" in Outgoing.__dataclass_fields__
+    headers_of = (lambda headers: tuple(headers.items())) if sent else recordable_headers
+    p = SimpleNamespace(openai_chat=openai_chat, of_unchanged=of_unchanged, headers_of=headers_of,
                         CallInfo=CallInfo, Meter=Meter, Recording=Recording, Metrics=Metrics, CachedLog=CachedLog,
                         SqliteLog=SqliteLog)
     calls, batch, runs = int(os.environ.get("N", "20000")), int(os.environ.get("B", "200")), int(os.environ.get("R", "5"))

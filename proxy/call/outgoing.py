@@ -13,7 +13,7 @@ headers) is never forwarded, in whatever header or query parameter it came.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final, Protocol
 from urllib.parse import unquote_plus
 
@@ -61,11 +61,12 @@ def is_credential(name: str, value: str = "") -> bool:
             or _CREDENTIAL_NAME.search(name) is not None or _CREDENTIAL_VALUE.search(value) is not None)
 
 
-def recordable_headers(headers: MultiMapping[str]) -> tuple[tuple[str, str], ...]:
-    """The headers a call went upstream with, in order, minus every one that ``is_credential``:
-    what its record keeps, so replay sends the same (and the configured key again)."""
+def recordable_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The headers a call went upstream with (``items()`` of them, in order), minus every one
+    that ``is_credential``: what its record keeps, so replay sends the same (and the configured
+    key again)."""
     kept = []
-    for pair in headers.items():
+    for pair in headers:
         known = _RECORDABLE.get(pair)  # a name is an ``istr``: it hashes and compares as its str
         if known is not None:
             kept.append(known)

@@ -32,7 +32,7 @@ from ..inbound.services import Carried
 from . import refusals
 from .body import Asked, Built, build
 from .call import Call
-from .outgoing import outgoing_headers, readable_codings, recordable_headers, recorded_path
+from .outgoing import outgoing_headers, readable_codings, recorded_path
 from .read import Inbound
 from .record import CallInfo, Recorder
 from .resend import Resend
@@ -65,18 +65,20 @@ def carried_ids(built: Built) -> frozenset[str]:
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """The headers a call goes upstream with (``outgoing_headers``, for a body sent decoded, with
-    codings the proxy reads) and, when asked for, what its record keeps of them."""
+    codings the proxy reads) and, when asked for, a copy of them as they are now, for its record
+    (``sent``: credentials included, held for the writer, which keeps ``recordable_headers``
+    of them; a trace header added later is not in it)."""
 
     headers: CIMultiDict[str]
-    recorded: tuple[tuple[str, str], ...] = ()
+    sent: tuple[tuple[str, str], ...] = ()
 
 
 def outgoing(call: Call, *, recorded: bool) -> Outgoing:
-    """``call``'s ``Outgoing``, its record's part only when ``recorded``."""
+    """``call``'s ``Outgoing``, the copy for its record only when ``recorded``."""
     headers = outgoing_headers(call.request.headers, call.fmt, call.upstream, call.services.guard)
     headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
     readable_codings(headers)
-    return Outgoing(headers, recordable_headers(headers) if recorded else ())
+    return Outgoing(headers, tuple(headers.items()) if recorded else ())
 
 
 async def prepare(call: Call, inbound: Inbound, *, sending: Outgoing | None = None, probing: bool = True) -> Prepared:
@@ -112,7 +114,7 @@ class _Projecting:
         self.identities = services.identities if services.config.policy.inline_images and session_id else None
         sending = sending or outgoing(call, recorded=self.recording)
         self.headers = sending.headers
-        self.sent_headers = sending.recorded if self.recording else ()
+        self.sent_headers = sending.sent if self.recording else ()
         self.started = time.perf_counter()
         self.refs: list[ImageRef] = []
         #: The calls in flight that carry this call's body (``send`` adds them; a re-send updates them).

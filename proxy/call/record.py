@@ -39,6 +39,7 @@ from ..observe.logger import get_logger
 from ..observe.metrics import Metrics
 from ..stores.base import Store
 from .describe import UNHASHED, Described, of_unchanged, sha256_id
+from .outgoing import recordable_headers
 
 _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.
@@ -338,7 +339,7 @@ class Recording:
             # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
             # is recorded by its spliced digest: ``describe.spliced_id``)
             sha256_id(raw) if raw is not None else None,
-            described.public_urls, response, call.headers,
+            described.public_urls, response, recordable_headers(call.headers),
         )
 
     async def _write_session(self, session_id: str, items: list[_Whole | _Pending], parts: bool) -> None:
@@ -432,15 +433,22 @@ class Recording:
         hashed = self._hashed
         index: dict[Common, int] = {}
         rows: list[CallRow] = []
+        # the headers a session's calls send are nearly always the same: compared (in C) with the
+        # last call's, they are looked through (in Python) once a group, not once a call
+        sent: tuple[tuple[str, str], ...] | None = None
+        headers: tuple[tuple[str, str], ...] = ()
         for (call, inbound, described, log_seq, _, unhashed), status, latency, usage, error_code, _, truncated, _ \
                 in group:
+            if call.headers != sent:
+                sent = call.headers
+                headers = recordable_headers(sent)
             if unhashed is not None:  # sent as it came: both digests are this one
                 inbound, projected = hashed(unhashed), ""
             else:
                 projected = described.projected_digest
                 if projected == inbound:
                     projected = ""
-            common = (call.route, call.fmt.NAME, call.upstream, call.method, call.path, call.headers,
+            common = (call.route, call.fmt.NAME, call.upstream, call.method, call.path, headers,
                       described.public_urls)
             at = index.get(common)
             if at is None:
@@ -522,8 +530,10 @@ class _Pending(msgspec.Struct, gc=False):
 
 
 class CallInfo(msgspec.Struct, frozen=True, gc=False):
-    """What a record says about the call itself: ``headers`` are the ones it went upstream with,
-    never a key, token or cookie (``outgoing.recordable_headers``)."""
+    """What a record says about the call itself. ``headers`` are the ones it went upstream with,
+    as they were sent (``prepare.Outgoing.sent``, credentials included): held in memory until the
+    writer makes the record, which keeps only ``outgoing.recordable_headers`` of them, never a
+    key, token or cookie."""
 
     session_id: str
     request_id: str

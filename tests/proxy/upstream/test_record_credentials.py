@@ -129,11 +129,11 @@ def test_the_recorded_headers_of_calls_seen_before_and_of_one_with_a_new_header(
 
     seen = [("Content-Type", "application/json"), ("Authorization", "Bearer sk-one"), ("X-Client", "plain")]
     expected = (("Content-Type", "application/json"), ("X-Client", "plain"))
-    assert recordable_headers(CIMultiDict(seen)) == expected
-    assert recordable_headers(CIMultiDict(seen)) == expected  # all seen before
-    assert recordable_headers(CIMultiDict([*seen, ("Authorization", "Bearer sk-two")])) == expected
-    assert recordable_headers(CIMultiDict([*seen, ("X-Client", "plain")])) == (*expected, ("X-Client", "plain"))
+    assert recordable_headers(CIMultiDict(seen).items()) == expected
+    assert recordable_headers(CIMultiDict(seen).items()) == expected  # all seen before
+    assert recordable_headers(CIMultiDict([*seen, ("Authorization", "Bearer sk-two")]).items()) == expected
+    assert recordable_headers(CIMultiDict([*seen, ("X-Client", "plain")]).items()) == (*expected, ("X-Client", "plain"))
     # a new harmless header among known ones is kept, in its place; a credential in a known name's value is not
     new = [("X-New", "v1"), *seen, ("X-Client", "Bearer sk-leak-in-a-known-name")]
-    assert recordable_headers(CIMultiDict(new)) == (("X-New", "v1"), *expected)
-    assert recordable_headers(CIMultiDict(new)) == (("X-New", "v1"), *expected)
+    assert recordable_headers(CIMultiDict(new).items()) == (("X-New", "v1"), *expected)
+    assert recordable_headers(CIMultiDict(new).items()) == (("X-New", "v1"), *expected)

@@ -505,3 +505,26 @@ async def test_records_the_writer_cannot_make_are_dropped_and_counted_and_the_wr
     await asyncio.wait_for(recording.drain(), 5)
     assert whole_calls(log) == ["req-3"]
     await recording.close()
+
+
+async def test_each_record_keeps_the_recordable_part_of_the_headers_its_own_call_sent() -> None:
+    """A call holds the headers it sent as they were (its key among them) until the writer makes
+    its record: the record keeps the recordable ones, its own call's even where its neighbours
+    in the batch sent others, and never the key."""
+    log = AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=0.0, hold=30.0)
+    plain = (("Content-Type", "application/json"), ("Authorization", "Bearer sk-upstream-key"))
+    traced = (("Content-Type", "application/json"), ("X-Trace", "t1"), ("Authorization", "Bearer sk-upstream-key"))
+    raw = b'{"model": "m", "messages": []}'
+    for index, sent in enumerate([plain, plain, traced, plain, (("Authorization", "Bearer sk-upstream-key"),)]):
+        call = CallInfo("s", f"req-{index}", time.perf_counter(), "openai_chat", openai_chat, "openai", "POST",
+                        "/v1/chat/completions", sent)
+        recorder = recording.start(call, raw, UNHASHED, None)
+        recorder.complete = True
+        recorder._record(200, None)
+    await recording.drain()
+    rows = [row for row in log.rows if isinstance(row, RequestRecorded)]
+    assert [row.headers for row in rows] == [plain[:1], plain[:1], traced[:2], plain[:1], ()]
+    assert b"sk-upstream-key" not in msgspec.json.encode(log.rows)
+    await recording.close()
