@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from hashlib import sha256
 from collections import OrderedDict, deque
 from typing import Any, Final
 
@@ -77,6 +78,7 @@ class Recording:
         self.log = log
         self.store = store
         self.mode = mode
+        self.full = mode == "full"
         self.max_response_bytes = max_response_bytes
         self.metrics = metrics
         self.queue_size = queue_size
@@ -90,8 +92,9 @@ class Recording:
         #: would wait longer than ``image_wait``: hurries the writer then (one timer a batch).
         self._soon_at: asyncio.TimerHandle | None = None
         #: Calls in flight whose request record is held back for their outcome (see ``start``),
-        #: in the order they started, with the monotonic time each hold runs out; one timer (the
-        #: sweep) releases those whose hold ran out, not one timer per call.
+        #: in the order they started, with the time each started (``perf_counter``): its hold runs
+        #: out ``hold`` later; one timer (the sweep) releases those whose hold ran out, not one
+        #: timer per call.
         self._held: dict[Recorder, float] = {}
         self._sweep_at: asyncio.TimerHandle | None = None
         #: What the writer is to write: whole calls (``_Whole``, nearly every one) and parts of
@@ -132,7 +135,7 @@ class Recording:
         request record is queued when the hold runs out and its outcome follows as a
         ``response/recorded`` event. With no hold the request record is queued now. A small body
         sent as it came (``UNHASHED``) is hashed by the writer, within ``UNHASHED_MAX_BYTES``."""
-        full = self.mode == "full"
+        full = self.full
         unhashed = None
         if described is UNHASHED:  # sent as it came: its digest is both, taken by the writer (or now)
             if full or len(raw) > UNHASHED_BODY_MAX or self._unhashed_bytes + len(raw) > UNHASHED_MAX_BYTES:
@@ -144,13 +147,14 @@ class Recording:
         # writer hashes, both are empty until it does)
         inbound = described.projected_digest if projection is None else described.inbound_digest or sha256_id(raw)
         log_seq = projection.state.last_seq if projection is not None else 0
-        recorder = Recorder(self, (call, inbound, described, log_seq, raw if full else None, unhashed),
+        recorder = Recorder(self, (call, inbound, described, log_seq, raw if full else None, unhashed,
+                                   full or bool(described.refs)),
                             self.max_response_bytes if full else USAGE_SCAN_BYTES)
         if self.hold <= 0:
             recorder.release()
             return recorder
-        # the monotonic clock, as the loop's own: the sweep alone needs the loop, and only one at a time
-        self._held[recorder] = time.monotonic() + self.hold
+        # held since the call started (``perf_counter``, read once for the call): no clock read here
+        self._held[recorder] = call.started
         if self._sweep_at is None:
             self._sweep_at = asyncio.get_running_loop().call_later(self.hold, self._sweep)
         return recorder
@@ -159,9 +163,10 @@ class Recording:
         """Queue the request records whose hold ran out (the oldest first), and look again when
         the next one runs out."""
         self._sweep_at = None
-        now = time.monotonic()
+        now = time.perf_counter()
         expired: list[Recorder] = []
-        for recorder, until in self._held.items():  # oldest first: stop at the first still held
+        for recorder, started in self._held.items():  # oldest first: stop at the first still held
+            until = started + self.hold
             if until > now:
                 self._sweep_at = asyncio.get_running_loop().call_later(until - now, self._sweep)
                 break
@@ -191,7 +196,7 @@ class Recording:
         if len(queue) >= self.batch:
             assert self._hurry is not None
             self._hurry.set()
-        elif self.image_wait < self.batch_wait and _soon(whole):  # ``_queued`` written out: every call takes it
+        elif whole[0][6] and self.image_wait < self.batch_wait:  # ``_queued`` written out: every call takes it
             self._soon_timer()
 
     def _queued(self, soon: bool) -> None:
@@ -286,13 +291,22 @@ class Recording:
                 self._hurry.clear()  # this batch takes everything queued: the next one may gather
                 self._soon_going()
             self._told = False  # a record queued from now on tells the writer again
-            batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
+            queue = self._queue
+            if len(queue) <= self.batch:  # everything queued (nearly always): taken in C
+                batch = list(queue)
+                queue.clear()
+            else:
+                batch = [queue.popleft() for _ in range(self.batch)]
             parts = self._parts > 0  # this batch may hold parts of calls
-            if not self._queue:
+            if not queue:
                 self._parts = 0
             sessions: dict[str, list[_Whole | _Pending]] = {}
-            for item in batch:
-                sessions.setdefault(_session(item), []).append(item)
+            if parts:
+                for item in batch:
+                    sessions.setdefault(_session(item), []).append(item)
+            else:  # whole calls only: ``_session`` written out
+                for item in batch:
+                    sessions.setdefault(item[0][0].session_id, []).append(item)  # type: ignore[index]
             self._in_writing = set(sessions)
             try:
                 await asyncio.gather(*(self._write_session(sid, items, parts) for sid, items in sessions.items()))
@@ -326,7 +340,7 @@ class Recording:
     def _request(self, facts: Facts, response: ResponseRecorded | None) -> RequestRecorded:
         """The request record of a call, with ``response`` in it (one row for the call); a body
         sent as it came is hashed now."""
-        call, inbound, described, log_seq, raw, unhashed = facts
+        call, inbound, described, log_seq, raw, unhashed, _ = facts
         if unhashed is not None:
             inbound = projected = self._hashed(unhashed)
         else:
@@ -344,7 +358,7 @@ class Recording:
 
     async def _write_session(self, session_id: str, items: list[_Whole | _Pending], parts: bool) -> None:
         try:
-            if parts or self.mode == "full":  # each a ``_Pending``: a call's parts joined, its blobs stored
+            if parts or self.full:  # each a ``_Pending``: a call's parts joined, its blobs stored
                 await self._write_items(session_id, [self._pending(item) for item in items])
             else:
                 await self._append_whole(session_id, items)  # type: ignore[arg-type]  # no parts: wholes only
@@ -371,7 +385,7 @@ class Recording:
     async def _write_items(self, session_id: str, items: list[_Pending]) -> None:
         """A session's queued records, in order, their blobs stored first, in one append
         (``_append``: a whole call is one record, a part of one is joined or named)."""
-        if self.mode != "full":  # no blobs
+        if not self.full:  # no blobs
             await self._append(session_id, items)
             return
         ready: list[_Pending] = []
@@ -430,20 +444,21 @@ class Recording:
         """The records of a group of whole calls only, as captured at their end (``metadata``
         mode: no blobs), in one ``append_calls``: each call's record holds its outcome, what the
         calls share is written once, and none is remembered."""
-        hashed = self._hashed
         index: dict[Common, int] = {}
+        freed = 0  # bytes of the bodies hashed here (``_hashed`` written out)
         rows: list[CallRow] = []
         # the headers a session's calls send are nearly always the same: compared (in C) with the
         # last call's, they are looked through (in Python) once a group, not once a call
         sent: tuple[tuple[str, str], ...] | None = None
         headers: tuple[tuple[str, str], ...] = ()
-        for (call, inbound, described, log_seq, _, unhashed), status, latency, usage, error_code, _, truncated, _ \
+        for (call, inbound, described, log_seq, _, unhashed, _), status, latency, usage, error_code, _, truncated, _ \
                 in group:
             if call.headers != sent:
                 sent = call.headers
                 headers = recordable_headers(sent)
             if unhashed is not None:  # sent as it came: both digests are this one
-                inbound, projected = hashed(unhashed), ""
+                inbound, projected = "sha256:" + sha256(unhashed).hexdigest(), ""
+                freed += len(unhashed)
             else:
                 projected = described.projected_digest
                 if projected == inbound:
@@ -455,6 +470,7 @@ class Recording:
                 at = index[common] = len(index)
             rows.append((at, call.request_id, log_seq, inbound, projected, described.refs, described.shape, status,
                          latency, usage, error_code, truncated))
+        self._unhashed_bytes -= freed
         try:
             await self.log.append_calls(session_id, CallRecords(tuple(index), rows))
         except Exception as exc:
@@ -499,14 +515,6 @@ def _session(item: _Whole | _Pending) -> str:
     return item[0][0].session_id if type(item) is tuple else item.session_id  # type: ignore[union-attr]
 
 
-def _soon(whole: _Whole) -> bool:
-    """Whether a whole call's record is written within ``Recording.image_wait``: the call carried
-    images (its request record has references: what a refusal's attribution counts), or the record
-    holds bodies."""
-    facts = whole[0]
-    return bool(facts[2].refs) or facts[4] is not None or bool(whole[7])
-
-
 def _kinds(record: RequestRecorded | ResponseRecorded) -> tuple[str, ...]:
     """What a dropped record loses: a request, a response, or a whole call (both)."""
     if isinstance(record, ResponseRecorded):
@@ -548,8 +556,9 @@ class CallInfo(msgspec.Struct, frozen=True, gc=False):
 
 #: What a recorded call's request record says beyond its outcome, held from its start: the call,
 #: the inbound digest, what ``describe`` found, the log seq projected on, the inbound body (``full``
-#: mode) and the body the writer is to hash (sent as it came).
-Facts = tuple[CallInfo, str, Described, int, bytes | None, bytes | None]
+#: mode), the body the writer is to hash (sent as it came), and whether its record is to be
+#: written soon (``Recording.image_wait``: the call carried images, or the record holds bodies).
+Facts = tuple[CallInfo, str, Described, int, bytes | None, bytes | None, bool]
 #: A whole call as its end captured it, for the writer to make its one record of: its ``Facts``,
 #: then status, latency, usage, error code, response blob id, whether the body was truncated, and
 #: the response's blobs (``full`` mode).
@@ -645,7 +654,7 @@ class Recorder(Meter):
     @property
     def full(self) -> bool:
         """Whether the call is recorded with its bodies (``full`` mode)."""
-        return self.recording.mode == "full"
+        return self.recording.full
 
     def release(self) -> None:
         """Queue the held request record alone (no hold, the hold ran out, or the app is closing)."""
@@ -656,8 +665,9 @@ class Recorder(Meter):
         recording._held.pop(self, None)
         raw, unhashed = facts[4], facts[5]
         blobs = (raw,) if raw is not None else ()
-        recording._put(_Pending(facts[0].session_id, facts[0].request_id, recording._request(facts[:5] + (None,), None),
-                                blobs, unhashed, bool(blobs or facts[2].refs)))
+        request = recording._request((*facts[:5], None, facts[6]), None)  # hashed by the writer, if to be
+        recording._put(_Pending(facts[0].session_id, facts[0].request_id, request, blobs, unhashed,
+                                bool(blobs or facts[2].refs)))
 
     def discard(self) -> None:
         """The call was never sent (built again, it proved the same as the one refused): nothing is recorded."""
@@ -694,7 +704,7 @@ class Recorder(Meter):
         recording = self.recording
         blobs: tuple[bytes, ...] = ()
         blob = None
-        if recording.mode == "full" and status is not None:
+        if recording.full and status is not None:
             body = self.body()
             blob, blobs = sha256_id(body), (body,)
         if state == HELD:
