@@ -16,7 +16,12 @@ What a request record says of the body (its projected digest, reference paths, s
 from ``describe``, computed on the very tree that became the upstream body; the digest of a body
 sent as it came is taken by the writer, off the request's path. Records are
 appended non-durably (ordered in the log, flushed with the next durable append) and never hold
-headers, keys, tokens or attachment base64.
+keys, tokens or attachment base64 (of the headers a call sent, only ``recordable_headers``).
+
+A call's own path makes no record: its end captures its facts and outcome as one tuple, and the
+writer makes the records of a whole batch. Whole calls in ``metadata`` mode (nearly every record)
+go to the log as one ``CallRecords`` per session (``SessionLog.append_calls``): what they share
+once, each call's fields with no names, which SQLite stores as one short row.
 """
 
 from __future__ import annotations
