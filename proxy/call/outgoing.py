@@ -74,6 +74,8 @@ def recordable_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, s
             continue
         elif not is_credential(*pair):
             known = (str(pair[0]), str(pair[1]))
+            if not (_is_text(known[0]) and _is_text(known[1])):  # no record can hold it (below)
+                continue
             kept.append(known)
             if len(_RECORDABLE) >= RECORDABLE_KEPT:
                 _RECORDABLE.clear()
@@ -81,6 +83,19 @@ def recordable_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, s
         elif is_credential(pair[0]) and len(_CREDENTIAL_NAMES) < RECORDABLE_KEPT:
             _CREDENTIAL_NAMES.add(str(pair[0]))
     return tuple(kept)
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is text a JSON record can hold: aiohttp keeps a header's bytes that are
+    no UTF-8 as surrogates (``\\udcff``), which no encoder writes, so one such header would fail
+    the whole group commit its record is in, other sessions' records with it."""
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 #: Headers found to be no credential, remembered as plain strs (a client sends the same few again

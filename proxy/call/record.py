@@ -346,31 +346,32 @@ class Recording:
         """The request record of a call, with ``response`` in it (one row for the call); a body
         sent as it came is hashed now."""
         call, inbound, described, log_seq, raw, unhashed, _ = facts
-        if unhashed is not None:
+        adapter, headers = call.fmt.NAME, recordable_headers(call.headers)
+        # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
+        # is recorded by its spliced digest: ``describe.spliced_id``)
+        blob = sha256_id(raw) if raw is not None else None
+        if unhashed is not None:  # last, once nothing else can fail: the body is no longer held
             inbound = projected = self._hashed(unhashed)
         else:
             projected = described.projected_digest
-        # positional, in ``RequestRecorded``'s field order (a test holds the two to the same
-        # fields): every call makes one, and keywords cost msgspec a lookup each
-        return RequestRecorded(
-            call.request_id, call.route, call.fmt.NAME, call.upstream, call.method, call.path, log_seq,
-            inbound, projected, described.refs, described.shape,
-            # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
-            # is recorded by its spliced digest: ``describe.spliced_id``)
-            sha256_id(raw) if raw is not None else None,
-            described.public_urls, response, recordable_headers(call.headers),
-        )
+        # positional, in ``RequestRecorded``'s field order (a test holds the two to the same fields)
+        return RequestRecorded(call.request_id, call.route, adapter, call.upstream, call.method, call.path, log_seq,
+                               inbound, projected, described.refs, described.shape, blob, described.public_urls,
+                               response, headers)
 
     async def _write_session(self, session_id: str, items: list[_Whole | _Pending], parts: bool) -> None:
+        made: list[_Pending] = []  # (their bodies hashed, no longer held)
         try:
             if parts or self.full:  # each a ``_Pending``: a call's parts joined, its blobs stored
-                await self._write_items(session_id, [self._pending(item) for item in items])
+                for item in items:
+                    made.append(self._pending(item))
+                await self._write_items(session_id, made)
             else:
                 await self._append_whole(session_id, items)  # type: ignore[arg-type]  # no parts: wholes only
         except Exception as exc:  # a record that cannot be made is dropped and counted: the writer goes on
             get_logger().exception("records_not_made", session=session_id, records=len(items))
-            for item in items:
-                self._drop(item, exc)
+            for at, item in enumerate(items):
+                self._drop(item, exc, held=at >= len(made))
         finally:
             self._in_writing.discard(session_id)
 
@@ -494,8 +495,9 @@ class Recording:
                 while len(self._seqs) > 4 * self.queue_size:
                     self._seqs.popitem(last=False)
 
-    def _drop(self, item: _Whole | _Pending, exc: BaseException | str) -> None:
-        """Drop a queued record, or one about to be (and the body it held for the writer to hash)."""
+    def _drop(self, item: _Whole | _Pending, exc: BaseException | str, held: bool = True) -> None:
+        """Drop a queued record, or one about to be (and the body it held for the writer to hash,
+        unless ``held`` says it was hashed already)."""
         if type(item) is tuple:
             facts = item[0]
             kinds: tuple[str, ...] = ("request", "response")
@@ -506,7 +508,7 @@ class Recording:
             pending.unhashed = None
         for kind in kinds:
             self._dropped(kind, exc, request_id)
-        if unhashed is not None:
+        if unhashed is not None and held:
             self._unhashed_bytes -= len(unhashed)
 
     def _dropped(self, kind: str, exc: BaseException | str, request_id: str) -> None:

@@ -37,7 +37,7 @@ from typing import Final, TypeVar
 
 import msgspec
 
-from ...policy.errors import AppendConflict, Code, Conflict, InvalidRequest, Unavailable
+from ...policy.errors import AppendConflict, Code, Conflict, InvalidRequest, LogCorrupt, Unavailable
 from ...policy.ports import StateRead
 from ..faults import FAILED, OS_FAULTS, Table, describe, map_exceptions
 from ..lanes import Lane
@@ -675,8 +675,11 @@ class SqliteLog:
         conn.execute(_COPY_PREFIX, (child, parent, at))  # verbatim: same type, time and body bytes
         straddling = conn.execute(_STRADDLING, (parent, at)).fetchone()
         if straddling is not None:  # the records up to ``at`` of a row that goes on past it, each verbatim
-            _, kind, time_, body, first = straddling
-            kept = split_records(bytes(body))[:at - first + 1]
+            seq, kind, time_, body, first = straddling
+            try:  # a row of whole calls is cut as the events it reads as, so it must read
+                kept = split_records(bytes(body))[:at - first + 1]
+            except (msgspec.DecodeError, TypeError, ValueError):
+                raise LogCorrupt(parent, seq, "does not decode") from None
             _insert(conn, [(child, at, kind, time_, join_records(kept), first if len(kept) > 1 else None)])
         marker = ForkedEvent(seq=at + 1, time=self._clock(), data=Forked(parent=parent, at_seq=at))
         conn.execute(_INSERT, (child, marker.seq, FORKED, marker.time, encode_event(marker), None))

@@ -572,3 +572,21 @@ def test_a_row_of_records_is_each_records_own_bytes_whatever_they_hold(calls: li
     each = [encode_event(event) for event in events]
     assert encode_events(events) == join_records(each)
     assert split_records(encode_events(events)) == each
+
+
+async def test_a_fork_inside_a_damaged_row_of_whole_calls_is_corruption_and_makes_no_child(db: Path) -> None:
+    """A fork cuts a row of whole calls as the events it reads as: one that does not read is the
+    parent's corruption (named by session and the row's seq), never an error of another kind, and
+    the child is not made."""
+    log = SqliteLog(db, clock=ticking_clock())
+    try:
+        await log.append_calls("p", whole_calls(3))
+        with sqlite3.connect(db) as conn:
+            (body,) = conn.execute("SELECT body FROM events WHERE session = 'p'").fetchone()
+            conn.execute("UPDATE events SET body = ? WHERE session = 'p'", (bytes(body).replace(b",200,", b',"200",', 1),))
+        with pytest.raises(LogCorrupt) as info:
+            await log.fork("p", "c", 2)
+        assert (info.value.session_id, info.value.seq) == ("p", 3)
+        assert await log.read("c") == []
+    finally:
+        await log.close()

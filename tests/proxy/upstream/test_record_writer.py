@@ -524,3 +524,50 @@ async def test_each_record_keeps_the_recordable_part_of_the_headers_its_own_call
     assert [row.headers for row in rows] == [plain[:1], plain[:1], traced[:2], plain[:1], ()]
     assert b"sk-upstream-key" not in msgspec.json.encode(log.rows)
     await recording.close()
+
+
+async def test_a_record_that_cannot_be_made_among_parts_of_calls_releases_each_held_body_once() -> None:
+    """In a batch that holds a part of a call, the whole calls before a record that cannot be made
+    were hashed already (their bodies let go): dropping the batch lets go of the others only, so
+    the bytes held for the writer come back to nothing, not below it."""
+    metrics = Metrics()
+    recording = Recording(AppendsLog(), None, "metadata", 1024, metrics, 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=0.05, hold=30.0)
+    raw = b'{"model": "m", "messages": []}'
+
+    def begun(index: int, fmt: Any = openai_chat) -> Recorder:
+        return recording.start(CallInfo("s", f"req-{index}", time.perf_counter(), "openai_chat", fmt, "openai",
+                                        "POST", "/v1/chat/completions"), raw, UNHASHED, None)
+
+    running = begun(0)
+    running.release()  # its request record alone: the batch takes the parts' path
+    begun(1)._record(200, None)
+    begun(2, object())._record(200, None)  # a format with no name: its record cannot be made
+    assert recording._unhashed_bytes == 3 * len(raw)
+    await asyncio.wait_for(recording.drain(), 5)
+    assert recording._unhashed_bytes == 0
+    assert metrics.records_dropped["request"] == 3
+    await recording.close()
+
+
+async def test_a_header_no_record_can_hold_is_left_out_and_the_batch_it_is_in_is_written(tmp_path: Any) -> None:
+    """aiohttp keeps a header's bytes that are no UTF-8 as surrogates: one client sending such a
+    header must not cost the records of the calls written with its (other sessions' too)."""
+    from projectionist.proxy.sessionlog.sqlite import SqliteLog
+
+    log = SqliteLog(tmp_path / "log.db")
+    recording = Recording(log, None, "metadata", 1024, Metrics(), 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=0.05, hold=30.0)
+    raw = b'{"model": "m", "messages": []}'
+    for session, sent in (("odd", (("X-Odd", "caf\udcff"), ("Accept", "*/*"))), ("other", (("Accept", "*/*"),))):
+        call = CallInfo(session, f"req-{session}", time.perf_counter(), "openai_chat", openai_chat, "openai",
+                        "POST", "/v1/chat/completions", sent)
+        recording.start(call, raw, UNHASHED, None)._record(200, None)
+    await recording.drain()
+    try:
+        for session in ("odd", "other"):
+            [event] = await log.read(session)
+            assert isinstance(event.data, RequestRecorded) and event.data.headers == (("Accept", "*/*"),)
+    finally:
+        await recording.close()
+        await log.close()
