@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from hashlib import sha256
 from collections import OrderedDict, deque
 from typing import Any, Final
 
@@ -121,8 +120,10 @@ class Recording:
         self._writer: asyncio.Task[None] | None = None
         #: Seqs of request records written lately, by request id (for the response records).
         self._seqs: OrderedDict[str, int] = OrderedDict()
-        #: The sessions of the batch being written (``settle`` waits on one session's records).
+        #: The sessions of the batch being written, and how many records the writer has taken
+        #: from the queue so far (``settle`` waits on one session's records by the two).
         self._in_writing: set[str] = set()
+        self._taken = 0
         #: Bytes of the bodies held for the writer to hash, from ``start`` until it hashed them
         #: (``_Pending.unhashed``) or their record was dropped.
         self._unhashed_bytes = 0
@@ -305,13 +306,10 @@ class Recording:
             parts = self._parts > 0  # this batch may hold parts of calls
             if not queue:
                 self._parts = 0
+            self._taken += len(batch)
             sessions: dict[str, list[_Whole | _Pending]] = {}
-            if parts:
-                for item in batch:
-                    sessions.setdefault(_session(item), []).append(item)
-            else:  # whole calls only: ``_session`` written out
-                for item in batch:
-                    sessions.setdefault(item[0][0].session_id, []).append(item)  # type: ignore[index]
+            for item in batch:
+                sessions.setdefault(_session(item), []).append(item)
             self._in_writing = set(sessions)
             try:
                 await asyncio.gather(*(self._write_session(sid, items, parts) for sid, items in sessions.items()))
@@ -380,7 +378,14 @@ class Recording:
         are written (or dropped); other sessions' traffic does not hold it up. Returns whether
         they were."""
         deadline = asyncio.get_running_loop().time() + timeout
-        while session_id in self._in_writing or any(_session(item) == session_id for item in self._queue):
+        # how many records the writer must have taken for this session's last queued one to be
+        # among them: found once (the queue holds up to ``queue_size``), not at every look
+        until = self._taken
+        for back, item in enumerate(reversed(self._queue)):
+            if _session(item) == session_id:
+                until += len(self._queue) - back
+                break
+        while self._taken < until or session_id in self._in_writing:
             if self._hurry is not None:
                 self._hurry.set()
             if asyncio.get_running_loop().time() >= deadline:
@@ -451,7 +456,7 @@ class Recording:
         mode: no blobs), in one ``append_calls``: each call's record holds its outcome, what the
         calls share is written once, and none is remembered."""
         index: dict[Common, int] = {}
-        freed = 0  # bytes of the bodies hashed here (``_hashed`` written out)
+        freed = 0  # bytes of the bodies hashed here, let go of once (``_hashed`` a group at a time)
         rows: list[CallRow] = []
         # the headers a session's calls send are nearly always the same: compared (in C) with the
         # last call's, they are looked through (in Python) once a group, not once a call
@@ -463,7 +468,7 @@ class Recording:
                 sent = call.headers
                 headers = recordable_headers(sent)
             if unhashed is not None:  # sent as it came: both digests are this one
-                inbound, projected = "sha256:" + sha256(unhashed).hexdigest(), ""
+                inbound, projected = sha256_id(unhashed), ""
                 freed += len(unhashed)
             else:
                 projected = described.projected_digest

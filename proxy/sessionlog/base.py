@@ -185,19 +185,12 @@ def decode_rows(session_id: str, after_seq: int, rows: Iterable[tuple[int, objec
     expected = after_seq + 1
     for seq, body in rows:
         if isinstance(body, (bytes, memoryview)) and body[:1] == b"[":
-            whole = bytes(body)
-            calls = _calls(session_id, seq, whole) if whole.startswith(CALLS_PREFIX) else None
-            parts: list[bytes] | list[Event] = _split(session_id, seq, whole) if calls is None else calls
+            parts = _parts(session_id, seq, bytes(body))
             first = seq - len(parts) + 1 if isinstance(seq, int) else seq
             if not isinstance(seq, int) or first > expected or seq < expected:
                 raise LogCorrupt(session_id, expected, f"missing (the next event found is seq {first})")
-            if calls is not None:  # decoded already, each numbered by the row
-                if calls[-1].seq != seq:
-                    raise LogCorrupt(session_id, seq, f"its body says seq {calls[-1].seq}")
-                events += calls[expected - first:]
-            else:
-                for at, part in enumerate(parts[expected - first:], expected):
-                    events.append(_decode(session_id, at, part))
+            for at, part in enumerate(parts[expected - first:], expected):
+                events.append(_decode(session_id, at, part))
             expected = seq + 1
             continue
         if not isinstance(seq, int) or seq != expected:
@@ -207,20 +200,12 @@ def decode_rows(session_id: str, after_seq: int, rows: Iterable[tuple[int, objec
     return events
 
 
-def _calls(session_id: str, seq: int, body: bytes) -> list[Event]:
-    """The events of a row of whole calls' records (``events.encode_calls``)."""
+def _parts(session_id: str, seq: int, body: bytes) -> list[bytes] | list[Event]:
+    """The records of a row of several: whole calls' events, decoded as the row reads
+    (``events.encode_calls``), else each event's own bytes (``join_records``)."""
     try:
-        events = calls_events(body)
-    except msgspec.DecodeError:
-        raise LogCorrupt(session_id, seq, "does not decode") from None
-    if not events:
-        raise LogCorrupt(session_id, seq, "an empty row of records")
-    return events
-
-
-def _split(session_id: str, seq: int, body: bytes) -> list[bytes]:
-    try:
-        parts = split_records(body)
+        parts: list[bytes] | list[Event] = calls_events(body) if body.startswith(CALLS_PREFIX) \
+            else split_records(body)
     except msgspec.DecodeError:
         raise LogCorrupt(session_id, seq, "does not decode") from None
     if not parts:
@@ -245,10 +230,14 @@ def decode_states(session_id: str, after_seq: int, rows: Iterable[tuple[int, obj
 
 
 def _decode(session_id: str, seq: int, body: object) -> Event:
+    """The event stored as ``body`` at ``seq`` (or decoded already, from a row of whole calls)."""
     try:
-        if not isinstance(body, (bytes, bytearray, memoryview)):
+        if isinstance(body, msgspec.Struct):
+            event: Event = body  # type: ignore[assignment]
+        elif not isinstance(body, (bytes, bytearray, memoryview)):
             raise TypeError(f"stored as {type(body).__name__}")  # a row someone edited by hand
-        event = decode_event(bytes(body))
+        else:
+            event = decode_event(bytes(body))
     except (msgspec.DecodeError, UnicodeDecodeError, TypeError, ValueError):
         raise LogCorrupt(session_id, seq, "does not decode") from None
     if event.seq != seq:

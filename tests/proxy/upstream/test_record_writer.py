@@ -571,3 +571,20 @@ async def test_a_header_no_record_can_hold_is_left_out_and_the_batch_it_is_in_is
     finally:
         await recording.close()
         await log.close()
+
+
+async def test_settle_waits_for_its_own_session_s_records_queued_so_far_and_for_no_other_s() -> None:
+    log = HeldLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=30.0, hold=30.0)
+    raw = b'{"model": "m", "messages": []}'
+    for session in ("a", "b"):
+        call = CallInfo(session, f"req-{session}", time.perf_counter(), "openai_chat", openai_chat, "openai",
+                        "POST", "/v1/chat/completions")
+        recording.start(call, raw, UNHASHED, None)._record(200, None)
+    assert await recording.settle("c", 1.0)  # nothing of its own queued: at once
+    assert not await recording.settle("a", 0.2)  # hurried to the writer, which waits on the log
+    log.opened.set()
+    assert await recording.settle("a", 5.0)
+    assert sorted(row.request_id for row in log.rows) == ["req-a", "req-b"]
+    await recording.close()
