@@ -14,14 +14,16 @@ For a request with a session and ``record.mode`` other than ``off``:
 
 What a request record says of the body (its projected digest, reference paths, shape) comes
 from ``describe``, computed on the very tree that became the upstream body; the digest of a body
-sent as it came is taken by the writer, off the request's path. Records are
+sent as it came is taken when the call ends, out of the request's wait. Records are
 appended non-durably (ordered in the log, flushed with the next durable append) and never hold
 keys, tokens or attachment base64 (of the headers a call sent, only ``recordable_headers``).
 
-A call's own path makes no record: its end captures its facts and outcome as one tuple, and the
-writer makes the records of a whole batch. Whole calls in ``metadata`` mode (nearly every record)
-go to the log as one ``CallRecords`` per session (``SessionLog.append_calls``): what they share
-once, each call's fields with no names, which SQLite stores as one short row.
+A call's request path makes no record: its end makes its record (a whole call, nearly every one)
+as one compact tuple, while what it says is still at hand, and a batch holds only those: a few
+hundred bytes a call, not the body and headers the call held (held for a batch, those crowded the
+caches that every call runs in, which cost more than making the record). Whole calls in
+``metadata`` mode go to the log as one ``CallRecords`` per session (``SessionLog.append_calls``):
+what they share once, each call's fields with no names, which SQLite stores as one short row.
 """
 
 from __future__ import annotations
@@ -49,13 +51,12 @@ from .outgoing import recordable_headers
 _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.
 USAGE_SCAN_BYTES: Final = 1024 * 1024
-#: Bytes of request bodies the recorders and the queue may hold for the writer to hash
-#: (``Recording.start``): past it, a call's digest is taken on its own path. It also bounds what
-#: one writer step hashes on the loop at once (about 2 ms). A body is held until its batch, up to
-#: ``[record] batch_wait`` (0.5 s): the writer takes 8 MB/s of small bodies so, the rest their calls.
+#: Bytes of request bodies the calls in flight (and request records queued alone) may hold to hash
+#: once out of the request's wait (``Recording.start``): past it, a call's digest is taken before
+#: it is sent. A long call (a stream) holds its body until it ends.
 UNHASHED_MAX_BYTES: Final = 4 * 1024 * 1024
-#: A body larger than this is hashed on its call's path, as hashing it costs far more than the
-#: cold start the writer saves (a few microseconds), and the writer would hold it longer.
+#: A body larger than this is hashed before its call is sent, as holding it costs more than the
+#: wait its hash adds.
 UNHASHED_BODY_MAX: Final = 64 * 1024
 
 
@@ -124,9 +125,14 @@ class Recording:
         #: from the queue so far (``settle`` waits on one session's records by the two).
         self._in_writing: set[str] = set()
         self._taken = 0
-        #: Bytes of the bodies held for the writer to hash, from ``start`` until it hashed them
-        #: (``_Pending.unhashed``) or their record was dropped.
+        #: Bytes of the bodies held to hash, from ``start`` until their call's end hashed them (or
+        #: the writer, for a request record queued alone: ``_Pending.unhashed``) or their record was dropped.
         self._unhashed_bytes = 0
+        #: The headers the last call sent, the recordable ones of them, and the last call's ``Common``
+        #: (``_made``): consecutive calls nearly always share them.
+        self._sent: tuple[tuple[str, str], ...] | None = None
+        self._kept: tuple[tuple[str, str], ...] = ()
+        self._common: Common | None = None
 
     @property
     def on(self) -> bool:
@@ -140,10 +146,10 @@ class Recording:
         ends by then is one row (its outcome in the request record), queued once; a longer call's
         request record is queued when the hold runs out and its outcome follows as a
         ``response/recorded`` event. With no hold the request record is queued now. A small body
-        sent as it came (``UNHASHED``) is hashed by the writer, within ``UNHASHED_MAX_BYTES``."""
+        sent as it came (``UNHASHED``) is hashed when the call ends, within ``UNHASHED_MAX_BYTES``."""
         full = self.full
         unhashed = None
-        if described is UNHASHED:  # sent as it came: its digest is both, taken by the writer (or now)
+        if described is UNHASHED:  # sent as it came: its digest is both, taken at the end (or now)
             if full or len(raw) > UNHASHED_BODY_MAX or self._unhashed_bytes + len(raw) > UNHASHED_MAX_BYTES:
                 described = of_unchanged(raw)
             else:
@@ -191,7 +197,7 @@ class Recording:
         self._queued(pending.soon)
 
     def _whole(self, whole: _Whole) -> None:
-        """Queue a whole call, as captured at its end: the writer makes its record (one row)."""
+        """Queue a whole call's record, as its end made it (``_made``): one row."""
         queue = self._queue
         if len(queue) >= self.queue_size:
             self._drop(whole, "QUEUE_FULL")
@@ -202,7 +208,7 @@ class Recording:
         if len(queue) >= self.batch:
             assert self._hurry is not None
             self._hurry.set()
-        elif whole[0][6] and self.image_wait < self.batch_wait:  # ``_queued`` written out: every call takes it
+        elif whole[13] and self.image_wait < self.batch_wait:  # ``_queued`` written out: every call takes it
             self._soon_timer()
 
     def _queued(self, soon: bool) -> None:
@@ -317,8 +323,8 @@ class Recording:
                 self._in_writing = set()
 
     def _hashed(self, raw: bytes) -> str:
-        """The digest of a body sent as it came, taken by the writer (on a call's own path each
-        was the first and only hash of its request, at about four times the cost)."""
+        """The digest of a body sent as it came, taken by the writer: a request record queued
+        alone (its call's hold ran out, or there is none)."""
         self._unhashed_bytes -= len(raw)
         return sha256_id(raw)
 
@@ -332,13 +338,36 @@ class Recording:
                 pending.data = msgspec.structs.replace(pending.data, inbound_digest=digest, projected_digest=digest)
                 pending.unhashed = None
             return pending
-        facts, status, latency, usage, error_code, blob, truncated, blobs = item
-        call, described, raw = facts[0], facts[2], facts[4]
-        response = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, blob, truncated)
-        if raw is not None:  # full mode: the inbound body first
-            blobs = (raw, *blobs)
-        return _Pending(call.session_id, call.request_id, self._request(facts, response), blobs, None,
-                        bool(blobs or described.refs))
+        whole: _Whole = item  # type: ignore[assignment]
+        (record,) = CallRecords((whole[1],), [(0, *whole[2:13])]).records()  # type: ignore[list-item]
+        return _Pending(whole[0], whole[2], record, (), None, whole[13])
+
+    def _made(self, facts: Facts, status: int | None, latency: float, usage: dict[str, Any] | None,
+              error_code: str | None, truncated: bool) -> _Whole:
+        """A whole call's record as its end makes it (``metadata`` mode): compact, so what a batch
+        holds until it is written is a few hundred bytes a call (its digests, its outcome) and not
+        what the call held (its body, the headers it sent), which would crowd the caches."""
+        call, inbound, described, log_seq, _, unhashed, soon = facts
+        sent = call.headers
+        # the headers a session's calls send are nearly always the same: compared (in C) with the
+        # last call's, they are looked through (in Python) once, not once a call
+        if sent != self._sent:
+            self._sent, self._kept = sent, recordable_headers(sent)
+        if unhashed is not None:  # sent as it came: both digests are this one
+            inbound, projected = sha256_id(unhashed), ""
+        else:
+            projected = described.projected_digest
+            if projected == inbound:
+                projected = ""
+        common = (call.route, call.fmt.NAME, call.upstream, call.method, call.path, self._kept, described.public_urls)
+        if common == self._common:  # the last call's: the batch holds one of them
+            common = self._common
+        else:
+            self._common = common
+        if unhashed is not None:  # last, once nothing else can fail: the body is no longer held
+            self._unhashed_bytes -= len(unhashed)
+        return (call.session_id, common, call.request_id, log_seq, inbound, projected, described.refs,
+                described.shape, status, latency, usage, error_code, truncated, soon)
 
     def _request(self, facts: Facts, response: ResponseRecorded | None) -> RequestRecorded:
         """The request record of a call, with ``response`` in it (one row for the call); a body
@@ -455,35 +484,19 @@ class Recording:
         """The records of a group of whole calls only, as captured at their end (``metadata``
         mode: no blobs), in one ``append_calls``: each call's record holds its outcome, what the
         calls share is written once, and none is remembered."""
-        index: dict[Common, int] = {}
-        freed = 0  # bytes of the bodies hashed here, let go of once (``_hashed`` a group at a time)
+        # consecutive calls share one ``Common`` object (``_made``): found by identity, not hashed
+        index: dict[int, int] = {}
+        commons: list[Common] = []
         rows: list[CallRow] = []
-        # the headers a session's calls send are nearly always the same: compared (in C) with the
-        # last call's, they are looked through (in Python) once a group, not once a call
-        sent: tuple[tuple[str, str], ...] | None = None
-        headers: tuple[tuple[str, str], ...] = ()
-        for (call, inbound, described, log_seq, _, unhashed, _), status, latency, usage, error_code, _, truncated, _ \
-                in group:
-            if call.headers != sent:
-                sent = call.headers
-                headers = recordable_headers(sent)
-            if unhashed is not None:  # sent as it came: both digests are this one
-                inbound, projected = sha256_id(unhashed), ""
-                freed += len(unhashed)
-            else:
-                projected = described.projected_digest
-                if projected == inbound:
-                    projected = ""
-            common = (call.route, call.fmt.NAME, call.upstream, call.method, call.path, headers,
-                      described.public_urls)
-            at = index.get(common)
+        for whole in group:
+            common = whole[1]
+            at = index.get(id(common))
             if at is None:
-                at = index[common] = len(index)
-            rows.append((at, call.request_id, log_seq, inbound, projected, described.refs, described.shape, status,
-                         latency, usage, error_code, truncated))
-        self._unhashed_bytes -= freed
+                at = index[id(common)] = len(commons)
+                commons.append(common)
+            rows.append((at, *whole[2:13]))  # type: ignore[arg-type]
         try:
-            await self.log.append_calls(session_id, CallRecords(tuple(index), rows))
+            await self.log.append_calls(session_id, CallRecords(tuple(commons), rows))
         except Exception as exc:
             for row in rows:
                 self._dropped("request", exc, row[1])
@@ -503,10 +516,10 @@ class Recording:
     def _drop(self, item: _Whole | _Pending, exc: BaseException | str, held: bool = True) -> None:
         """Drop a queued record, or one about to be (and the body it held for the writer to hash,
         unless ``held`` says it was hashed already)."""
-        if type(item) is tuple:
-            facts = item[0]
+        unhashed: bytes | None = None
+        if type(item) is tuple:  # a whole call holds no body (hashed at its end)
             kinds: tuple[str, ...] = ("request", "response")
-            request_id, unhashed = facts[0].request_id, facts[5]
+            request_id = item[2]  # type: ignore[index]
         else:
             pending: _Pending = item  # type: ignore[assignment]
             kinds, request_id, unhashed = _kinds(pending.data), pending.request_id, pending.unhashed
@@ -524,7 +537,7 @@ class Recording:
 
 def _session(item: _Whole | _Pending) -> str:
     """The session a queued record belongs to."""
-    return item[0][0].session_id if type(item) is tuple else item.session_id  # type: ignore[union-attr]
+    return item[0] if type(item) is tuple else item.session_id  # type: ignore[union-attr,return-value]
 
 
 def _kinds(record: RequestRecorded | ResponseRecorded) -> tuple[str, ...]:
@@ -552,7 +565,7 @@ class _Pending(msgspec.Struct, gc=False):
 class CallInfo(msgspec.Struct, frozen=True, gc=False):
     """What a record says about the call itself. ``headers`` are the ones it went upstream with,
     as they were sent (``prepare.Outgoing.sent``, credentials included): held in memory until the
-    writer makes the record, which keeps only ``outgoing.recordable_headers`` of them, never a
+    call's record is made, which keeps only ``outgoing.recordable_headers`` of them, never a
     key, token or cookie."""
 
     session_id: str
@@ -568,13 +581,15 @@ class CallInfo(msgspec.Struct, frozen=True, gc=False):
 
 #: What a recorded call's request record says beyond its outcome, held from its start: the call,
 #: the inbound digest, what ``describe`` found, the log seq projected on, the inbound body (``full``
-#: mode), the body the writer is to hash (sent as it came), and whether its record is to be
+#: mode), the body to hash once out of the request's wait (sent as it came), and whether its record is to be
 #: written soon (``Recording.image_wait``: the call carried images, or the record holds bodies).
 Facts = tuple[CallInfo, str, Described, int, bytes | None, bytes | None, bool]
-#: A whole call as its end captured it, for the writer to make its one record of: its ``Facts``,
-#: then status, latency, usage, error code, response blob id, whether the body was truncated, and
-#: the response's blobs (``full`` mode).
-_Whole = tuple[Facts, int | None, float, dict[str, Any] | None, str | None, str | None, bool, tuple[bytes, ...]]
+#: A whole call's record in ``metadata`` mode, as its end made it (``Recording._made``): its session,
+#: what it shares with other calls (``Common``), then a ``CallRow``'s fields after the first (request
+#: id, log seq, digests, refs, shape, status, latency, usage, error code, truncated), then whether it
+#: is to be written soon. It holds no body: the writer only numbers the commons of a batch.
+_Whole = tuple[str, Common, str, int, str, str, tuple[Any, ...], tuple[tuple[str, str], ...], int | None, float,
+               dict[str, Any] | None, str | None, bool, bool]
 
 
 class Meter:
@@ -638,9 +653,9 @@ DONE: Final = 2
 class Recorder(Meter):
     """Watches one recorded call's response and queues its record once the call ended
     (``finished``, ``failed``, ``cancelled``): never in the request's wait. What the request
-    record says is held as the ``Facts`` the call started with; at the end they go to the writer
-    with the outcome, as one tuple (``_Whole``), and the writer makes the record: the call's own
-    path makes no record, event or envelope. A call whose hold ran out (``release``) has its
+    record says is held as the ``Facts`` the call started with; at the end they and the outcome
+    become one compact tuple (``_Whole``, ``Recording._made``), and the writer only numbers what
+    the calls of a batch share: the call makes no event or envelope. A call whose hold ran out (``release``) has its
     request record queued alone, and its outcome follows as a ``response/recorded`` event."""
 
     __slots__ = ("recording", "facts", "state")
@@ -722,7 +737,22 @@ class Recorder(Meter):
         if state == HELD:
             if recording.hold > 0:
                 recording._held.pop(self, None)
-            recording._whole((facts, status, latency, usage, error_code, blob, self.truncated, blobs))
+            try:
+                if not recording.full:  # nearly every call: a compact record, made while what it says is at hand
+                    recording._whole(recording._made(facts, status, latency, usage, error_code, self.truncated))
+                    return
+                response = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, blob,
+                                            self.truncated)
+                raw = facts[4]
+                recording._put(_Pending(call.session_id, call.request_id, recording._request(facts, response),
+                                        (raw, *blobs) if raw is not None else blobs, None, True))
+            except Exception as exc:  # a record that cannot be made is dropped and counted: the call went on
+                get_logger().exception("record_not_made", request_id=call.request_id)
+                unhashed = facts[5]
+                if unhashed is not None:
+                    recording._unhashed_bytes -= len(unhashed)
+                for kind in ("request", "response"):
+                    recording._dropped(kind, exc, call.request_id)
             return
         # its request record was queued on its own: this one names it
         recording._put(_Pending(call.session_id, call.request_id,

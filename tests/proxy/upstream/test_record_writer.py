@@ -526,12 +526,12 @@ async def test_each_record_keeps_the_recordable_part_of_the_headers_its_own_call
     await recording.close()
 
 
-async def test_a_record_that_cannot_be_made_among_parts_of_calls_releases_each_held_body_once() -> None:
-    """In a batch that holds a part of a call, the whole calls before a record that cannot be made
-    were hashed already (their bodies let go): dropping the batch lets go of the others only, so
-    the bytes held for the writer come back to nothing, not below it."""
-    metrics = Metrics()
-    recording = Recording(AppendsLog(), None, "metadata", 1024, metrics, 10_000, 256,  # type: ignore[arg-type]
+async def test_a_record_that_cannot_be_made_costs_its_own_call_only_and_lets_go_of_its_body_once() -> None:
+    """A whole call's record is made at its end: one that cannot be made is dropped there and
+    counted, its body let go of once, and the other records of its batch (a part of a call
+    among them) are written."""
+    metrics, log = Metrics(), AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, metrics, 10_000, 256,  # type: ignore[arg-type]
                           batch_wait=0.05, hold=30.0)
     raw = b'{"model": "m", "messages": []}'
 
@@ -542,11 +542,15 @@ async def test_a_record_that_cannot_be_made_among_parts_of_calls_releases_each_h
     running = begun(0)
     running.release()  # its request record alone: the batch takes the parts' path
     begun(1)._record(200, None)
+    assert recording._unhashed_bytes == len(raw)  # the running call's, for the writer to hash
     begun(2, object())._record(200, None)  # a format with no name: its record cannot be made
-    assert recording._unhashed_bytes == 3 * len(raw)
+    assert recording._unhashed_bytes == len(raw)
+    assert (metrics.records_dropped["request"], metrics.records_dropped["response"]) == (1, 1)
     await asyncio.wait_for(recording.drain(), 5)
     assert recording._unhashed_bytes == 0
-    assert metrics.records_dropped["request"] == 3
+    assert [(row.request_id, row.response is None) for row in log.rows if isinstance(row, RequestRecorded)] == [
+        ("req-0", True), ("req-1", False)]
+    assert metrics.records_dropped["request"] == 1
     await recording.close()
 
 
