@@ -13,6 +13,12 @@ machine, which the ratios to the bare proxy cannot do on their own. With ``--ws 
 each, a 1 KB text turn or one with an inlined image, CPU per turn and turns/s.
 With ``--images`` the HTTP body is the bench's P7 body (ten PNGs the client inlined, re-sent
 every request, with a session): what fitting costs when every image is seen before.
+
+With ``--together`` each round loads an old and a new process at the same time, each from its
+own load generator, instead of one after the other: whatever else the machine does then slows
+both alike, so a pair's ratio holds still where two runs seconds apart do not (on a shared
+2-core machine, the same tree against itself: rounds apart spread by a fifth, together by a
+twentieth). The figure is then the median of the pairs' ratios.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench import load, scenarios, ws
@@ -43,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ws", choices=("text", "image"), help="Responses WebSocket turns instead of HTTP")
     parser.add_argument("--record", help="[record] mode of both (off, metadata, full; default: theirs), or OLD:NEW "
                                          "for each its own (the same tree twice: what recording costs)")
+    parser.add_argument("--together", action="store_true",
+                        help="load an old and a new process at once each round; the figure is the median of "
+                             "the pairs' ratios")
     parser.add_argument("--images", action="store_true",
                         help="the P7 body instead of text: ten ~203 KB PNGs inlined by the client (with a session)")
     args = parser.parse_args(argv)
@@ -87,19 +97,36 @@ def main(argv: list[str] | None = None) -> int:
         rates: dict[str, list[float]] = {"old": [], "new": []}
         for _, port, _ in servers:
             run(port, 1.0)
-        for index in range(args.rounds):
-            order = servers if index % 2 == 0 else servers[::-1]
-            for name, port, process in order:
-                before = cpu_ticks([process.pid])
-                result = run(port, args.seconds)
+
+        def measured(group: list[tuple[str, int, subprocess.Popen[bytes]]]) -> None:
+            """Load ``group``'s processes at once (a generator each); keep each one's CPU per unit."""
+            before = [cpu_ticks([process.pid]) for _, _, process in group]
+            with ThreadPoolExecutor(len(group)) as pool:
+                results = list(pool.map(lambda server: run(server[1], args.seconds), group))
+            for (name, _, process), ticks, result in zip(group, before, results):
                 if result.errors or not result.requests:
                     raise SystemExit(f"bench.ab: {name} answered {result.errors} errors")
-                cpu[name].append((cpu_ticks([process.pid]) - before) * 1e6 / CLK_TCK / result.requests)
+                cpu[name].append((cpu_ticks([process.pid]) - ticks) * 1e6 / CLK_TCK / result.requests)
                 rates[name].append(result.rps)
+
+        for index in range(args.rounds):
+            if args.together:  # each old process with its new one: (old0, new0), (old1, new1), ...
+                for pair in range(args.procs):
+                    measured(servers[2 * pair:2 * pair + 2])
+                continue
+            for server in servers if index % 2 == 0 else servers[::-1]:
+                measured([server])
         unit = "turn" if args.ws else "request"
         for name, values in cpu.items():
             print(f"{name}: CPU {statistics.median(values):.1f} µs/{unit} (median), rounds {[round(v) for v in values]}"
                   f", {statistics.median(rates[name]):,.0f} {unit}s/s")
+        if args.together:
+            pairs = [new / old for new, old in zip(cpu["new"], cpu["old"])]
+            rate_pairs = [new / old for new, old in zip(rates["new"], rates["old"])]
+            quartiles = " ".join(f"{q:.3f}" for q in statistics.quantiles(pairs, n=4))
+            print(f"new/old CPU per {unit}, median of {len(pairs)} pairs: {statistics.median(pairs):.3f} "
+                  f"(quartiles {quartiles}), {unit}s/s: {statistics.median(rate_pairs):.3f}")
+            return 0
         print(f"new/old CPU per {unit}: {statistics.median(cpu['new']) / statistics.median(cpu['old']):.3f}, "
               f"{unit}s/s: {statistics.median(rates['new']) / statistics.median(rates['old']):.3f}")
     finally:

@@ -168,3 +168,22 @@ def test_instructions_counted_per_thread_give_the_main_threads_apart(tmp_path: P
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180,
                           check=False)
     assert done.returncode != 0 and "no per-thread counts" in done.stderr
+
+
+def test_ab_together_loads_each_old_process_with_its_new_one_and_gives_the_pairs_median(tmp_path: Path) -> None:
+    """``bench.ab --together``: both trees serve (here the same one) and each round loads an old and a
+    new process at the same time; every round gives a pair, whose ratios' median is the figure."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "projectionist").symlink_to(ROOT)
+    done = subprocess.run([sys.executable, "-m", "bench.ab", str(tree), str(tree), "--together", "--rounds", "3",
+                           "--seconds", "1", "--loadgen", "python"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    rounds = {line.split(":")[0]: json.loads(line.split("rounds ")[1].split("]")[0] + "]")
+              for line in lines if line.startswith(("old:", "new:"))}
+    assert [len(rounds["old"]), len(rounds["new"])] == [3, 3] and min(rounds["old"] + rounds["new"]) > 0
+    figure = next(line for line in lines if line.startswith("new/old CPU per request, median of 3 pairs:"))
+    ratio = float(figure.split("pairs: ")[1].split()[0])
+    assert 0.5 < ratio < 2.0  # the same tree: about 1, whatever the machine is doing
