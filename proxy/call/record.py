@@ -338,8 +338,8 @@ class Recording:
                 pending.data = msgspec.structs.replace(pending.data, inbound_digest=digest, projected_digest=digest)
                 pending.unhashed = None
             return pending
-        whole: _Whole = item  # type: ignore[assignment]
-        (record,) = CallRecords((whole[1],), [(0, *whole[2:13])]).records()  # type: ignore[list-item]
+        whole: _Whole = item
+        (record,) = CallRecords((whole[1],), [(0, *whole[2:13])]).records()
         return _Pending(whole[0], whole[2], record, (), None, whole[13])
 
     def _made(self, facts: Facts, status: int | None, latency: float, usage: dict[str, Any] | None,
@@ -494,7 +494,7 @@ class Recording:
             if at is None:
                 at = index[id(common)] = len(commons)
                 commons.append(common)
-            rows.append((at, *whole[2:13]))  # type: ignore[arg-type]
+            rows.append((at, *whole[2:13]))
         try:
             await self.log.append_calls(session_id, CallRecords(tuple(commons), rows))
         except Exception as exc:
@@ -519,7 +519,7 @@ class Recording:
         unhashed: bytes | None = None
         if type(item) is tuple:  # a whole call holds no body (hashed at its end)
             kinds: tuple[str, ...] = ("request", "response")
-            request_id = item[2]  # type: ignore[index]
+            request_id = item[2]
         else:
             pending: _Pending = item  # type: ignore[assignment]
             kinds, request_id, unhashed = _kinds(pending.data), pending.request_id, pending.unhashed
@@ -537,7 +537,7 @@ class Recording:
 
 def _session(item: _Whole | _Pending) -> str:
     """The session a queued record belongs to."""
-    return item[0] if type(item) is tuple else item.session_id  # type: ignore[union-attr,return-value]
+    return item[0] if type(item) is tuple else item.session_id  # type: ignore[union-attr]
 
 
 def _kinds(record: RequestRecorded | ResponseRecorded) -> tuple[str, ...]:
