@@ -335,8 +335,8 @@ class Recording:
             pending: _Pending = item  # type: ignore[assignment]
             if pending.unhashed is not None:
                 digest = self._hashed(pending.unhashed)
+                pending.unhashed = None  # let go of once: a drop from here on counts nothing off
                 pending.data = msgspec.structs.replace(pending.data, inbound_digest=digest, projected_digest=digest)
-                pending.unhashed = None
             return pending
         whole: _Whole = item
         (record,) = CallRecords((whole[1],), [(0, *whole[2:13])]).records()
@@ -387,18 +387,15 @@ class Recording:
                                response, headers)
 
     async def _write_session(self, session_id: str, items: list[_Whole | _Pending], parts: bool) -> None:
-        made: list[_Pending] = []  # (their bodies hashed, no longer held)
         try:
             if parts or self.full:  # each a ``_Pending``: a call's parts joined, its blobs stored
-                for item in items:
-                    made.append(self._pending(item))
-                await self._write_items(session_id, made)
+                await self._write_items(session_id, [self._pending(item) for item in items])
             else:
                 await self._append_whole(session_id, items)  # type: ignore[arg-type]  # no parts: wholes only
         except Exception as exc:  # a record that cannot be made is dropped and counted: the writer goes on
             get_logger().exception("records_not_made", session=session_id, records=len(items))
-            for at, item in enumerate(items):
-                self._drop(item, exc, held=at >= len(made))
+            for item in items:
+                self._drop(item, exc)
         finally:
             self._in_writing.discard(session_id)
 
@@ -513,9 +510,9 @@ class Recording:
                 while len(self._seqs) > 4 * self.queue_size:
                     self._seqs.popitem(last=False)
 
-    def _drop(self, item: _Whole | _Pending, exc: BaseException | str, held: bool = True) -> None:
-        """Drop a queued record, or one about to be (and the body it held for the writer to hash,
-        unless ``held`` says it was hashed already)."""
+    def _drop(self, item: _Whole | _Pending, exc: BaseException | str) -> None:
+        """Drop a queued record, or one about to be (and the body it still holds for the writer to
+        hash: a part of a call's, until ``_pending`` hashed it; a whole call holds none)."""
         unhashed: bytes | None = None
         if type(item) is tuple:  # a whole call holds no body (hashed at its end)
             kinds: tuple[str, ...] = ("request", "response")
@@ -526,7 +523,7 @@ class Recording:
             pending.unhashed = None
         for kind in kinds:
             self._dropped(kind, exc, request_id)
-        if unhashed is not None and held:
+        if unhashed is not None:
             self._unhashed_bytes -= len(unhashed)
 
     def _dropped(self, kind: str, exc: BaseException | str, request_id: str) -> None:
