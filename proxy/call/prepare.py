@@ -78,7 +78,7 @@ def outgoing(call: Call, *, recorded: bool) -> Outgoing:
     headers = outgoing_headers(call.request.headers, call.fmt, call.upstream, call.services.guard)
     headers.popall("Content-Encoding", None)  # the body goes upstream decoded (and projected)
     readable_codings(headers)
-    return Outgoing(headers, tuple(headers.items()) if recorded else ())
+    return Outgoing(headers, call.services.recording.sent_headers(headers) if recorded else ())
 
 
 async def prepare(call: Call, inbound: Inbound, *, sending: Outgoing | None = None, probing: bool = True) -> Prepared:

@@ -14,7 +14,9 @@ For a request with a session and ``record.mode`` other than ``off``:
 
 What a request record says of the body (its projected digest, reference paths, shape) comes
 from ``describe``, computed on the very tree that became the upstream body; the digest of a body
-sent as it came is taken when the call ends, out of the request's wait. Records are
+sent as it came is taken out of the request's wait: a whole call's record holds the body until
+the writer's digests lane hashes a batch of them on its own thread, hot (one at a time on the
+event loop, cold, they cost several times as much). Records are
 appended non-durably (ordered in the log, flushed with the next durable append) and never hold
 keys, tokens or attachment base64 (of the headers a call sent, only ``recordable_headers``).
 
@@ -32,9 +34,11 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict, deque
+from functools import partial
 from typing import Any, Final
 
 import msgspec
+from multidict import CIMultiDict
 
 from ...adapters.base import WireFormat
 from ...adapters.responses import reported
@@ -42,6 +46,7 @@ from ...policy.errors import ProjectionistError
 from ...policy.events import CallRecords, CallRow, Common, RequestRecorded, ResponseRecorded
 from ...policy.projection import Projection
 from ...policy.ports import SessionLog
+from ..lanes import Lane
 from ..observe.logger import get_logger
 from ..observe.metrics import Metrics
 from ..stores.base import Store
@@ -51,13 +56,16 @@ from .outgoing import recordable_headers
 _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.
 USAGE_SCAN_BYTES: Final = 1024 * 1024
-#: Bytes of request bodies the calls in flight (and request records queued alone) may hold to hash
-#: once out of the request's wait (``Recording.start``): past it, a call's digest is taken before
-#: it is sent. A long call (a stream) holds its body until it ends.
+#: Bytes of request bodies the calls in flight and the records queued may hold to hash once out
+#: of the request's wait (``Recording.start``; the writer's digests lane): past it, a call's
+#: digest is taken before it is sent. A long call (a stream) holds its body until it ends.
 UNHASHED_MAX_BYTES: Final = 4 * 1024 * 1024
 #: A body larger than this is hashed before its call is sent, as holding it costs more than the
 #: wait its hash adds.
 UNHASHED_BODY_MAX: Final = 64 * 1024
+#: Seconds the digests of a batch's bodies may take in their lane (and wait for room in it);
+#: past that the writer takes them itself.
+DIGEST_TIMEOUT: Final = 10.0
 
 
 class Recording:
@@ -125,13 +133,23 @@ class Recording:
         #: from the queue so far (``settle`` waits on one session's records by the two).
         self._in_writing: set[str] = set()
         self._taken = 0
-        #: Bytes of the bodies held to hash, from ``start`` until their call's end hashed them (or
-        #: the writer, for a request record queued alone: ``_Pending.unhashed``) or their record was dropped.
+        #: Bytes of the bodies held to hash, from ``start`` until they are hashed (by the writer's
+        #: lane for a whole call's record, ``_digested``; by the writer, for a request record queued
+        #: alone: ``_Pending.unhashed``; at the call's end in ``full`` mode) or their record was dropped.
         self._unhashed_bytes = 0
+        #: Whole calls' records queued with their body still to hash (``_made``).
+        self._bodies = 0
+        #: Where the writer takes a batch's digests: one thread, off the event loop, where the
+        #: hash runs hot, a batch at a time (taken one a call on the loop, cold, it cost several
+        #: times as much); a body of 2 KB or more is hashed without the GIL.
+        self._digests = Lane("record-digests", 1, DIGEST_TIMEOUT, DIGEST_TIMEOUT)
         #: The headers the last call sent, the recordable ones of them, and the last call's ``Common``
         #: (``_made``): consecutive calls nearly always share them.
         self._sent: tuple[tuple[str, str], ...] | None = None
         self._kept: tuple[tuple[str, str], ...] = ()
+        #: The last headers ``sent_headers`` was given (a copy) and its answer for them.
+        self._sent_as: CIMultiDict[str] | None = None
+        self._sent_items: tuple[tuple[str, str], ...] = ()
         self._common: Common | None = None
 
     @property
@@ -157,11 +175,14 @@ class Recording:
                 self._unhashed_bytes += len(raw)
         # a body sent unchanged (nothing projected): its projected digest is its own (for one the
         # writer hashes, both are empty until it does)
-        inbound = described.projected_digest if projection is None else described.inbound_digest or sha256_id(raw)
-        log_seq = projection.state.last_seq if projection is not None else 0
-        recorder = Recorder(self, (call, inbound, described, log_seq, raw if full else None, unhashed,
-                                   full or bool(described.refs)),
-                            self.max_response_bytes if full else USAGE_SCAN_BYTES)
+        if projection is None:
+            recorder = Recorder(self, call, described.projected_digest, described, 0, None, unhashed,
+                                bool(described.refs), USAGE_SCAN_BYTES)
+        else:
+            recorder = Recorder(self, call, described.inbound_digest or sha256_id(raw), described,
+                                projection.state.last_seq, None, unhashed, bool(described.refs), USAGE_SCAN_BYTES)
+        if full:
+            recorder.raw, recorder.soon, recorder.limit = raw, True, self.max_response_bytes
         if self.hold <= 0:
             recorder.release()
             return recorder
@@ -170,6 +191,15 @@ class Recording:
         if self._sweep_at is None:
             self._sweep_at = asyncio.get_running_loop().call_later(self.hold, self._sweep)
         return recorder
+
+    def sent_headers(self, headers: CIMultiDict[str]) -> tuple[tuple[str, str], ...]:
+        """``headers`` as a call sends them, for its record (``CallInfo.headers``): the last call's
+        very tuple when they equal its headers (compared in C, names as HTTP compares them), so
+        that ``_made`` looks a session's headers through once, not once a call."""
+        if headers != self._sent_as:
+            self._sent_as = headers.copy()
+            self._sent_items = tuple(headers.items())
+        return self._sent_items
 
     def _sweep(self) -> None:
         """Queue the request records whose hold ran out (the oldest first), and look again when
@@ -195,21 +225,6 @@ class Recording:
         queue.append(pending)
         self._parts += 1
         self._queued(pending.soon)
-
-    def _whole(self, whole: _Whole) -> None:
-        """Queue a whole call's record, as its end made it (``_made``): one row."""
-        queue = self._queue
-        if len(queue) >= self.queue_size:
-            self._drop(whole, "QUEUE_FULL")
-            return
-        queue.append(whole)
-        if not self._told:
-            self._tell()
-        if len(queue) >= self.batch:
-            assert self._hurry is not None
-            self._hurry.set()
-        elif whole[13] and self.image_wait < self.batch_wait:  # ``_queued`` written out: every call takes it
-            self._soon_timer()
 
     def _queued(self, soon: bool) -> None:
         """Tell the writer of a record just queued, and hurry it when the batch is full or the
@@ -275,10 +290,12 @@ class Recording:
             await self.drain()
             writer = self._writer
             if writer is None:
+                self._digests.close()
                 return
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
             if not self._queue:
+                self._digests.close()
                 return
             self._tell()  # a call ended while the writer stopped: a new one writes its record
 
@@ -318,9 +335,32 @@ class Recording:
                 sessions.setdefault(_session(item), []).append(item)
             self._in_writing = set(sessions)
             try:
+                if self._bodies:
+                    await self._digested(sessions)
                 await asyncio.gather(*(self._write_session(sid, items, parts) for sid, items in sessions.items()))
             finally:
                 self._in_writing = set()
+
+    async def _digested(self, sessions: dict[str, list[_Whole | _Pending]]) -> None:
+        """The batch's whole calls with the body each still holds (``_made``) replaced by its
+        digest, taken in the digests' lane (or here, when the lane cannot: it timed out, or is
+        closed); a writer stopped meanwhile drops and counts the batch."""
+        lists = list(sessions.values())
+        try:
+            try:
+                digested, count, size = await self._digests.run(partial(_digest_all, lists))
+            except Exception as exc:  # noqa: BLE001  # a hash cannot fail: the lane did not run it (starved, closed)
+                get_logger().warning("record_digests_here", error=type(exc).__name__)
+                digested, count, size = _digest_all(lists)
+        except BaseException:  # cancelled (shutdown): the batch, untouched, is dropped and counted
+            for items in lists:
+                for item in items:
+                    self._drop(item, "CANCELLED")
+            raise
+        self._bodies -= count
+        self._unhashed_bytes -= size
+        for session_id, items in zip(list(sessions), digested):
+            sessions[session_id] = items
 
     def _hashed(self, raw: bytes) -> str:
         """The digest of a body sent as it came, taken by the writer: a request record queued
@@ -339,24 +379,28 @@ class Recording:
                 pending.data = msgspec.structs.replace(pending.data, inbound_digest=digest, projected_digest=digest)
             return pending
         whole: _Whole = item
-        (record,) = CallRecords((whole[1],), [(0, *whole[2:13])]).records()
+        # (digested by now: its inbound digest is a str)
+        (record,) = CallRecords((whole[1],), [(0, *whole[2:13])]).records()  # type: ignore[list-item]
         return _Pending(whole[0], whole[2], record, (), None, whole[13])
 
-    def _made(self, facts: Facts, status: int | None, latency: float, usage: dict[str, Any] | None,
-              error_code: str | None, truncated: bool) -> _Whole:
-        """A whole call's record as its end makes it (``metadata`` mode): compact, so what a batch
-        holds until it is written is a few hundred bytes a call (its digests, its outcome) and not
-        what the call held (its body, the headers it sent), which would crowd the caches."""
-        call, inbound, described, log_seq, _, unhashed, soon = facts
+    def _made(self, recorder: Recorder, status: int | None, latency: float, usage: dict[str, Any] | None,
+              error_code: str | None) -> None:
+        """Queue a whole call's record as its end makes it (``metadata`` mode): compact, so what a
+        batch holds until it is written is a few hundred bytes a call (its digests, its outcome)
+        and not what the call held (its body, the headers it sent), which would crowd the caches."""
+        call, described, unhashed = recorder.call, recorder.described, recorder.unhashed
         sent = call.headers
-        # the headers a session's calls send are nearly always the same: compared (in C) with the
-        # last call's, they are looked through (in Python) once, not once a call
-        if sent != self._sent:
-            self._sent, self._kept = sent, recordable_headers(sent)
-        if unhashed is not None:  # sent as it came: both digests are this one
-            inbound, projected = sha256_id(unhashed), ""
+        # the headers a session's calls send are nearly always the same object (``sent_headers``):
+        # looked through (in Python) once, not once a call
+        if sent is not self._sent:
+            if sent != self._sent:
+                self._kept = recordable_headers(sent)
+            self._sent = sent
+        inbound: str | bytes
+        if unhashed is not None:  # sent as it came: both digests are this one, which the writer takes
+            inbound, projected = unhashed, ""
         else:
-            projected = described.projected_digest
+            inbound, projected = recorder.inbound, described.projected_digest
             if projected == inbound:
                 projected = ""
         common = (call.route, call.fmt.NAME, call.upstream, call.method, call.path, self._kept, described.public_urls)
@@ -364,21 +408,42 @@ class Recording:
             common = self._common
         else:
             self._common = common
-        if unhashed is not None:  # last, once nothing else can fail: the body is no longer held
-            self._unhashed_bytes -= len(unhashed)
-        return (call.session_id, common, call.request_id, log_seq, inbound, projected, described.refs,
-                described.shape, status, latency, usage, error_code, truncated, soon)
+        recorder.unhashed = None  # the record holds it now (still counted in ``_unhashed_bytes``)
+        queue = self._queue
+        if len(queue) >= self.queue_size:
+            if unhashed is not None:
+                self._unhashed_bytes -= len(unhashed)
+            self._dropped("request", "QUEUE_FULL", call.request_id)
+            self._dropped("response", "QUEUE_FULL", call.request_id)
+            return
+        if unhashed is not None:
+            self._bodies += 1
+        soon = recorder.soon
+        queue.append((call.session_id, common, call.request_id, recorder.log_seq, inbound, projected, described.refs,
+                      described.shape, status, latency, usage, error_code, recorder.truncated, soon))
+        # ``_queued`` written out: every call takes it
+        if not self._told:
+            self._tell()
+        if len(queue) >= self.batch:
+            assert self._hurry is not None
+            self._hurry.set()
+        elif soon and self.image_wait < self.batch_wait:
+            self._soon_timer()
 
-    def _request(self, facts: Facts, response: ResponseRecorded | None) -> RequestRecorded:
+    def _request(self, recorder: Recorder, response: ResponseRecorded | None, *, hashing: bool = True
+                 ) -> RequestRecorded:
         """The request record of a call, with ``response`` in it (one row for the call); a body
-        sent as it came is hashed now."""
-        call, inbound, described, log_seq, raw, unhashed, _ = facts
+        sent as it came is hashed now (unless not ``hashing``: the writer hashes it)."""
+        call, inbound, described, log_seq, raw = (recorder.call, recorder.inbound, recorder.described,
+                                                   recorder.log_seq, recorder.raw)
+        unhashed = recorder.unhashed if hashing else None
         adapter, headers = call.fmt.NAME, recordable_headers(call.headers)
         # content-addressed: the blob's id is its bytes' digest (a body with the client's own images
         # is recorded by its spliced digest: ``describe.spliced_id``)
         blob = sha256_id(raw) if raw is not None else None
         if unhashed is not None:  # last, once nothing else can fail: the body is no longer held
             inbound = projected = self._hashed(unhashed)
+            recorder.unhashed = None
         else:
             projected = described.projected_digest
         # positional, in ``RequestRecorded``'s field order (a test holds the two to the same fields)
@@ -491,7 +556,7 @@ class Recording:
             if at is None:
                 at = index[id(common)] = len(commons)
                 commons.append(common)
-            rows.append((at, *whole[2:13]))
+            rows.append((at, *whole[2:13]))  # type: ignore[arg-type]  # digested: a str inbound digest
         try:
             await self.log.append_calls(session_id, CallRecords(tuple(commons), rows))
         except Exception as exc:
@@ -514,9 +579,12 @@ class Recording:
         """Drop a queued record, or one about to be (and the body it still holds for the writer to
         hash: a part of a call's, until ``_pending`` hashed it; a whole call holds none)."""
         unhashed: bytes | None = None
-        if type(item) is tuple:  # a whole call holds no body (hashed at its end)
+        if type(item) is tuple:  # a whole call: its body, when it still holds it, is where its digest goes
             kinds: tuple[str, ...] = ("request", "response")
             request_id = item[2]
+            if type(item[4]) is bytes:
+                unhashed = item[4]
+                self._bodies -= 1
         else:
             pending: _Pending = item  # type: ignore[assignment]
             kinds, request_id, unhashed = _kinds(pending.data), pending.request_id, pending.unhashed
@@ -530,6 +598,24 @@ class Recording:
         self.metrics.records_dropped[kind] += 1
         code = exc if isinstance(exc, str) else exc.code if isinstance(exc, ProjectionistError) else type(exc).__name__
         get_logger().warning("record_dropped", kind=kind, error=code, request_id=request_id)
+
+
+def _digest_all(lists: list[list[_Whole | _Pending]]) -> tuple[list[list[_Whole | _Pending]], int, int]:
+    """``lists`` (not changed) with each whole call's body (where a ``_Whole`` holds its inbound
+    digest until the writer takes it) replaced by its digest; how many bodies, and their bytes."""
+    out: list[list[_Whole | _Pending]] = []
+    count = size = 0
+    for items in lists:
+        done: list[_Whole | _Pending] = []
+        for item in items:
+            if type(item) is tuple and type(item[4]) is bytes:
+                body: bytes = item[4]
+                item = (*item[:4], sha256_id(body), *item[5:])
+                count += 1
+                size += len(body)
+            done.append(item)
+        out.append(done)
+    return out, count, size
 
 
 def _session(item: _Whole | _Pending) -> str:
@@ -576,16 +662,12 @@ class CallInfo(msgspec.Struct, frozen=True, gc=False):
     headers: tuple[tuple[str, str], ...] = ()
 
 
-#: What a recorded call's request record says beyond its outcome, held from its start: the call,
-#: the inbound digest, what ``describe`` found, the log seq projected on, the inbound body (``full``
-#: mode), the body to hash once out of the request's wait (sent as it came), and whether its record is to be
-#: written soon (``Recording.image_wait``: the call carried images, or the record holds bodies).
-Facts = tuple[CallInfo, str, Described, int, bytes | None, bytes | None, bool]
 #: A whole call's record in ``metadata`` mode, as its end made it (``Recording._made``): its session,
 #: what it shares with other calls (``Common``), then a ``CallRow``'s fields after the first (request
 #: id, log seq, digests, refs, shape, status, latency, usage, error code, truncated), then whether it
-#: is to be written soon. It holds no body: the writer only numbers the commons of a batch.
-_Whole = tuple[str, Common, str, int, str, str, tuple[Any, ...], tuple[tuple[str, str], ...], int | None, float,
+#: is to be written soon. Of a body sent as it came, the inbound digest is the body itself until
+#: the writer's lane hashes it (``Recording._digested``); it holds no other body or header.
+_Whole = tuple[str, Common, str, int, str | bytes, str, tuple[Any, ...], tuple[tuple[str, str], ...], int | None, float,
                dict[str, Any] | None, str | None, bool, bool]
 
 
@@ -649,15 +731,20 @@ DONE: Final = 2
 
 class Recorder(Meter):
     """Watches one recorded call's response and queues its record once the call ended
-    (``finished``, ``failed``, ``cancelled``): never in the request's wait. What the request
-    record says is held as the ``Facts`` the call started with; at the end they and the outcome
-    become one compact tuple (``_Whole``, ``Recording._made``), and the writer only numbers what
-    the calls of a batch share: the call makes no event or envelope. A call whose hold ran out (``release``) has its
-    request record queued alone, and its outcome follows as a ``response/recorded`` event."""
+    (``finished``, ``failed``, ``cancelled``): never in the request's wait. It holds what the
+    request record says from the call's start (its ``call``, the inbound digest, what ``describe``
+    found, the log seq projected on, the inbound body in ``full`` mode, the body to hash once out
+    of the request's wait when it was sent as it came, and whether its record is to be written
+    ``soon``: the call carried images, or the record holds bodies); at the end those and the
+    outcome become one compact tuple (``_Whole``, ``Recording._made``), and the writer only
+    numbers what the calls of a batch share: the call makes no event or envelope. A call whose
+    hold ran out (``release``) has its request record queued alone, and its outcome follows as a
+    ``response/recorded`` event."""
 
-    __slots__ = ("recording", "facts", "state")
+    __slots__ = ("recording", "call", "inbound", "described", "log_seq", "raw", "unhashed", "soon", "state")
 
-    def __init__(self, recording: Recording, facts: Facts, limit: int) -> None:
+    def __init__(self, recording: Recording, call: CallInfo, inbound: str, described: Described, log_seq: int,
+                 raw: bytes | None, unhashed: bytes | None, soon: bool, limit: int) -> None:
         # ``Meter.__init__`` written out: every recorded call makes one
         self.limit = limit
         self.chunks = []
@@ -667,13 +754,14 @@ class Recorder(Meter):
         self.complete = False
         self._reported = None
         self.recording = recording
-        self.facts = facts
+        self.call = call
+        self.inbound = inbound
+        self.described = described
+        self.log_seq = log_seq
+        self.raw = raw
+        self.unhashed = unhashed
+        self.soon = soon
         self.state = HELD
-
-    @property
-    def unhashed(self) -> bytes | None:
-        """The body the writer is to hash (sent as it came), or None: its digest was taken."""
-        return self.facts[5]
 
     @property
     def full(self) -> bool:
@@ -685,19 +773,19 @@ class Recorder(Meter):
         if self.state != HELD:
             return
         self.state = RELEASED
-        recording, facts = self.recording, self.facts
+        recording, raw, call = self.recording, self.raw, self.call
         recording._held.pop(self, None)
-        raw, unhashed = facts[4], facts[5]
         blobs = (raw,) if raw is not None else ()
-        request = recording._request((*facts[:5], None, facts[6]), None)  # hashed by the writer, if to be
-        recording._put(_Pending(facts[0].session_id, facts[0].request_id, request, blobs, unhashed,
-                                bool(blobs or facts[2].refs)))
+        request = recording._request(self, None, hashing=False)  # hashed by the writer, if to be
+        recording._put(_Pending(call.session_id, call.request_id, request, blobs, self.unhashed,
+                                bool(blobs or self.described.refs)))
 
     def discard(self) -> None:
         """The call was never sent (built again, it proved the same as the one refused): nothing is recorded."""
-        unhashed = self.facts[5]
+        unhashed = self.unhashed
         if self.state == HELD and unhashed is not None:  # (a request record queued already is hashed by the writer)
             self.recording._unhashed_bytes -= len(unhashed)
+            self.unhashed = None
         self.state = DONE
         self.recording._held.pop(self, None)
 
@@ -720,39 +808,42 @@ class Recorder(Meter):
         if state == DONE:
             return
         self.state = DONE
-        facts = self.facts
-        call = facts[0]
+        call = self.call
         # read once, for the access log too
         usage = (self._reported or self.reported(call.fmt))[0] if status is not None else None
         latency = round((time.perf_counter() - call.started) * 1_000_000) / 1000  # ``ms``, written out
         recording = self.recording
+        if state == HELD:
+            held = recording._held
+            if held:
+                held.pop(self, None)
+            try:
+                if not recording.full:  # nearly every call: a compact record, made while what it says is at hand
+                    recording._made(self, status, latency, usage, error_code)
+                    return
+                body = self.body() if status is not None else None
+                response = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code,
+                                            sha256_id(body) if body is not None else None, self.truncated)
+                raw = self.raw
+                kept = (body,) if body is not None else ()
+                recording._put(_Pending(call.session_id, call.request_id, recording._request(self, response),
+                                        (raw, *kept) if raw is not None else kept, None, True))
+            except Exception as exc:  # a record that cannot be made is dropped and counted: the call went on
+                get_logger().exception("record_not_made", request_id=call.request_id)
+                unhashed = self.unhashed
+                if unhashed is not None:
+                    recording._unhashed_bytes -= len(unhashed)
+                    self.unhashed = None
+                for kind in ("request", "response"):
+                    recording._dropped(kind, exc, call.request_id)
+            return
+        # its request record was queued on its own: this one names it
         blobs: tuple[bytes, ...] = ()
         blob = None
         if recording.full and status is not None:
             body = self.body()
             blob, blobs = sha256_id(body), (body,)
-        if state == HELD:
-            if recording.hold > 0:
-                recording._held.pop(self, None)
-            try:
-                if not recording.full:  # nearly every call: a compact record, made while what it says is at hand
-                    recording._whole(recording._made(facts, status, latency, usage, error_code, self.truncated))
-                    return
-                response = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, blob,
-                                            self.truncated)
-                raw = facts[4]
-                recording._put(_Pending(call.session_id, call.request_id, recording._request(facts, response),
-                                        (raw, *blobs) if raw is not None else blobs, None, True))
-            except Exception as exc:  # a record that cannot be made is dropped and counted: the call went on
-                get_logger().exception("record_not_made", request_id=call.request_id)
-                unhashed = facts[5]
-                if unhashed is not None:
-                    recording._unhashed_bytes -= len(unhashed)
-                for kind in ("request", "response"):
-                    recording._dropped(kind, exc, call.request_id)
-            return
-        # its request record was queued on its own: this one names it
         recording._put(_Pending(call.session_id, call.request_id,
                                 ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, blob,
                                                  self.truncated),
-                                blobs, None, bool(blobs or facts[2].refs)))
+                                blobs, None, bool(blobs or self.described.refs)))

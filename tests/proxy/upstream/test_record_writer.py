@@ -7,11 +7,14 @@ record, naming that request's seq."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+from multidict import CIMultiDict
 
 from projectionist.adapters import openai_chat
 from projectionist.policy.events import (CallRecords, EventData, RefRecord, RequestRecorded, ResponseRecorded,
@@ -20,6 +23,7 @@ from projectionist.proxy.observe.metrics import Metrics
 from projectionist.proxy.call import record as record_module
 from projectionist.proxy.call.describe import UNHASHED, Described, of_raw, sha256_id
 from projectionist.proxy.call.record import CallInfo, Recorder, Recording
+from projectionist.proxy.lanes import Lane
 from projectionist.proxy.sessionlog.base import append_calls_as_events
 
 
@@ -334,9 +338,9 @@ def test_a_request_record_has_each_of_its_fields_where_the_recorder_means_it() -
                     (("header-x", "value-x"),))
     raw = b'{"model": "m"}'
     described = msgspec.structs.replace(of_raw(raw), projected_digest="sha256:projected", public_urls=("http://x/",))
-    recorder = Recorder(recording, (call, "sha256:inbound", described, 41, raw, None, True), 1024)
+    recorder = Recorder(recording, call, "sha256:inbound", described, 41, raw, None, True, 1024)
     response = ResponseRecorded("req-9", 0, 200, 1.5)
-    record = recording._request(recorder.facts, response)
+    record = recording._request(recorder, response)
     assert msgspec.structs.asdict(record) == msgspec.structs.asdict(RequestRecorded(
         request_id="req-9", route="route-x", adapter=openai_chat.NAME, upstream="upstream-x", method="METHOD-X",
         path="/path-x", log_seq=41, inbound_digest="sha256:inbound", projected_digest="sha256:projected",
@@ -542,9 +546,10 @@ async def test_a_record_that_cannot_be_made_costs_its_own_call_only_and_lets_go_
     running = begun(0)
     running.release()  # its request record alone: the batch takes the parts' path
     begun(1)._record(200, None)
-    assert recording._unhashed_bytes == len(raw)  # the running call's, for the writer to hash
+    # the running call's, and the one that ended: its record holds it for the writer's lane to hash
+    assert recording._unhashed_bytes == 2 * len(raw)
     begun(2, object())._record(200, None)  # a format with no name: its record cannot be made
-    assert recording._unhashed_bytes == len(raw)
+    assert recording._unhashed_bytes == 2 * len(raw)
     assert (metrics.records_dropped["request"], metrics.records_dropped["response"]) == (1, 1)
     await asyncio.wait_for(recording.drain(), 5)
     assert recording._unhashed_bytes == 0
@@ -592,3 +597,102 @@ async def test_settle_waits_for_its_own_session_s_records_queued_so_far_and_for_
     assert await recording.settle("a", 5.0)
     assert sorted(row.request_id for row in log.rows) == ["req-a", "req-b"]
     await recording.close()
+
+
+def _ended(recording: Recording, bodies: list[bytes]) -> None:
+    """One whole call a body, each sent as it came (its digest left to the writer), ended."""
+    for index, raw in enumerate(bodies):
+        call = CallInfo("s", f"req-{index}", time.perf_counter(), "openai_chat", openai_chat, "openai", "POST",
+                        "/v1/chat/completions")
+        recorder = recording.start(call, raw, UNHASHED, None)
+        recorder.complete = True
+        recorder._record(200, None)
+
+
+def _digests(log: AppendsLog) -> list[tuple[str, str]]:
+    return [(row.inbound_digest, row.projected_digest) for row in log.rows if isinstance(row, RequestRecorded)]
+
+
+async def test_the_bodies_of_whole_calls_are_hashed_off_the_event_loop_a_batch_at_a_time(monkeypatch: Any) -> None:
+    """A call ends without hashing its body: its record holds it (still counted against the
+    bound) until the writer's digests lane hashes the batch's bodies, on its own thread."""
+    threads: list[str] = []
+
+    def hashing(data: bytes) -> str:
+        threads.append(threading.current_thread().name)
+        return sha256_id(data)
+
+    monkeypatch.setattr(record_module, "sha256_id", hashing)
+    log = AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=10.0, hold=30.0)
+    bodies = [b'{"model": "m", "messages": [{"role": "user", "content": "%d"}]}' % n for n in range(5)]
+    _ended(recording, bodies)
+    assert threads == [] and recording._unhashed_bytes == sum(map(len, bodies))
+    await asyncio.wait_for(recording.drain(), 5)
+    assert threads == ["lane-record-digests-0"] * 5
+    assert _digests(log) == [(sha256_id(body), sha256_id(body)) for body in bodies]
+    assert (recording._unhashed_bytes, recording._bodies) == (0, 0)
+    await recording.close()
+
+
+async def test_a_digests_lane_that_hangs_or_is_closed_costs_no_record() -> None:
+    """The digests lane held by a call that hangs (no room in it within its timeout), or closed:
+    the writer hashes the batch itself, and every record is written with its digest."""
+    log = AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=0.0, hold=30.0)
+    recording._digests = Lane("record-digests", 1, 0.2, 0.2, stuck_max=0)
+    hung = threading.Event()
+    with contextlib.suppress(TimeoutError):  # its caller leaves; the call keeps the lane's one place
+        await recording._digests.run(lambda: hung.wait(10))
+    bodies = [b'{"model": "m", "messages": [], "n": %d}' % n for n in range(3)]
+    started = time.perf_counter()
+    _ended(recording, bodies)
+    await asyncio.wait_for(recording.drain(), 5)
+    assert time.perf_counter() - started >= 0.2  # it waited for room in the lane, then went on
+    hung.set()
+    recording._digests.close()
+    _ended(recording, bodies[:1])
+    await asyncio.wait_for(recording.drain(), 5)
+    assert _digests(log) == [(sha256_id(body), sha256_id(body)) for body in [*bodies, bodies[0]]]
+    assert (recording._unhashed_bytes, recording._bodies) == (0, 0)
+    await recording.close()
+
+
+async def test_a_writer_stopped_while_its_batch_is_hashed_drops_and_counts_the_batch() -> None:
+    """Shutdown cancels a writer waiting for its batch's digests: each record is dropped and
+    counted (request and response), and the bodies it held are let go of."""
+    metrics, log = Metrics(), AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, metrics, 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=0.0, hold=30.0)
+    recording._digests = Lane("record-digests", 1, 30.0, 30.0, stuck_max=0)
+    hung = threading.Event()
+    holding = asyncio.ensure_future(recording._digests.run(lambda: hung.wait(10)))
+    await asyncio.sleep(0.05)
+    _ended(recording, [b'{"model": "m", "messages": []}', b'{"model": "m", "messages": [1]}'])
+    await asyncio.sleep(0.1)  # the writer took the batch and waits for room in the lane
+    assert not recording._queue and recording._writer is not None
+    recording._writer.cancel()
+    await asyncio.gather(recording._writer, return_exceptions=True)
+    assert (metrics.records_dropped["request"], metrics.records_dropped["response"]) == (2, 2)
+    assert (recording._unhashed_bytes, recording._bodies) == (0, 0) and log.rows == []
+    hung.set()
+    await holding
+    await recording.close()
+
+
+def test_the_headers_consecutive_calls_send_are_copied_once_while_they_stay_the_same() -> None:
+    """``sent_headers`` gives the last call's very tuple for headers equal to its (so the record
+    looks them through once), a copy of its own for any that differ, and never the caller's dict."""
+    recording = Recording(AppendsLog(), None, "metadata", 1024, Metrics())  # type: ignore[arg-type]
+    sent = CIMultiDict([("Content-Type", "application/json"), ("Authorization", "Bearer sk-upstream-key")])
+    first = recording.sent_headers(sent)
+    assert first == tuple(sent.items())
+    assert recording.sent_headers(CIMultiDict(sent)) is first
+    traced = CIMultiDict(sent)
+    traced["X-Trace"] = "t1"
+    assert recording.sent_headers(traced) == tuple(traced.items())
+    sent["Content-Type"] = "text/plain"  # the caller's dict changed later: what was given holds
+    assert first == (("Content-Type", "application/json"), ("Authorization", "Bearer sk-upstream-key"))
+    assert recording.sent_headers(sent) == tuple(sent.items())
