@@ -813,37 +813,39 @@ class Recorder(Meter):
         usage = (self._reported or self.reported(call.fmt))[0] if status is not None else None
         latency = round((time.perf_counter() - call.started) * 1_000_000) / 1000  # ``ms``, written out
         recording = self.recording
-        if state == HELD:
-            held = recording._held
-            if held:
-                held.pop(self, None)
-            try:
-                if not recording.full:  # nearly every call: a compact record, made while what it says is at hand
-                    recording._made(self, status, latency, usage, error_code)
-                    return
-                body = self.body() if status is not None else None
-                response = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code,
-                                            sha256_id(body) if body is not None else None, self.truncated)
-                raw = self.raw
-                kept = (body,) if body is not None else ()
-                recording._put(_Pending(call.session_id, call.request_id, recording._request(self, response),
-                                        (raw, *kept) if raw is not None else kept, None, True))
-            except Exception as exc:  # a record that cannot be made is dropped and counted: the call went on
-                get_logger().exception("record_not_made", request_id=call.request_id)
-                unhashed = self.unhashed
-                if unhashed is not None:
-                    recording._unhashed_bytes -= len(unhashed)
-                    self.unhashed = None
-                for kind in ("request", "response"):
-                    recording._dropped(kind, exc, call.request_id)
+        if state != HELD:  # its request record was queued on its own: this one names it
+            body = self.body() if recording.full and status is not None else None
+            blobs = (body,) if body is not None else ()
+            recording._put(_Pending(call.session_id, call.request_id,
+                                    ResponseRecorded(call.request_id, 0, status, latency, usage, error_code,
+                                                     sha256_id(body) if body is not None else None, self.truncated),
+                                    blobs, None, bool(blobs or self.described.refs)))
             return
-        # its request record was queued on its own: this one names it
-        blobs: tuple[bytes, ...] = ()
-        blob = None
-        if recording.full and status is not None:
-            body = self.body()
-            blob, blobs = sha256_id(body), (body,)
-        recording._put(_Pending(call.session_id, call.request_id,
-                                ResponseRecorded(call.request_id, 0, status, latency, usage, error_code, blob,
-                                                 self.truncated),
-                                blobs, None, bool(blobs or self.described.refs)))
+        held = recording._held
+        if held:
+            held.pop(self, None)
+        try:
+            if not recording.full:  # nearly every call: a compact record, made while what it says is at hand
+                recording._made(self, status, latency, usage, error_code)
+            else:
+                self._with_bodies(status, latency, usage, error_code)
+        except Exception as exc:  # a record that cannot be made is dropped and counted: the call went on
+            get_logger().exception("record_not_made", request_id=call.request_id)
+            unhashed = self.unhashed
+            if unhashed is not None:
+                recording._unhashed_bytes -= len(unhashed)
+                self.unhashed = None
+            for kind in ("request", "response"):
+                recording._dropped(kind, exc, call.request_id)
+
+    def _with_bodies(self, status: int | None, latency: float, usage: dict[str, Any] | None,
+                     error_code: str | None) -> None:
+        """Queue a whole call's record in ``full`` mode: its request record with the response in
+        it, and its bodies as blobs."""
+        call, recording, raw = self.call, self.recording, self.raw
+        body = self.body() if status is not None else None
+        response = ResponseRecorded(call.request_id, 0, status, latency, usage, error_code,
+                                    sha256_id(body) if body is not None else None, self.truncated)
+        kept = (body,) if body is not None else ()
+        recording._put(_Pending(call.session_id, call.request_id, recording._request(self, response),
+                                (raw, *kept) if raw is not None else kept, None, True))
