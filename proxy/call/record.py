@@ -56,10 +56,14 @@ from .outgoing import recordable_headers
 _decoder: Final = msgspec.json.Decoder()
 #: Metadata mode keeps this much of a response, to find its usage.
 USAGE_SCAN_BYTES: Final = 1024 * 1024
-#: Bytes of request bodies the calls in flight and the records queued may hold to hash once out
-#: of the request's wait (``Recording.start``; the writer's digests lane): past it, a call's
-#: digest is taken before it is sent. A long call (a stream) holds its body until it ends.
+#: Bytes of request bodies the calls in flight (and request records queued alone) may hold to hash
+#: once out of the request's wait (``Recording.start``): past it, a call's digest is taken before
+#: it is sent. A long call (a stream) holds its body until it ends.
 UNHASHED_MAX_BYTES: Final = 4 * 1024 * 1024
+#: Bytes of bodies the whole calls' records queued may hold for the writer's digests lane to hash
+#: (``Recording._made``): past it, a call's end hashes its body itself. Counted apart from the
+#: calls in flight, so that bodies waiting for a batch never make a call hash on its request path.
+QUEUED_BODIES_MAX_BYTES: Final = 4 * 1024 * 1024
 #: A body larger than this is hashed before its call is sent, as holding it costs more than the
 #: wait its hash adds.
 UNHASHED_BODY_MAX: Final = 64 * 1024
@@ -133,12 +137,13 @@ class Recording:
         #: from the queue so far (``settle`` waits on one session's records by the two).
         self._in_writing: set[str] = set()
         self._taken = 0
-        #: Bytes of the bodies held to hash, from ``start`` until they are hashed (by the writer's
-        #: lane for a whole call's record, ``_digested``; by the writer, for a request record queued
-        #: alone: ``_Pending.unhashed``; at the call's end in ``full`` mode) or their record was dropped.
+        #: Bytes of the bodies held to hash, from ``start`` until their call's end (which hashes
+        #: them, or hands them to its record: ``_queued_bytes``), the writer (a request record
+        #: queued alone: ``_Pending.unhashed``) or a drop of their record.
         self._unhashed_bytes = 0
-        #: Whole calls' records queued with their body still to hash (``_made``).
+        #: Whole calls' records queued with their body still to hash (``_made``), and its bytes.
         self._bodies = 0
+        self._queued_bytes = 0
         #: Where the writer takes a batch's digests: one thread, off the event loop, where the
         #: hash runs hot, a batch at a time (taken one a call on the loop, cold, it cost several
         #: times as much); a body of 2 KB or more is hashed without the GIL.
@@ -358,7 +363,7 @@ class Recording:
                     self._drop(item, "CANCELLED")
             raise
         self._bodies -= count
-        self._unhashed_bytes -= size
+        self._queued_bytes -= size
         for session_id, items in zip(list(sessions), digested):
             sessions[session_id] = items
 
@@ -408,16 +413,21 @@ class Recording:
             common = self._common
         else:
             self._common = common
-        recorder.unhashed = None  # the record holds it now (still counted in ``_unhashed_bytes``)
         queue = self._queue
+        if unhashed is not None:  # nothing fails from here: its record holds it now, or it is let go of
+            size = len(unhashed)
+            recorder.unhashed = None
+            self._unhashed_bytes -= size
+            if len(queue) < self.queue_size:
+                if self._queued_bytes + size <= QUEUED_BODIES_MAX_BYTES:  # counted as queued, not in flight
+                    self._bodies += 1
+                    self._queued_bytes += size
+                else:  # the batches wait (a slow log): this call's end hashes its body itself
+                    inbound = sha256_id(unhashed)
         if len(queue) >= self.queue_size:
-            if unhashed is not None:
-                self._unhashed_bytes -= len(unhashed)
             self._dropped("request", "QUEUE_FULL", call.request_id)
             self._dropped("response", "QUEUE_FULL", call.request_id)
             return
-        if unhashed is not None:
-            self._bodies += 1
         soon = recorder.soon
         queue.append((call.session_id, common, call.request_id, recorder.log_seq, inbound, projected, described.refs,
                       described.shape, status, latency, usage, error_code, recorder.truncated, soon))
@@ -583,7 +593,7 @@ class Recording:
             kinds: tuple[str, ...] = ("request", "response")
             request_id = item[2]
             if type(item[4]) is bytes:
-                unhashed = item[4]
+                self._queued_bytes -= len(item[4])
                 self._bodies -= 1
         else:
             pending: _Pending = item  # type: ignore[assignment]

@@ -546,10 +546,10 @@ async def test_a_record_that_cannot_be_made_costs_its_own_call_only_and_lets_go_
     running = begun(0)
     running.release()  # its request record alone: the batch takes the parts' path
     begun(1)._record(200, None)
-    # the running call's, and the one that ended: its record holds it for the writer's lane to hash
-    assert recording._unhashed_bytes == 2 * len(raw)
+    # the running call's; the one that ended, its record holds for the writer's lane to hash
+    assert (recording._unhashed_bytes, recording._queued_bytes) == (len(raw), len(raw))
     begun(2, object())._record(200, None)  # a format with no name: its record cannot be made
-    assert recording._unhashed_bytes == 2 * len(raw)
+    assert (recording._unhashed_bytes, recording._queued_bytes) == (len(raw), len(raw))
     assert (metrics.records_dropped["request"], metrics.records_dropped["response"]) == (1, 1)
     await asyncio.wait_for(recording.drain(), 5)
     assert recording._unhashed_bytes == 0
@@ -628,11 +628,11 @@ async def test_the_bodies_of_whole_calls_are_hashed_off_the_event_loop_a_batch_a
                           batch_wait=10.0, hold=30.0)
     bodies = [b'{"model": "m", "messages": [{"role": "user", "content": "%d"}]}' % n for n in range(5)]
     _ended(recording, bodies)
-    assert threads == [] and recording._unhashed_bytes == sum(map(len, bodies))
+    assert threads == [] and (recording._unhashed_bytes, recording._queued_bytes) == (0, sum(map(len, bodies)))
     await asyncio.wait_for(recording.drain(), 5)
     assert threads == ["lane-record-digests-0"] * 5
     assert _digests(log) == [(sha256_id(body), sha256_id(body)) for body in bodies]
-    assert (recording._unhashed_bytes, recording._bodies) == (0, 0)
+    assert (recording._unhashed_bytes, recording._queued_bytes, recording._bodies) == (0, 0, 0)
     await recording.close()
 
 
@@ -656,7 +656,7 @@ async def test_a_digests_lane_that_hangs_or_is_closed_costs_no_record() -> None:
     _ended(recording, bodies[:1])
     await asyncio.wait_for(recording.drain(), 5)
     assert _digests(log) == [(sha256_id(body), sha256_id(body)) for body in [*bodies, bodies[0]]]
-    assert (recording._unhashed_bytes, recording._bodies) == (0, 0)
+    assert (recording._unhashed_bytes, recording._queued_bytes, recording._bodies) == (0, 0, 0)
     await recording.close()
 
 
@@ -676,7 +676,7 @@ async def test_a_writer_stopped_while_its_batch_is_hashed_drops_and_counts_the_b
     recording._writer.cancel()
     await asyncio.gather(recording._writer, return_exceptions=True)
     assert (metrics.records_dropped["request"], metrics.records_dropped["response"]) == (2, 2)
-    assert (recording._unhashed_bytes, recording._bodies) == (0, 0) and log.rows == []
+    assert (recording._unhashed_bytes, recording._queued_bytes, recording._bodies) == (0, 0, 0) and log.rows == []
     hung.set()
     await holding
     await recording.close()
@@ -696,3 +696,24 @@ def test_the_headers_consecutive_calls_send_are_copied_once_while_they_stay_the_
     sent["Content-Type"] = "text/plain"  # the caller's dict changed later: what was given holds
     assert first == (("Content-Type", "application/json"), ("Authorization", "Bearer sk-upstream-key"))
     assert recording.sent_headers(sent) == tuple(sent.items())
+
+
+async def test_bodies_waiting_for_a_batch_never_make_a_call_hash_on_its_request_path(monkeypatch: Any) -> None:
+    """The bodies queued records hold for the digests lane have their own bound: past it a call's
+    end hashes its body itself; the calls in flight keep theirs to the end all the same."""
+    body = b'{"model": "m", "messages": [], "pad": "0123456789"}'
+    monkeypatch.setattr(record_module, "QUEUED_BODIES_MAX_BYTES", 2 * len(body))
+    monkeypatch.setattr(record_module, "UNHASHED_MAX_BYTES", 2 * len(body))
+    log = AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=10.0, hold=30.0)
+    bodies = [body.replace(b"0123", b"%04d" % n) for n in range(4)]
+    _ended(recording, bodies)
+    assert (recording._bodies, recording._queued_bytes, recording._unhashed_bytes) == (2, 2 * len(body), 0)
+    call = CallInfo("s", "req-9", time.perf_counter(), "openai_chat", openai_chat, "openai", "POST",
+                    "/v1/chat/completions")
+    assert recording.start(call, body, UNHASHED, None).unhashed is body  # not hashed before it is sent
+    await asyncio.wait_for(recording.drain(), 5)
+    assert _digests(log) == [(sha256_id(b), sha256_id(b)) for b in bodies]
+    assert (recording._queued_bytes, recording._bodies) == (0, 0)
+    await recording.close()
