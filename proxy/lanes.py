@@ -177,17 +177,22 @@ class Lane:
             thread.start()
 
     def _work(self) -> None:
+        result: Any = None
         while (job := self._jobs.get()) is not None:
             if job.abandoned:  # its caller left before it started: nothing to do
                 _tell(job.loop, self._finish, job, None, None)
-                continue
-            job.started = True
-            try:
-                result: Any = job.fn()
-            except BaseException as exc:  # delivered to the caller, whatever it is
-                _tell(job.loop, self._finish, job, None, exc)
             else:
-                _tell(job.loop, self._finish, job, result, None)
+                job.started = True
+                try:
+                    result = job.fn()
+                except BaseException as exc:  # delivered to the caller, whatever it is
+                    _tell(job.loop, self._finish, job, None, exc)
+                else:
+                    _tell(job.loop, self._finish, job, result, None)
+            # an idle thread holds nothing: not the call (what it was given) nor what it gave back
+            job.fn = _ran
+            del job
+            result = None
 
     def _stuck(self, job: _Job[Any]) -> None:
         """A started call that its caller left: remember its object; within ``stuck_max``, give
@@ -226,6 +231,11 @@ class Lane:
         self._closed = True
         for _ in self._threads:
             self._jobs.put(None)
+
+
+def _ran() -> Any:
+    """A job's ``fn`` once its thread ran it (the call and what it held are let go of)."""
+    raise RuntimeError("a lane job runs once")
 
 
 def _waited_out(job: _Job[Any]) -> None:

@@ -335,9 +335,8 @@ class Recording:
             if not queue:
                 self._parts = 0
             self._taken += len(batch)
-            sessions: dict[str, list[_Whole | _Pending]] = {}
-            for item in batch:
-                sessions.setdefault(_session(item), []).append(item)
+            sessions = _by_session(batch)
+            del batch  # an idle writer holds no record (nor the body one holds until it is hashed)
             self._in_writing = set(sessions)
             try:
                 if self._bodies:
@@ -626,6 +625,14 @@ def _digest_all(lists: list[list[_Whole | _Pending]]) -> tuple[list[list[_Whole 
             done.append(item)
         out.append(done)
     return out, count, size
+
+
+def _by_session(batch: list[_Whole | _Pending]) -> dict[str, list[_Whole | _Pending]]:
+    """A batch's records by session, in order."""
+    sessions: dict[str, list[_Whole | _Pending]] = {}
+    for item in batch:
+        sessions.setdefault(_session(item), []).append(item)
+    return sessions
 
 
 def _session(item: _Whole | _Pending) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -716,4 +717,21 @@ async def test_bodies_waiting_for_a_batch_never_make_a_call_hash_on_its_request_
     await asyncio.wait_for(recording.drain(), 5)
     assert _digests(log) == [(sha256_id(b), sha256_id(b)) for b in bodies]
     assert (recording._queued_bytes, recording._bodies) == (0, 0)
+    await recording.close()
+
+
+async def test_a_body_is_let_go_of_once_its_record_is_written() -> None:
+    """Once a batch is written, neither the idle writer nor the idle digests lane holds a body
+    any of its records held until it was hashed (found by a red-team probe: both did)."""
+    log = AppendsLog()
+    recording = Recording(log, None, "metadata", 1024, Metrics(), 10_000, 256,  # type: ignore[arg-type]
+                          batch_wait=0.0, hold=30.0)
+    body = bytes(bytearray(b'{"model": "m", "messages": [], "only": "here"}'))  # no constant holds it
+    held = sys.getrefcount(body)
+    _ended(recording, [body])
+    assert sys.getrefcount(body) > held  # its record holds it for the lane
+    await asyncio.wait_for(recording.drain(), 5)
+    await asyncio.sleep(0.05)  # the lane's thread is back waiting for its next job
+    assert _digests(log) == [(sha256_id(body), sha256_id(body))]
+    assert sys.getrefcount(body) == held
     await recording.close()
