@@ -22,10 +22,11 @@ keys, tokens or attachment base64 (of the headers a call sent, only ``recordable
 
 A call's request path makes no record: its end makes its record (a whole call, nearly every one)
 as one compact tuple, while what it says is still at hand, and a batch holds only those: a few
-hundred bytes a call, not the body and headers the call held (held for a batch, those crowded the
-caches that every call runs in, which cost more than making the record). Whole calls in
-``metadata`` mode go to the log as one ``CallRecords`` per session (``SessionLog.append_calls``):
-what they share once, each call's fields with no names, which SQLite stores as one short row.
+hundred bytes a call (and a body sent as it came, until its digest is taken), not the headers and
+recorder the call held (held for a batch, those crowded the caches that every call runs in).
+Whole calls in ``metadata`` mode go to the log as one ``CallRecords`` per session
+(``SessionLog.append_calls``): what they share once, each call's fields with no names, which
+SQLite stores as one short row.
 """
 
 from __future__ import annotations
@@ -169,7 +170,8 @@ class Recording:
         ends by then is one row (its outcome in the request record), queued once; a longer call's
         request record is queued when the hold runs out and its outcome follows as a
         ``response/recorded`` event. With no hold the request record is queued now. A small body
-        sent as it came (``UNHASHED``) is hashed when the call ends, within ``UNHASHED_MAX_BYTES``."""
+        sent as it came (``UNHASHED``) is hashed out of the request's wait (by the writer's digests
+        lane, nearly always), within ``UNHASHED_MAX_BYTES``."""
         full = self.full
         unhashed = None
         if described is UNHASHED:  # sent as it came: its digest is both, taken at the end (or now)
@@ -391,7 +393,8 @@ class Recording:
               error_code: str | None) -> None:
         """Queue a whole call's record as its end makes it (``metadata`` mode): compact, so what a
         batch holds until it is written is a few hundred bytes a call (its digests, its outcome)
-        and not what the call held (its body, the headers it sent), which would crowd the caches."""
+        and not what the call held (its headers, its recorder), which would crowd the caches; of
+        a body sent as it came, the body itself until the digests lane hashes it."""
         call, described, unhashed = recorder.call, recorder.described, recorder.unhashed
         sent = call.headers
         # the headers a session's calls send are nearly always the same object (``sent_headers``):
@@ -414,19 +417,18 @@ class Recording:
             self._common = common
         queue = self._queue
         if unhashed is not None:  # nothing fails from here: its record holds it now, or it is let go of
-            size = len(unhashed)
             recorder.unhashed = None
-            self._unhashed_bytes -= size
-            if len(queue) < self.queue_size:
-                if self._queued_bytes + size <= QUEUED_BODIES_MAX_BYTES:  # counted as queued, not in flight
-                    self._bodies += 1
-                    self._queued_bytes += size
-                else:  # the batches wait (a slow log): this call's end hashes its body itself
-                    inbound = sha256_id(unhashed)
+            self._unhashed_bytes -= len(unhashed)
         if len(queue) >= self.queue_size:
             self._dropped("request", "QUEUE_FULL", call.request_id)
             self._dropped("response", "QUEUE_FULL", call.request_id)
             return
+        if unhashed is not None:
+            if self._queued_bytes + len(unhashed) <= QUEUED_BODIES_MAX_BYTES:  # counted as queued, not in flight
+                self._bodies += 1
+                self._queued_bytes += len(unhashed)
+            else:  # the batches wait (a slow log): this call's end hashes its body itself
+                inbound = sha256_id(unhashed)
         soon = recorder.soon
         queue.append((call.session_id, common, call.request_id, recorder.log_seq, inbound, projected, described.refs,
                       described.shape, status, latency, usage, error_code, recorder.truncated, soon))
@@ -585,8 +587,8 @@ class Recording:
                     self._seqs.popitem(last=False)
 
     def _drop(self, item: _Whole | _Pending, exc: BaseException | str) -> None:
-        """Drop a queued record, or one about to be (and the body it still holds for the writer to
-        hash: a part of a call's, until ``_pending`` hashed it; a whole call holds none)."""
+        """Drop a queued record, or one about to be, and let go of the body it still holds to hash
+        (a part of a call's, until ``_pending`` hashed it; a whole call's, until the digests lane did)."""
         unhashed: bytes | None = None
         if type(item) is tuple:  # a whole call: its body, when it still holds it, is where its digest goes
             kinds: tuple[str, ...] = ("request", "response")

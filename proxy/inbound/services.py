@@ -40,7 +40,8 @@ if TYPE_CHECKING:  # imported only when tracing is configured
 class RecordWriter(Protocol):
     """What the app's services need of the record writer of proxied calls (``call.record.Recording``,
     which the edge makes: it is the call's): whether it records, starting a call's record (and
-    the headers it sends, as its record holds them), and waiting for what is queued. Named here as a protocol, so nothing below the call knows it."""
+    the headers it sends, as its record holds them), and waiting for what is queued. Named here
+    as a protocol, so nothing below the call knows it."""
 
     #: Seconds at most a record of a call with images waits for its batch.
     image_wait: float
